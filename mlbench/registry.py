@@ -1,0 +1,85 @@
+"""The benchmark registry: one YAML file per benchmark in `benchmarks/`, loaded and validated."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import yaml
+
+from mlbench.errors import UserError
+from mlbench.spec import Benchmark, build, deep_merge
+
+ROOT = Path(__file__).resolve().parent.parent
+# MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's).
+BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS", ROOT / "benchmarks"))
+
+
+def _dir(directory: Path | None) -> Path:
+    return Path(directory) if directory is not None else BENCHMARKS_DIR
+
+
+def names(directory: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in _dir(directory).glob("*.yaml"))
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of benchmark fields, got {type(data).__name__}")
+    return data
+
+
+def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchmark:
+    """The named benchmark, full size or its tiny variant, validated."""
+    path = _dir(directory) / f"{name}.yaml"
+    if not path.is_file():
+        known = names(directory)
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+        hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"
+        raise UserError(f"unknown benchmark {name!r}; {hint}")
+    data = _read(path)
+    if data.get("name") != name:
+        raise UserError(f"{path}: 'name' is {data.get('name')!r}, expected {name!r} (the file's name)")
+    tiny_override = data.pop("tiny", None)
+    if tiny:
+        if not isinstance(tiny_override, dict):
+            raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
+        data = deep_merge(data, tiny_override)
+        data["variant"] = "tiny"
+    data["path"] = str(path)
+    bench = build(Benchmark, data, where=f"{path.name}{' (tiny)' if tiny else ''}")
+    _validate(bench, path)
+    return bench
+
+
+def _validate(b: Benchmark, path: Path) -> None:
+    m = b.model
+    where = f"{path.name}{' (tiny)' if b.variant == 'tiny' else ''}"
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
+                "seq_length"):
+        if getattr(m, key) <= 0:
+            raise UserError(f"{where}: model.{key} must be positive, got {getattr(m, key)}")
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.num_attention_heads % groups:
+        raise UserError(f"{where}: model.num_attention_heads ({m.num_attention_heads}) must be a multiple "
+                        f"of model.num_query_groups ({groups})")
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
+        raise UserError(f"{where}: model.hidden_size ({m.hidden_size}) must divide by num_attention_heads "
+                        f"({m.num_attention_heads}), or set model.kv_channels")
+    if b.train.global_batch_size <= 0 or b.train.micro_batch_size <= 0:
+        raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
+    if b.variant == "tiny" and not b.quality.note:
+        raise UserError(f"{where}: a tiny variant must say how its target was chosen (quality.note)")
+    if b.variant == "tiny" and b.data.source != "markov":
+        raise UserError(f"{where}: a tiny variant trains on the synthetic source (data.source: markov)")
+
+
+def load_all(tiny: bool = False, directory: Path | None = None) -> list[Benchmark]:
+    return [load(n, tiny=tiny, directory=directory) for n in names(directory)]

@@ -1,0 +1,258 @@
+"""Typed benchmark definitions, built from the declarative files in `benchmarks/`.
+
+A benchmark file holds the full MLPerf definition; its `tiny:` section is a deep-merge override of it,
+so a tiny variant is the same benchmark with smaller numbers, never a second definition.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import operator
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mlbench.errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: Literal["gpt", "bert"]  # megatron-core GPTModel or BertModel
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_length: int
+    num_query_groups: int | None = None  # grouped-query attention; None means one group per head
+    kv_channels: int | None = None  # per-head width; None means hidden / heads
+    position_embedding: Literal["learned_absolute", "rope"] = "learned_absolute"
+    rotary_base: float = 10000.0
+    rope_scaling: bool = False  # Llama 3.1 frequency scaling of RoPE
+    rope_scaling_factor: float = 8.0
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    add_bias_linear: bool = True
+    untie_embeddings: bool = False  # separate output layer
+    make_vocab_size_divisible_by: int = 128
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: Literal["adam", "adamw", "lamb"]
+    # Learning rate: a number, or an arithmetic expression in `global_batch_size` (see `evaluate`).
+    lr: float | str
+    min_lr: float | str = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    # Schedule, in optimizer steps; expressions in `global_batch_size` allowed.
+    warmup_steps: int | str = 0
+    decay_steps: int | str = 0  # steps of cosine decay after warm-up
+    decay_style: Literal["cosine", "linear", "poly"] = "cosine"
+    decay_power: float = 1.0  # for poly (BERT's LAMB schedule)
+    start_warmup_step: int = 0
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    global_batch_size: int
+    micro_batch_size: int = 1
+    max_steps: int | str = 0  # step budget: a run that has not converged by then is aborted
+    init_checkpoint_step: int = 0  # MLPerf: the benchmark starts from a checkpoint at this step
+    precision: Literal["bf16", "fp32"] = "bf16"  # on CPU always fp32
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    interval_samples: int | str  # evaluate every this many training samples
+    samples: int  # size of the eval set
+    start_samples: int = 0  # evaluations before this many samples are skipped (MLPerf eval offsets)
+
+
+@dataclass(frozen=True)
+class QualitySpec:
+    metric: Literal["log_perplexity", "masked_lm_accuracy"]
+    target: float
+    direction: Literal["min", "max"]  # min: converged when metric <= target; max: when >= target
+    note: str = ""  # how the target was chosen (required for tiny variants)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    # "markov": the synthetic source with a known entropy rate (tiny runs);
+    # "indexed": megatron-core's indexed dataset at `path` (the real corpus, prepared by the user).
+    source: Literal["markov", "indexed"]
+    path: str = ""
+    branching: int = 4  # markov: successors per state
+    concentration: float = 0.5  # markov: Dirichlet concentration of each state's successor weights
+    mask_prob: float = 0.15  # masked LM: fraction of positions predicted
+    seed: int = 1234  # the source itself is fixed; the run seed only changes sampling and init
+
+
+@dataclass(frozen=True)
+class MLPerfSpec:
+    benchmark: str  # submission_benchmark
+    ruleset: str  # training ruleset version the closed rules come from
+    runs_required: int
+    eval_unit: Literal["tokens", "samples"]  # what the eval_accuracy metadata counts
+    eval_metadata_key: Literal["epoch_num", "samples_count"]
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """A reference parallel layout, used when the user gives none for that device count."""
+
+    devices: int  # total devices this layout is for (0: any)
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    cp: int = 1
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    title: str
+    size: str  # published size, e.g. "175B"
+    published_params: float  # parameter count the size stands for, to check the built model against
+    mlperf: MLPerfSpec
+    model: ModelSpec
+    optimizer: OptimizerSpec
+    train: TrainSpec
+    eval: EvalSpec
+    quality: QualitySpec
+    data: DataSpec
+    layouts: tuple[LayoutSpec, ...] = ()
+    sources: tuple[str, ...] = ()
+    notes: str = ""
+    variant: Literal["full", "tiny"] = "full"
+    path: str = ""
+
+    def converged(self, value: float) -> bool:
+        if self.quality.direction == "min":
+            return value <= self.quality.target
+        return value >= self.quality.target
+
+
+# ---- expressions ----------------------------------------------------------------------------------------
+# Learning-rate and schedule rules scale with the global batch (Llama 3.1 405B: lr = gbs * 8e-5 / 1152).
+# They are written in the benchmark file as arithmetic, evaluated left to right exactly as written,
+# because the MLPerf checker compares the learning rate as an exact float.
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+_FUNCS = {"ceil": math.ceil, "floor": math.floor, "min": min, "max": max, "int": int}
+
+
+def evaluate(expr: int | float | str, **names: float) -> Any:
+    """Evaluate a number or an arithmetic expression over `names` (and ceil/floor/min/max/int)."""
+    if not isinstance(expr, str):
+        return expr
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names:
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
+            return _FUNCS[node.func.id](*(ev(a) for a in node.args))
+        raise ValueError(f"unsupported element {ast.dump(node)[:40]!r}")
+
+    try:
+        return ev(ast.parse(expr, mode="eval"))
+    except (SyntaxError, ValueError, KeyError) as e:
+        allowed = ", ".join(sorted(names)) or "none"
+        raise UserError(f"cannot evaluate {expr!r}: {e} (names allowed: {allowed})") from None
+
+
+# ---- building from plain data --------------------------------------------------------------------------
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_value(where: str, value: Any, tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(a) for a in typing.get_args(tp))
+            raise UserError(f"{where}: {value!r} is not one of {choices}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in typing.get_args(tp):
+            try:
+                return _check_value(where, value, arm)
+            except UserError as e:
+                errors.append(str(e).split(": ", 1)[-1])
+        raise UserError(f"{where}: {value!r} is not valid ({'; '.join(errors)})")
+    if tp is type(None):
+        if value is not None:
+            raise UserError(f"{where}: expected nothing, got {value!r}")
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: expected a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise UserError(f"{where}: expected a list, got {value!r}")
+        (item_tp, _) = typing.get_args(tp)
+        return tuple(_check_value(f"{where}[{i}]", v, item_tp) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, where)
+    raise TypeError(f"unhandled type {tp!r}")
+
+
+def build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from a mapping, naming any unknown, missing or ill-typed key."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = _check_value(f"{where}.{name}", data[name], hints[name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise UserError(f"{where}: missing required key {name!r}")
+    return cls(**kwargs)
+
+
+__all__ = ["Benchmark", "build", "deep_merge", "evaluate", "field"]
