@@ -59,6 +59,9 @@ class OptimizerSpec:
     decay_style: Literal["cosine", "linear", "poly"] = "cosine"
     decay_power: float = 1.0  # for poly (BERT's LAMB schedule)
     start_warmup_step: int = 0
+    # BERT reference schedule: the poly decay runs from step 0 over warmup_steps + decay_steps steps and the
+    # linear warm-up (shifted by start_warmup_step) is overlaid on it, instead of decay starting after warm-up.
+    warmup_overlaps_decay: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,10 @@ class TrainSpec:
     global_batch_size: int
     micro_batch_size: int = 1
     max_steps: int | str = 0  # step budget: a run that has not converged by then is aborted
-    init_checkpoint_step: int = 0  # MLPerf: the benchmark starts from a checkpoint at this step
+    # MLPerf: the benchmark starts from a checkpoint at this step (an expression in global_batch_size allowed:
+    # GPT-3's is ceil(4000 * 1536 / global_batch_size)); the schedule resumes there.
+    init_checkpoint_step: int | str = 0
+    init_checkpoint: str = ""  # the checkpoint a full run starts from (weights; user supplied), "" for none
     precision: Literal["bf16", "fp32"] = "bf16"  # on CPU always fp32
 
 
@@ -74,7 +80,8 @@ class TrainSpec:
 class EvalSpec:
     interval_samples: int | str  # evaluate every this many training samples
     samples: int  # size of the eval set
-    start_samples: int = 0  # evaluations before this many samples are skipped (MLPerf eval offsets)
+    # Evaluations before this many samples are skipped (MLPerf eval offsets); expression allowed.
+    start_samples: int | str = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,9 @@ class DataSpec:
     branching: int = 4  # markov: successors per state
     concentration: float = 0.5  # markov: Dirichlet concentration of each state's successor weights
     mask_prob: float = 0.15  # masked LM: fraction of positions predicted
+    max_predictions_per_seq: int = 0  # masked LM: cap on predicted positions per sequence (0: none)
+    tokenizer: str = ""  # the tokenizer the prepared corpus was made with (full sizes)
+    description: str = ""  # what the real corpus and eval set are (full sizes)
     seed: int = 1234  # the source itself is fixed; the run seed only changes sampling and init
 
 
@@ -117,6 +127,10 @@ class LayoutSpec:
     cp: int = 1
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
+    # Megatron's asymmetric pipeline split: the embedding / the loss count as one layer of the first / last
+    # stage (NVIDIA's Llama 3.1 405B configs: 126 layers over pp 8 x vp 8).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     source: str = ""
 
 
