@@ -40,6 +40,10 @@ class ModelSpec:
     untie_embeddings: bool = False  # separate output layer
     make_vocab_size_divisible_by: int = 128
     dropout: float = 0.0
+    # BertModel only: token-type (segment) embeddings, and the pooler + next-sentence binary head
+    # (MLPerf's BERT reference has both: type_vocab_size 2, loss = masked LM + next sentence).
+    num_tokentypes: int = 0
+    add_binary_head: bool = False
 
 
 @dataclass(frozen=True)
