@@ -1,0 +1,135 @@
+"""Parallel layout resolution: from nodes x processes and a benchmark to tp/pp/vp/cp/dp and batch split.
+
+Every rule is checked before anything starts, and a violation names the rule, the values, and values that
+would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mlbench.errors import UserError
+from mlbench.spec import Benchmark, LayoutSpec
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: int
+    nproc_per_node: int
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    dp: int
+    micro_batch_size: int
+    global_batch_size: int
+    source: str = ""  # where tp/pp/... came from: user flags, a reference layout, or defaults
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def num_microbatches(self) -> int:
+        """Gradient accumulation steps per optimizer step on each data-parallel rank."""
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"world_size": self.world_size, "num_microbatches": self.num_microbatches}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _fmt(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (", ..." if len(values) > limit else "")
+
+
+def reference_layout(bench: Benchmark, devices: int) -> LayoutSpec | None:
+    """The benchmark's reference layout for exactly this device count, else its catch-all (devices: 0)."""
+    exact = [ly for ly in bench.layouts if ly.devices == devices]
+    anyn = [ly for ly in bench.layouts if ly.devices == 0]
+    return (exact or anyn or [None])[0]
+
+
+def resolve(
+    bench: Benchmark,
+    nodes: int = 1,
+    nproc_per_node: int = 1,
+    tp: int | None = None,
+    pp: int | None = None,
+    vp: int | None = None,
+    cp: int | None = None,
+    micro_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+) -> Layout:
+    if nodes < 1 or nproc_per_node < 1:
+        raise UserError(f"--nodes ({nodes}) and --nproc-per-node ({nproc_per_node}) must be at least 1")
+    world = nodes * nproc_per_node
+    ref = reference_layout(bench, world)
+    user = any(v is not None for v in (tp, pp, vp, cp))
+    # User flags win; then the benchmark's reference layout for this scale; then no parallelism.
+    tp = tp if tp is not None else (ref.tp if ref else 1)
+    pp = pp if pp is not None else (ref.pp if ref else 1)
+    vp = vp if vp is not None else (ref.vp if ref else 1)
+    cp = cp if cp is not None else (ref.cp if ref else 1)
+    mbs = micro_batch_size or (ref.micro_batch_size if ref and ref.micro_batch_size else None)
+    mbs = mbs or bench.train.micro_batch_size
+    gbs = global_batch_size or (ref.global_batch_size if ref and ref.global_batch_size else None)
+    gbs = gbs or bench.train.global_batch_size
+    if user:
+        source = "flags"
+    elif ref:
+        source = ref.source or f"reference layout for {ref.devices or 'any number of'} devices"
+    else:
+        source = "defaults"
+    m = bench.model
+    for name, v in (("--tp", tp), ("--pp", pp), ("--vp", vp), ("--cp", cp), ("micro batch", mbs),
+                    ("global batch", gbs)):
+        if v < 1:
+            raise UserError(f"{name} must be at least 1, got {v}")
+
+    # world = tp x pp x cp x dp
+    model_parallel = tp * pp * cp
+    if world % model_parallel:
+        fits = _divisors(world)
+        raise UserError(
+            f"layout does not divide: world size {world} (nodes {nodes} x {nproc_per_node} per node) is not "
+            f"a multiple of tp x pp x cp = {tp} x {pp} x {cp} = {model_parallel}; tp x pp x cp must divide "
+            f"{world}: one of {_fmt(fits)}")
+    dp = world // model_parallel
+    # attention heads and key-value groups split across tensor-parallel ranks
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.num_attention_heads % tp or groups % tp:
+        ok = [d for d in _divisors(groups) if m.num_attention_heads % d == 0]
+        raise UserError(
+            f"layout does not divide: {m.num_attention_heads} attention heads and {groups} key-value groups "
+            f"must both divide by tp={tp}; valid tp: {_fmt(ok)}")
+    if m.ffn_hidden_size % tp:
+        raise UserError(f"layout does not divide: ffn_hidden_size {m.ffn_hidden_size} must divide by tp={tp}; "
+                        f"valid tp: {_fmt(_divisors(m.ffn_hidden_size))}")
+    # layers split evenly across pipeline stages and virtual stages
+    if m.num_layers % (pp * vp):
+        ok = _divisors(m.num_layers)
+        raise UserError(
+            f"layout does not divide: {m.num_layers} layers must divide by pp x vp = {pp} x {vp} = {pp * vp}; "
+            f"pp x vp must be one of {_fmt(ok)}")
+    if vp > 1 and pp == 1:
+        raise UserError(f"--vp {vp} needs pipeline parallelism (--pp > 1); virtual stages interleave stages")
+    # context parallelism splits each sequence into 2 x cp chunks (load-balanced causal attention)
+    if cp > 1 and m.seq_length % (2 * cp):
+        raise UserError(f"layout does not divide: sequence length {m.seq_length} must divide by 2 x cp = "
+                        f"{2 * cp}; valid cp: {_fmt(_divisors(m.seq_length // 2))}")
+    # global batch = dp x micro batch x micro batches
+    if gbs % (dp * mbs):
+        ok = list(range(dp * mbs, 8 * dp * mbs + 1, dp * mbs))
+        raise UserError(
+            f"layout does not divide: global batch {gbs} must be a multiple of data-parallel size x micro "
+            f"batch = {dp} x {mbs} = {dp * mbs}; valid global batches: {_fmt(ok, 4)}")
+    if vp > 1 and (gbs // (dp * mbs)) % pp:
+        raise UserError(f"interleaved pipeline (--vp {vp}) needs the number of micro-batches "
+                        f"({gbs // (dp * mbs)}) to be a multiple of pp={pp}")
+    return Layout(nodes=nodes, nproc_per_node=nproc_per_node, tp=tp, pp=pp, vp=vp, cp=cp, dp=dp,
+                  micro_batch_size=mbs, global_batch_size=gbs, source=source)

@@ -1,0 +1,159 @@
+"""The MLPerf log of a run, written with the official `mlperf_logging.mllog`.
+
+Each log gets its own `mllog.MLLogger` on its own `logging.Logger` with one file handler, rather than the
+package's global logger (whose `config()` adds a handler per call and so duplicates lines when a process
+writes several runs, or finalises a run another process started).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from mlperf_logging.mllog import constants as C
+from mlperf_logging.mllog.mllog import MLLogger
+
+from mlbench.spec import Benchmark, evaluate
+
+
+class MLPerfLog:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._logger = logging.getLogger(f"mlbench.mllog.{self.path.resolve()}")
+        self._logger.propagate = False
+        self._logger.setLevel(logging.INFO)
+        if not self._logger.handlers:
+            self._handler = logging.FileHandler(self.path)
+            self._logger.addHandler(self._handler)
+        self._ml = MLLogger(logger=self._logger, default_stack_offset=2)
+
+    def event(self, key: str, value: Any = None, metadata: dict | None = None, time_ms: int | None = None):
+        self._ml.event(key=key, value=value, metadata=metadata, time_ms=time_ms)
+        self.flush()
+
+    def start(self, key: str, value: Any = None, metadata: dict | None = None):
+        self._ml.start(key=key, value=value, metadata=metadata)
+        self.flush()
+
+    def end(self, key: str, value: Any = None, metadata: dict | None = None):
+        self._ml.end(key=key, value=value, metadata=metadata)
+        self.flush()
+
+    def flush(self) -> None:
+        for h in self._logger.handlers:
+            h.flush()
+
+    def close(self) -> None:
+        for h in list(self._logger.handlers):
+            h.close()
+            self._logger.removeHandler(h)
+
+
+def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str, Any]]:
+    """The hyperparameter lines a run logs, in the order the closed rules need.
+
+    Order matters to the checker for llama31_405b: global_batch_size before the learning-rate, warm-up and
+    decay keys, and warm-up before decay (they are checked against values logged before them).
+    """
+    gbs = layout["global_batch_size"]
+    o = bench.optimizer
+    warmup = int(evaluate(o.warmup_steps, global_batch_size=gbs))
+    decay = int(evaluate(o.decay_steps, global_batch_size=gbs))
+    lr = evaluate(o.lr, global_batch_size=gbs)
+    min_lr = evaluate(o.min_lr, global_batch_size=gbs)
+    keys: list[tuple[str, Any]] = [
+        (C.SEED, seed),
+        (C.GLOBAL_BATCH_SIZE, gbs),
+        (C.GRADIENT_ACCUMULATION_STEPS, layout["num_microbatches"]),
+        ("max_sequence_length", bench.model.seq_length),
+        (C.OPT_NAME, o.name),
+        (C.OPT_BASE_LR, lr),
+        (C.OPT_LR_WARMUP_STEPS, warmup),
+    ]
+    if o.name in ("adam", "adamw"):
+        keys += [
+            ("opt_learning_rate_decay_steps", decay),
+            ("opt_end_learning_rate", min_lr),
+            ("opt_learning_rate_decay_schedule", f"{o.decay_style} with linear warmup"),
+            (f"opt_{o.name}_beta_1", o.beta1),
+            (f"opt_{o.name}_beta_2", o.beta2),
+            (f"opt_{o.name}_epsilon", o.eps),
+        ]
+        if o.name == "adamw":
+            keys.append(("opt_adamw_weight_decay", o.weight_decay))
+    else:  # lamb: BERT's keys
+        keys += [
+            ("opt_lamb_epsilon", o.eps),
+            ("opt_lamb_beta_1", o.beta1),
+            ("opt_lamb_beta_2", o.beta2),
+            ("opt_lamb_weight_decay_rate", o.weight_decay),
+            ("opt_learning_rate_training_steps", warmup + decay),
+            ("num_warmup_steps", warmup),
+            ("start_warmup_step", o.start_warmup_step),
+            ("opt_lamb_learning_rate_decay_poly_power", o.decay_power),
+        ]
+    keys += [
+        ("opt_gradient_clip_norm", o.clip_grad),
+        ("init_checkpoint_step", bench.train.init_checkpoint_step),
+        (C.TRAIN_SAMPLES, train_samples(bench, gbs)),
+        (C.EVAL_SAMPLES, bench.eval.samples),
+        ("tensor_parallelism", layout["tp"]),
+        ("pipeline_parallelism", layout["pp"]),
+        ("context_parallelism", layout["cp"]),
+        ("micro_batch_size", layout["micro_batch_size"]),
+    ]
+    return keys
+
+
+def train_samples(bench: Benchmark, gbs: int) -> int:
+    """Samples in the step budget: the most the run may train on before it is aborted."""
+    return max_steps(bench, gbs) * gbs
+
+
+def max_steps(bench: Benchmark, gbs: int) -> int:
+    steps = int(evaluate(bench.train.max_steps, global_batch_size=gbs))
+    if steps <= 0:  # no budget given: the full schedule
+        o = bench.optimizer
+        steps = int(evaluate(o.warmup_steps, global_batch_size=gbs)) + int(
+            evaluate(o.decay_steps, global_batch_size=gbs))
+    return max(steps, 1)
+
+
+def eval_interval_steps(bench: Benchmark, gbs: int) -> int:
+    samples = evaluate(bench.eval.interval_samples, global_batch_size=gbs)
+    return max(1, math.ceil(samples / gbs))
+
+
+def read(path: str | Path) -> list[dict]:
+    """The events of a log, skipping lines that are not MLLOG lines (a parser for our own logs)."""
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        _, sep, payload = line.partition(":::MLLOG ")
+        if sep:
+            try:
+                out.append(json.loads(payload))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def finalize_aborted(path: str | Path, reason: str) -> bool:
+    """If the log has run_start but no run_stop, append run_stop with status aborted. Returns whether it did.
+
+    Called by the supervisor after every rank is gone, so one writer at a time still holds.
+    """
+    path = Path(path)
+    if not path.exists():
+        return False
+    keys = [e.get("key") for e in read(path)]
+    if C.RUN_START not in keys or C.RUN_STOP in keys:
+        return False
+    log = MLPerfLog(path)
+    try:
+        log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": reason})
+    finally:
+        log.close()
+    return True

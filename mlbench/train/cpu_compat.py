@@ -1,0 +1,90 @@
+"""Lets megatron-core's own code paths run on CPU under gloo. Never active when CUDA is present.
+
+megatron-core 0.16 assumes CUDA in a few places (see ../shared/reference/megatron-core-on-cpu.md):
+`torch.cuda.current_device()` used as a device, hard-coded `device="cuda"` in the pipeline schedules,
+optimizers and gradient clipping, the CUDA RNG tracker, and `tensor.type() == 'torch.cuda.FloatTensor'`
+checks. Rather than fork megatron-core, this layer redirects those few CUDA requests to the CPU:
+
+- a TorchFunctionMode rewrites CUDA `device=` arguments to CPU, passes `Tensor.cuda()` / `.to('cuda')`
+  through, and reports `Tensor.type()` with the `torch.cuda.` prefix megatron-core compares against;
+- `torch.cuda.current_device/synchronize/empty_cache` and the RNG-state functions map to CPU equivalents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+_active = False
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    # A bare integer is a CUDA ordinal in factory calls (torch.empty(..., device=0)).
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = dict(kwargs or {})
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = _CPU
+        name = getattr(func, "__name__", "")
+        if name == "cuda":  # Tensor.cuda(): the tensor already lives where compute happens
+            return args[0]
+        if name == "to":
+            args = tuple(_CPU if _is_cuda(a) else a for a in args)
+        if name == "type" and len(args) == 1 and not kwargs:
+            # megatron-core checks grads with `param.grad.type() == 'torch.cuda.FloatTensor'`.
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
+
+
+def _patch_cuda_namespace() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.cuda.empty_cache = lambda: None  # type: ignore[assignment]
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore[assignment]
+    torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)  # type: ignore[assignment]
+    # The CPU generator directly: torch.manual_seed itself calls torch.cuda.manual_seed_all (left alone).
+    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(seed)  # type: ignore[assignment]
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+
+def enable() -> bool:
+    """Activate the layer for the rest of the process if there is no CUDA. Returns whether it is active."""
+    global _active
+    if torch.cuda.is_available():
+        return False
+    if not _active:
+        _patch_cuda_namespace()
+        _CudaToCpu().__enter__()  # process-wide: every rank's training runs inside it
+        _active = True
+    return True
+
+
+def active() -> bool:
+    return _active
+
+
+@contextlib.contextmanager
+def suppressed() -> Iterator[None]:
+    """Run a block without the device rewrite (for code that must see real CPU tensor types)."""
+    mode = _CudaToCpu()
+    if not _active:
+        yield
+        return
+    with torch.overrides._pop_mode_temporarily():  # type: ignore[attr-defined]
+        del mode
+        yield

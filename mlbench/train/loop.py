@@ -1,0 +1,261 @@
+"""The training loop: one path for every benchmark and size, run by every rank (`python -m mlbench.train`).
+
+Initialisation (untimed, MLPerf's init_start..init_stop) builds the model, optimizer and data; the timed
+region (run_start..run_stop) trains in blocks of one eval interval, evaluates after each block, and stops
+with `success` when the quality target is reached or `aborted` when the step budget runs out or the run
+fails. Rank 0 alone writes the MLPerf log and the progress events the launcher shows and watches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mlbench.mlperf_log import MLPerfLog, eval_interval_steps, hyperparameters, max_steps
+from mlbench.spec import Benchmark, evaluate
+from mlbench.train import cpu_compat
+from mlbench.train.plan import RunPlan
+
+
+class Events:
+    """Progress events as JSON lines, read by the launcher for the live display and hang detection."""
+
+    def __init__(self, path: Path | None):
+        self._f = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - lives for the run
+
+    def emit(self, kind: str, **fields) -> None:
+        if self._f:
+            self._f.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
+
+
+class Aborted(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):  # torchrun and SLURM send SIGTERM before killing
+    raise Aborted(f"signal {signal.Signals(signum).name}")
+
+
+def train(plan: RunPlan) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    log = MLPerfLog(plan.log_path) if rank == 0 else None
+    events = Events(plan.events_path if rank == 0 else None)
+    bench = plan.benchmark
+    try:
+        status = _train(plan, bench, rank, log, events)
+    except (Aborted, Exception) as e:  # any failure is an aborted run, logged as such
+        reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        if log:
+            log.end("run_stop", metadata={"status": "aborted", "reason": reason})
+            events.emit("stopped", status="aborted", reason=reason)
+        print(f"[rank {rank}] run aborted: {reason}", file=sys.stderr, flush=True)
+        os._exit(3)  # skip interpreter teardown: peers may be gone and collectives would hang
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if status == "success" else 1
+
+
+def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, events: Events) -> str:
+    from mlperf_logging.mllog import constants as C
+
+    layout = plan.layout
+    gbs = layout["global_batch_size"]
+    if log:
+        log.event(C.CACHE_CLEAR, value=True)
+        log.start(C.INIT_START)
+        for key, value in (
+            (C.SUBMISSION_ORG, plan.org),
+            (C.SUBMISSION_PLATFORM, plan.system),
+            (C.SUBMISSION_DIVISION, plan.division),
+            (C.SUBMISSION_STATUS, "onprem"),
+            (C.SUBMISSION_BENCHMARK, bench.mlperf.benchmark),
+        ):
+            log.event(key, value=value)
+        for key, value in hyperparameters(bench, layout, plan.seed):
+            log.event(key, value=value)
+    if plan.dry_run:
+        if log:
+            log.end(C.INIT_STOP)
+            log.start(C.RUN_START)
+        return "success"
+
+    on_cpu = cpu_compat.enable()
+    if not on_cpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.set_num_threads(max(1, int(os.environ.get("MLBENCH_THREADS", "1"))))
+    dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=120))
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from mlbench import flops
+    from mlbench.train import model as model_lib
+    from mlbench.train import objective as objective_lib
+
+    tp, pp, vp, cp, dp = layout["tp"], layout["pp"], layout["vp"], layout["cp"], layout["dp"]
+    mbs = layout["micro_batch_size"]
+    ps.initialize_model_parallel(tp, pp, vp if vp > 1 else None, context_parallel_size=cp)
+    torch.manual_seed(plan.seed)
+    model_parallel_cuda_manual_seed(plan.seed)
+
+    bf16 = not on_cpu and bench.train.precision == "bf16"
+    config = model_lib.transformer_config(bench.model, tp=tp, pp=pp, vp=vp, cp=cp, bf16=bf16)
+    chunks = [model_lib.build(bench.model, config, vp_stage=i if vp > 1 else None) for i in range(vp)]
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    model = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c) for c in chunks]
+
+    o = bench.optimizer
+    lr = evaluate(o.lr, global_batch_size=gbs)
+    warmup = int(evaluate(o.warmup_steps, global_batch_size=gbs))
+    decay = int(evaluate(o.decay_steps, global_batch_size=gbs))
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=lr, min_lr=evaluate(o.min_lr, global_batch_size=gbs),
+        weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps,
+        clip_grad=o.clip_grad, bf16=bf16, params_dtype=config.params_dtype,
+    )
+    optimizer = get_megatron_optimizer(opt_config, model)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=lr, min_lr=opt_config.min_lr, lr_warmup_steps=warmup,
+        lr_decay_steps=warmup + decay, lr_decay_style=o.decay_style, start_wd=o.weight_decay,
+        end_wd=o.weight_decay, wd_incr_steps=warmup + decay, wd_incr_style="constant",
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    fwd_bwd = get_forward_backward_func()
+
+    objective = objective_lib.for_benchmark(bench)
+    source = objective_lib.source(bench)
+    seq = bench.model.seq_length
+    dp_rank = ps.get_data_parallel_rank()
+
+    def microbatches(tokens: np.ndarray, rng: np.random.Generator) -> list[dict]:
+        mine = tokens[dp_rank * (len(tokens) // dp):(dp_rank + 1) * (len(tokens) // dp)]
+        return [objective.make_batch(mine[i:i + mbs], rng) for i in range(0, len(mine), mbs)]
+
+    # Held-out eval set: its own stream of the source, fixed for every run, split across data-parallel ranks.
+    n_eval = bench.eval.samples - bench.eval.samples % (dp * mbs)
+    eval_rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
+    eval_batches = microbatches(source.sample(n_eval, seq + 1, eval_rng), eval_rng)
+
+    def step_fn(data_iterator, chunk):
+        return objective.forward(chunk, next(data_iterator), not chunk.training)
+
+    def run_fwd_bwd(batches: list[dict], forward_only: bool) -> dict[str, float]:
+        iters = [iter(batches) for _ in model] if vp > 1 else iter(batches)
+        out = fwd_bwd(forward_step_func=step_fn, data_iterator=iters, model=model if vp > 1 else model[0],
+                      num_microbatches=len(batches), seq_length=seq, micro_batch_size=mbs,
+                      forward_only=forward_only)
+        keys = ("loss_sum", "tokens", "correct")
+        local = torch.zeros(len(keys), dtype=torch.float64)
+        for stats in out or []:
+            for i, k in enumerate(keys):
+                if k in stats:
+                    local[i] += float(stats[k])
+        # Only last-stage ranks hold losses; tensor-parallel peers hold equal copies, which cancel in ratios.
+        dist.all_reduce(local)
+        return dict(zip(keys, local.tolist(), strict=True))
+
+    def evaluate_model() -> float:
+        for c in model:
+            c.eval()
+        with torch.no_grad():
+            totals = run_fwd_bwd(eval_batches, forward_only=True)
+        for c in model:
+            c.train()
+        return objective.value(totals)
+
+    budget = max_steps(bench, gbs)
+    interval = eval_interval_steps(bench, gbs)
+    start_step = int(evaluate(bench.eval.start_samples, global_batch_size=gbs)) // gbs
+    unit = seq if bench.mlperf.eval_unit == "tokens" else 1  # eval metadata counts tokens or samples
+    key = bench.mlperf.eval_metadata_key
+    flops_per_step = flops.flops_per_sample(bench.model) * gbs
+    devices = layout["world_size"]
+
+    def block_meta(first_step: int) -> dict:
+        if key == "samples_count":
+            return {"samples_count": first_step * gbs}
+        return {"first_epoch_num": first_step * gbs * unit, "epoch_count": interval * gbs * unit}
+
+    if log:
+        log.end(C.INIT_STOP)
+        log.start(C.RUN_START)
+        events.emit("start", budget=budget, interval=interval, target=bench.quality.target,
+                    metric=bench.quality.metric, direction=bench.quality.direction, devices=devices)
+    step, status = 0, "aborted"
+    while step < budget:
+        block_first = step
+        if log:
+            log.start(C.BLOCK_START, metadata=block_meta(block_first))
+        for _ in range(min(interval, budget - step)):
+            t0 = time.perf_counter()
+            rng = np.random.default_rng([plan.seed, step])
+            batches = microbatches(source.sample(gbs, seq + 1, rng), rng)
+            for c in model:
+                c.zero_grad_buffer()
+            optimizer.zero_grad()
+            totals = run_fwd_bwd(batches, forward_only=False)
+            ok, grad_norm, _ = optimizer.step()
+            scheduler.step(increment=1)
+            step += 1
+            dt = time.perf_counter() - t0
+            if log:
+                loss = totals["loss_sum"] / max(totals["tokens"], 1.0)
+                tokens_per_s = gbs * seq / dt
+                tflops = flops_per_step / dt / devices / 1e12
+                log.event("tracked_stats", value={"train_step_time": dt, "reduced_train_loss": loss,
+                                                  "tokens_per_s": tokens_per_s, "tflops_per_device": tflops},
+                          metadata={"step": step, "samples_count": step * gbs})
+                events.emit("step", step=step, loss=loss, step_time=dt, tokens_per_s=tokens_per_s,
+                            tflops_per_device=tflops, lr=scheduler.get_lr(optimizer.param_groups[0]),
+                            grad_norm=float(grad_norm) if grad_norm is not None else None)
+        if log:
+            log.end(C.BLOCK_STOP, metadata=block_meta(block_first))
+        if step < start_step:
+            continue
+        samples = step * gbs
+        meta = {key: samples * unit}
+        if log:
+            log.start(C.EVAL_START, metadata=meta)
+        value = evaluate_model()
+        if log:
+            log.event(C.EVAL_ACCURACY, value=value, metadata=meta)
+            log.end(C.EVAL_STOP, metadata=meta)
+            events.emit("eval", step=step, samples=samples, value=value)
+        if bench.converged(value):
+            status = "success"
+            break
+    if log:
+        meta = {"status": status}
+        if status != "success":
+            meta["reason"] = f"quality target not reached within the step budget ({budget} steps)"
+        log.end(C.RUN_STOP, metadata=meta)
+        events.emit("stopped", status=status, step=step, reason=meta.get("reason", ""))
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m mlbench.train PLAN.json", file=sys.stderr)
+        return 2
+    return train(RunPlan.load(argv[0]))

@@ -1,0 +1,115 @@
+"""Builds the megatron-core model a benchmark file describes. The file alone decides the model."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+from megatron.core.models.bert.bert_model import BertModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from mlbench.spec import ModelSpec
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16: bool) -> TransformerConfig:
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels,
+        ffn_hidden_size=m.ffn_hidden_size,
+        normalization=m.normalization,
+        layernorm_epsilon=m.norm_epsilon,
+        gated_linear_unit=m.activation == "swiglu",
+        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        add_bias_linear=m.add_bias_linear,
+        hidden_dropout=m.dropout,
+        attention_dropout=m.dropout,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
+        context_parallel_size=cp,
+        sequence_parallel=False,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_cpu_initialization=not on_gpu,
+        # Fusions are CUDA kernels; on CPU the unfused paths are the ones that exist.
+        bias_activation_fusion=on_gpu and m.activation == "gelu" and m.add_bias_linear,
+        masked_softmax_fusion=on_gpu,
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        init_method_std=0.02,
+    )
+
+
+def layer_spec(m: ModelSpec) -> ModuleSpec:
+    """Transformer Engine's layer spec when it is installed (GPU), else megatron-core's local spec."""
+    if m.family == "bert":
+        if have_transformer_engine():
+            from megatron.core.models.bert.bert_layer_specs import bert_layer_with_transformer_engine_spec
+
+            return bert_layer_with_transformer_engine_spec
+        return bert_layer_local_spec
+    if have_transformer_engine():
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization=m.normalization)
+
+
+def padded_vocab(m: ModelSpec, tp: int) -> int:
+    """Vocabulary padded as Megatron pads it: to a multiple of make_vocab_size_divisible_by x tp."""
+    multiple = m.make_vocab_size_divisible_by * tp
+    return -(-m.vocab_size // multiple) * multiple
+
+
+def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None) -> torch.nn.Module:
+    """One model chunk for this rank's pipeline stage (and virtual stage)."""
+    pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    vocab = padded_vocab(m, config.tensor_model_parallel_size)
+    if m.family == "bert":
+        return BertModel(
+            config=config,
+            num_tokentypes=0,
+            transformer_layer_spec=layer_spec(m),
+            vocab_size=vocab,
+            max_sequence_length=m.seq_length,
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=not m.untie_embeddings,
+            position_embedding_type=m.position_embedding,
+            add_binary_head=False,  # MLPerf BERT scores masked-LM accuracy only
+            vp_stage=vp_stage,
+        )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(m),
+        vocab_size=vocab,
+        max_sequence_length=m.seq_length,
+        pre_process=pre,
+        post_process=post,
+        share_embeddings_and_output_weights=not m.untie_embeddings,
+        position_embedding_type=m.position_embedding,
+        rotary_base=int(m.rotary_base),
+        rope_scaling=m.rope_scaling,
+        rope_scaling_factor=m.rope_scaling_factor,
+        vp_stage=vp_stage,
+    )

@@ -1,0 +1,117 @@
+"""Training objectives: causal LM (GPT-3, Llama) and masked LM (BERT), chosen by the model family.
+
+Both compute losses from the vocabulary-parallel logits with megatron-core's tensor-parallel cross-entropy,
+so they are correct under tensor parallelism without gathering the vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from megatron.core import parallel_state, tensor_parallel
+
+from mlbench.spec import Benchmark
+from mlbench.train.markov import MarkovSource
+
+Batch = dict[str, torch.Tensor]
+
+
+def _tp_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over a vocabulary split across the tensor-parallel group."""
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    val, idx = logits.max(dim=-1)
+    if tp == 1:
+        return idx
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    idx = idx + rank * logits.shape[-1]
+    group = parallel_state.get_tensor_model_parallel_group()
+    vals = [torch.empty_like(val) for _ in range(tp)]
+    idxs = [torch.empty_like(idx) for _ in range(tp)]
+    torch.distributed.all_gather(vals, val.contiguous(), group=group)
+    torch.distributed.all_gather(idxs, idx.contiguous(), group=group)
+    best = torch.stack(vals).argmax(dim=0, keepdim=True)
+    return torch.stack(idxs).gather(0, best).squeeze(0)
+
+
+def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, logits: torch.Tensor):
+    per_token = tensor_parallel.vocab_parallel_cross_entropy(logits.float().contiguous(), labels)
+    mask = mask.float()
+    loss_sum = (per_token * mask).sum()
+    n = mask.sum().to(torch.int)
+    # clone: the pipeline schedule divides the returned loss in place by tokens and micro-batches
+    stats = {"loss_sum": loss_sum.detach().clone(), "tokens": mask.sum()}
+    if want_correct:
+        with torch.no_grad():
+            stats["correct"] = ((_tp_argmax(logits) == labels).float() * mask).sum()
+    return loss_sum, n, stats
+
+
+@dataclass
+class CausalLM:
+    """Next-token prediction; the eval metric is log perplexity (mean cross-entropy in nats)."""
+
+    metric = "log_perplexity"
+
+    def make_batch(self, tokens: np.ndarray, rng: np.random.Generator) -> Batch:
+        t = torch.from_numpy(tokens)
+        seq = t.shape[1] - 1
+        return {
+            "tokens": t[:, :-1].contiguous(),
+            "labels": t[:, 1:].contiguous(),
+            "loss_mask": torch.ones(t.shape[0], seq),
+            "position_ids": torch.arange(seq).unsqueeze(0).expand(t.shape[0], seq).contiguous(),
+        }
+
+    def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
+        logits = model(b["tokens"], b["position_ids"], None)
+        return logits, partial(_loss, b["loss_mask"], b["labels"], False)
+
+    def value(self, totals: dict[str, float]) -> float:
+        return totals["loss_sum"] / max(totals["tokens"], 1.0)
+
+
+@dataclass
+class MaskedLM:
+    """BERT's masked-LM objective; the eval metric is masked-token accuracy."""
+
+    vocab_size: int
+    mask_prob: float
+    metric = "masked_lm_accuracy"
+
+    @property
+    def mask_id(self) -> int:
+        return self.vocab_size  # one id past the source's vocabulary: never a real token
+
+    def make_batch(self, tokens: np.ndarray, rng: np.random.Generator) -> Batch:
+        t = torch.from_numpy(tokens[:, :-1].copy())
+        masked = torch.from_numpy(rng.random(t.shape) < self.mask_prob)
+        inputs = torch.where(masked, torch.full_like(t, self.mask_id), t)
+        return {
+            "tokens": inputs,
+            "labels": t,
+            "loss_mask": masked.float(),
+            "attention_mask": torch.ones(t.shape, dtype=torch.bool),
+        }
+
+    def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
+        out = model(b["tokens"], b["attention_mask"])
+        logits = out[0] if isinstance(out, tuple) else out
+        return logits, partial(_loss, b["loss_mask"], b["labels"], eval_mode)
+
+    def value(self, totals: dict[str, float]) -> float:
+        return totals["correct"] / max(totals["tokens"], 1.0)
+
+
+def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM:
+    if b.model.family == "bert":
+        return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob)  # last id is [MASK]
+    return CausalLM()
+
+
+def source(b: Benchmark) -> MarkovSource:
+    """The synthetic source a tiny run trains on; masked LM keeps one id of the vocabulary for [MASK]."""
+    vocab = b.model.vocab_size - 1 if b.model.family == "bert" else b.model.vocab_size
+    return MarkovSource(vocab, b.data.branching, b.data.concentration, b.data.seed)
