@@ -97,7 +97,7 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
         ]
     keys += [
         ("opt_gradient_clip_norm", o.clip_grad),
-        ("init_checkpoint_step", bench.train.init_checkpoint_step),
+        ("init_checkpoint_step", int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs))),
         (C.TRAIN_SAMPLES, train_samples(bench, gbs)),
         (C.EVAL_SAMPLES, bench.eval.samples),
         ("tensor_parallelism", layout["tp"]),

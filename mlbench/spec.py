@@ -238,6 +238,11 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
             raise UserError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 175.0e9 (no exponent sign) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(f"{where}: expected a number, got {value!r}")
         return float(value)

@@ -65,28 +65,38 @@ def train(plan: RunPlan) -> int:
     return 0 if status == "success" else 1
 
 
+def write_preamble(plan: RunPlan, log: MLPerfLog | None = None) -> MLPerfLog:
+    """Rank 0's log up to init: submission keys and every hyperparameter (also what --dry-run writes)."""
+    from mlperf_logging.mllog import constants as C
+
+    log = log or MLPerfLog(plan.log_path)
+    bench = plan.benchmark
+    log.event(C.CACHE_CLEAR, value=True)
+    log.start(C.INIT_START)
+    for key, value in (
+        (C.SUBMISSION_ORG, plan.org),
+        (C.SUBMISSION_PLATFORM, plan.system),
+        (C.SUBMISSION_DIVISION, plan.division),
+        (C.SUBMISSION_STATUS, "onprem"),
+        (C.SUBMISSION_BENCHMARK, bench.mlperf.benchmark),
+    ):
+        log.event(key, value=value)
+    for key, value in hyperparameters(bench, plan.layout, plan.seed):
+        log.event(key, value=value)
+    if plan.dry_run:  # what a real run logs next, with nothing built or trained
+        log.end(C.INIT_STOP)
+        log.start(C.RUN_START)
+    return log
+
+
 def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, events: Events) -> str:
     from mlperf_logging.mllog import constants as C
 
     layout = plan.layout
     gbs = layout["global_batch_size"]
     if log:
-        log.event(C.CACHE_CLEAR, value=True)
-        log.start(C.INIT_START)
-        for key, value in (
-            (C.SUBMISSION_ORG, plan.org),
-            (C.SUBMISSION_PLATFORM, plan.system),
-            (C.SUBMISSION_DIVISION, plan.division),
-            (C.SUBMISSION_STATUS, "onprem"),
-            (C.SUBMISSION_BENCHMARK, bench.mlperf.benchmark),
-        ):
-            log.event(key, value=value)
-        for key, value in hyperparameters(bench, layout, plan.seed):
-            log.event(key, value=value)
+        write_preamble(plan, log)
     if plan.dry_run:
-        if log:
-            log.end(C.INIT_STOP)
-            log.start(C.RUN_START)
         return "success"
 
     on_cpu = cpu_compat.enable()
@@ -94,6 +104,10 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     torch.set_num_threads(max(1, int(os.environ.get("MLBENCH_THREADS", "1"))))
     dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=120))
+    # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
+    seed_t = torch.tensor([plan.seed], dtype=torch.int64)
+    dist.broadcast(seed_t, src=0)
+    plan.seed = int(seed_t.item())
 
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import (

@@ -88,7 +88,7 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None) 
     if m.family == "bert":
         return BertModel(
             config=config,
-            num_tokentypes=0,
+            num_tokentypes=m.num_tokentypes,
             transformer_layer_spec=layer_spec(m),
             vocab_size=vocab,
             max_sequence_length=m.seq_length,
@@ -96,7 +96,7 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None) 
             post_process=post,
             share_embeddings_and_output_weights=not m.untie_embeddings,
             position_embedding_type=m.position_embedding,
-            add_binary_head=False,  # MLPerf BERT scores masked-LM accuracy only
+            add_binary_head=m.add_binary_head,
             vp_stage=vp_stage,
         )
     return GPTModel(

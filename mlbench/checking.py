@@ -1,0 +1,52 @@
+"""`mlbench check`: which rules a result file is judged by, and the official checker's verdict on each."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from mlbench import compliance, registry
+from mlbench.errors import UserError
+from mlbench.mlperf_log import read
+
+
+def _result_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(path.rglob("result_*.txt"))
+    if not files:
+        raise UserError(f"{path}: no result_*.txt files here (a result file, or a folder of them)")
+    return files
+
+
+def rules_for(path: Path, ruleset: str | None, rules: str) -> tuple[str, bool]:
+    """(ruleset, smoke) for a result file: smoke rules for tiny runs, as their run record says."""
+    benchmark = next((e.get("value") for e in read(path) if e.get("key") == "submission_benchmark"), None)
+    record = path.with_suffix(".json")
+    tiny = False
+    if record.exists():
+        with contextlib.suppress(json.JSONDecodeError):
+            tiny = json.loads(record.read_text()).get("variant") == "tiny"
+    smoke = rules == "smoke" or (rules == "auto" and tiny)
+    if ruleset is None:
+        if benchmark not in registry.names():
+            raise UserError(f"{path}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
+                            f"{', '.join(registry.names())}); pass --ruleset")
+        ruleset = registry.load(benchmark).mlperf.ruleset
+    return ruleset, smoke
+
+
+def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool:
+    all_ok = True
+    for f in _result_files(path):
+        rs, smoke = rules_for(f, ruleset, rules)
+        v = compliance.check(f, rs, smoke)
+        all_ok &= v.ok
+        mark = "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]"
+        console.print(f"{mark} {f} ({v.rules})", highlight=False)
+        for m in v.messages[:20]:
+            console.print(f"    {m}", highlight=False)
+    return all_ok

@@ -1,0 +1,187 @@
+"""`mlbench`: run MLPerf-style time-to-train benchmarks on megatron-core, check, score and compare them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from mlbench import registry
+from mlbench.errors import UserError
+
+console = Console()
+
+
+def _fmt_params(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:,.0f}"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """MLPerf-style time-to-train runs for large language models."""
+
+
+@cli.command("list")
+def list_cmd() -> None:
+    """The benchmarks, a row each."""
+    t = Table(title="benchmarks")
+    for col in ("name", "model", "size", "quality target", "ruleset", "runs", "tiny target"):
+        t.add_column(col)
+    for name in registry.names():
+        b = registry.load(name)
+        tiny = registry.load(name, tiny=True) if _has_tiny(name) else None
+        op = "<=" if b.quality.direction == "min" else ">="
+        t.add_row(name, b.title, b.size, f"{b.quality.metric} {op} {b.quality.target}",
+                  f"training {b.mlperf.ruleset}", str(b.mlperf.runs_required),
+                  f"{op} {tiny.quality.target}" if tiny else "-")
+    console.print(t)
+
+
+def _has_tiny(name: str) -> bool:
+    try:
+        registry.load(name, tiny=True)
+    except UserError:
+        return False
+    return True
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--tiny", is_flag=True, help="The tiny variant that converges on a CPU.")
+def show(name: str, tiny: bool) -> None:
+    """A benchmark's definition, parameter count and model FLOPs."""
+    from mlbench import flops
+
+    b = registry.load(name, tiny=tiny)
+    m, o = b.model, b.optimizer
+    params = flops.param_count(m)
+    t = Table(title=f"{b.title}{' (tiny variant)' if tiny else ''}", show_header=False)
+    t.add_column("key", style="bold")
+    t.add_column("value")
+    t.add_row("parameters", f"{params:,} ({_fmt_params(params)}; published {b.size}, "
+                            f"{100 * (params / b.published_params - 1):+.2f} %)" if not tiny else f"{params:,}")
+    t.add_row("model FLOPs per sample", f"{flops.flops_per_sample(m):.4g} (training: 3 x forward)")
+    t.add_row("architecture", f"{m.family}: {m.num_layers} layers, hidden {m.hidden_size}, "
+                              f"{m.num_attention_heads} heads ({m.num_query_groups or m.num_attention_heads} "
+                              f"kv groups), ffn {m.ffn_hidden_size}, {m.activation}, {m.normalization}, "
+                              f"{m.position_embedding} positions, vocab {m.vocab_size}, sequence {m.seq_length}")
+    t.add_row("optimizer", f"{o.name}: lr {o.lr}, min lr {o.min_lr}, betas ({o.beta1}, {o.beta2}), eps {o.eps}, "
+                           f"weight decay {o.weight_decay}, clip {o.clip_grad}")
+    t.add_row("schedule", f"warm-up {o.warmup_steps} steps, {o.decay_style} decay {o.decay_steps} steps")
+    t.add_row("batch", f"global {b.train.global_batch_size}, micro {b.train.micro_batch_size}")
+    t.add_row("eval", f"every {b.eval.interval_samples} samples on {b.eval.samples} samples")
+    op = "<=" if b.quality.direction == "min" else ">="
+    t.add_row("quality target", f"{b.quality.metric} {op} {b.quality.target}")
+    if b.quality.note:
+        t.add_row("target chosen", b.quality.note)
+    t.add_row("MLPerf", f"{b.mlperf.benchmark}, training {b.mlperf.ruleset}, {b.mlperf.runs_required} runs")
+    t.add_row("data", b.data.source + (f" ({b.data.path})" if b.data.path else ""))
+    for ly in b.layouts:
+        t.add_row("reference layout", f"{ly.devices or 'any'} devices: tp {ly.tp} pp {ly.pp} vp {ly.vp} cp {ly.cp}"
+                                      f"{f' gbs {ly.global_batch_size}' if ly.global_batch_size else ''}"
+                                      f"{f' ({ly.source})' if ly.source else ''}")
+    for s in b.sources:
+        t.add_row("source", s)
+    console.print(t)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--tiny", is_flag=True, help="The tiny variant: converges on a CPU in seconds.")
+@click.option("--nodes", default=1, show_default=True, type=int)
+@click.option("--nproc-per-node", default=1, show_default=True, type=int, help="Processes (devices) per node.")
+@click.option("--tp", type=int, help="Tensor parallel size.")
+@click.option("--pp", type=int, help="Pipeline parallel size.")
+@click.option("--vp", type=int, help="Virtual pipeline stages per rank (interleaved schedule).")
+@click.option("--cp", type=int, help="Context parallel size.")
+@click.option("--micro-batch-size", type=int)
+@click.option("--global-batch-size", type=int)
+@click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i. Default: random.")
+@click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed.")
+@click.option("--results", "results_root", default="results", show_default=True, type=click.Path(path_type=Path),
+              help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
+@click.option("--system", help="System name in the results layout. Default: this host's name.")
+@click.option("--launcher", type=click.Choice(["local", "torchrun"]), default="local", show_default=True)
+@click.option("--rdzv-endpoint", help="torchrun launcher: HOST:PORT of the c10d rendezvous.")
+@click.option("--node-rank", default=0, show_default=True, type=int, help="torchrun launcher: this node's rank.")
+@click.option("--hang-timeout", default=300.0, show_default=True, type=float,
+              help="Seconds without step progress before a run is aborted as hung.")
+@click.option("--threads", default=1, show_default=True, type=int, help="CPU threads per rank.")
+@click.option("--dry-run", is_flag=True, help="Resolve and print the layout and commands; write the MLPerf log "
+                                               "up to run_start; train nothing.")
+def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, micro_batch_size,
+        global_batch_size, seed, runs: int, results_root: Path, system, launcher: str, rdzv_endpoint,
+        node_rank: int, hang_timeout: float, threads: int, dry_run: bool) -> None:
+    """Run a benchmark to its quality target and report time-to-train."""
+    from mlbench import layout as layout_lib
+    from mlbench import runner
+
+    bench = registry.load(name, tiny=tiny)
+    if runs < 1:
+        raise UserError(f"--runs must be at least 1, got {runs}")
+    if launcher == "torchrun" and not rdzv_endpoint:
+        raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if launcher == "local" and nodes > 1:
+        raise UserError(f"--launcher local runs on this machine only; for --nodes {nodes} use --launcher torchrun "
+                        f"(one invocation per node)")
+    if not 0 <= node_rank < nodes:
+        raise UserError(f"--node-rank {node_rank} must be between 0 and --nodes - 1 = {nodes - 1}")
+    layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
+    opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
+                             hang_timeout=hang_timeout, node_rank=node_rank,
+                             rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads)
+    if dry_run:
+        from mlbench import dry_run as dry
+
+        dry.run(bench, layout, opts, console)
+        return
+    outcomes = runner.run_set(bench, layout, opts, console)
+    sys.exit(0 if all(o.status == "success" for o in outcomes) else 1)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--ruleset", help="Training ruleset. Default: the benchmark's own (from its definition).")
+@click.option("--rules", type=click.Choice(["auto", "smoke", "closed"]), default="auto", show_default=True,
+              help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")
+def check(path: Path, ruleset: str | None, rules: str) -> None:
+    """The official compliance checker's verdict on a result file or a folder of them."""
+    from mlbench import checking
+
+    ok = checking.check_paths(path, ruleset, rules, console)
+    sys.exit(0 if ok else 1)
+
+
+def _add_analysis_commands() -> None:
+    try:
+        from mlbench.analysis import commands
+    except ImportError:
+        return
+    for name in ("score", "compare", "scaling"):
+        if hasattr(commands, name):
+            cli.add_command(getattr(commands, name))
+
+
+_add_analysis_commands()
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except UserError as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2)
+    except SystemExit:
+        raise

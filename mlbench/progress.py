@@ -1,0 +1,66 @@
+"""What the user sees while a run trains: a live panel on a terminal, one line per eval otherwise."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+class Progress:
+    def __init__(self, title: str, console: Console | None = None):
+        self.console = console or Console()
+        self.title = title
+        self.state: dict = {}
+        self.started = time.monotonic()
+        self._live: Live | None = None
+
+    def __enter__(self) -> Progress:
+        if self.console.is_terminal:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+
+    def on_events(self, events: list[dict]) -> None:
+        for e in events:
+            kind = e.get("event")
+            if kind == "start":
+                self.state.update(budget=e["budget"], target=e["target"], metric=e["metric"],
+                                  direction=e["direction"])
+            elif kind == "step":
+                self.state.update(step=e["step"], loss=e["loss"], tokens_per_s=e["tokens_per_s"],
+                                  tflops=e["tflops_per_device"])
+            elif kind == "eval":
+                self.state.update(eval=e["value"], eval_step=e["step"])
+                if not self._live:
+                    self.console.print(self._line())
+        if self._live:
+            self._live.update(self._render())
+
+    def _line(self) -> str:
+        s = self.state
+        return (f"step {s.get('step', 0)}/{s.get('budget', '?')}  loss {s.get('loss', float('nan')):.4f}  "
+                f"{s.get('tokens_per_s', 0):,.0f} tokens/s  eval {s.get('metric', '')} "
+                f"{s.get('eval', float('nan')):.4f} (target {'<=' if s.get('direction') == 'min' else '>='} "
+                f"{s.get('target', float('nan'))})")
+
+    def _render(self) -> Table:
+        s = self.state
+        t = Table(title=self.title, show_header=False, box=None)
+        t.add_row("step", f"{s.get('step', 0)} / {s.get('budget', '?')}")
+        t.add_row("train loss", f"{s.get('loss', float('nan')):.4f}")
+        t.add_row("tokens/s", f"{s.get('tokens_per_s', 0):,.0f}")
+        t.add_row("model TFLOP/s per device", f"{s.get('tflops', 0):.4f}")
+        if "eval" in s:
+            op = "<=" if s.get("direction") == "min" else ">="
+            t.add_row(f"last eval ({s['metric']})",
+                      f"{s['eval']:.4f} at step {s['eval_step']}  (target {op} {s['target']})")
+        t.add_row("elapsed", f"{time.monotonic() - self.started:.1f} s")
+        return t

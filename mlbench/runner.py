@@ -1,0 +1,142 @@
+"""A set of runs of one benchmark: plan, launch, supervise, check and publish each, one after another."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from mlbench import compliance, environment, results
+from mlbench.launch import torchrun
+from mlbench.launch.supervise import Outcome, supervise
+from mlbench.layout import Layout
+from mlbench.mlperf_log import read
+from mlbench.progress import Progress
+from mlbench.registry import ROOT
+from mlbench.spec import Benchmark
+from mlbench.train.plan import RunPlan
+
+
+@dataclass
+class RunOptions:
+    results: Path
+    system: str
+    runs: int = 1
+    seed: int | None = None
+    hang_timeout: float = 300.0
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # the torchrun launcher: one invocation per node
+    threads: int = 1  # CPU threads per rank
+
+
+@dataclass
+class RunResult:
+    path: Path
+    status: str
+    ttt_s: float | None
+    last_eval: float | None
+    compliant: bool
+    reason: str
+
+
+def default_system() -> str:
+    return socket.gethostname().split(".")[0] or "local"
+
+
+def seeds(first: int | None, runs: int) -> list[int]:
+    """Distinct seeds, as MLPerf requires: first, first+1, ... or fresh random ones."""
+    base = first if first is not None else secrets.randbelow(2**31 - runs)
+    return [base + i for i in range(runs)]
+
+
+def time_to_train(log: Path) -> float | None:
+    """Seconds from the first run_start to the first run_stop, as MLPerf scores it."""
+    events = read(log) if log.exists() else []
+    start = next((e["time_ms"] for e in events if e.get("key") == "run_start"), None)
+    stop = next((e["time_ms"] for e in events if e.get("key") == "run_stop"), None)
+    return (stop - start) / 1000 if start is not None and stop is not None else None
+
+
+def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, verdict, ttt: float | None,
+           env: dict) -> dict:
+    steps = [e for e in outcome.events if e.get("event") == "step"]
+    evals = [e for e in outcome.events if e.get("event") == "eval"]
+    return {
+        "benchmark": bench.name,
+        "variant": bench.variant,
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "exit_code": outcome.exit_code,
+        "seed": plan.seed,
+        "time_to_train_s": ttt,
+        "quality": {"metric": bench.quality.metric, "target": bench.quality.target,
+                    "direction": bench.quality.direction, "last": evals[-1]["value"] if evals else None},
+        "layout": layout.as_dict(),
+        "devices": layout.world_size,
+        "mfu": None,  # MFU is defined against a device's peak; on CPU it is not defined
+        "config": _asdict(bench),
+        "environment": env,
+        "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
+        "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
+                                          "lr", "grad_norm")} for e in steps],
+        "evals": [{k: e.get(k) for k in ("step", "samples", "value")} for e in evals],
+    }
+
+
+def _asdict(bench: Benchmark) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(bench)
+
+
+def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console) -> list[RunResult]:
+    folder = results.run_folder(opts.results, opts.system, bench.name)
+    env_info = environment.collect(ROOT)
+    out: list[RunResult] = []
+    run_seeds = seeds(opts.seed, opts.runs)
+    for i, seed in enumerate(run_seeds):
+        staging = results.stage(folder)
+        plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(staging),
+                       system=opts.system, device=env_info["device"]["type"])
+        plan_path = staging / "plan.json"
+        plan.save(plan_path)
+        argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes,
+                             nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
+                             rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=f"mlbench-{seed}")
+        env = dict(os.environ, MLBENCH_THREADS=str(opts.threads), OMP_NUM_THREADS=str(opts.threads),
+                   PYTHONWARNINGS="ignore")
+        label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
+        leader = opts.node_rank == 0  # rank 0 (and so the log) lives on node 0
+        with Progress(label, console) as progress:
+            outcome = supervise(argv, env=env, log_path=plan.log_path, events_path=plan.events_path,
+                                output=staging / "launcher.log",
+                                hang_timeout=opts.hang_timeout if leader else float("inf"),
+                                on_events=progress.on_events)
+        if not leader:
+            console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}")
+            out.append(RunResult(staging, outcome.status, None, None, True, outcome.reason))
+            continue
+        ttt = time_to_train(plan.log_path)
+        verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
+        rec = record(bench, layout, plan, outcome, verdict, ttt, env_info)
+        path = results.publish(folder, staging, rec)
+        out.append(RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason))
+        _summary(console, bench, out[-1])
+    return out
+
+
+def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
+    op = "<=" if bench.quality.direction == "min" else ">="
+    reached = r.status == "success"
+    colour = "green" if reached else "red"
+    ttt = f"{r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)" if r.ttt_s is not None else "n/a"
+    last = f"{r.last_eval:.4f}" if r.last_eval is not None else "none"
+    console.print(f"[{colour}]{'target reached' if reached else 'target NOT reached'}[/{colour}]: "
+                  f"{bench.quality.metric} {last} (target {op} {bench.quality.target}); time-to-train {ttt}; "
+                  f"compliance ({'ok' if r.compliant else 'FAILED'}); {r.path}")
+    if not reached:
+        console.print(f"  reason: {r.reason}")
