@@ -14,6 +14,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +62,14 @@ def infer_ruleset(folder: Path, benchmark: str | None) -> str:
     if known:
         return known[-1]
     return "6.0.0"
+
+
+_VERDICTS: dict[tuple, tuple[bool, list[str]]] = {}
+
+
+def _verdict_key(path: str, ruleset: str) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, ruleset)
 
 
 def check_compliance(path: str, ruleset: str) -> tuple[bool, list[str]]:
@@ -123,6 +132,26 @@ class SetScore:
         return d
 
 
+def _compliance_all(paths: list[str], ruleset: str, jobs: int | None) -> list[tuple[bool, list[str]]]:
+    """Verdicts for PATHS, checked in parallel processes (about 1.5 s per large log), remembered per file."""
+    keys = [_verdict_key(p, ruleset) if os.path.exists(p) else None for p in paths]
+    todo = [p for p, k in zip(paths, keys, strict=True) if k is None or k not in _VERDICTS]
+    jobs = min(len(todo), os.cpu_count() or 1, 8) if jobs is None else jobs
+    if jobs > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            got = list(ex.map(check_compliance, todo, [ruleset] * len(todo)))
+    else:
+        got = [check_compliance(p, ruleset) for p in todo]
+    fresh = dict(zip(todo, got, strict=True))
+    out = []
+    for p, k in zip(paths, keys, strict=True):
+        v = fresh[p] if p in fresh else _VERDICTS[k]
+        if k is not None:
+            _VERDICTS[k] = v
+        out.append(v)
+    return out
+
+
 def _max_dropped(benchmark: str | None) -> int:
     return 4 if benchmark == "unet3d" else 1  # as in result_summarizer._compute_strong_score_standalone
 
@@ -149,7 +178,9 @@ def _rcp_dispatch(checker, bs: int, epochs: list[float], rcp_pass: str) -> tuple
 
 def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str]) -> tuple[bool, str, float]:
     """The official RCP check on exactly FILES (linked into a temp folder, so nothing is written beside them)."""
-    with tempfile.TemporaryDirectory(prefix="mlbench-rcp-") as td, _quiet_official():
+    with tempfile.TemporaryDirectory(prefix="mlbench-rcp-") as td, _quiet_official(), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy's "mean of empty slice" for sets too small to judge
         for i, f in enumerate(files):
             os.symlink(f, Path(td) / f"result_{i}.txt")
         try:
@@ -169,7 +200,7 @@ def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str])
             try:
                 checker = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
                 ok2, msg2, f2 = _rcp_dispatch(checker, per_file[0][2], epochs, "pruned_rcps")
-            except Exception as e:
+            except Exception:
                 return ok, msg, factor
             notes.append(
                 f"{files[failed[0]].name} did not converge: the official RCP checker marks it 1e9 samples, "
@@ -202,14 +233,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
                      f"rulesets holding it: {', '.join(rulesets_for(benchmark)) or 'none'}")
 
-    paths = [str(r.path) for r in runs]
-    if jobs is None:
-        jobs = min(len(paths), os.cpu_count() or 1, 8)
-    if jobs > 1 and len(paths) > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            checks = list(ex.map(check_compliance, paths, [ruleset] * len(paths)))
-    else:
-        checks = [check_compliance(p, ruleset) for p in paths]
+    checks = _compliance_all([str(r.path) for r in runs], ruleset, jobs)
 
     scored: list[RunScore] = []
     for r, (ok, msgs) in zip(runs, checks, strict=True):
@@ -242,7 +266,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     division = (rs.system_desc or {}).get("division") or next((r.division for r in runs if r.division), None)
     scaling_json = summarizer._get_scaling_factor(str(rs.folder)) if (rs.folder / "scaling.json").exists() else None
     if division == "closed" and benchmark:
-        files = [r.path for r, _ in same]
+        files = [r.path for r, _ in same if r.benchmark == benchmark]
         ok, msg, computed = rcp_check(files, benchmark, ruleset, notes)
         rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
     else:
@@ -285,9 +309,10 @@ def _official_score(rs: ResultSet, runs: list[RunLog], scored: list[RunScore]) -
     return avg * summarizer._get_scaling_factor(str(rs.folder)) if avg is not None else None
 
 
-def score_path(path: Path, ruleset: str | None = None, devices: int | None = None) -> list[SetScore]:
+def score_path(path: Path, ruleset: str | None = None, devices: int | None = None,
+               jobs: int | None = None) -> list[SetScore]:
     sets = find_sets(Path(path))
     if ruleset is not None and ruleset not in mlp_compliance.rule_choices():
         raise UserError(f"unknown ruleset {ruleset!r}; the installed mlperf-logging knows "
                         f"{', '.join(sorted(mlp_compliance.rule_choices()))}")
-    return [score_set(s, ruleset, devices) for s in sets]
+    return [score_set(s, ruleset, devices, jobs) for s in sets]

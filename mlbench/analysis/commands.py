@@ -1,0 +1,119 @@
+"""Click commands `score`, `compare`, `scaling` (registered by mlbench/cli.py with cli.add_command)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from mlbench.errors import UserError
+
+
+def _console() -> Console:
+    """Rich wraps to 80 columns when not on a terminal; the tables need more (long set labels)."""
+    c = Console()
+    return c if c.is_terminal else Console(width=170)
+
+
+def _fmt(v: object, nd: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+@click.command("score")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--ruleset", default=None,
+              help="Training ruleset to check against (default: from a training_results_vX.Y path, else the "
+                   "newest one in mlperf-logging that holds the benchmark).")
+@click.option("--devices", type=int, default=None, help="Device count, where no systems json or run record says.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
+def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
+    """Score a benchmark folder of result_*.txt, or every folder in a submission tree, like MLCommons."""
+    from mlbench.analysis.score import score_path
+
+    sets = score_path(path, ruleset, devices)
+    if as_json:
+        click.echo(json.dumps([s.to_json() for s in sets], indent=2, default=str))
+        return
+    console = _console()
+    for s in sets:
+        _print_set(console, s)
+
+
+def _print_set(console: Console, s) -> None:
+    t = Table(title=f"{s.label}  ({s.benchmark}, ruleset {s.ruleset}, {s.devices or '?'} devices)",
+              title_justify="left")
+    for c in ("file", "status", "compliant", "time to train (min)", "samples to converge", "global batch", "counted"):
+        t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left")
+    for r in s.runs:
+        t.add_row(r.file, r.status, "yes" if r.compliant else "NO", _fmt(r.ttt_min), _fmt(r.samples_to_converge, 0),
+                  _fmt(r.global_batch), "yes" if r.counted else "no")
+    console.print(t)
+    for r in s.runs:
+        for p in r.problems:
+            console.print(f"  [yellow]{r.file}[/]: {p}", highlight=False)
+        if not r.compliant:
+            for m in r.compliance[:3]:
+                console.print(f"  [red]{r.file} non-compliant[/]: {m}", highlight=False)
+    console.print(
+        f"  olympic mean {_fmt(s.olympic_min)} min over {len([r for r in s.runs if r.counted])} counted of "
+        f"{s.required_runs or '?'} required runs; RCP {s.rcp.status} ({s.rcp.message}), factor "
+        f"{_fmt(s.rcp_factor)}{' from scaling.json' if s.rcp.scaling_json is not None else ''}", highlight=False)
+    console.print(f"  [bold]score {_fmt(s.score_min)} min[/]   (official summarizer: {_fmt(s.official_score_min)})",
+                  highlight=False)
+    for n in s.notes:
+        console.print(f"  [cyan]note[/]: {n}", highlight=False)
+    console.print()
+
+
+@click.command("compare")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None, help="Write a self-contained HTML report.")
+@click.option("--md", "md_out", type=click.Path(path_type=Path), default=None, help="Write a Markdown report (plots beside it).")
+@click.option("--ruleset", default=None, help="Ruleset for the scores (default: inferred per set).")
+@click.option("--no-score", is_flag=True, help="Skip compliance/RCP scoring (faster; time-to-train still shown).")
+def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
+            no_score: bool) -> None:
+    """Compare runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
+    from mlbench.analysis.compare import build_comparison, print_comparison
+    from mlbench.analysis.report import write_html, write_markdown
+
+    if len(paths) < 2:
+        raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
+    cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
+    print_comparison(_console(), cmp)
+    if html_out:
+        write_html(cmp, html_out)
+        click.echo(f"wrote {html_out}")
+    if md_out:
+        write_markdown(cmp, md_out)
+        click.echo(f"wrote {md_out}")
+
+
+@click.command("scaling")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None, help="Write a self-contained HTML report.")
+@click.option("--md", "md_out", type=click.Path(path_type=Path), default=None, help="Write a Markdown report.")
+@click.option("--devices", "devices", multiple=True, type=int,
+              help="Device count per PATH, in order (where no systems json or run record says).")
+def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
+    """Strong and weak scaling efficiency of one benchmark at several device counts."""
+    from mlbench.analysis.report import write_scaling_html, write_scaling_markdown
+    from mlbench.analysis.scaling import build_scaling, print_scaling
+
+    if devices and len(devices) != len(paths):
+        raise UserError(f"--devices given {len(devices)} times for {len(paths)} PATHs; give one per PATH or none")
+    sc = build_scaling(list(paths), list(devices) or None)
+    print_scaling(_console(), sc)
+    if html_out:
+        write_scaling_html(sc, html_out)
+        click.echo(f"wrote {html_out}")
+    if md_out:
+        write_scaling_markdown(sc, md_out)
+        click.echo(f"wrote {md_out}")

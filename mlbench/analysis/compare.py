@@ -1,0 +1,236 @@
+"""Side-by-side comparison of runs, sets and published rows: time, convergence, step times, layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from mlbench.analysis import published
+from mlbench.analysis.logs import ResultSet, RunLog, find_sets, run_record
+from mlbench.analysis.score import SetScore, score_set
+from mlbench.errors import UserError
+
+# Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
+LAYOUT = ("global_batch_size", "micro_batch_size", "tensor_parallelism", "pipeline_parallelism",
+          "context_parallelism", "gradient_accumulation_steps", "max_sequence_length")
+
+
+@dataclass
+class Entry:
+    label: str
+    kind: str  # "set", "run" or "published"
+    benchmark: str | None
+    devices: int | None = None
+    devices_from: str = ""
+    score: SetScore | None = None
+    runs: list[RunLog] = field(default_factory=list)
+    published: published.PublishedRow | None = None
+    problems: list[str] = field(default_factory=list)
+
+    # --- figures -------------------------------------------------------------------------------------
+    @property
+    def ttt_min(self) -> float | None:
+        """Score when scored; else the olympic-free median run time; published: the headline time."""
+        if self.published:
+            return self.published.time_to_train_min
+        if self.score and self.score.score_min is not None:
+            return self.score.score_min
+        t = [r.ttt_min for r in self.runs if r.ttt_min is not None and r.status == "success"]
+        return float(np.median(t)) if t else None
+
+    @property
+    def ttt_kind(self) -> str:
+        if self.published:
+            return "published"
+        if self.score and self.score.score_min is not None:
+            return "score"
+        return "median run" if len(self.runs) > 1 else "run"
+
+    def _median(self, values: list[float | None]) -> float | None:
+        v = [x for x in values if x is not None]
+        return float(np.median(v)) if v else None
+
+    @property
+    def samples_to_converge(self) -> float | None:
+        return self._median([r.samples_to_converge for r in self.runs])
+
+    @property
+    def steps_to_converge(self) -> float | None:
+        return self._median([r.steps_to_converge for r in self.runs])
+
+    @property
+    def step_seconds(self) -> np.ndarray:
+        parts = [r.step_times.seconds for r in self.runs if len(r.step_times.seconds)]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    @property
+    def step_source(self) -> str:
+        if self.published:
+            return "published" if self.published.step_time_s else "-"
+        return ", ".join(sorted({r.step_times.source for r in self.runs})) or "-"
+
+    def step_stats(self) -> dict[str, float | None]:
+        if self.published:
+            s = self.published.step_time_s
+            return {"median": s, "p90": None, "p99": None, "jitter": None, "mean": s}
+        s = self.step_seconds
+        if len(s) == 0:
+            return {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
+        p10, med, p90, p99 = np.percentile(s, [10, 50, 90, 99])
+        return {"median": float(med), "p90": float(p90), "p99": float(p99),
+                "jitter": float((p90 - p10) / med), "mean": float(s.mean())}
+
+    @property
+    def gbs(self) -> int | None:
+        return next((r.gbs for r in self.runs if r.gbs), None)
+
+    @property
+    def seq_len(self) -> int | None:
+        return next((r.seq_len for r in self.runs if r.seq_len), None)
+
+    def tokens_per_s_per_device(self) -> float | None:
+        med, gbs, seq = self.step_stats()["median"], self.gbs, self.seq_len
+        if not (med and gbs and seq and self.devices):
+            return None
+        return gbs * seq / med / self.devices
+
+    def samples_per_s_per_device(self) -> float | None:
+        med, gbs = self.step_stats()["median"], self.gbs
+        if not (med and gbs and self.devices):
+            return None
+        return gbs / med / self.devices
+
+    def tflops_per_device(self) -> float | None:
+        v = [x for r in self.runs for x in r.step_times.tflops_per_device]
+        return float(np.median(v)) if v else None
+
+    def mfu(self) -> float | None:
+        """From our run record when it says (published logs do not)."""
+        v = [run_record(r.path).get("mfu") for r in self.runs]
+        v = [float(x) for x in v if isinstance(x, int | float)]
+        return float(np.mean(v)) if v else None
+
+    def hyperparams(self) -> dict[str, object]:
+        return dict(self.runs[0].hyperparams) if self.runs else {}
+
+
+@dataclass
+class Comparison:
+    entries: list[Entry]
+    notes: list[str] = field(default_factory=list)
+
+    def differing_hyperparams(self) -> dict[str, list[object]]:
+        keyed = [e for e in self.entries if e.runs]
+        keys = sorted({k for e in keyed for k in e.hyperparams()},
+                      key=lambda k: (k not in LAYOUT, LAYOUT.index(k) if k in LAYOUT else 0, k))
+        out = {}
+        for k in keys:
+            vals = [e.hyperparams().get(k) for e in keyed]
+            if len({repr(v) for v in vals}) > 1:
+                out[k] = vals
+        return out
+
+    def rows(self) -> list[tuple[str, list[str]]]:
+        """The side-by-side table, as text cells (shared by the terminal, HTML and Markdown)."""
+        E = self.entries
+
+        def f(v: float | None, nd: int = 3, scale: float = 1.0) -> str:
+            return "-" if v is None else f"{v * scale:,.{nd}f}"
+
+        st = [e.step_stats() for e in E]
+        return [
+            ("benchmark", [e.benchmark or "-" for e in E]),
+            ("kind", [e.kind + (f" ({len(e.runs)} runs)" if e.kind == "set" else "") for e in E]),
+            ("devices", [f"{e.devices} ({e.devices_from})" if e.devices else "?" for e in E]),
+            ("time to train (min)", [f"{f(e.ttt_min, 4)} ({e.ttt_kind})" for e in E]),
+            ("RCP", [f"{e.score.rcp.status}, x{e.score.rcp_factor:.4f}" if e.score else "-" for e in E]),
+            ("global batch", [str(e.gbs or "-") for e in E]),
+            ("steps to converge", [f(e.steps_to_converge, 1) for e in E]),
+            ("samples to converge", [f(e.samples_to_converge, 0) for e in E]),
+            ("step time median (s)", [f(s["median"], 4) for s in st]),
+            ("step time p90 (s)", [f(s["p90"], 4) for s in st]),
+            ("step time p99 (s)", [f(s["p99"], 4) for s in st]),
+            ("jitter (p90-p10)/median", [f(s["jitter"], 2, 100) + ("%" if s["jitter"] is not None else "")
+                                         for s in st]),
+            ("step times from", [e.step_source for e in E]),
+            ("tokens/s per device", [f(e.tokens_per_s_per_device(), 0) for e in E]),
+            ("samples/s per device", [f(e.samples_per_s_per_device(), 4) for e in E]),
+            ("TFLOP/s per device (logged)", [f(e.tflops_per_device(), 1) for e in E]),
+            ("MFU", [f(e.mfu(), 1, 100) + ("%" if e.mfu() is not None else "") for e in E]),
+        ]
+
+
+def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Entry:
+    runs = rs.runs
+    bench = next((r.benchmark for r in runs if r.benchmark), None)
+    n, src = rs.devices()
+    kind = "run" if len(rs.files) == 1 else "set"
+    e = Entry(label=rs.label if kind == "set" else f"{rs.label}/{rs.files[0].name}", kind=kind,
+              benchmark=bench, devices=n, devices_from=src, runs=runs)
+    for r in runs:
+        e.problems += [f"{r.name}: {p}" for p in r.problems]
+    if with_score and kind == "set":
+        e.score = score_set(rs, ruleset)
+    return e
+
+
+def build_comparison(paths: list[str], ruleset: str | None = None, with_score: bool = True) -> Comparison:
+    entries: list[Entry] = []
+    for p in paths:
+        if p.startswith(published.PREFIX):
+            row = published.get(p)
+            entries.append(Entry(label=row.label, kind="published", benchmark=row.benchmark,
+                                 devices=row.devices, devices_from="published", published=row))
+            continue
+        path = Path(p)
+        if path.is_file():
+            entries.append(_entry_from_set(find_sets(path)[0], ruleset, with_score=False))
+            continue
+        for rs in find_sets(path):
+            entries.append(_entry_from_set(rs, ruleset, with_score))
+    if len(entries) < 2:
+        raise UserError("compare needs at least two runs, sets or published rows; got "
+                        f"{len(entries)} from {' '.join(paths)}")
+    cmp = Comparison(entries)
+    benches = {e.benchmark for e in entries if e.benchmark}
+    if len(benches) > 1:
+        cmp.notes.append(f"different benchmarks side by side ({', '.join(sorted(benches))}): "
+                         "times are not comparable")
+    for e in entries:
+        if e.published and e.published.note:
+            cmp.notes.append(f"{e.label}: {e.published.note} [{e.published.source}]")
+        cmp.notes += [f"{e.label}: {p}" for p in e.problems]
+        if e.score:
+            cmp.notes += [f"{e.label}: {n}" for n in e.score.notes]
+        if e.devices is None and e.kind != "published":
+            cmp.notes.append(f"{e.label}: device count unknown (no systems json or run record), "
+                             "so no per-device throughput")
+    return cmp
+
+
+def print_comparison(console: Console, cmp: Comparison) -> None:
+    t = Table(title="comparison", title_justify="left")
+    t.add_column("")
+    for e in cmp.entries:
+        t.add_column(e.label, justify="right", overflow="fold")
+    for name, cells in cmp.rows():
+        t.add_row(name, *cells)
+    console.print(t)
+    diff = cmp.differing_hyperparams()
+    if diff:
+        h = Table(title="hyperparameters and layout that differ", title_justify="left")
+        h.add_column("key")
+        for e in cmp.entries:
+            if e.runs:
+                h.add_column(e.label, overflow="fold")
+        for k, vals in diff.items():
+            h.add_row(k, *["-" if v is None else str(v) for v in vals])
+        console.print(h)
+    else:
+        console.print("hyperparameters and layout: no differences among the logged ones")
+    for n in cmp.notes:
+        console.print(f"[cyan]note[/]: {n}", highlight=False)

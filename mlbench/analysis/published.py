@@ -1,0 +1,65 @@
+"""The cited table of headline MLPerf results in results/published/, to set our runs beside."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlbench.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "results" / "published" / "headline_results.csv"
+PREFIX = "published:"
+
+
+@dataclass
+class PublishedRow:
+    id: str
+    round: str
+    submitter: str
+    system: str
+    benchmark: str
+    accelerator: str
+    devices: int | None
+    time_to_train_min: float | None
+    step_time_s: float | None
+    verified: str
+    source: str
+    note: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.submitter} {self.system} ({self.round}, published)"
+
+
+def _num(s: str, kind: type) -> float | int | None:
+    s = (s or "").strip().replace(",", "")
+    return kind(s) if s else None
+
+
+def load(table: Path = TABLE) -> list[PublishedRow]:
+    try:
+        with open(table, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise UserError(f"{table}: cannot read the published results table ({e.strerror})") from None
+    out = []
+    for r in rows:
+        out.append(PublishedRow(
+            id=r["id"], round=r["round"], submitter=r["submitter"], system=r["system"],
+            benchmark=r["benchmark"], accelerator=r["accelerator"], devices=_num(r["devices"], int),
+            time_to_train_min=_num(r["time_to_train_min"], float), step_time_s=_num(r["step_time_s"], float),
+            verified=r.get("verified", ""), source=r["source"], note=r.get("note", ""),
+        ))
+    return out
+
+
+def get(ref: str, table: Path = TABLE) -> PublishedRow:
+    """A row by id, given as 'published:<id>' or '<id>'."""
+    rid = ref[len(PREFIX):] if ref.startswith(PREFIX) else ref
+    rows = load(table)
+    for r in rows:
+        if r.id == rid:
+            return r
+    raise UserError(f"no published row {rid!r} in {table}; known: {', '.join(r.id for r in rows)}")

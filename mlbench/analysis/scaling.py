@@ -1,0 +1,219 @@
+"""Strong and weak scaling efficiency of one benchmark measured at several device counts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from mlperf_logging.result_summarizer import result_summarizer as summarizer
+from rich.console import Console
+from rich.table import Table
+
+from mlbench.analysis.logs import ResultSet, find_sets
+from mlbench.analysis.report import Report
+from mlbench.errors import UserError
+
+DEFINITIONS = [
+    "Strong scaling, time to train: E = T_base x N_base / (T_n x N_n), T the olympic mean of the successful "
+    "runs' times (run_stop - run_start; no RCP factor), N the device count, base the smallest configuration. "
+    "Global batch and so steps to converge may differ between configurations; this is the end-to-end view.",
+    "Strong scaling per step at fixed global batch: the same formula with t the median time per optimizer "
+    "step, among configurations sharing a global batch (base: the smallest of them).",
+    "Weak scaling: E = throughput per device at N / throughput per device at the base, among configurations "
+    "sharing a per-device batch (global batch / N); throughput = global batch x sequence length / median step time.",
+    "Per-step times come from the logs' tracked per-step statistics where recorded, else from block events "
+    "(block duration / steps in the block).",
+]
+
+
+@dataclass
+class Point:
+    label: str
+    devices: int
+    devices_from: str
+    gbs: int | None
+    seq: int | None
+    ttt_min: float | None
+    ttt_runs: int
+    step_s: float | None
+    step_source: str
+
+    @property
+    def per_device_batch(self) -> float | None:
+        return self.gbs / self.devices if self.gbs else None
+
+    @property
+    def tokens_per_s_per_device(self) -> float | None:
+        if not (self.gbs and self.step_s):
+            return None
+        return self.gbs * (self.seq or 1) / self.step_s / self.devices
+
+
+@dataclass
+class Scaling:
+    benchmark: str | None
+    points: list[Point]
+    strong_ttt: list[tuple[Point, float | None]] = field(default_factory=list)
+    strong_step: dict[int, list[tuple[Point, float | None]]] = field(default_factory=dict)
+    weak: dict[float, list[tuple[Point, float | None]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -> float | None:
+    """T_base x N_base / (T_n x N_n)."""
+    if not t_base or not t_n:
+        return None
+    return t_base * n_base / (t_n * n_n)
+
+
+def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
+    n, src = rs.devices(devices)
+    if not n:
+        raise UserError(f"{rs.folder}: device count unknown (no systems/<system>.json, no run record with "
+                        "'devices'); give it with --devices, one per PATH")
+    ok = [r for r in rs.runs if r.status == "success" and r.ttt_min is not None]
+    for r in rs.runs:
+        for p in r.problems:
+            notes.append(f"{rs.label}/{r.name}: {p}")
+    times = [r.ttt_min for r in ok]
+    if len(times) >= 3:
+        ttt = summarizer._compute_olympic_average(list(times), 0, 1)
+    elif times:
+        ttt = float(np.mean(times))
+        notes.append(f"{rs.label}: {len(times)} successful run(s), time to train is their plain mean")
+    else:
+        ttt = None
+    steps = [r.step_times.seconds for r in ok if len(r.step_times.seconds)]
+    step = float(np.median(np.concatenate(steps))) if steps else None
+    source = ", ".join(sorted({r.step_times.source for r in ok})) or "-"
+    gbs = next((r.gbs for r in rs.runs if r.gbs), None)
+    seq = next((r.seq_len for r in rs.runs if r.seq_len), None)
+    return Point(rs.label, n, src, gbs, seq, ttt, len(times), step, source)
+
+
+def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scaling:
+    notes: list[str] = []
+    points: list[Point] = []
+    benches: dict[str, list[str]] = defaultdict(list)
+    for i, p in enumerate(paths):
+        sets = find_sets(Path(p))
+        if devices and len(sets) > 1:
+            raise UserError(f"{p} holds {len(sets)} benchmark folders; with --devices give one folder per PATH")
+        for rs in sets:
+            b = next((r.benchmark for r in rs.runs if r.benchmark), None) or rs.folder.name
+            benches[b].append(rs.label)
+            points.append(_point(rs, devices[i] if devices else None, notes))
+    if len(benches) > 1:
+        raise UserError("scaling compares one benchmark at several device counts; got "
+                        + "; ".join(f"{b}: {', '.join(v)}" for b, v in benches.items()))
+    if len(points) < 2:
+        raise UserError("scaling needs at least two configurations (benchmark folders)")
+    points.sort(key=lambda q: (q.devices, q.label))
+    sc = Scaling(next(iter(benches)), points, notes=notes)
+    base = points[0]
+    sc.strong_ttt = [(q, efficiency(base.ttt_min, base.devices, q.ttt_min, q.devices)) for q in points]
+    by_gbs: dict[int, list[Point]] = defaultdict(list)
+    by_pdb: dict[float, list[Point]] = defaultdict(list)
+    for q in points:
+        if q.gbs:
+            by_gbs[q.gbs].append(q)
+            by_pdb[round(q.gbs / q.devices, 9)].append(q)
+    for g, qs in sorted(by_gbs.items()):
+        if len(qs) > 1:
+            b = qs[0]
+            sc.strong_step[g] = [(q, efficiency(b.step_s, b.devices, q.step_s, q.devices)) for q in qs]
+    for pdb, qs in sorted(by_pdb.items()):
+        if len(qs) > 1:
+            b = qs[0]
+            sc.weak[pdb] = [(q, (q.tokens_per_s_per_device / b.tokens_per_s_per_device)
+                             if q.tokens_per_s_per_device and b.tokens_per_s_per_device else None) for q in qs]
+    if not sc.strong_step:
+        sc.notes.append("no two configurations share a global batch: no per-step strong scaling")
+    if not sc.weak:
+        sc.notes.append("no two configurations share a per-device batch: no weak scaling; the points table "
+                        "shows per-device throughput for each")
+    return sc
+
+
+def _f(v: float | None, nd: int = 3) -> str:
+    return "-" if v is None else f"{v:,.{nd}f}"
+
+
+def tables(sc: Scaling) -> list[tuple[str, list[str], list[list[str]]]]:
+    out = []
+    out.append((f"configurations ({sc.benchmark})",
+                ["configuration", "devices", "global batch", "per-device batch", "time to train (min)",
+                 "median step (s)", "tokens/s per device", "step times from"],
+                [[q.label, f"{q.devices} ({q.devices_from})", str(q.gbs or "-"), _f(q.per_device_batch, 4),
+                  _f(q.ttt_min, 4) + f" ({q.ttt_runs} runs)", _f(q.step_s, 4), _f(q.tokens_per_s_per_device, 1),
+                  q.step_source] for q in sc.points]))
+    b = sc.points[0]
+    out.append(("strong scaling, time to train (base: " + b.label + ")",
+                ["configuration", "devices", "speed-up T_base/T_n", "ideal N_n/N_base", "efficiency"],
+                [[q.label, str(q.devices), _f(b.ttt_min / q.ttt_min if b.ttt_min and q.ttt_min else None),
+                  _f(q.devices / b.devices), _f(e)] for q, e in sc.strong_ttt]))
+    for g, rows in sc.strong_step.items():
+        bb = rows[0][0]
+        out.append((f"strong scaling per step, global batch {g} (base: {bb.label})",
+                    ["configuration", "devices", "median step (s)", "efficiency"],
+                    [[q.label, str(q.devices), _f(q.step_s, 4), _f(e)] for q, e in rows]))
+    for pdb, rows in sc.weak.items():
+        out.append((f"weak scaling, per-device batch {pdb:g}",
+                    ["configuration", "devices", "tokens/s per device", "efficiency"],
+                    [[q.label, str(q.devices), _f(q.tokens_per_s_per_device, 1), _f(e)] for q, e in rows]))
+    return out
+
+
+def print_scaling(console: Console, sc: Scaling) -> None:
+    for title, header, rows in tables(sc):
+        t = Table(title=title, title_justify="left")
+        for h in header:
+            t.add_column(h, justify="left" if h == "configuration" else "right", overflow="fold")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    console.print("[bold]definitions[/]")
+    for d in DEFINITIONS:
+        console.print(f"  - {d}", highlight=False)
+    for n in sc.notes:
+        console.print(f"[cyan]note[/]: {n}", highlight=False)
+
+
+def efficiency_plot(sc: Scaling):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = [q.devices for q, _ in sc.strong_ttt]
+    ax.plot(x, [e if e is not None else np.nan for _, e in sc.strong_ttt], "o-", label="strong, time to train")
+    for g, rows in sc.strong_step.items():
+        ax.plot([q.devices for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "s--",
+                label=f"strong per step, global batch {g}")
+    for pdb, rows in sc.weak.items():
+        ax.plot([q.devices for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "^:",
+                label=f"weak, per-device batch {pdb:g}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [str(v) for v in x])
+    ax.set_xlabel("devices")
+    ax.set_ylabel("efficiency")
+    ax.set_ylim(0, max(1.1, *[e for _, e in sc.strong_ttt if e is not None]) * 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Scaling efficiency, {sc.benchmark}")
+    return fig
+
+
+def scaling_report(sc: Scaling) -> Report:
+    rep = Report(f"mlbench scaling: {sc.benchmark}")
+    for title, header, rows in tables(sc):
+        rep.h(title)
+        rep.table(header, rows)
+    rep.h("Efficiency against device count")
+    rep.img("efficiency", efficiency_plot(sc), "scaling efficiency against device count")
+    rep.h("Definitions")
+    rep.ul(DEFINITIONS)
+    if sc.notes:
+        rep.h("Notes")
+        rep.ul(sc.notes)
+    return rep
