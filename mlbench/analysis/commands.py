@@ -74,8 +74,10 @@ def _print_set(console: Console, s) -> None:
 
 @click.command("compare")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None, help="Write a self-contained HTML report.")
-@click.option("--md", "md_out", type=click.Path(path_type=Path), default=None, help="Write a Markdown report (plots beside it).")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+              help="Write a self-contained HTML report.")
+@click.option("--md", "md_out", type=click.Path(path_type=Path), default=None,
+              help="Write a Markdown report (plots beside it).")
 @click.option("--ruleset", default=None, help="Ruleset for the scores (default: inferred per set).")
 @click.option("--no-score", is_flag=True, help="Skip compliance/RCP scoring (faster; time-to-train still shown).")
 def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
@@ -98,7 +100,8 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 
 @click.command("scaling")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None, help="Write a self-contained HTML report.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+              help="Write a self-contained HTML report.")
 @click.option("--md", "md_out", type=click.Path(path_type=Path), default=None, help="Write a Markdown report.")
 @click.option("--devices", "devices", multiple=True, type=int,
               help="Device count per PATH, in order (where no systems json or run record says).")

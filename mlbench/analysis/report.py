@@ -171,7 +171,6 @@ def _step_time_plot(cmp):
     ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
     ax.set_xticks(range(1, len(data) + 1), [lbl.replace("/", "/\n") for lbl, _ in data], fontsize=7)
     ax.set_ylabel("seconds per step")
-    ax.set_yscale("log")
     ax.grid(alpha=0.3, axis="y")
     ax.set_title("Step-time distribution (box: quartiles, whiskers: p1-p99)")
     return fig

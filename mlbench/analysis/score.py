@@ -245,7 +245,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     official = _official_score(rs, runs, scored)
     # Files of another benchmark are left out; unreadable ones count as failed runs of this set.
     same = [(r, s) for r, s in zip(runs, scored, strict=True) if r.benchmark in (benchmark, None)]
-    for r, s in same:
+    for _, s in same:
         s.counted = s.compliant and s.status == "success" and s.ttt_min is not None
         if s.compliant and s.status == "aborted" and s.ttt_min is not None:
             notes.append(f"{s.file}: run_stop status 'aborted'; the official summarizer still scores its "

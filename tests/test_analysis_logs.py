@@ -1,0 +1,140 @@
+"""Robust reading: every broken input gives a clear message, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlbench.analysis.commands import compare as compare_cmd
+from mlbench.analysis.commands import scaling as scaling_cmd
+from mlbench.analysis.commands import score as score_cmd
+from mlbench.analysis.logs import find_sets, read_log
+from mlbench.errors import UserError
+
+
+def _line(key: str, t: int, value: object = None, **md: object) -> str:
+    return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": t, "event_type": "POINT_IN_TIME",
+                                     "key": key, "value": value, "metadata": md}) + "\n"
+
+
+def tiny_log(steps: int = 5, step_s: float = 0.5, status: str = "success", stop: bool = True,
+             gbs: int = 8, seq: int = 128, step_key: str = "train_step_time") -> str:
+    t0 = 1_700_000_000_000
+    out = [_line("submission_benchmark", t0, "llama31_8b"), _line("submission_org", t0, "mlbench"),
+           _line("submission_division", t0, "open"), _line("global_batch_size", t0, gbs),
+           _line("max_sequence_length", t0, seq), _line("tensor_parallelism", t0, 2),
+           _line("run_start", t0 + 1000)]
+    t = t0 + 1000
+    for s in range(1, steps + 1):
+        t += int(step_s * 1000)
+        out.append(_line("tracked_stats", t, {step_key: step_s, "tokens_per_s": gbs * seq / step_s,
+                                              "tflops_per_device": 100.0}, step=s))
+    out.append(_line("eval_accuracy", t, 3.5, samples_count=steps * gbs))
+    if stop:
+        out.append(_line("run_stop", t + 10, None, status=status))
+    return "".join(out)
+
+
+def test_well_formed_log(tmp_path):
+    f = tmp_path / "result_0.txt"
+    f.write_text(tiny_log())
+    log = read_log(f)
+    assert log.problems == []
+    assert log.status == "success" and log.benchmark == "llama31_8b"
+    assert log.ttt_min == pytest.approx((2500 + 10) / 60000)
+    st = log.step_times
+    assert st.source == "tracked_stats" and len(st.seconds) == 5
+    assert st.stats()["median"] == pytest.approx(0.5)
+    assert log.samples_to_converge == 40 and log.steps_to_converge == 5
+    assert log.hyperparams["tensor_parallelism"] == 2
+
+
+def test_broken_json_lines_are_skipped_and_reported(tmp_path):
+    f = tmp_path / "result_0.txt"
+    text = tiny_log().splitlines(keepends=True)
+    text.insert(3, ':::MLLOG {"key": "oops", \n')
+    f.write_text("".join(text))
+    log = read_log(f)
+    assert any("broken JSON" in p and "line 4" in p for p in log.problems)
+    assert log.status == "success"  # the rest is still read
+
+
+def test_truncated_and_missing_run_stop(tmp_path):
+    f = tmp_path / "result_0.txt"
+    f.write_text(tiny_log(stop=False) + ':::MLLOG {"namespace": "", "time_ms": 17')
+    log = read_log(f)
+    assert any("truncated" in p for p in log.problems)
+    assert any("no run_stop" in p for p in log.problems)
+    assert log.ttt_min is None and log.status == "no run_stop"
+
+
+def test_not_an_mlperf_log(tmp_path):
+    f = tmp_path / "result_0.txt"
+    f.write_text("hello\nworld\n")
+    assert any("no :::MLLOG lines" in p for p in read_log(f).problems)
+
+
+def test_empty_and_missing_paths_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no result_"):
+        find_sets(tmp_path)
+    with pytest.raises(UserError, match="no such file"):
+        find_sets(tmp_path / "nope")
+    res = CliRunner().invoke(score_cmd, [str(tmp_path)])
+    assert isinstance(res.exception, UserError)
+
+
+def test_step_time_variants(tmp_path):
+    # NVIDIA gpt3 key, and a step counter in samples logged every 4 steps with the time covering all 4.
+    f = tmp_path / "result_0.txt"
+    f.write_text(tiny_log(step_key="train_step_timing in s"))
+    assert read_log(f).step_times.stats()["median"] == pytest.approx(0.5)
+    t0 = 1_700_000_000_000
+    lines = [_line("submission_benchmark", t0, "llama31_405b"), _line("global_batch_size", t0, 16),
+             _line("max_sequence_length", t0, 8192), _line("run_start", t0)]
+    for i in range(1, 6):
+        lines.append(_line("tracked_stats", t0 + i * 4000, {"train_step_time": 4.0}, step=float(i * 4 * 16)))
+    lines.append(_line("run_stop", t0 + 30000, None, status="success"))
+    g = tmp_path / "result_1.txt"
+    g.write_text("".join(lines))
+    st = read_log(g).step_times
+    assert "samples" in st.note and "divided" in st.note
+    assert st.stats()["median"] == pytest.approx(1.0)
+
+
+def _our_set(root: Path, system: str, devices: int, step_s: float, gbs: int, n: int = 3) -> Path:
+    d = root / system / "llama31_8b"
+    d.mkdir(parents=True)
+    for i in range(n):
+        (d / f"result_{i}.txt").write_text(tiny_log(step_s=step_s, gbs=gbs))
+        (d / f"result_{i}.json").write_text(json.dumps({"devices": devices, "mfu": 0.4}))
+    return d
+
+
+def test_compare_and_scaling_on_our_own_runs(tmp_path):
+    a = _our_set(tmp_path, "sysA", 8, 1.0, 16)
+    b = _our_set(tmp_path, "sysB", 16, 0.55, 16)
+    html, md = tmp_path / "cmp.html", tmp_path / "rep" / "cmp.md"
+    res = CliRunner().invoke(compare_cmd, [str(a), str(b), "--no-score", "--html", str(html), "--md", str(md)])
+    assert res.exit_code == 0, res.output
+    assert "step time median" in res.output and "40.0%" in res.output  # MFU from the run record
+    page = html.read_text()
+    assert page.count("data:image/png;base64,") == 2
+    assert (tmp_path / "rep" / "cmp_files" / "convergence.png").exists()
+    res = CliRunner().invoke(scaling_cmd, [str(a), str(b)])
+    assert res.exit_code == 0, res.output
+    # per-step strong scaling at global batch 16: 1.0 x 8 / (0.55 x 16)
+    assert f"{1.0 * 8 / (0.55 * 16):.3f}" in res.output
+
+
+def test_scaling_rejects_mixed_benchmarks_and_unknown_devices(tmp_path):
+    a = _our_set(tmp_path, "sysA", 8, 1.0, 16)
+    d = tmp_path / "sysC" / "llama31_8b"
+    d.mkdir(parents=True)
+    (d / "result_0.txt").write_text(tiny_log())
+    res = CliRunner().invoke(scaling_cmd, [str(a), str(d)])
+    assert isinstance(res.exception, UserError) and "device count unknown" in str(res.exception)
+    res = CliRunner().invoke(scaling_cmd, [str(a), str(d), "--devices", "8", "--devices", "16"])
+    assert res.exit_code == 0, res.output

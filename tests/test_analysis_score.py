@@ -1,0 +1,143 @@
+"""Scores against the official result summarizer, and the official tools' known traps."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlbench.analysis.commands import score as score_cmd
+from mlbench.analysis.logs import find_sets
+from mlbench.analysis.score import score_path, score_set
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mlperf-results"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent (a user's clone has no ../shared)")
+GOOGLE_GPT3 = SHARED / "training_results_v4.1/Google/results/cloud-tpu-trillium-1024-maxtext/gpt3"
+
+# The official summarizer, as a library, in a temp copy of each organisation folder (its RCP pass writes
+# scaling.json into the folder) and a temp CWD. Prints {folder: score} as JSON.
+OFFICIAL = r"""
+import contextlib, io, json, os, re, shutil, sys, tempfile
+from pathlib import Path
+from mlperf_logging.result_summarizer import result_summarizer as rs
+out = {}
+for org in sys.argv[1:]:
+    org = Path(org)
+    ruleset = re.search(r"training_results_v(\d+)\.(\d+)", str(org)).expand(r"\1.\2.0")
+    with tempfile.TemporaryDirectory() as td:
+        dst = Path(td) / org.name
+        shutil.copytree(org, dst)
+        os.chdir(td)
+        with contextlib.redirect_stdout(io.StringIO()):
+            _, _, detailed, _ = rs.summarize_results(str(dst), "training", ruleset)
+        for system_json in (org / "systems").glob("*.json"):
+            name = json.loads(system_json.read_text())["system_name"]
+            row = detailed[detailed["system"] == name]
+            for bench_dir in (org / "results" / system_json.stem).iterdir():
+                col = f"{bench_dir.name}:time_to_train"
+                if len(row) and col in row:
+                    v = row.iloc[0][col]
+                    out[str(bench_dir.resolve())] = None if v != v else float(v)
+print(json.dumps(out))
+"""
+
+
+@needs_shared
+def test_scores_equal_official_summarizer_on_every_shared_folder():
+    orgs = sorted(p.parent.parent for p in SHARED.glob("training_results_v*/*/results/*"))
+    orgs = sorted(set(orgs))
+    # The official pass runs in a second process while we score, so the suite stays fast on 2 cores.
+    proc = subprocess.Popen([sys.executable, "-c", OFFICIAL, *map(str, orgs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ours = {s.folder: s for s in score_path(SHARED, jobs=1)}
+    out, _ = proc.communicate(timeout=300)
+    official = json.loads(out)
+    assert len(ours) == 11 and set(official) == set(ours)
+    for folder, s in ours.items():
+        assert official[folder] is not None, folder
+        assert s.score_min == pytest.approx(official[folder], abs=1e-4), folder
+        assert s.official_score_min == pytest.approx(official[folder], abs=1e-4), folder
+        assert all(r.compliant for r in s.runs), folder
+        assert s.rcp.status == "Pass", folder
+
+
+@needs_shared
+def test_json_output_shape():
+    res = CliRunner().invoke(score_cmd, [str(GOOGLE_GPT3), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert isinstance(doc, list) and len(doc) == 1
+    d = doc[0]
+    for k in ("benchmark", "ruleset", "runs", "olympic_min", "rcp_factor", "score_min"):
+        assert k in d
+    assert d["benchmark"] == "gpt3" and d["ruleset"] == "4.1.0"
+    assert {"file", "status", "ttt_min", "compliant"} <= set(d["runs"][0])
+    assert d["score_min"] == pytest.approx(50.628104, abs=1e-4)
+
+
+def _copy_google(tmp_path: Path, scaling: bool = True) -> Path:
+    dst = tmp_path / "gpt3"
+    shutil.copytree(GOOGLE_GPT3, dst)
+    if not scaling:
+        (dst / "scaling.json").unlink()
+    return dst
+
+
+@needs_shared
+def test_aborted_run_is_dropped_not_scored(tmp_path):
+    d = _copy_google(tmp_path)
+    f = d / "result_0.txt"  # the fastest run (49.76 min)
+    f.write_text(f.read_text().replace('"status": "success"', '"status": "aborted"'))
+    s = score_set(find_sets(d)[0], ruleset="4.1.0")
+    r0 = next(r for r in s.runs if r.file == "result_0.txt")
+    assert r0.compliant and r0.status == "aborted" and not r0.counted
+    times = sorted(r.ttt_min for r in s.runs if r.counted)
+    # Two counted runs and one dropped: the olympic mean keeps the slower (the aborted one is the slowest).
+    assert s.olympic_min == pytest.approx(times[1])
+    # The official summarizer scores the aborted run's time: median of all three.
+    all3 = sorted(r.ttt_min for r in s.runs)
+    assert s.official_score_min == pytest.approx(all3[1] * 1.0173913043478262)
+    assert any("aborted" in n for n in s.notes)
+    # gpt3's non-converged marker (1e9 < real token counts) is called out as well.
+    assert any("sorts as the fastest" in n for n in s.notes)
+
+
+@needs_shared
+def test_second_pass_trap_noted_without_scaling_json(tmp_path):
+    d = _copy_google(tmp_path, scaling=False)
+    s = score_set(find_sets(d)[0], ruleset="4.1.0")
+    assert s.rcp.scaling_json is None
+    assert s.rcp_factor == pytest.approx(1.0173913043478262)
+    assert s.score_min == pytest.approx(50.62810434782609, abs=1e-4)
+    assert s.official_score_min == pytest.approx(s.olympic_min)  # the first pass does not scale
+    assert any("second pass" in n for n in s.notes)
+    assert not (d / "scaling.json").exists()  # nothing written beside the logs
+
+
+@needs_shared
+def test_too_few_runs_gives_no_score(tmp_path):
+    d = _copy_google(tmp_path)
+    (d / "result_2.txt").unlink()
+    s = score_set(find_sets(d)[0], ruleset="4.1.0")
+    assert s.score_min is None
+    assert any("too few runs: 2 of the 3" in n for n in s.notes)
+
+
+@needs_shared
+def test_mixed_benchmarks_and_broken_file_still_report_the_rest(tmp_path):
+    d = _copy_google(tmp_path)
+    bert = SHARED / "training_results_v5.0/NVIDIA/results/tyche_ngpu8_ngc25.04_pytorch/bert/result_0.txt"
+    shutil.copy(bert, d / "result_7.txt")
+    (d / "result_8.txt").write_text(":::MLLOG {\"key\": \"run_start\", \"time_ms\": 1")
+    res = CliRunner().invoke(score_cmd, [str(d), "--ruleset", "4.1.0"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "mixed benchmarks" in out and "result_7.txt (bert)" in out
+    assert "result_8.txt" in out and "truncated" in out
+    assert re.search(r"score \d+\.\d+ min", out)  # the gpt3 set is still scored
