@@ -1,0 +1,169 @@
+"""Render the sbatch script for a multi-node torchrun job. Pure: a SlurmJob in, a string out.
+
+Nothing here submits or touches the cluster, so `--dry-run` can print exactly what would run.
+
+Layout of the script: `#SBATCH` header, exported environment, MASTER_ADDR/MASTER_PORT, then one
+`srun --ntasks-per-node=1 ... bash -c '<torchrun ...>'` that starts one torchrun per node. The
+torchrun line goes through `bash -c` so that `$SLURM_NODEID` is expanded on each node, not once
+in the batch shell (where it is always 0).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+GENERATOR = "mlbench.launch.slurm_script"
+
+_TIME_RE = re.compile(r"^(?:\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")
+# sbatch --signal=[{R|B}:]<sig>[@sig_time]
+_SIGNAL_RE = re.compile(r"^(?:[RB]{1,2}:)?(?:SIG)?[A-Z0-9]+(?:@\d+)?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What one sbatch submission needs.
+
+    `command` is what follows torchrun's own options: a script and its args, `-m module ...`, or
+    `--no-python exe ...` (torchrun runs a bare first word with python).
+    """
+
+    job_name: str
+    command: Sequence[str]
+    nodes: int = 1
+    # Tasks SLURM accounts per node; the launch itself is always one torchrun per node.
+    ntasks_per_node: int = 1
+    cpus_per_task: int | None = None
+    gpus_per_node: int = 0
+    # Processes torchrun starts per node; None: gpus_per_node, or 1 on CPU.
+    nproc_per_node: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # "HH:MM:SS" (or "D-HH:MM:SS")
+    sbatch_options: Sequence[str] = ()  # extra, e.g. ["--exclusive", "--mem=0"]
+    container_image: str | None = None  # pyxis/enroot
+    container_mounts: Sequence[str] = ()  # "src:dst[:flags]"
+    output: str | None = None
+    error: str | None = None
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    master_addr: str | None = None  # None: first node of the allocation
+    master_port: int = 29500
+    rdzv_backend: Literal["static", "c10d"] = "static"
+    # Preemption warning: SLURM sends SIGTERM to the steps this many seconds before the limit.
+    signal: str | None = "TERM@120"
+    torchrun: str = "torchrun"
+
+    def validate(self) -> None:
+        if not self.job_name or not self.command:
+            raise ValueError("job_name and command are required")
+        if self.nodes < 1 or self.ntasks_per_node < 1:
+            raise ValueError("nodes and ntasks_per_node must be >= 1")
+        if self.gpus_per_node < 0 or (self.nproc_per_node is not None and self.nproc_per_node < 1):
+            raise ValueError("gpus_per_node must be >= 0 and nproc_per_node >= 1")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise ValueError("cpus_per_task must be >= 1")
+        if self.time_limit is not None and not _TIME_RE.match(self.time_limit):
+            raise ValueError(f"time_limit must be HH:MM:SS or D-HH:MM:SS, not {self.time_limit!r}")
+        if self.signal is not None and not _SIGNAL_RE.match(self.signal):
+            raise ValueError(f"signal must look like TERM@120 or B:USR1@60, not {self.signal!r}")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port out of range: {self.master_port}")
+        if self.rdzv_backend not in ("static", "c10d"):
+            raise ValueError(f"rdzv_backend must be static or c10d, not {self.rdzv_backend!r}")
+        for name in self.env:
+            if not _ENV_NAME_RE.match(name):
+                raise ValueError(f"not an environment variable name: {name!r}")
+        for opt in self.sbatch_options:
+            if not opt.startswith("-"):
+                raise ValueError(f"sbatch option must start with '-': {opt!r}")
+        # A newline would end an #SBATCH line or a shell word early: refuse rather than escape.
+        texts = [self.job_name, *self.command, *self.sbatch_options, *self.container_mounts,
+                 *self.env, *self.env.values()]  # fmt: skip
+        opt_texts = [self.partition, self.account, self.container_image, self.output, self.error,
+                     self.workdir, self.master_addr]  # fmt: skip
+        for t in [*texts, *(t for t in opt_texts if t is not None)]:
+            if "\n" in t or "\r" in t or "\0" in t:
+                raise ValueError(f"newline or NUL in {t!r}")
+
+    @property
+    def procs_per_node(self) -> int:
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return self.gpus_per_node or 1
+
+
+def _sbatch(opt: str, value: object | None = None) -> str:
+    # sbatch parses #SBATCH lines itself and honours ' and " quoting, so shlex.quote is right here.
+    return f"#SBATCH {opt}" if value is None else f"#SBATCH {opt}={shlex.quote(str(value))}"
+
+
+def torchrun_command(job: SlurmJob) -> str:
+    """The per-node command (shell text), with SLURM/MASTER variables left for the node to expand."""
+    args = [
+        shlex.quote(job.torchrun),
+        '--nnodes="$SLURM_NNODES"',
+        f"--nproc-per-node={job.procs_per_node}",
+        '--node-rank="$SLURM_NODEID"',
+        f"--rdzv-backend={job.rdzv_backend}",
+        '--master-addr="$MASTER_ADDR"',
+        '--master-port="$MASTER_PORT"',
+    ]
+    if job.rdzv_backend == "c10d":
+        args += ['--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"']
+    return " ".join(args + [shlex.quote(a) for a in job.command])
+
+
+def render(job: SlurmJob) -> str:
+    """The full sbatch script for `job`. Deterministic: same job, same text."""
+    job.validate()
+    lines = [
+        "#!/bin/bash",
+        f"# Generated by {GENERATOR} (mlbench). Do not edit: re-render it. Submit with `sbatch <file>`.",
+        _sbatch("--job-name", job.job_name),
+        _sbatch("--nodes", job.nodes),
+        _sbatch("--ntasks-per-node", job.ntasks_per_node),
+    ]
+    if job.cpus_per_task is not None:
+        lines.append(_sbatch("--cpus-per-task", job.cpus_per_task))
+    if job.gpus_per_node:
+        lines.append(_sbatch("--gpus-per-node", job.gpus_per_node))
+    for opt, value in (
+        ("--partition", job.partition),
+        ("--account", job.account),
+        ("--time", job.time_limit),
+        ("--output", job.output),
+        ("--error", job.error),
+        ("--chdir", job.workdir),
+        ("--signal", job.signal),
+    ):
+        if value is not None:
+            lines.append(_sbatch(opt, value))
+    for opt in job.sbatch_options:
+        name, eq, value = opt.partition("=")
+        lines.append(_sbatch(name, value) if eq else _sbatch(name))
+
+    lines += ["", "set -euo pipefail", ""]
+    for name, value in job.env.items():
+        lines.append(f"export {name}={shlex.quote(value)}")
+    if job.master_addr is None:
+        # The first node of the allocation hosts the rendezvous.
+        lines.append('MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"')
+    else:
+        lines.append(f"MASTER_ADDR={shlex.quote(job.master_addr)}")
+    lines += [f"MASTER_PORT={job.master_port}", "export MASTER_ADDR MASTER_PORT", ""]
+
+    # --ntasks too: srun would otherwise inherit SLURM_NTASKS (nodes x ntasks_per_node) from sbatch.
+    srun = ["srun", '--nodes="$SLURM_NNODES"', '--ntasks="$SLURM_NNODES"', "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1"]  # fmt: skip
+    if job.container_image is not None:
+        srun.append(f"--container-image={shlex.quote(job.container_image)}")
+        if job.container_mounts:
+            srun.append(f"--container-mounts={shlex.quote(','.join(job.container_mounts))}")
+    srun.append(f"bash -c {shlex.quote(torchrun_command(job))}")
+    lines.append(" \\\n    ".join(srun))
+    return "\n".join(lines) + "\n"
