@@ -185,3 +185,7 @@ def main() -> None:
         sys.exit(2)
     except SystemExit:
         raise
+
+
+if __name__ == "__main__":
+    main()

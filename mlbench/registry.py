@@ -48,13 +48,16 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     if data.get("name") != name:
         raise UserError(f"{path}: 'name' is {data.get('name')!r}, expected {name!r} (the file's name)")
     tiny_override = data.pop("tiny", None)
-    if tiny:
-        if not isinstance(tiny_override, dict):
-            raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
-        data = deep_merge(data, tiny_override)
-        data["variant"] = "tiny"
-    data["path"] = str(path)
-    bench = build(Benchmark, data, where=f"{path.name}{' (tiny)' if tiny else ''}")
+    # The full definition is validated even for a tiny run: the tiny variant inherits every value it does not
+    # override, so a malformed file is malformed for both.
+    full = build(Benchmark, data | {"path": str(path)}, where=path.name)
+    _validate(full, path)
+    if not tiny:
+        return full
+    if not isinstance(tiny_override, dict):
+        raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
+    merged = deep_merge(data, tiny_override) | {"variant": "tiny", "path": str(path)}
+    bench = build(Benchmark, merged, where=f"{path.name} (tiny)")
     _validate(bench, path)
     return bench
 

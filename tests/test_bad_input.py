@@ -1,0 +1,89 @@
+"""Bad input: one line naming what is wrong and what would be right, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import mlbench
+
+
+def _assert_clean_error(proc, *needles: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1, out
+    for n in needles:
+        assert n in out, out
+
+
+def test_unknown_benchmark_suggests_close_names(tmp_path: Path) -> None:
+    proc = mlbench("run", "gtp3", "--tiny", "--results", str(tmp_path))
+    _assert_clean_error(proc, "unknown benchmark 'gtp3'", "did you mean gpt3")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--nproc-per-node", "3", "--tp", "2"], ["world size 3", "tp x pp x cp", "must divide 3"]),
+        (["--nproc-per-node", "3", "--tp", "3"], ["4 attention heads", "tp=3", "valid tp: 1, 2, 4"]),
+        (["--nproc-per-node", "3", "--pp", "3"], ["2 layers", "pp x vp", "one of 1, 2"]),
+        (["--nproc-per-node", "2", "--global-batch-size", "12"], ["global batch 12", "2 x 4 = 8"]),
+    ],
+    ids=["world-vs-tp", "heads-vs-tp", "layers-vs-pp", "batch-vs-dp"],
+)
+def test_layout_that_does_not_divide(tmp_path: Path, flags: list[str], needles: list[str]) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path), *flags)
+    _assert_clean_error(proc, "layout does not divide", *needles)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; uses a file in place of a folder instead")
+def test_unwritable_results_folder_as_user(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--results", str(ro)), "not writable", "--results")
+
+
+def test_unwritable_results_folder(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")  # even root cannot create folders under a file
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(blocker))
+    _assert_clean_error(proc, "not writable", "--results DIR")
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize(
+    ("edit", "needles"),
+    [
+        (lambda s: s + "\n  oops: [unclosed\n", ["gpt3.yaml", "not valid YAML", "line"]),
+        (lambda s: s.replace("num_layers: 96", "num_layerz: 96"), ["unknown key 'num_layerz'", "known:"]),
+        (lambda s: s.replace("num_layers: 96", "num_layers: ninety-six"),
+         ["model.num_layers", "expected an integer", "'ninety-six'"]),
+        (lambda s: s.replace("direction: min", "direction: down"), ["quality.direction", "'min', 'max'"]),
+    ],
+    ids=["yaml-syntax", "unknown-key", "wrong-type", "bad-choice"],
+)
+def test_malformed_benchmark_file(tmp_path: Path, benchmarks_copy: Path, edit, needles: list[str]) -> None:
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(edit(f.read_text()))
+    results = tmp_path / "results"
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    _assert_clean_error(proc, *needles)
+    assert not results.exists()
+
+
+def test_bad_runs_and_launcher_flags(tmp_path: Path) -> None:
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--runs", "0", "--results", str(tmp_path)), "--runs")
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--results", str(tmp_path)),
+                        "--launcher torchrun")
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--launcher", "torchrun", "--results", str(tmp_path)),
+                        "--rdzv-endpoint")
+    assert not any(tmp_path.iterdir())
+
+
+def test_check_on_a_folder_without_results(tmp_path: Path) -> None:
+    _assert_clean_error(mlbench("check", str(tmp_path)), "no result_*.txt")

@@ -1,0 +1,53 @@
+"""The smoke rules are judged by the official checker, which must also reject a broken log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlbench import compliance
+from mlbench.mlperf_log import MLPerfLog
+from mlbench.registry import load
+from mlbench.train.loop import write_preamble
+from mlbench.train.plan import RunPlan
+
+
+def _log(tmp_path: Path, finish: bool, unit: str = "epoch_num") -> Path:
+    bench = load("gpt3", tiny=True)
+    from mlbench.layout import resolve
+
+    plan = RunPlan(benchmark=bench, layout=resolve(bench).as_dict(), seed=3, run_dir=str(tmp_path), system="t")
+    log = write_preamble(plan)
+    log.end("init_stop")
+    log.start("run_start")
+    log.start("block_start", metadata={"first_epoch_num": 0, "epoch_count": 1024})
+    log.end("block_stop", metadata={"first_epoch_num": 0, "epoch_count": 1024})
+    log.start("eval_start", metadata={unit: 1024})
+    log.event("eval_accuracy", 1.0, metadata={unit: 1024})
+    log.end("eval_stop", metadata={unit: 1024})
+    if finish:
+        log.end("run_stop", metadata={"status": "success"})
+    log.close()
+    return plan.log_path
+
+
+def test_complete_log_passes(tmp_path: Path) -> None:
+    v = compliance.check(_log(tmp_path, finish=True), "4.1.0", smoke=True)
+    assert v.ok, v.messages
+
+
+def test_missing_run_stop_fails(tmp_path: Path) -> None:
+    v = compliance.check(_log(tmp_path, finish=False), "4.1.0", smoke=True)
+    assert not v.ok
+
+
+def test_wrong_eval_unit_fails(tmp_path: Path) -> None:
+    """gpt3 counts epoch_num; a samples_count eval is llama's unit and must be rejected."""
+    v = compliance.check(_log(tmp_path, finish=True, unit="samples_count"), "4.1.0", smoke=True)
+    assert not v.ok
+
+
+def test_tiny_log_fails_the_closed_rules(tmp_path: Path) -> None:
+    """Why smoke rules exist: the official closed gpt3 rules reject a tiny run (sequence length, lr, target)."""
+    v = compliance.check(_log(tmp_path, finish=True), "4.1.0", smoke=False)
+    assert not v.ok
+    _ = MLPerfLog

@@ -1,0 +1,72 @@
+"""The whole path on CPU: tiny gpt3 trains with megatron-core to its target, logs, and passes the checker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import mlbench, mllog, result_dir
+
+from mlbench import registry
+
+pytestmark = pytest.mark.slow
+TARGET = registry.load("gpt3", tiny=True).quality.target
+
+
+def _assert_converged(root: Path, index: int = 0) -> dict:
+    folder = result_dir(root, "gpt3")
+    log = mllog(folder / f"result_{index}.txt")
+    stops = [e for e in log if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == "success"
+    evals = [e for e in log if e["key"] == "eval_accuracy"]
+    assert evals and evals[-1]["value"] <= TARGET
+    assert all(e["metadata"]["epoch_num"] % 64 == 0 for e in evals)  # gpt3 counts tokens: samples x seq
+    record = json.loads((folder / f"result_{index}.json").read_text())
+    assert record["status"] == "success" and record["compliance"]["ok"]
+    assert record["time_to_train_s"] > 0 and record["steps"] and record["evals"]
+    assert {"torch", "megatron-core", "mlperf-logging"} <= set(record["environment"]["packages"])
+    checked = mlbench("check", str(folder / f"result_{index}.txt"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "PASS" in checked.stdout
+    return record
+
+
+def test_one_process_reaches_target(tmp_path: Path) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path), "--seed", "11", "--system", "ci")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "target reached" in proc.stdout and "time-to-train" in proc.stdout
+    record = _assert_converged(tmp_path)
+    assert record["layout"]["world_size"] == 1 and record["seed"] == 11
+
+
+@pytest.mark.parametrize("flags", [["--tp", "2"], ["--pp", "2"]], ids=["tp2", "pp2"])
+def test_two_processes_reach_target(tmp_path: Path, flags: list[str]) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", *flags, "--results", str(tmp_path),
+                   "--seed", "5", "--system", "ci")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = _assert_converged(tmp_path)
+    assert record["layout"]["world_size"] == 2
+    assert record["layout"]["tp" if flags[0] == "--tp" else "pp"] == 2
+    ranks = list((result_dir(tmp_path, "gpt3") / "logs" / "result_0").rglob("*.log"))
+    assert len([p for p in ranks if p.name == "stderr.log"]) == 2  # per-rank logs gathered with the result
+
+
+def test_unreachable_target_is_aborted(tmp_path: Path, benchmarks_copy: Path) -> None:
+    """A target below the source's entropy floor cannot be reached: the budget runs out, the run is aborted."""
+    spec = yaml.safe_load((benchmarks_copy / "gpt3.yaml").read_text())
+    spec["tiny"]["quality"]["target"] = 0.5  # floor is 0.888 nats
+    spec["tiny"]["train"]["max_steps"] = 12
+    spec["tiny"]["eval"]["interval_samples"] = 96
+    (benchmarks_copy / "gpt3.yaml").write_text(yaml.safe_dump(spec))
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path), "--seed", "1",
+                   env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "target NOT reached" in proc.stdout
+    folder = result_dir(tmp_path, "gpt3")
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted"
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["status"] == "aborted" and "budget" in record["reason"]
+    assert len(record["steps"]) == 12

@@ -1,0 +1,98 @@
+"""Fast checks of the pieces: the source's floor, layout rules, expressions, results publishing, the log."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlbench import layout, registry, results
+from mlbench.errors import UserError
+from mlbench.mlperf_log import MLPerfLog, finalize_aborted, read
+from mlbench.spec import evaluate
+from mlbench.train.markov import MarkovSource
+
+
+def test_entropy_rate_matches_empirical_conditional_entropy() -> None:
+    src = MarkovSource(64, branching=4, concentration=0.5, seed=7)
+    seqs = src.sample(400, 200, np.random.default_rng(0))
+    nll = -np.log(src.transition[seqs[:, :-1], seqs[:, 1:]]).mean()  # the true model's cross-entropy
+    assert abs(nll - src.entropy_rate) < 0.02
+    assert np.allclose(src.stationary @ src.transition, src.stationary, atol=1e-10)
+
+
+def test_masked_lm_floor_is_below_one_and_above_chance() -> None:
+    src = MarkovSource(64, branching=4, concentration=0.5, seed=7)
+    acc = src.masked_lm_best_accuracy(32, 0.15, n=200)
+    assert 1 / 64 < acc < 1.0
+
+
+def test_tiny_target_is_floor_plus_stated_margin() -> None:
+    from mlbench.train.objective import source
+
+    b = registry.load("gpt3", tiny=True)
+    assert b.quality.target == pytest.approx(source(b).entropy_rate + 0.15, abs=0.005)
+
+
+def test_layout_resolution_and_reference_layouts() -> None:
+    b = registry.load("gpt3")
+    ly = layout.resolve(b, nodes=32, nproc_per_node=8)  # NVIDIA's 32x8 reference layout
+    assert (ly.tp, ly.pp, ly.vp, ly.dp, ly.global_batch_size) == (4, 8, 6, 8, 2048)
+    ly = layout.resolve(b, nodes=64, nproc_per_node=8, tp=8, pp=8, global_batch_size=1536)
+    assert ly.dp == 8 and ly.micro_batch_size == 2 and ly.num_microbatches == 96 and ly.source == "flags"
+    with pytest.raises(UserError, match="sequence length 2048 must divide by 2 x cp"):
+        layout.resolve(b, nodes=3, nproc_per_node=1, tp=1, pp=1, cp=3)
+    with pytest.raises(UserError, match="needs pipeline parallelism"):
+        layout.resolve(b, nodes=2, nproc_per_node=1, tp=2, pp=1, vp=2)
+
+
+def test_expressions_are_exact_and_restricted() -> None:
+    assert evaluate("ceil(265 * 1536 / global_batch_size)", global_batch_size=2048) == 199
+    assert evaluate("global_batch_size * 8e-5 / 1152", global_batch_size=2304) == 2304 * 8e-5 / 1152
+    with pytest.raises(UserError, match="cannot evaluate"):
+        evaluate("__import__('os')", global_batch_size=1)
+
+
+def test_publish_never_overwrites(tmp_path: Path) -> None:
+    folder = results.run_folder(tmp_path, "sys", "gpt3")
+    (folder / "result_0.txt").write_text("an earlier run\n")
+    staging = results.stage(folder)
+    (staging / "mlperf.log").write_text(":::MLLOG {}\n")
+    path = results.publish(folder, staging, {"status": "success"})
+    assert path.name == "result_1.txt"
+    assert (folder / "result_0.txt").read_text() == "an earlier run\n"
+    assert json.loads((folder / "result_1.json").read_text())["result"] == "result_1.txt"
+    assert not staging.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.json", "result_1.txt"]
+
+
+def test_finalize_aborted_appends_run_stop_once(tmp_path: Path) -> None:
+    log_path = tmp_path / "log.txt"
+    log = MLPerfLog(log_path)
+    log.start("run_start")
+    log.close()
+    assert finalize_aborted(log_path, "rank 1 died")
+    assert not finalize_aborted(log_path, "again")
+    stops = [e for e in read(log_path) if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"] == {**stops[0]["metadata"], "status": "aborted",
+                                                         "reason": "rank 1 died"}
+
+
+def test_two_logs_in_one_process_do_not_duplicate_lines(tmp_path: Path) -> None:
+    a, b = MLPerfLog(tmp_path / "a"), MLPerfLog(tmp_path / "b")
+    a.event("seed", 1)
+    b.event("seed", 2)
+    a.close()
+    b.close()
+    assert [e["value"] for e in read(tmp_path / "a")] == [1]
+    assert [e["value"] for e in read(tmp_path / "b")] == [2]
+
+
+def test_every_benchmark_file_loads_with_its_tiny_variant() -> None:
+    for name in registry.names():
+        full = registry.load(name)
+        assert full.variant == "full" and full.sources
+        assert math.isfinite(full.quality.target)
