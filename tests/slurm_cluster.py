@@ -91,6 +91,7 @@ class SlurmCluster:
         self.auth = auth
         self.enforce_part_limits = enforce_part_limits
         self.start_timeout = start_timeout
+        self.munge_dir = self.root / "munge"  # replaced by a folder in /tmp when munged starts
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
         self.conf = self.root / "slurm.conf"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -106,7 +107,7 @@ class SlurmCluster:
             auth = [
                 "AuthType=auth/munge",
                 "CredType=cred/munge",
-                f"AuthInfo=socket={r / 'munge' / 'munge.socket'}",
+                f"AuthInfo=socket={self.munge_dir / 'munge.socket'}",
             ]
         else:
             auth = ["AuthType=auth/none", "CredType=cred/none"]
@@ -189,6 +190,8 @@ class SlurmCluster:
         t0 = time.monotonic()
         for sub in ("state", "log", "spool", *(f"spool/{n}" for n in self.node_names)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if self.auth == "munge":
+            self.munge_dir = Path(tempfile.mkdtemp(prefix="munge-"))
         ctld_port, *node_ports = free_ports(1 + self.nodes)
         self.conf.write_text(self._render_conf(ctld_port, node_ports))
         (self.root / "jobcomp.txt").touch()
@@ -215,8 +218,8 @@ class SlurmCluster:
             )
 
     def _start_munged(self) -> None:
-        mdir = self.root / "munge"
-        mdir.mkdir(exist_ok=True)
+        mdir = self.munge_dir
+        # munged (user munge) must reach it: tmp_path's parents are 0700, so it lives in /tmp.
         # munged refuses a socket dir it cannot trust; 755 owned by munge works, 700 does not.
         mdir.chmod(0o755)
         try:
@@ -268,8 +271,7 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel every job, shut the daemons down, kill whatever is left. Safe to call twice."""
         if not self.procs:
-            if self._own_root:
-                shutil.rmtree(self.root, ignore_errors=True)
+            self._remove_dirs()
             return
         t0 = time.monotonic()
         stepds = [pid for pid in self._pids() if self._stepd_ours(pid)]
@@ -298,9 +300,14 @@ class SlurmCluster:
         ):
             time.sleep(0.05)
         self.procs.clear()
+        self._remove_dirs()
+        self.timings["stop_s"] = time.monotonic() - t0
+
+    def _remove_dirs(self) -> None:
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
-        self.timings["stop_s"] = time.monotonic() - t0
+        if self.auth == "munge":
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
 
     def _reap(self, names: list[str], grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -384,7 +391,7 @@ class SlurmCluster:
 
     def logs(self, tail: int = 40) -> str:
         out = []
-        for f in sorted((self.root / "log").glob("*")) + sorted(self.root.glob("munge/*.log")):
+        for f in sorted((self.root / "log").glob("*")) + sorted(self.munge_dir.glob("*.log")):
             with contextlib.suppress(OSError):
                 lines = f.read_text(errors="replace").splitlines()[-tail:]
                 out.append(f"--- {f.name} ---\n" + "\n".join(lines))

@@ -304,3 +304,16 @@ def test_scancel_leaves_cancelled(cluster: SlurmCluster, tmp_path: Path) -> None
         rows = [ln for ln in out.splitlines() if ln.strip()]
         time.sleep(0.2)
     assert rows and rows[0].split("|")[1].startswith("CANCELLED"), rows
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(not available("munge")[0], reason=available("munge")[1] or "munge available")
+def test_munge_auth_cluster(tmp_path: Path) -> None:
+    # The default cluster uses auth/none; real clusters use munge, which works here too.
+    with SlurmCluster(tmp_path, auth="munge") as c:
+        out = tmp_path / "nodes.out"
+        r = c.run(["sbatch", "--wait", "--nodes=2", "--time=00:00:30", f"--output={out}",
+                   "--wrap", "srun --ntasks-per-node=1 printenv SLURMD_NODENAME"], check=False)  # fmt: skip
+        assert r.returncode == 0, r.stderr + c.logs()
+        assert sorted(out.read_text().split()) == ["node1", "node2"]
+    assert not _our_procs(c)
