@@ -24,6 +24,10 @@ class Layout:
     micro_batch_size: int
     global_batch_size: int
     source: str = ""  # where tp/pp/... came from: user flags, a reference layout, or defaults
+    # Megatron's asymmetric pipeline split, carried from the reference layout whose pipeline split this is:
+    # the embedding / the loss count as one layer of the first / last pipeline stage.
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     @property
     def world_size(self) -> int:
@@ -110,11 +114,17 @@ def resolve(
     if m.ffn_hidden_size % tp:
         raise UserError(f"layout does not divide: ffn_hidden_size {m.ffn_hidden_size} must divide by tp={tp}; "
                         f"valid tp: {_fmt(_divisors(m.ffn_hidden_size))}")
-    # layers split evenly across pipeline stages and virtual stages
-    if m.num_layers % (pp * vp):
-        ok = _divisors(m.num_layers)
+    # The asymmetric split belongs to the reference layout's pipeline (pp, vp): kept when those are the ones used.
+    asym = ref is not None and pp == ref.pp and vp == ref.vp
+    embed_split = asym and ref.account_for_embedding_in_pipeline_split
+    loss_split = asym and ref.account_for_loss_in_pipeline_split
+    # layers split evenly across pipeline stages and virtual stages (with the embedding and loss when counted)
+    split_layers = m.num_layers + int(embed_split) + int(loss_split)
+    if split_layers % (pp * vp):
+        ok = _divisors(split_layers)
+        counted = f"{m.num_layers} layers" + (" + embedding" if embed_split else "") + (" + loss" if loss_split else "")
         raise UserError(
-            f"layout does not divide: {m.num_layers} layers must divide by pp x vp = {pp} x {vp} = {pp * vp}; "
+            f"layout does not divide: {counted} = {split_layers} must divide by pp x vp = {pp} x {vp} = {pp * vp}; "
             f"pp x vp must be one of {_fmt(ok)}")
     if vp > 1 and pp == 1:
         raise UserError(f"--vp {vp} needs pipeline parallelism (--pp > 1); virtual stages interleave stages")
@@ -132,4 +142,6 @@ def resolve(
         raise UserError(f"interleaved pipeline (--vp {vp}) needs the number of micro-batches "
                         f"({gbs // (dp * mbs)}) to be a multiple of pp={pp}")
     return Layout(nodes=nodes, nproc_per_node=nproc_per_node, tp=tp, pp=pp, vp=vp, cp=cp, dp=dp,
-                  micro_batch_size=mbs, global_batch_size=gbs, source=source)
+                  micro_batch_size=mbs, global_batch_size=gbs, source=source,
+                  account_for_embedding_in_pipeline_split=embed_split,
+                  account_for_loss_in_pipeline_split=loss_split)

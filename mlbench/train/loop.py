@@ -115,12 +115,12 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
         DistributedDataParallelConfig,
         finalize_model_grads,
     )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from mlbench import flops
+    from mlbench.train import lamb, schedule
     from mlbench.train import model as model_lib
     from mlbench.train import objective as objective_lib
 
@@ -131,27 +131,25 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     model_parallel_cuda_manual_seed(plan.seed)
 
     bf16 = not on_cpu and bench.train.precision == "bf16"
-    config = model_lib.transformer_config(bench.model, tp=tp, pp=pp, vp=vp, cp=cp, bf16=bf16)
+    config = model_lib.transformer_config(
+        bench.model, tp=tp, pp=pp, vp=vp, cp=cp, bf16=bf16,
+        account_for_embedding_in_pipeline_split=layout.get("account_for_embedding_in_pipeline_split", False),
+        account_for_loss_in_pipeline_split=layout.get("account_for_loss_in_pipeline_split", False))
     chunks = [model_lib.build(bench.model, config, vp_stage=i if vp > 1 else None) for i in range(vp)]
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
     model = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c) for c in chunks]
 
     o = bench.optimizer
-    lr = evaluate(o.lr, global_batch_size=gbs)
-    warmup = int(evaluate(o.warmup_steps, global_batch_size=gbs))
-    decay = int(evaluate(o.decay_steps, global_batch_size=gbs))
     opt_config = OptimizerConfig(
-        optimizer="adam", lr=lr, min_lr=evaluate(o.min_lr, global_batch_size=gbs),
+        optimizer="adam", lr=evaluate(o.lr, global_batch_size=gbs), min_lr=evaluate(o.min_lr, global_batch_size=gbs),
         weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps,
         clip_grad=o.clip_grad, bf16=bf16, params_dtype=config.params_dtype,
     )
-    optimizer = get_megatron_optimizer(opt_config, model)
-    scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=lr, min_lr=opt_config.min_lr, lr_warmup_steps=warmup,
-        lr_decay_steps=warmup + decay, lr_decay_style=o.decay_style, start_wd=o.weight_decay,
-        end_wd=o.weight_decay, wd_incr_steps=warmup + decay, wd_incr_style="constant",
-    )
+    # Adam(W) as megatron builds it, or LAMB inside the same megatron wrapper (clipping, main grads)
+    optimizer = lamb.megatron_optimizer(opt_config, model, o.name)
+    scheduler = schedule.build(optimizer, o, gbs,
+                               init_step=int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs)))
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     fwd_bwd = get_forward_backward_func()

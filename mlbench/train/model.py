@@ -23,7 +23,11 @@ def have_transformer_engine() -> bool:
     return True
 
 
-def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16: bool) -> TransformerConfig:
+def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16: bool,
+                       account_for_embedding_in_pipeline_split: bool = False,
+                       account_for_loss_in_pipeline_split: bool = False) -> TransformerConfig:
+    """The TransformerConfig of `m` under a layout; the two pipeline-split flags come from the layout (Megatron's
+    asymmetric split: the embedding / the loss count as a layer of the first / last pipeline stage)."""
     on_gpu = torch.cuda.is_available()
     return TransformerConfig(
         num_layers=m.num_layers,
@@ -43,6 +47,8 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
         context_parallel_size=cp,
+        account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
         sequence_parallel=False,
         bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
