@@ -79,6 +79,7 @@ class MaskedLM:
 
     vocab_size: int
     mask_prob: float
+    num_tokentypes: int = 0  # a model with segment embeddings gets one segment (type 0) per sample
     metric = "masked_lm_accuracy"
 
     @property
@@ -89,15 +90,18 @@ class MaskedLM:
         t = torch.from_numpy(tokens[:, :-1].copy())
         masked = torch.from_numpy(rng.random(t.shape) < self.mask_prob)
         inputs = torch.where(masked, torch.full_like(t, self.mask_id), t)
-        return {
+        batch = {
             "tokens": inputs,
             "labels": t,
             "loss_mask": masked.float(),
             "attention_mask": torch.ones(t.shape, dtype=torch.bool),
         }
+        if self.num_tokentypes:
+            batch["tokentype_ids"] = torch.zeros_like(t)
+        return batch
 
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
-        out = model(b["tokens"], b["attention_mask"])
+        out = model(b["tokens"], b["attention_mask"], tokentype_ids=b.get("tokentype_ids"))
         logits = out[0] if isinstance(out, tuple) else out
         return logits, partial(_loss, b["loss_mask"], b["labels"], eval_mode)
 
@@ -107,7 +111,9 @@ class MaskedLM:
 
 def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM:
     if b.model.family == "bert":
-        return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob)  # last id is [MASK]
+        # last id is [MASK]
+        return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob,
+                        num_tokentypes=b.model.num_tokentypes)
     return CausalLM()
 
 
