@@ -71,6 +71,11 @@ class SlurmJob:
             raise ValueError(f"time_limit must be HH:MM:SS or D-HH:MM:SS, not {self.time_limit!r}")
         if self.signal is not None and not _SIGNAL_RE.match(self.signal):
             raise ValueError(f"signal must look like TERM@120 or B:USR1@60, not {self.signal!r}")
+        if self.signal is not None and self.time_limit is not None and "@" in self.signal:
+            # SLURM would send the warning at once (a 1-minute job with TERM@120 gets SIGTERM at start).
+            lead = int(self.signal.rsplit("@", 1)[1])
+            if lead >= _seconds(self.time_limit):
+                raise ValueError(f"signal lead {lead}s is not shorter than time_limit {self.time_limit}")
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port out of range: {self.master_port}")
         if self.rdzv_backend not in ("static", "c10d"):
@@ -95,6 +100,12 @@ class SlurmJob:
         if self.nproc_per_node is not None:
             return self.nproc_per_node
         return self.gpus_per_node or 1
+
+
+def _seconds(limit: str) -> int:
+    days, _, hms = limit.rpartition("-")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
 
 
 def _sbatch(opt: str, value: object | None = None) -> str:
