@@ -60,9 +60,49 @@ class EventTail:
         return new
 
 
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc. torchrun starts each rank in a session of its own, so
+    signalling torchrun's process group would leave the ranks running once torchrun is gone."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_tree(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher and every rank; SIGKILL whatever is left after the grace period."""
+    tree = [proc.pid, *_descendants(proc.pid)]
+    _signal_tree(tree, signal.SIGTERM)
+    _signal_tree(tree, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(GRACE_S)
+    _signal_tree(tree + _descendants(proc.pid), signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _alive(p) for p in tree):
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def supervise(
@@ -73,6 +113,7 @@ def supervise(
     events_path: Path,
     output: Path,
     hang_timeout: float = 300.0,
+    init_timeout: float = 1800.0,
     on_events: Callable[[list[dict]], None] | None = None,
     poll_s: float = 0.2,
 ) -> Outcome:
@@ -89,31 +130,32 @@ def supervise(
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     reason = ""
     last_progress = time.monotonic()
+    # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
+    # closed); from then on, no progress for hang_timeout seconds is a hang.
+    stepping = False
     try:
         while proc.poll() is None:
             time.sleep(poll_s)
             new = tail.poll()
             if new:
                 last_progress = time.monotonic()
+                stepping = stepping or any(e.get("event") == "step" for e in new)
                 if on_events:
                     on_events(new)
+            idle = time.monotonic() - last_progress
             if received and not reason:
                 reason = f"received {received[0]}"
-            elif time.monotonic() - last_progress > hang_timeout and not reason:
-                reason = f"hang: no progress for {hang_timeout:.0f} s"
+            elif stepping and idle > hang_timeout and not reason:
+                reason = f"hang: no progress for {hang_timeout:g} s"
+            elif not stepping and idle > init_timeout and not reason:
+                reason = f"hang: no training step within {init_timeout:g} s of start"
             if reason:
-                _kill_group(proc, signal.SIGTERM)
-                try:
-                    proc.wait(GRACE_S)
-                except subprocess.TimeoutExpired:
-                    _kill_group(proc, signal.SIGKILL)
-                    proc.wait()
+                _stop_tree(proc)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if proc.poll() is None:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
+            _stop_tree(proc)
     new = tail.poll()
     if new and on_events:
         on_events(new)

@@ -1,0 +1,91 @@
+"""Runs that fail end cleanly: a dead rank, a hang and SIGTERM each give run_stop `aborted`, a record saying
+why, and a non-zero exit, with real torchrun processes on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MLBENCH, mllog, result_dir
+
+pytestmark = pytest.mark.slow
+
+
+def _start(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path),
+                             "--seed", "3", "--system", "ci", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200"))
+
+
+def _wait_for_steps(tmp_path: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for events in tmp_path.glob("ci/gpt3/.staging-*/events.jsonl"):
+            if sum('"event": "step"' in line for line in events.read_text().splitlines()) >= n:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no {n} steps within {timeout} s")
+
+
+def _worker_pids(tmp_path: Path) -> list[int]:
+    """The rank processes (not torchrun itself) of the run under tmp_path."""
+    out = subprocess.run(["pgrep", "-f", f"mlbench.train {tmp_path}"], capture_output=True, text=True).stdout
+    pids = []
+    for pid in map(int, out.split()):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"torch.distributed.run" not in cmd:
+            pids.append(pid)
+    return sorted(pids)
+
+
+def _assert_aborted(tmp_path: Path, proc: subprocess.Popen, reason_part: str) -> dict:
+    folder = result_dir(tmp_path, "gpt3")
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted", stops
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["status"] == "aborted"
+    assert reason_part in record["reason"], record["reason"]
+    assert proc.returncode != 0
+    assert not _worker_pids(tmp_path), "ranks left running"
+    assert not list(folder.glob(".staging-*"))
+    return record
+
+
+def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    _wait_for_steps(tmp_path, 5)
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2
+    killed = time.monotonic()
+    os.kill(pids[-1], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - killed
+    assert elapsed < 30, f"took {elapsed:.1f} s to notice and stop"
+    _assert_aborted(tmp_path, proc, "")
+    assert "target NOT reached" in out
+
+
+def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--hang-timeout", "4")
+    _wait_for_steps(tmp_path, 3)
+    os.kill(_worker_pids(tmp_path)[-1], signal.SIGSTOP)  # a rank that stops making progress
+    proc.communicate(timeout=60)
+    _assert_aborted(tmp_path, proc, "hang: no progress for 4 s")
+
+
+def test_sigterm_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    _wait_for_steps(tmp_path, 3)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    _assert_aborted(tmp_path, proc, "received SIGTERM")
+
+
+def test_sys_executable_is_used() -> None:
+    assert MLBENCH[0] == sys.executable
