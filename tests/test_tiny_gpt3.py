@@ -60,11 +60,12 @@ def test_unreachable_target_is_aborted(tmp_path: Path, benchmarks_copy: Path) ->
     spec["tiny"]["train"]["max_steps"] = 12
     spec["tiny"]["eval"]["interval_samples"] = 96
     (benchmarks_copy / "gpt3.yaml").write_text(yaml.safe_dump(spec))
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path), "--seed", "1",
+    root = tmp_path / "results"
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "1",
                    env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "target NOT reached" in proc.stdout
-    folder = result_dir(tmp_path, "gpt3")
+    folder = result_dir(root, "gpt3")
     stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted"
     record = json.loads((folder / "result_0.json").read_text())
