@@ -107,17 +107,27 @@ def show(name: str, tiny: bool) -> None:
 @click.option("--results", "results_root", default="results", show_default=True, type=click.Path(path_type=Path),
               help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
-@click.option("--launcher", type=click.Choice(["local", "torchrun"]), default="local", show_default=True)
+@click.option("--launcher", type=click.Choice(["local", "torchrun", "slurm"]), default="local", show_default=True,
+              help="local: torchrun on this machine; torchrun: one invocation per node; slurm: an sbatch job.")
 @click.option("--rdzv-endpoint", help="torchrun launcher: HOST:PORT of the c10d rendezvous.")
 @click.option("--node-rank", default=0, show_default=True, type=int, help="torchrun launcher: this node's rank.")
 @click.option("--hang-timeout", default=300.0, show_default=True, type=float,
               help="Seconds without step progress before a run is aborted as hung.")
+@click.option("--partition", help="slurm: partition.")
+@click.option("--account", help="slurm: account.")
+@click.option("--time", "time_limit", default="02:00:00", show_default=True, help="slurm: time limit [D-]HH:MM:SS.")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, help="slurm: extra sbatch option, e.g. --exclusive.")
+@click.option("--container-image", help="slurm: container image (pyxis/enroot).")
+@click.option("--container-mounts", help="slurm: container mounts, src:dst[,src:dst...].")
+@click.option("--master-addr", help="slurm: rendezvous address (default: the first node of the allocation).")
+@click.option("--gpus-per-node", default=0, show_default=True, type=int, help="slurm: GPUs to request per node.")
 @click.option("--threads", default=1, show_default=True, type=int, help="CPU threads per rank.")
 @click.option("--dry-run", is_flag=True, help="Resolve and print the layout and commands; write the MLPerf log "
                                                "up to run_start; train nothing.")
 def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, micro_batch_size,
         global_batch_size, seed, runs: int, results_root: Path, system, launcher: str, rdzv_endpoint,
-        node_rank: int, hang_timeout: float, threads: int, dry_run: bool) -> None:
+        node_rank: int, hang_timeout: float, partition, account, time_limit: str, sbatch_args, container_image,
+        container_mounts, master_addr, gpus_per_node: int, threads: int, dry_run: bool) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
     from mlbench import layout as layout_lib
     from mlbench import runner
@@ -136,6 +146,14 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
     opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
                              hang_timeout=hang_timeout, node_rank=node_rank,
                              rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads)
+    if launcher == "slurm":
+        from mlbench.launch import slurm
+
+        slurm_opts = slurm.SlurmOptions(partition=partition, account=account, time_limit=time_limit,
+                                        sbatch_args=list(sbatch_args), container_image=container_image,
+                                        container_mounts=container_mounts.split(",") if container_mounts else [],
+                                        master_addr=master_addr, gpus_per_node=gpus_per_node)
+        sys.exit(slurm.launch(bench, layout, opts, slurm_opts, console, dry_run=dry_run))
     if dry_run:
         from mlbench import dry_run as dry
 

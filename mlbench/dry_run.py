@@ -28,7 +28,8 @@ def layout_table(bench: Benchmark, layout: Layout) -> Table:
     return t
 
 
-def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console) -> Path:
+def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> Path:
+    """`command`: what each run starts (default: the torchrun line of the local/torchrun launchers)."""
     console.print(layout_table(bench, layout))
     folder = results.run_folder(opts.results, opts.system, bench.name)
     seed = seeds(opts.seed, 1)[0]
@@ -38,9 +39,10 @@ def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console) ->
         write_preamble(plan)
         dest = folder / "dry-run.txt"  # not result_*.txt: scorers never mistake it for a run
         os.replace(plan.log_path, dest)
-    argv = torchrun.argv(Path("PLAN.json"), Path("RANKS"), nodes=layout.nodes,
-                         nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
-                         rdzv_endpoint=opts.rdzv_endpoint)
-    console.print("command on each node:", shlex.join(argv), highlight=False, soft_wrap=True)
+    if command is None:
+        command = shlex.join(torchrun.argv(Path("PLAN.json"), Path("RANKS"), nodes=layout.nodes,
+                                           nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
+                                           rdzv_endpoint=opts.rdzv_endpoint))
+    console.print("each run starts:", command, highlight=False, soft_wrap=True)
     console.print(f"MLPerf log up to run_start: {dest}", highlight=False)
     return dest

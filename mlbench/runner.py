@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +94,12 @@ def _asdict(bench: Benchmark) -> dict:
     return dataclasses.asdict(bench)
 
 
-def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console) -> list[RunResult]:
+# How one run is started: (plan file, per-rank log folder, seed) -> the command the supervisor runs.
+ArgvFor = Callable[[Path, Path, int], list[str]]
+
+
+def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console,
+            argv_for: ArgvFor | None = None) -> list[RunResult]:
     folder = results.run_folder(opts.results, opts.system, bench.name)
     env_info = environment.collect(ROOT)
     out: list[RunResult] = []
@@ -104,9 +110,12 @@ def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console
                        system=opts.system, device=env_info["device"]["type"])
         plan_path = staging / "plan.json"
         plan.save(plan_path)
-        argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes,
-                             nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
-                             rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=f"mlbench-{seed}")
+        if argv_for is not None:
+            argv = argv_for(plan_path, staging / "ranks", seed)
+        else:
+            argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes,
+                                 nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
+                                 rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=f"mlbench-{seed}")
         env = dict(os.environ, MLBENCH_THREADS=str(opts.threads), OMP_NUM_THREADS=str(opts.threads),
                    PYTHONWARNINGS="ignore")
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"

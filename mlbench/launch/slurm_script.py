@@ -57,6 +57,10 @@ class SlurmJob:
     # Preemption warning: SLURM sends SIGTERM to the steps this many seconds before the limit.
     signal: str | None = "TERM@120"
     torchrun: str = "torchrun"
+    torchrun_args: Sequence[str] = ()  # extra torchrun options, e.g. --log-dir for per-rank logs
+    # When set, the script ends by exec-ing this driver on the batch host (which then starts each run with
+    # `srun_argv`), instead of a single srun line.
+    driver: Sequence[str] | None = None
 
     def validate(self) -> None:
         if not self.job_name or not self.command:
@@ -126,7 +130,24 @@ def torchrun_command(job: SlurmJob) -> str:
     ]
     if job.rdzv_backend == "c10d":
         args += ['--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"']
+    args += [shlex.quote(a) for a in job.torchrun_args]
     return " ".join(args + [shlex.quote(a) for a in job.command])
+
+
+def _srun_words(job: SlurmJob, nodes: str) -> list[str]:
+    # --ntasks too: srun would otherwise inherit SLURM_NTASKS (nodes x ntasks_per_node) from sbatch.
+    words = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if job.container_image is not None:
+        words.append(f"--container-image={job.container_image}")
+        if job.container_mounts:
+            words.append(f"--container-mounts={','.join(job.container_mounts)}")
+    return words
+
+
+def srun_argv(job: SlurmJob) -> list[str]:
+    """One torchrun per node through srun, as an argv (for a driver inside the allocation)."""
+    job.validate()
+    return [*_srun_words(job, str(job.nodes)), "bash", "-c", torchrun_command(job)]
 
 
 def render(job: SlurmJob) -> str:
@@ -168,13 +189,12 @@ def render(job: SlurmJob) -> str:
         lines.append(f"MASTER_ADDR={shlex.quote(job.master_addr)}")
     lines += [f"MASTER_PORT={job.master_port}", "export MASTER_ADDR MASTER_PORT", ""]
 
-    # --ntasks too: srun would otherwise inherit SLURM_NTASKS (nodes x ntasks_per_node) from sbatch.
-    srun = ["srun", '--nodes="$SLURM_NNODES"', '--ntasks="$SLURM_NNODES"', "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1"]  # fmt: skip
-    if job.container_image is not None:
-        srun.append(f"--container-image={shlex.quote(job.container_image)}")
-        if job.container_mounts:
-            srun.append(f"--container-mounts={shlex.quote(','.join(job.container_mounts))}")
+    if job.driver is not None:
+        # exec: the driver gets SIGTERM itself (preemption, scancel) and ends each run cleanly.
+        lines.append("exec " + shlex.join(job.driver))
+        return "\n".join(lines) + "\n"
+    # The node count is left for the batch shell to expand; every other word is quoted.
+    srun = [w if "$SLURM_NNODES" in w else shlex.quote(w) for w in _srun_words(job, '"$SLURM_NNODES"')]
     srun.append(f"bash -c {shlex.quote(torchrun_command(job))}")
     lines.append(" \\\n    ".join(srun))
     return "\n".join(lines) + "\n"

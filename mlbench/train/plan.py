@@ -38,7 +38,10 @@ class RunPlan:
     @classmethod
     def load(cls, path: str | Path) -> RunPlan:
         data = json.loads(Path(path).read_text())
-        bench = data.pop("benchmark")
-        bench["layouts"] = list(bench.get("layouts") or [])
-        bench["sources"] = list(bench.get("sources") or [])
-        return cls(benchmark=build(Benchmark, bench, "plan.benchmark"), **data)
+        return cls(benchmark=benchmark_from_dict(data.pop("benchmark")), **data)
+
+
+def benchmark_from_dict(data: dict) -> Benchmark:
+    """A resolved benchmark back from `dataclasses.asdict` (JSON turns its tuples into lists)."""
+    data = dict(data, layouts=list(data.get("layouts") or []), sources=list(data.get("sources") or []))
+    return build(Benchmark, data, "plan.benchmark")

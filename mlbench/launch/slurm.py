@@ -1,0 +1,168 @@
+"""The SLURM launcher: an sbatch job whose batch step runs the driver (`python -m mlbench.launch.slurm_job`),
+which starts each run with srun (one torchrun per node), supervises it and publishes its result, exactly as
+a local run does. The submitting side checks the request first (`sbatch --test-only`), submits, follows the
+job's output, and reports the runs it produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from mlbench.errors import UserError
+from mlbench.launch.slurm_script import SlurmJob, render, srun_argv
+from mlbench.layout import Layout
+from mlbench.runner import RunOptions
+from mlbench.spec import Benchmark
+
+# A job pending for one of these reasons will never start: fail instead of waiting forever.
+NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "ReqNodeNotAvail", "BadConstraints", "InvalidAccount",
+                "InvalidQOS", "PartitionTimeLimit", "AccountNotAllowed", "QOSMaxNodePerJobLimit")
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str = "02:00:00"
+    sbatch_args: list[str] = field(default_factory=list)
+    container_image: str | None = None
+    container_mounts: list[str] = field(default_factory=list)
+    master_addr: str | None = None  # None: the first node of the allocation
+    master_port: int = 29500
+    gpus_per_node: int = 0  # GPUs to request per node (0 on CPU clusters)
+
+
+def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver: list[str] | None,
+            command: list[str] = (), ranks_dir: Path | None = None, master_port: int | None = None) -> SlurmJob:
+    return SlurmJob(
+        job_name=f"mlbench-{name}", command=list(command) or ["-m", "mlbench.train"], nodes=layout.nodes,
+        gpus_per_node=opts.gpus_per_node, nproc_per_node=layout.nproc_per_node, partition=opts.partition,
+        account=opts.account,
+        time_limit=opts.time_limit, sbatch_options=list(opts.sbatch_args), container_image=opts.container_image,
+        container_mounts=list(opts.container_mounts), output=str(job_dir / "job.out"),
+        env={"PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}, master_addr=opts.master_addr,
+        master_port=master_port or opts.master_port, signal="B:TERM@120" if _seconds(opts.time_limit) > 240 else None,
+        torchrun=str(Path(sys.executable).with_name("torchrun")),  # this environment's, on every node
+        torchrun_args=[f"--log-dir={ranks_dir}", "--redirects=3"] if ranks_dir else (), driver=driver)
+
+
+def _seconds(limit: str) -> int:
+    days, _, hms = limit.rpartition("-")
+    parts = [int(x) for x in hms.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, s = parts
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def prepare(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions,
+            folder: Path) -> tuple[Path, str]:
+    """Write the job folder (spec for the driver, the sbatch script); returns (folder, script text)."""
+    job_dir = folder / ".slurm" / time.strftime("%Y%m%d-%H%M%S")
+    job_dir.mkdir(parents=True, exist_ok=False)
+    spec = {"benchmark": dataclasses.asdict(bench), "layout": dataclasses.asdict(layout),
+            "run": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(run_opts).items()},
+            "slurm": dataclasses.asdict(opts)}
+    (job_dir / "job.json").write_text(json.dumps(spec, indent=1))
+    driver = [sys.executable, "-m", "mlbench.launch.slurm_job", str(job_dir / "job.json")]
+    try:
+        script = render(job_for(layout, opts, bench.name, job_dir, driver))
+    except ValueError as e:
+        shutil.rmtree(job_dir)
+        raise UserError(f"cannot write the SLURM job: {e}") from None
+    (job_dir / "job.sbatch").write_text(script)
+    return job_dir, script
+
+
+def _slurm(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    if shutil.which(argv[0]) is None:
+        raise UserError(f"{argv[0]} not found: --launcher slurm needs the SLURM client commands on PATH")
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+
+
+def submit(job_dir: Path, console: Console) -> int:
+    """Check, submit and follow the job; returns the job's exit code. Bad requests fail before submitting."""
+    script = job_dir / "job.sbatch"
+    test = _slurm("sbatch", "--test-only", str(script))
+    if test.returncode != 0:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        msg = " ".join(test.stderr.split()) or "sbatch --test-only refused the job"
+        raise UserError(f"SLURM cannot run this job: {msg} (check --nodes, --partition, --account, --time)")
+    proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    job_id = proc.stdout.readline().strip().split(";")[0]
+    if not job_id:
+        proc.wait()
+        raise UserError(f"sbatch did not submit the job: {' '.join(proc.stderr.read().split())}")
+    console.print(f"submitted SLURM job {job_id}; output {job_dir / 'job.out'}", highlight=False)
+    (job_dir / "job_id").write_text(job_id + "\n")
+    out, pos = job_dir / "job.out", 0
+
+    def cancel(signum, frame):
+        subprocess.run(["scancel", job_id], capture_output=True)
+
+    previous = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+            if out.exists():
+                with open(out) as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos = f.tell()
+                if chunk:
+                    console.out(chunk, end="", highlight=False)
+            state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r", timeout=30).stdout.split()
+            if len(state) == 2 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
+                subprocess.run(["scancel", job_id], capture_output=True)
+                proc.wait()
+                raise UserError(f"SLURM job {job_id} cannot start ({state[1]}); cancelled it. Check --nodes, "
+                                f"--partition and --account against `sinfo`")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if out.exists():
+        with open(out) as f:
+            f.seek(pos)
+            console.out(f.read(), end="", highlight=False)
+    return proc.returncode
+
+
+def launch(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions, console: Console,
+           dry_run: bool = False) -> int:
+    """`mlbench run --launcher slurm`: returns the exit code (0 when every run reached its target)."""
+    from mlbench import dry_run as dry
+    from mlbench import results
+
+    folder = results.run_folder(run_opts.results, run_opts.system, bench.name)
+    if dry_run:
+        job_dir, script = prepare(bench, layout, run_opts, opts, folder)
+        shutil.rmtree(job_dir)
+        per_run = job_for(layout, opts, bench.name, job_dir, driver=None,
+                          command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("RANKS"))
+        dry.run(bench, layout, run_opts, console, command=shlex.join(srun_argv(per_run)))
+        console.print("sbatch script (not submitted):", highlight=False)
+        console.out(script, highlight=False)
+        return 0
+    job_dir, _ = prepare(bench, layout, run_opts, opts, folder)
+    code = submit(job_dir, console)
+    summary = job_dir / "summary.json"
+    runs = json.loads(summary.read_text()) if summary.exists() else []
+    for r in runs:
+        mark = "[green]success[/green]" if r["status"] == "success" else "[red]aborted[/red]"
+        console.print(f"{mark} {r['result']}" + (f" ({r['reason']})" if r["reason"] else ""), highlight=False)
+    if not runs:
+        console.print(f"[red]the job ended (exit code {code}) without recording a run; see {job_dir / 'job.out'}[/red]")
+        return 1
+    return 0 if code == 0 and all(r["status"] == "success" for r in runs) else 1

@@ -1,0 +1,47 @@
+"""The driver inside a SLURM allocation (the batch step): runs the set of runs, each through srun."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from mlbench import runner
+from mlbench.launch.slurm import SlurmOptions, job_for
+from mlbench.launch.slurm_script import srun_argv
+from mlbench.layout import Layout
+from mlbench.train.plan import benchmark_from_dict
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def main(spec_path: str) -> int:
+    job_dir = Path(spec_path).parent
+    spec = json.loads(Path(spec_path).read_text())
+    bench = benchmark_from_dict(spec["benchmark"])
+    layout = Layout(**spec["layout"])
+    opts = runner.RunOptions(**{**spec["run"], "results": Path(spec["run"]["results"])})
+    slurm = SlurmOptions(**spec["slurm"])
+
+    def argv_for(plan_path: Path, ranks_dir: Path, seed: int) -> list[str]:
+        # A fresh port per run: the batch step runs on the first node, where the static rendezvous lives.
+        port = _free_port()
+        job = job_for(layout, slurm, bench.name, job_dir, driver=None, command=["-m", "mlbench.train", str(plan_path)],
+                      ranks_dir=ranks_dir, master_port=port)
+        return ["env", f"MASTER_PORT={port}", *srun_argv(job)]  # srun passes it on to every node
+
+    results = runner.run_set(bench, layout, opts, Console(width=120), argv_for=argv_for)
+    summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason} for r in results]
+    (job_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0 if all(r.status == "success" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,64 @@
+"""`mlbench run --launcher slurm` on a real two-node SLURM cluster on this machine (Debian's slurmctld/slurmd).
+
+Both "nodes" are this host (127.0.0.1), so the rendezvous address is given (--master-addr 127.0.0.1): the
+node names do not resolve. Skips, with the reason, where SLURM cannot run (not root, packages absent).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import mlbench, mllog, result_dir
+from slurm_cluster import SlurmCluster, available
+
+ok, why = available()
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(not ok, reason=why)]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    with SlurmCluster(tmp_path / "cluster", nodes=2, cpus_per_node=2, max_time="00:10:00") as c:
+        yield c
+
+
+def _run(cluster: SlurmCluster, root: Path, *flags: str):
+    return mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
+                   "--master-addr", "127.0.0.1", "--time", "00:08:00", "--results", str(root), "--system", "ci",
+                   "--seed", "21", *flags, env=cluster.env, timeout=420)
+
+
+@pytest.mark.parametrize("flags", [[], ["--pp", "2"]], ids=["dp2", "pp2"])
+def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path, flags: list[str]) -> None:
+    root = tmp_path / "results"
+    proc = _run(cluster, root, *flags)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
+    assert "submitted SLURM job" in proc.stdout and "target reached" in proc.stdout
+    folder = result_dir(root, "gpt3")
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert stops[0]["metadata"]["status"] == "success"
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["environment"]["slurm_job_id"] and record["compliance"]["ok"]
+    assert record["layout"]["world_size"] == 2 and record["layout"]["nodes"] == 2
+    # one torchrun per node wrote its rank logs into the gathered folder
+    assert len(list((folder / "logs" / "result_0").glob("*"))) == 2
+    checked = mlbench("check", str(folder / "result_0.txt"))
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_too_many_nodes_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "4", "--nproc-per-node", "1", "--launcher", "slurm",
+                   "--results", str(tmp_path), env=cluster.env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "SLURM cannot run this job" in proc.stdout and "--nodes" in proc.stdout
+    assert time.monotonic() - start < 30
+
+
+def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
+                   "--partition", "nosuch", "--results", str(tmp_path), env=cluster.env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "SLURM cannot run this job" in proc.stdout
