@@ -37,7 +37,7 @@ def list_cmd() -> None:
         b = registry.load(name)
         tiny = registry.load(name, tiny=True) if _has_tiny(name) else None
         op = "<=" if b.quality.direction == "min" else ">="
-        t.add_row(name, b.title, b.size, f"{b.quality.metric} {op} {b.quality.target}",
+        t.add_row(name, b.title.split(" (")[0], b.size, f"{b.quality.metric} {op} {b.quality.target}",
                   f"training {b.mlperf.ruleset}", str(b.mlperf.runs_required),
                   f"{op} {tiny.quality.target}" if tiny else "-")
     console.print(t)

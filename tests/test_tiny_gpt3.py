@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,16 @@ from mlbench import registry
 
 pytestmark = pytest.mark.slow
 TARGET = registry.load("gpt3", tiny=True).quality.target
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One results folder for the convergence runs, so they form a set to score at the end."""
+    return tmp_path_factory.mktemp("results")
+
+
+def _index(stdout: str) -> int:
+    return int(re.findall(r"result_(\d+)\.txt", stdout)[-1])
 
 
 def _assert_converged(root: Path, index: int = 0) -> dict:
@@ -33,24 +44,37 @@ def _assert_converged(root: Path, index: int = 0) -> dict:
     return record
 
 
-def test_one_process_reaches_target(tmp_path: Path) -> None:
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path), "--seed", "11", "--system", "ci")
+def test_one_process_reaches_target(root: Path) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "11", "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "target reached" in proc.stdout and "time-to-train" in proc.stdout
-    record = _assert_converged(tmp_path)
+    record = _assert_converged(root, _index(proc.stdout))
     assert record["layout"]["world_size"] == 1 and record["seed"] == 11
 
 
 @pytest.mark.parametrize("flags", [["--tp", "2"], ["--pp", "2"]], ids=["tp2", "pp2"])
-def test_two_processes_reach_target(tmp_path: Path, flags: list[str]) -> None:
-    proc = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", *flags, "--results", str(tmp_path),
-                   "--seed", "5", "--system", "ci")
+def test_two_processes_reach_target(root: Path, flags: list[str]) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", *flags, "--results", str(root),
+                   "--seed", "5" if flags[0] == "--tp" else "6", "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    record = _assert_converged(tmp_path)
+    i = _index(proc.stdout)
+    record = _assert_converged(root, i)
     assert record["layout"]["world_size"] == 2
     assert record["layout"]["tp" if flags[0] == "--tp" else "pp"] == 2
-    ranks = list((result_dir(tmp_path, "gpt3") / "logs" / "result_0").rglob("*.log"))
+    ranks = list((result_dir(root, "gpt3") / "logs" / f"result_{i}").rglob("*.log"))
     assert len([p for p in ranks if p.name == "stderr.log"]) == 2  # per-rank logs gathered with the result
+
+
+def test_the_set_scores(root: Path) -> None:
+    """The last step of the path: the three runs above are a set that `mlbench score` scores."""
+    proc = mlbench("score", str(result_dir(root, "gpt3")), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (doc,) = json.loads(proc.stdout)
+    assert doc["benchmark"] == "gpt3" and len(doc["runs"]) == 3
+    assert all(r["compliant"] and r["status"] == "success" for r in doc["runs"])
+    ttts = sorted(r["ttt_min"] for r in doc["runs"])
+    assert doc["olympic_min"] == pytest.approx(ttts[1])  # 3 runs: the median
+    assert doc["rcp_factor"] == 1.0 and doc["score_min"] == pytest.approx(ttts[1])
 
 
 def test_unreachable_target_is_aborted(tmp_path: Path, benchmarks_copy: Path) -> None:

@@ -277,6 +277,11 @@ class ResultSet:
         except (OSError, ValueError):
             return None
 
+    @property
+    def smoke(self) -> bool:
+        """A set of our tiny (smoke) runs, per their run records: judged by the smoke rules, with no RCPs."""
+        return bool(self.files) and all(run_record(f).get("variant") == "tiny" for f in self.files)
+
     def devices(self, given: int | None = None) -> tuple[int | None, str]:
         """Device count and where it came from: given, systems/<system>.json, or our run record."""
         if given:

@@ -25,6 +25,7 @@ from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets
+from mlbench.compliance import SMOKE_RULES
 from mlbench.errors import UserError
 
 USAGE = "training"
@@ -67,14 +68,17 @@ def infer_ruleset(folder: Path, benchmark: str | None) -> str:
 _VERDICTS: dict[tuple, tuple[bool, list[str]]] = {}
 
 
-def _verdict_key(path: str, ruleset: str) -> tuple:
+def _verdict_key(path: str, ruleset: str, smoke: bool) -> tuple:
     st = os.stat(path)
-    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, ruleset)
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, ruleset, smoke)
 
 
-def check_compliance(path: str, ruleset: str) -> tuple[bool, list[str]]:
-    """The official compliance checker on one file, as the summarizer calls it (quiet, no werror)."""
-    config = f"{USAGE}_{ruleset}/common.yaml"
+def check_compliance(path: str, ruleset: str, smoke: bool = False) -> tuple[bool, list[str]]:
+    """The official compliance checker on one file, as the summarizer calls it (quiet, no werror).
+
+    smoke: our tiny runs, judged by the structural smoke rules (mlbench/rules/smoke.yaml) instead.
+    """
+    config = str(SMOKE_RULES) if smoke else f"{USAGE}_{ruleset}/common.yaml"
     with _quiet_official():
         try:
             checker = mlp_compliance.make_checker(usage=USAGE, ruleset=ruleset, quiet=True, werror=False)
@@ -132,16 +136,17 @@ class SetScore:
         return d
 
 
-def _compliance_all(paths: list[str], ruleset: str, jobs: int | None) -> list[tuple[bool, list[str]]]:
+def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,
+                    smoke: bool = False) -> list[tuple[bool, list[str]]]:
     """Verdicts for PATHS, checked in parallel processes (about 1.5 s per large log), remembered per file."""
-    keys = [_verdict_key(p, ruleset) if os.path.exists(p) else None for p in paths]
+    keys = [_verdict_key(p, ruleset, smoke) if os.path.exists(p) else None for p in paths]
     todo = [p for p, k in zip(paths, keys, strict=True) if k is None or k not in _VERDICTS]
     jobs = min(len(todo), os.cpu_count() or 1, 8) if jobs is None else jobs
     if jobs > 1 and len(todo) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as ex:
-            got = list(ex.map(check_compliance, todo, [ruleset] * len(todo)))
+            got = list(ex.map(check_compliance, todo, [ruleset] * len(todo), [smoke] * len(todo)))
     else:
-        got = [check_compliance(p, ruleset) for p in todo]
+        got = [check_compliance(p, ruleset, smoke) for p in todo]
     fresh = dict(zip(todo, got, strict=True))
     out = []
     for p, k in zip(paths, keys, strict=True):
@@ -233,7 +238,10 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
                      f"rulesets holding it: {', '.join(rulesets_for(benchmark)) or 'none'}")
 
-    checks = _compliance_all([str(r.path) for r in runs], ruleset, jobs)
+    if rs.smoke:
+        notes.append("tiny (smoke) runs: compliance by the structural smoke rules, and no RCP (no reference "
+                     "convergence points exist for tiny models); the score is the olympic mean, unnormalised")
+    checks = _compliance_all([str(r.path) for r in runs], ruleset, jobs, smoke=rs.smoke)
 
     scored: list[RunScore] = []
     for r, (ok, msgs) in zip(runs, checks, strict=True):
@@ -265,7 +273,10 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
 
     division = (rs.system_desc or {}).get("division") or next((r.division for r in runs if r.division), None)
     scaling_json = summarizer._get_scaling_factor(str(rs.folder)) if (rs.folder / "scaling.json").exists() else None
-    if division == "closed" and benchmark:
+    if rs.smoke:
+        ok, computed = False, 1.0
+        rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
+    elif division == "closed" and benchmark:
         files = [r.path for r, _ in same if r.benchmark == benchmark]
         ok, msg, computed = rcp_check(files, benchmark, ruleset, notes)
         rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
