@@ -33,10 +33,10 @@ class Progress:
             kind = e.get("event")
             if kind == "start":
                 self.state.update(budget=e["budget"], target=e["target"], metric=e["metric"],
-                                  direction=e["direction"])
+                                  direction=e["direction"], mfu_note=e.get("mfu_note", ""))
             elif kind == "step":
                 self.state.update(step=e["step"], loss=e["loss"], tokens_per_s=e["tokens_per_s"],
-                                  tflops=e["tflops_per_device"])
+                                  tflops=e["tflops_per_device"], mfu=e.get("mfu"))
             elif kind == "eval":
                 self.state.update(eval=e["value"], eval_step=e["step"])
                 if not self._live:
@@ -58,6 +58,8 @@ class Progress:
         t.add_row("train loss", f"{s.get('loss', float('nan')):.4f}")
         t.add_row("tokens/s", f"{s.get('tokens_per_s', 0):,.0f}")
         t.add_row("model TFLOP/s per device", f"{s.get('tflops', 0):.4f}")
+        mfu = s.get("mfu")
+        t.add_row("MFU", f"{100 * mfu:.1f} %" if mfu is not None else s.get("mfu_note") or "not defined")
         if "eval" in s:
             op = "<=" if s.get("direction") == "min" else ">="
             t.add_row(f"last eval ({s['metric']})",

@@ -78,14 +78,20 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
                     "direction": bench.quality.direction, "last": evals[-1]["value"] if evals else None},
         "layout": layout.as_dict(),
         "devices": layout.world_size,
-        "mfu": None,  # MFU is defined against a device's peak; on CPU it is not defined
+        # Median over steps; None where MFU is not defined (CPU) or the device's peak is unknown.
+        "mfu": _median([e["mfu"] for e in steps if e.get("mfu") is not None]),
+        "mfu_note": next((e.get("mfu_note") for e in outcome.events if e.get("event") == "start"), None),
         "config": _asdict(bench),
         "environment": env,
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
         "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
-                                          "lr", "grad_norm")} for e in steps],
+                                          "mfu", "lr", "grad_norm")} for e in steps],
         "evals": [{k: e.get(k) for k in ("step", "samples", "value")} for e in evals],
     }
+
+
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
 
 
 def _asdict(bench: Benchmark) -> dict:

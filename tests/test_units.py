@@ -96,3 +96,13 @@ def test_every_benchmark_file_loads_with_its_tiny_variant() -> None:
         full = registry.load(name)
         assert full.variant == "full" and full.sources
         assert math.isfinite(full.quality.target)
+
+
+def test_mfu_peak_is_per_device_and_precision() -> None:
+    from mlbench import hardware
+
+    assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert hardware.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.5  # the more specific name wins
+    assert hardware.peak_tflops("NVIDIA GB200", "bf16") == 2500.0
+    assert hardware.peak_tflops("Some New GPU", "bf16") is None  # unknown: no MFU rather than a guess
+    assert "not defined on CPU" in hardware.mfu_note("cpu", "cpu", "fp32")

@@ -119,7 +119,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from mlbench import flops
+    from mlbench import flops, hardware
     from mlbench.train import lamb, schedule
     from mlbench.train import model as model_lib
     from mlbench.train import objective as objective_lib
@@ -202,6 +202,9 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     key = bench.mlperf.eval_metadata_key
     flops_per_step = flops.flops_per_sample(bench.model) * gbs
     devices = layout["world_size"]
+    precision = "bf16" if bf16 else "fp32"
+    device_name = "cpu" if on_cpu else torch.cuda.get_device_name()
+    peak = None if on_cpu else hardware.peak_tflops(device_name, precision)
 
     def block_meta(first_step: int) -> dict:
         if key == "samples_count":
@@ -212,7 +215,8 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
         log.end(C.INIT_STOP)
         log.start(C.RUN_START)
         events.emit("start", budget=budget, interval=interval, target=bench.quality.target,
-                    metric=bench.quality.metric, direction=bench.quality.direction, devices=devices)
+                    metric=bench.quality.metric, direction=bench.quality.direction, devices=devices,
+                    mfu_note=hardware.mfu_note("cpu" if on_cpu else "cuda", device_name, precision))
     step, status = 0, "aborted"
     while step < budget:
         block_first = step
@@ -234,10 +238,11 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
                 loss = totals["loss_sum"] / max(totals["tokens"], 1.0)
                 tokens_per_s = gbs * seq / dt
                 tflops = flops_per_step / dt / devices / 1e12
-                log.event("tracked_stats", value={"train_step_time": dt, "reduced_train_loss": loss,
-                                                  "tokens_per_s": tokens_per_s, "tflops_per_device": tflops},
-                          metadata={"step": step, "samples_count": step * gbs})
-                events.emit("step", step=step, loss=loss, step_time=dt, tokens_per_s=tokens_per_s,
+                mfu = tflops / peak if peak else None
+                stats = {"train_step_time": dt, "reduced_train_loss": loss, "tokens_per_s": tokens_per_s,
+                         "tflops_per_device": tflops} | ({"mfu": mfu} if mfu is not None else {})
+                log.event("tracked_stats", value=stats, metadata={"step": step, "samples_count": step * gbs})
+                events.emit("step", step=step, loss=loss, step_time=dt, tokens_per_s=tokens_per_s, mfu=mfu,
                             tflops_per_device=tflops, lr=scheduler.get_lr(optimizer.param_groups[0]),
                             grad_norm=float(grad_norm) if grad_norm is not None else None)
         if log:
