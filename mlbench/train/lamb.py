@@ -120,17 +120,19 @@ def megatron_optimizer(opt_config: Any, model: list[torch.nn.Module], name: str)
         return optimizer
     if opt_config.use_distributed_optimizer:
         raise ValueError("LAMB needs whole parameters on each data-parallel rank (no distributed optimizer)")
-    inner = getattr(optimizer, "optimizer", None)
-    if inner is None:  # a rank with no trainable parameters: nothing to swap
-        return optimizer
-    groups = []
-    for g in inner.param_groups:
-        # Fresh dicts over the same tensors (fp32 main params under bf16), keeping megatron's group keys
-        # (wd_mult, max_lr, min_lr, ...) that the scheduler reads.
-        group = {k: v for k, v in g.items() if k not in ("betas", "eps")}
-        group["layer_adaptation"] = g.get("wd_mult", 1.0) != 0.0
-        groups.append(group)
-    optimizer.optimizer = LAMB(groups, lr=opt_config.lr, betas=(opt_config.adam_beta1, opt_config.adam_beta2),
-                               eps=opt_config.adam_eps, weight_decay=opt_config.weight_decay,
-                               tp_group=parallel_state.get_tensor_model_parallel_group())
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    # get_megatron_optimizer returns a ChainedOptimizer (dense and expert parts); swap inside each member.
+    for member in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(member, "optimizer", None)
+        if inner is None:  # a rank with no trainable parameters: nothing to swap
+            continue
+        groups = []
+        for g in inner.param_groups:
+            # Fresh dicts over the same tensors (fp32 main params under bf16), keeping megatron's group keys
+            # (wd_mult, max_lr, min_lr, ...) that the scheduler reads.
+            group = {k: v for k, v in g.items() if k not in ("betas", "eps")}
+            group["layer_adaptation"] = g.get("wd_mult", 1.0) != 0.0
+            groups.append(group)
+        member.optimizer = LAMB(groups, lr=opt_config.lr, betas=(opt_config.adam_beta1, opt_config.adam_beta2),
+                                eps=opt_config.adam_eps, weight_decay=opt_config.weight_decay, tp_group=tp_group)
     return optimizer
