@@ -73,3 +73,14 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
         ranks.rename(dest)
     shutil.rmtree(staging, ignore_errors=True)
     return folder / f"result_{i}.txt"
+
+
+def keep_node_logs(folder: Path, staging: Path, node_rank: int, seed: int) -> Path:
+    """On a node other than node 0 (which publishes the run): keep its rank logs, drop the staging folder."""
+    dest = folder / "logs" / f"node{node_rank}-seed{seed}-{uuid.uuid4().hex[:6]}"
+    dest.parent.mkdir(exist_ok=True)
+    ranks = staging / "ranks"
+    if ranks.is_dir():
+        ranks.rename(dest)
+    shutil.rmtree(staging, ignore_errors=True)
+    return dest

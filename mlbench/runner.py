@@ -121,19 +121,22 @@ def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console
         else:
             argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes,
                                  nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
-                                 rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=f"mlbench-{seed}")
+                                 rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=f"mlbench-run{i}")  # same on every node
         env = dict(os.environ, MLBENCH_THREADS=str(opts.threads), OMP_NUM_THREADS=str(opts.threads),
                    PYTHONWARNINGS="ignore")
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
-        leader = opts.node_rank == 0  # rank 0 (and so the log) lives on node 0
         with Progress(label, console) as progress:
             outcome = supervise(argv, env=env, log_path=plan.log_path, events_path=plan.events_path,
-                                output=staging / "launcher.log",
-                                hang_timeout=opts.hang_timeout if leader else float("inf"),
+                                output=staging / "launcher.log", hang_timeout=opts.hang_timeout,
                                 on_events=progress.on_events)
-        if not leader:
-            console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}")
-            out.append(RunResult(staging, outcome.status, None, None, True, outcome.reason))
+        # The node that hosted global rank 0 has the log and publishes the run. With a c10d rendezvous that
+        # need not be --node-rank 0: ranks are assigned in rendezvous order.
+        leader = plan.log_path.exists() or layout.nodes == 1
+        if not leader:  # another node publishes the run; this one keeps its rank logs
+            logs = results.keep_node_logs(folder, staging, opts.node_rank, seed)
+            console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}; rank logs in {logs}")
+            status = "success" if outcome.exit_code == 0 else "aborted"
+            out.append(RunResult(logs, status, None, None, True, outcome.reason))
             continue
         ttt = time_to_train(plan.log_path)
         verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
