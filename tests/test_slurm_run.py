@@ -7,11 +7,12 @@ node names do not resolve. Skips, with the reason, where SLURM cannot run (not r
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import mlbench, mllog, result_dir
+from conftest import MLBENCH, mlbench, mllog, result_dir
 from slurm_cluster import SlurmCluster, available
 
 ok, why = available()
@@ -30,7 +31,7 @@ def _run(cluster: SlurmCluster, root: Path, *flags: str):
                    "--seed", "21", *flags, env=cluster.env, timeout=420)
 
 
-@pytest.mark.parametrize("flags", [[], ["--pp", "2"]], ids=["dp2", "pp2"])
+@pytest.mark.parametrize("flags", [["--runs", "2"], ["--pp", "2"]], ids=["dp2-two-runs", "pp2"])
 def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path, flags: list[str]) -> None:
     root = tmp_path / "results"
     proc = _run(cluster, root, *flags)
@@ -46,6 +47,35 @@ def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path,
     assert len(list((folder / "logs" / "result_0").glob("*"))) == 2
     checked = mlbench("check", str(folder / "result_0.txt"))
     assert checked.returncode == 0, checked.stdout
+    if "--runs" in flags:  # K runs, one after another in one allocation, each with its own seed and result
+        second = json.loads((folder / "result_1.json").read_text())
+        assert second["status"] == "success" and second["seed"] == record["seed"] + 1
+        assert second["environment"]["slurm_job_id"] == record["environment"]["slurm_job_id"]
+
+
+def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """SIGTERM to the batch step (as SLURM's --signal=B:TERM warning, or scancel --batch, delivers it)."""
+    root = tmp_path / "results"
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
+                             "--launcher", "slurm", "--master-addr", "127.0.0.1", "--time", "00:08:00",
+                             "--results", str(root), "--system", "ci", "--seed", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
+    try:
+        deadline = time.monotonic() + 180
+        while not any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no training step"
+            time.sleep(0.5)
+        job_id = next(root.glob("ci/gpt3/.slurm/*/job_id")).read_text().strip()
+        cluster.run(["scancel", "--signal=TERM", "--batch", job_id])
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    folder = result_dir(root, "gpt3")
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert [s["metadata"]["status"] for s in stops] == ["aborted"]
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["status"] == "aborted" and "SIGTERM" in record["reason"]
 
 
 def test_too_many_nodes_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None:

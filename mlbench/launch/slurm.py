@@ -109,8 +109,14 @@ def submit(job_dir: Path, console: Console) -> int:
     (job_dir / "job_id").write_text(job_id + "\n")
     out, pos = job_dir / "job.out", 0
 
+    cancels: list[int] = []
+
     def cancel(signum, frame):
-        subprocess.run(["scancel", job_id], capture_output=True)
+        # First SIGTERM to the batch step alone: the driver stops the run, logs it aborted and publishes it
+        # (a plain scancel SIGKILLs everything after KillWait). A second interrupt cancels outright.
+        argv = ["scancel", job_id] if cancels else ["scancel", "--signal=TERM", "--batch", job_id]
+        cancels.append(signum)
+        subprocess.run(argv, capture_output=True)
 
     previous = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
