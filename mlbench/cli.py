@@ -124,15 +124,26 @@ def show(name: str, tiny: bool) -> None:
 @click.option("--threads", default=1, show_default=True, type=int, help="CPU threads per rank.")
 @click.option("--dry-run", is_flag=True, help="Resolve and print the layout and commands; write the MLPerf log "
                                                "up to run_start; train nothing.")
+@click.option("--data-path", help="Indexed data: megatron dataset PREFIX (PREFIX.bin, PREFIX.idx) or a blend "
+                                  "'W1 P1 W2 P2 ...'; overrides data.path. See docs/data.md.")
+@click.option("--eval-data-path", help="Indexed data: held-out eval PREFIX or blend; overrides data.eval_path "
+                                       "(default: the last documents of a single --data-path).")
 def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, micro_batch_size,
         global_batch_size, seed, runs: int, results_root: Path, system, launcher: str, rdzv_endpoint,
         node_rank: int, hang_timeout: float, partition, account, time_limit: str, sbatch_args, container_image,
-        container_mounts, master_addr, gpus_per_node: int, threads: int, dry_run: bool) -> None:
+        container_mounts, master_addr, gpus_per_node: int, threads: int, dry_run: bool, data_path: str | None,
+        eval_data_path: str | None) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
+    import dataclasses
+
     from mlbench import layout as layout_lib
     from mlbench import runner
+    from mlbench.train import data as data_lib
 
     bench = registry.load(name, tiny=tiny)
+    overrides = {k: v for k, v in (("path", data_path), ("eval_path", eval_data_path)) if v is not None}
+    if overrides:  # into the benchmark itself, so the plan and the run record carry them
+        bench = dataclasses.replace(bench, data=dataclasses.replace(bench.data, **overrides))
     if runs < 1:
         raise UserError(f"--runs must be at least 1, got {runs}")
     if launcher == "torchrun" and not rdzv_endpoint:
@@ -142,6 +153,7 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
                         f"(one invocation per node)")
     if not 0 <= node_rank < nodes:
         raise UserError(f"--node-rank {node_rank} must be between 0 and --nodes - 1 = {nodes - 1}")
+    data_lib.check(bench, nodes, dry_run=dry_run, overridden=bool(overrides))
     layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
     opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
                              hang_timeout=hang_timeout, node_rank=node_rank,

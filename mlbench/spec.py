@@ -101,7 +101,10 @@ class DataSpec:
     # "markov": the synthetic source with a known entropy rate (tiny runs);
     # "indexed": megatron-core's indexed dataset at `path` (the real corpus, prepared by the user).
     source: Literal["markov", "indexed"]
-    path: str = ""
+    path: str = ""  # indexed: training prefix, or a blend "W1 PREFIX1 W2 PREFIX2 ..." (megatron's --data-path)
+    # indexed: held-out eval prefix (or blend); "" splits the last documents of a single `path` off instead
+    eval_path: str = ""
+    eod_id: int | None = None  # indexed: the tokenizer's end-of-document id, for megatron's dataset config
     branching: int = 4  # markov: successors per state
     concentration: float = 0.5  # markov: Dirichlet concentration of each state's successor weights
     mask_prob: float = 0.15  # masked LM: fraction of positions predicted

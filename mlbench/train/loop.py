@@ -120,6 +120,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from mlbench import flops, hardware
+    from mlbench.train import data as data_lib
     from mlbench.train import lamb, schedule
     from mlbench.train import model as model_lib
     from mlbench.train import objective as objective_lib
@@ -155,7 +156,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     fwd_bwd = get_forward_backward_func()
 
     objective = objective_lib.for_benchmark(bench)
-    source = objective_lib.source(bench)
+    source = data_lib.build_source(bench, plan)  # by data.source: the Markov source or megatron's indexed data
     seq = bench.model.seq_length
     dp_rank = ps.get_data_parallel_rank()
 
@@ -163,10 +164,11 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
         mine = tokens[dp_rank * (len(tokens) // dp):(dp_rank + 1) * (len(tokens) // dp)]
         return [objective.make_batch(mine[i:i + mbs], rng) for i in range(0, len(mine), mbs)]
 
-    # Held-out eval set: its own stream of the source, fixed for every run, split across data-parallel ranks.
+    # Held-out eval set, fixed for every run (the Markov source's own stream, or the indexed eval data's first
+    # samples), split across data-parallel ranks.
     n_eval = bench.eval.samples - bench.eval.samples % (dp * mbs)
     eval_rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
-    eval_batches = microbatches(source.sample(n_eval, seq + 1, eval_rng), eval_rng)
+    eval_batches = microbatches(source.eval_set(n_eval, eval_rng), eval_rng)
 
     def step_fn(data_iterator, chunk):
         return objective.forward(chunk, next(data_iterator), not chunk.training)
@@ -225,7 +227,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
         for _ in range(min(interval, budget - step)):
             t0 = time.perf_counter()
             rng = np.random.default_rng([plan.seed, step])
-            batches = microbatches(source.sample(gbs, seq + 1, rng), rng)
+            batches = microbatches(source.train_batch(step, rng), rng)
             for c in model:
                 c.zero_grad_buffer()
             optimizer.zero_grad()

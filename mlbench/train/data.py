@@ -1,0 +1,252 @@
+"""Where a run's token sequences come from: one interface, two sources, chosen by `data.source`.
+
+- `markov`: the synthetic source with a known entropy rate (tiny runs), sampled on the fly.
+- `indexed`: megatron-core's indexed dataset (PREFIX.bin + PREFIX.idx, what megatron's preprocess_data.py
+  writes and MLPerf's preprocessed C4 is), served by megatron-core's own GPTDataset and
+  BlendedMegatronDatasetBuilder: their document shuffle, sample packing, blending and index caches.
+
+Every rank builds the same source and gets the same whole global batch for a step; the loop takes its
+data-parallel slice. This module imports nothing heavy at the top: the CLI uses `check` before launch.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mlbench.errors import UserError
+from mlbench.spec import Benchmark
+
+if TYPE_CHECKING:
+    from mlbench.train.markov import MarkovSource
+    from mlbench.train.plan import RunPlan
+
+Blend = tuple[list[str], list[float] | None]
+
+
+class TokenSource(ABC):
+    """Token sequences of `seq_length + 1` tokens (inputs and their next-token labels), int64.
+
+    `rng` is the caller's generator: for a training step seeded [run seed, step], for the eval set
+    [data seed, 2**31 - 1]. A source that samples (Markov) draws from it; the caller keeps using it
+    afterwards (masked-LM masking), so its state after the call is part of a run's behaviour.
+    """
+
+    def __init__(self, seq_length: int, global_batch: int):
+        self.seq_length = seq_length
+        self.global_batch = global_batch
+
+    @abstractmethod
+    def train_batch(self, step: int, rng: np.random.Generator) -> np.ndarray:
+        """The whole global batch of step `step` (0-based): [global_batch, seq_length + 1], the same on every rank."""
+
+    @abstractmethod
+    def eval_set(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The fixed held-out eval set, its first `n` sequences: [n, seq_length + 1]."""
+
+
+class MarkovTokens(TokenSource):
+    def __init__(self, markov: MarkovSource, seq_length: int, global_batch: int):
+        super().__init__(seq_length, global_batch)
+        self.markov = markov
+
+    def train_batch(self, step: int, rng: np.random.Generator) -> np.ndarray:
+        return self.markov.sample(self.global_batch, self.seq_length + 1, rng)
+
+    def eval_set(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return self.markov.sample(n, self.seq_length + 1, rng)
+
+
+class IndexedTokens(TokenSource):
+    """Step i's batch = samples [i * gbs, (i + 1) * gbs) of the train dataset (already shuffled by megatron);
+    the eval set = the eval dataset's first samples."""
+
+    def __init__(self, train: Any, eval_: Any, seq_length: int, global_batch: int, vocab_size: int):
+        super().__init__(seq_length, global_batch)
+        self.train, self.eval = train, eval_
+        self.vocab_size = vocab_size
+
+    def _rows(self, dataset: Any, start: int, n: int, what: str) -> np.ndarray:
+        if start + n > len(dataset):
+            raise ValueError(f"the {what} dataset has {len(dataset)} samples; samples up to {start + n} requested")
+        out = np.empty((n, self.seq_length + 1), dtype=np.int64)
+        for j in range(n):
+            s = dataset[start + j]  # GPTDataset: tokens = text[:-1], labels = text[1:] of a seq+1 text
+            out[j, :-1] = s["tokens"].numpy()
+            out[j, -1] = int(s["labels"][-1])
+        # A token id past the embedding would fail deep inside the model; name the likely cause instead.
+        if out.min() < 0 or out.max() >= self.vocab_size:
+            raise ValueError(f"{what} data holds token id {int(out.max())} outside the model's vocabulary "
+                             f"({self.vocab_size}): prepared with another tokenizer?")
+        return out
+
+    def train_batch(self, step: int, rng: np.random.Generator) -> np.ndarray:
+        return self._rows(self.train, step * self.global_batch, self.global_batch, "training")
+
+    def eval_set(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return self._rows(self.eval, 0, n, "eval")
+
+
+# ---- selection ------------------------------------------------------------------------------------------
+
+
+def build_source(bench: Benchmark, plan: RunPlan) -> TokenSource:
+    """The run's token source, by `bench.data.source`. Called on every rank, after the process group is up."""
+    from mlbench.mlperf_log import max_steps
+
+    gbs = plan.layout["global_batch_size"]
+    seq = bench.model.seq_length
+    if bench.data.source == "markov":
+        from mlbench.train import objective
+
+        return MarkovTokens(objective.source(bench), seq, gbs)
+    return indexed_source(bench, seed=plan.seed, global_batch=gbs, steps=max_steps(bench, gbs),
+                          cache=cache_dir(bench, plan))
+
+
+def cache_dir(bench: Benchmark, plan: RunPlan) -> Path:
+    """Where megatron caches its sample indices. Rank 0 builds them and the others read them, so the folder
+    must be one every rank sees: the run's staging folder on one node, next to the data across nodes."""
+    if plan.layout.get("nodes", 1) == 1:
+        return Path(plan.run_dir) / "data_cache"
+    return Path(parse_blend(bench.data.path)[0][0]).parent / "mlbench_index_cache"
+
+
+# ---- pre-launch checks ----------------------------------------------------------------------------------
+
+
+def parse_blend(spec: str) -> Blend:
+    """megatron's --data-path syntax: "PREFIX", "P1 P2 ..." (weighted by size) or "W1 P1 W2 P2 ..."."""
+    parts = spec.split()
+    if not parts:
+        raise UserError("empty data path")
+    if len(parts) % 2 == 0:
+        try:
+            weights = [float(w) for w in parts[0::2]]
+        except ValueError:
+            weights = None
+        if weights is not None:
+            if any(w <= 0 for w in weights):
+                raise UserError(f"data blend {spec!r}: weights must be positive")
+            return parts[1::2], weights
+    if any(_is_number(p) for p in parts):
+        raise UserError(f"data blend {spec!r}: give a weight before every prefix, or none at all")
+    return parts, None
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> None:
+    """Refuse, before launch, a run whose data cannot be served. `overridden`: --data-path or --eval-data-path."""
+    d = bench.data
+    if d.source == "markov":
+        if overridden:
+            raise UserError(f"--data-path / --eval-data-path apply to the indexed source; {bench.name}"
+                            f"{' (tiny)' if bench.variant == 'tiny' else ''} trains on the synthetic Markov source")
+        return
+    if dry_run:
+        return
+    if bench.model.family != "gpt":
+        raise UserError(f"full-size {bench.name} cannot run: the indexed source serves causal LM (family gpt) only; "
+                        f"{bench.model.family} needs a masked-LM dataset (megatron-core's BERT dataset, which needs a "
+                        f"WordPiece tokenizer, or MLPerf's pre-packed {bench.name} samples), not implemented; "
+                        f"use --tiny or --dry-run")
+    if not d.path.strip():
+        readme = next((s for s in bench.sources if s.endswith("README.md")), "")
+        raise UserError(f"{bench.name} trains on its prepared corpus (data.source indexed) but no data path is given: "
+                        f"pass --data-path PREFIX, the megatron indexed dataset prefix (PREFIX.bin and PREFIX.idx)"
+                        + (f"; MLPerf's preprocessing is described in {readme}" if readme else ""))
+    train, _ = parse_blend(d.path)
+    for flag, prefixes in (("--data-path", train), ("--eval-data-path", parse_blend(d.eval_path)[0] if
+                                                     d.eval_path.strip() else [])):
+        for p in prefixes:
+            missing = [f"{p}{ext}" for ext in (".bin", ".idx") if not Path(f"{p}{ext}").is_file()]
+            if missing:
+                raise UserError(f"{flag}: {' and '.join(missing)} not found (a prefix names PREFIX.bin and PREFIX.idx)")
+    if len(train) > 1 and not d.eval_path.strip():
+        raise UserError("a blend of training prefixes needs a held-out eval set: pass --eval-data-path PREFIX")
+    if nodes > 1:
+        folder = Path(train[0]).parent
+        if not os.access(folder, os.W_OK):
+            raise UserError(f"a run across nodes caches megatron's indices next to the data, but {folder} is not "
+                            f"writable")
+
+
+# ---- the indexed source ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DefinitionTokenizer:
+    """What megatron's GPTDatasetConfig reads of a tokenizer (vocabulary size, EOD id), from the definition:
+    the corpus is already tokenized, so nothing is loaded. It has no `pad`, so megatron pads with -1."""
+
+    vocab_size: int
+    eod: int
+
+    @property
+    def unique_identifiers(self) -> dict:  # megatron hashes the config, tokenizer included, into cache names
+        return {"class": type(self).__name__, "vocab_size": self.vocab_size, "eod": self.eod}
+
+
+def _holdout_split(prefix: str, tokens_needed: int) -> str:
+    """megatron's split string for one prefix: the last documents holding `tokens_needed` tokens are the
+    validation split, the rest is training (split by whole documents, as megatron splits)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    lengths = IndexedDataset(prefix).sequence_lengths
+    n = len(lengths)
+    k = int(np.searchsorted(np.cumsum(lengths[::-1], dtype=np.int64), tokens_needed)) + 1
+    if k >= n:
+        raise ValueError(f"{prefix}: {n} documents, {int(lengths.sum())} tokens: too few to hold out "
+                         f"{tokens_needed} eval tokens and still train; pass --eval-data-path")
+    return f"{n - k},{k},0"
+
+
+def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int, cache: Path) -> IndexedTokens:
+    """megatron-core GPT datasets for a run: training shuffled by the run seed, eval fixed by the data seed."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    d, seq = bench.data, bench.model.seq_length
+    n_train, n_eval = steps * global_batch, bench.eval.samples
+    tokenizer = DefinitionTokenizer(bench.model.vocab_size,
+                                    # unused (no EOD-based masks or position resets): one past the vocabulary
+                                    d.eod_id if d.eod_id is not None else bench.model.vocab_size)
+    train_blend = parse_blend(d.path)
+    eval_blend = parse_blend(d.eval_path) if d.eval_path.strip() else None
+    split = None if eval_blend else _holdout_split(train_blend[0][0], n_eval * seq + 1)
+
+    def build(random_seed: int, which: int, size: int) -> Any:
+        common = dict(random_seed=random_seed, sequence_length=seq, path_to_cache=str(cache), tokenizer=tokenizer,
+                      reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                      create_attention_mask=False)
+        if eval_blend is None:  # one prefix, megatron's document split
+            config = GPTDatasetConfig(blend=train_blend, split=split, **common)
+            # Build only the split asked for (the other one, under another seed, is the other builder's).
+            config.split_matrix = [m if i == which else None for i, m in enumerate(config.split_matrix)]
+        else:
+            per_split: list[Blend | None] = [None, None, None]
+            per_split[which] = train_blend if which == 0 else eval_blend
+            config = GPTDatasetConfig(blend_per_split=per_split, **common)
+        sizes: list[int | None] = [None, None, None]
+        sizes[which] = size
+        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[which]
+
+    train = build(seed, 0, n_train)
+    eval_ = build(d.seed, 1, n_eval)  # the data seed, not the run's: every run evaluates on the same set
+    for ds, n, what in ((train, n_train, "training"), (eval_, n_eval, "eval")):
+        if ds is None or len(ds) < n:
+            raise ValueError(f"the {what} data provides {0 if ds is None else len(ds)} sequences of {seq}; "
+                             f"the run needs {n}")
+    return IndexedTokens(train, eval_, seq, global_batch, bench.model.vocab_size)
