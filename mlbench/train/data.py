@@ -204,7 +204,9 @@ def _holdout_split(prefix: str, tokens_needed: int) -> str:
     validation split, the rest is training (split by whole documents, as megatron splits)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    lengths = IndexedDataset(prefix).sequence_lengths
+    dataset = IndexedDataset(prefix)
+    lengths = np.array(dataset.sequence_lengths)  # a copy: the memory map closes with `dataset`
+    del dataset
     n = len(lengths)
     k = int(np.searchsorted(np.cumsum(lengths[::-1], dtype=np.int64), tokens_needed)) + 1
     if k >= n:

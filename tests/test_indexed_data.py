@@ -1,0 +1,204 @@
+"""The indexed data source: megatron-core's own indexed datasets, built here with its IndexedDatasetBuilder.
+
+Documents are drawn from the Markov source, so a tiny model can learn them and the target has a known floor.
+Unit tests check the source (shapes, determinism, the same batch on every rank, a fixed eval set); an end-to-end
+run through the CLI trains a full-size definition (tiny model sizes) on it to its target; bad data input is
+refused before launch.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import mlbench, result_dir
+
+from mlbench import registry
+from mlbench.spec import deep_merge
+from mlbench.train import data as data_lib
+from mlbench.train.markov import MarkovSource
+from mlbench.train.plan import RunPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+GBS, STEPS = 16, 300
+# The Markov source's entropy rate is 0.888 nats/token; a document boundary every 512 tokens adds about
+# log(128) / 512 = 0.01. Target = floor + 0.17, which the tiny model reaches in about 120 steps.
+TARGET = 1.06
+
+
+def make_corpus(prefix: Path, docs: int, doc_len: int, seed: int) -> Path:
+    """A megatron indexed dataset (PREFIX.bin/.idx) of Markov-chain documents, written by megatron-core."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tokens = MarkovSource(128).sample(docs, doc_len, np.random.default_rng(seed))
+    # uint16: what megatron's preprocess_data.py writes for vocabularies under 65,500
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for doc in tokens:
+        builder.add_document(torch.from_numpy(doc), [doc_len])
+    builder.finalize(f"{prefix}.idx")
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("corpus")
+    return {"train": make_corpus(d / "train", 300, 512, 1), "eval": make_corpus(d / "eval", 40, 512, 2)}
+
+
+@pytest.fixture(scope="module")
+def definitions(tmp_path_factory) -> Path:
+    """A folder holding gpt3.yaml as a *full* definition with gpt3's tiny model sizes and indexed data."""
+    data = yaml.safe_load((ROOT / "benchmarks" / "gpt3.yaml").read_text())
+    tiny = data.pop("tiny")
+    full = deep_merge(data, {k: tiny[k] for k in ("model", "optimizer", "train", "eval")})
+    full["quality"] = {"metric": "log_perplexity", "target": TARGET, "direction": "min",
+                       "note": "Markov floor 0.888 + document boundaries + margin"}
+    full["layouts"] = []
+    full["train"]["max_steps"] = STEPS
+    d = tmp_path_factory.mktemp("benchmarks")
+    (d / "gpt3.yaml").write_text(yaml.safe_dump(full))
+    return d
+
+
+def _bench(definitions: Path, path: Path, eval_path: Path | None = None):
+    import dataclasses
+
+    b = registry.load("gpt3", directory=definitions)
+    assert b.variant == "full" and b.data.source == "indexed"
+    return dataclasses.replace(b, data=dataclasses.replace(b.data, path=str(path),
+                                                           eval_path=str(eval_path) if eval_path else ""))
+
+
+@pytest.mark.parametrize("held_out", ["eval-prefix", "split"])
+def test_indexed_source(definitions: Path, corpus: dict, tmp_path: Path, held_out: str) -> None:
+    bench = _bench(definitions, corpus["train"], corpus["eval"] if held_out == "eval-prefix" else None)
+    seq = bench.model.seq_length
+
+    def source(seed: int, cache: str = "cache") -> data_lib.IndexedTokens:
+        return data_lib.indexed_source(bench, seed=seed, global_batch=GBS, steps=STEPS, cache=tmp_path / cache)
+
+    a, a_again, b = source(7), source(7, "cache2"), source(8)
+    rng = np.random.default_rng(0)
+    batch = a.train_batch(0, rng)
+    assert batch.shape == (GBS, seq + 1) and batch.dtype == np.int64
+    assert batch.min() >= 0 and batch.max() < 128
+    # deterministic given the run seed and step: a fresh build (what rank 0 does) and a cache hit (what every
+    # other rank does after rank 0 built the indices) give the same batch
+    for step in (0, 1, STEPS - 1):
+        np.testing.assert_array_equal(a.train_batch(step, rng), a_again.train_batch(step, rng))
+        np.testing.assert_array_equal(a.train_batch(step, rng), source(7).train_batch(step, rng))
+    assert not np.array_equal(a.train_batch(0, rng), a.train_batch(1, rng))
+    assert not np.array_equal(a.train_batch(0, rng), b.train_batch(0, rng))  # the run seed shuffles
+    # the eval set is fixed for every run, and held out from training
+    ev = a.eval_set(bench.eval.samples, rng)
+    assert ev.shape == (bench.eval.samples, seq + 1)
+    np.testing.assert_array_equal(ev, b.eval_set(bench.eval.samples, rng))
+    train_rows = {r.tobytes() for s in range(0, STEPS, 7) for r in a.train_batch(s, rng)}
+    assert not train_rows & {r.tobytes() for r in ev}
+    with pytest.raises(ValueError, match="samples"):
+        a.train_batch(10**6, rng)
+
+
+def _rank_worker(rank: int, world: int, port: int, bench_dict: dict, run_dir: str, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from mlbench.train.plan import benchmark_from_dict
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    bench = benchmark_from_dict(bench_dict)
+    plan = RunPlan(benchmark=bench, layout={"nodes": 1, "global_batch_size": GBS}, seed=11, run_dir=run_dir,
+                   system="test")
+    src = data_lib.build_source(bench, plan)  # rank 0 builds megatron's indices, the other rank reads them
+    rng = np.random.default_rng(0)
+    np.savez(f"{out}/rank{rank}.npz", step5=src.train_batch(5, rng), eval=src.eval_set(32, rng))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes importing megatron-core: about 15 s on one core
+def test_every_rank_gets_the_same_batch(definitions: Path, corpus: dict, tmp_path: Path) -> None:
+    import dataclasses
+
+    import torch.multiprocessing as mp
+
+    bench = _bench(definitions, corpus["train"], corpus["eval"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_worker, args=(2, port, dataclasses.asdict(bench), str(tmp_path / "run"), str(tmp_path)),
+             nprocs=2)
+    r0, r1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
+    np.testing.assert_array_equal(r0["step5"], r1["step5"])
+    np.testing.assert_array_equal(r0["eval"], r1["eval"])
+    assert any((tmp_path / "run" / "data_cache").iterdir())  # the indices went to the run's staging folder
+
+
+def test_markov_source_is_the_loops_old_sampling() -> None:
+    """The Markov source behind the interface draws exactly what the loop drew before."""
+    bench = registry.load("gpt3", tiny=True)
+    plan = RunPlan(benchmark=bench, layout={"nodes": 1, "global_batch_size": 16}, seed=5, run_dir="", system="t")
+    src = data_lib.build_source(bench, plan)
+    m = MarkovSource(128, 4, 0.5, 1234)
+    r1, r2 = np.random.default_rng([5, 3]), np.random.default_rng([5, 3])
+    np.testing.assert_array_equal(src.train_batch(3, r1), m.sample(16, 65, r2))
+    assert r1.random() == r2.random()  # the generator is left where the loop expects it (masking draws next)
+    e1, e2 = np.random.default_rng([1234, 2**31 - 1]), np.random.default_rng([1234, 2**31 - 1])
+    np.testing.assert_array_equal(src.eval_set(32, e1), m.sample(32, 65, e2))
+
+
+@pytest.mark.slow
+def test_full_definition_on_indexed_data_reaches_target(definitions: Path, corpus: dict, tmp_path: Path) -> None:
+    env = {"MLBENCH_BENCHMARKS": str(definitions)}
+    results = tmp_path / "results"
+    proc = mlbench("run", "gpt3", "--seed", "3", "--results", str(results), "--data-path", str(corpus["train"]),
+                   "--eval-data-path", str(corpus["eval"]), env=env, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    folder = result_dir(results, "gpt3")
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["variant"] == "full" and record["status"] == "success"
+    assert record["quality"]["last"] <= TARGET
+    assert record["config"]["data"]["path"] == str(corpus["train"])
+    assert record["config"]["data"]["eval_path"] == str(corpus["eval"])
+    check = mlbench("check", "--rules", "smoke", str(folder / "result_0.txt"), env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert not list(folder.glob(".staging-*"))  # the index cache went with the staging folder
+
+
+def _refused(proc, *needles: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    for n in needles:
+        assert n in out, out
+
+
+def test_bad_data_input_is_refused_before_launch(definitions: Path, corpus: dict, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    env = {"MLBENCH_BENCHMARKS": str(definitions)}
+    readme = "retired_benchmarks/gpt3/megatron-lm/README.md"
+    _refused(mlbench("run", "gpt3", "--results", str(results)), "no data path", "--data-path PREFIX",
+             "PREFIX.bin and PREFIX.idx", readme)
+    _refused(mlbench("run", "gpt3", "--results", str(results), "--data-path", str(tmp_path / "nope"), env=env),
+             "--data-path", f"{tmp_path / 'nope'}.bin", "not found")
+    _refused(mlbench("run", "gpt3", "--results", str(results), "--data-path", str(corpus["train"]),
+                     "--eval-data-path", str(tmp_path / "nope"), env=env), "--eval-data-path", "not found")
+    _refused(mlbench("run", "gpt3", "--results", str(results), "--data-path",
+                     f"0.5 {corpus['train']} 0.5 {corpus['eval']}", env=env), "--eval-data-path")
+    _refused(mlbench("run", "gpt3", "--tiny", "--results", str(results), "--data-path", str(corpus["train"])),
+             "--data-path", "Markov")
+    _refused(mlbench("run", "bert", "--results", str(results)), "bert", "WordPiece", "--tiny or --dry-run")
+    assert not results.exists()
+
+
+def test_dry_run_needs_no_data(tmp_path: Path) -> None:
+    proc = mlbench("run", "gpt3", "--dry-run", "--nodes", "32", "--nproc-per-node", "8", "--launcher", "torchrun",
+                   "--rdzv-endpoint", "localhost:29500", "--global-batch-size", "2048", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
