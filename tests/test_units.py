@@ -30,11 +30,19 @@ def test_masked_lm_floor_is_below_one_and_above_chance() -> None:
     assert 1 / 64 < acc < 1.0
 
 
-def test_tiny_target_is_floor_plus_stated_margin() -> None:
+@pytest.mark.parametrize(("name", "margin"), [("gpt3", 0.15), ("llama31_405b", 0.15), ("bert", -0.2)])
+def test_tiny_targets_are_the_floor_and_the_stated_margin(name: str, margin: float) -> None:
+    """Each tiny target is the source's best achievable value plus the margin its note states."""
     from mlbench.train.objective import source
 
-    b = registry.load("gpt3", tiny=True)
-    assert b.quality.target == pytest.approx(source(b).entropy_rate + 0.15, abs=0.005)
+    b = registry.load(name, tiny=True)
+    src = source(b)
+    if b.quality.metric == "log_perplexity":
+        floor = src.entropy_rate
+    else:
+        floor = src.masked_lm_best_accuracy(b.model.seq_length, b.data.mask_prob, n=1500)
+    assert f"floor {'+' if margin > 0 else '-'} {abs(margin):g}" in b.quality.note
+    assert b.quality.target == pytest.approx(floor + margin, abs=0.01)
 
 
 def test_layout_resolution_and_reference_layouts() -> None:
