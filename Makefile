@@ -30,8 +30,10 @@ slurm-deps:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; }; \
 	else echo "slurm-deps: not root or no apt-get; SLURM tests will skip"; fi
 
+# Two workers: most tests train one rank on one core. --dist loadfile keeps each file in one worker, so the
+# runs of a set stay together and a file's SLURM cluster tests run one after another.
 test: install slurm-deps
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check mlbench tests

@@ -15,7 +15,7 @@ MLBENCH = [sys.executable, "-m", "mlbench.cli"]
 
 def mlbench(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None):
     """Run `mlbench ARGS` in a subprocess; returns the CompletedProcess (stdout and stderr as text)."""
-    full_env = dict(os.environ, COLUMNS="200", **(env or {}))
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run([*MLBENCH, *args], capture_output=True, text=True, timeout=timeout, env=full_env,
                           cwd=cwd)
 
@@ -43,3 +43,22 @@ def benchmarks_copy(tmp_path: Path) -> Path:
     for f in src.glob("*.yaml"):
         (dst / f.name).write_text(f.read_text())
     return dst
+
+
+
+def assert_tiny_converges(benchmark: str, flags: list[str], root: Path, seed: int = 3) -> None:
+    """Run a tiny variant through the CLI: exit 0, run_stop success, last eval meets the target, checker passes."""
+    from mlbench import registry
+
+    bench = registry.load(benchmark, tiny=True)
+    proc = mlbench("run", benchmark, "--tiny", "--results", str(root), "--system", "ci", "--seed", str(seed), *flags,
+                   timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = root / "ci" / benchmark / "result_0.txt"
+    events = mllog(result)
+    stops = [e for e in events if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == "success"
+    evals = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    assert evals and bench.converged(evals[-1]), evals
+    check = mlbench("check", str(result))
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 TARGET = registry.load("gpt3", tiny=True).quality.target
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # under pytest-xdist, `make test` keeps a file's tests in one worker
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One results folder for the convergence runs, so they form a set to score at the end."""
     return tmp_path_factory.mktemp("results")

@@ -1,0 +1,15 @@
+"""Tiny bert (masked LM on the Markov source, LAMB, BERT's schedule) reaches its target at 1 process and TP 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_tiny_converges
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("flags", [[], ["--nproc-per-node", "2", "--tp", "2"]], ids=["1proc", "tp2"])
+def test_tiny_bert_converges(flags: list[str], tmp_path: Path) -> None:
+    assert_tiny_converges("bert", flags, tmp_path)
