@@ -87,3 +87,10 @@ def test_bad_runs_and_launcher_flags(tmp_path: Path) -> None:
 
 def test_check_on_a_folder_without_results(tmp_path: Path) -> None:
     _assert_clean_error(mlbench("check", str(tmp_path)), "no result_*.txt")
+
+
+def test_bad_slurm_time_limit(tmp_path: Path) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "slurm", "--time", "2h", "--dry-run",
+                   "--results", str(tmp_path))
+    _assert_clean_error(proc, "time_limit must be HH:MM:SS", "'2h'")
+    assert not list(tmp_path.rglob("*.sbatch"))

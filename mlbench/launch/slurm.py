@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench.errors import UserError
-from mlbench.launch.slurm_script import SlurmJob, render, srun_argv
+from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
 from mlbench.layout import Layout
 from mlbench.runner import RunOptions
 from mlbench.spec import Benchmark
@@ -45,6 +45,10 @@ class SlurmOptions:
 
 def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver: list[str] | None,
             command: list[str] = (), ranks_dir: Path | None = None, master_port: int | None = None) -> SlurmJob:
+    try:  # SLURM's warning before the time limit: 120 s, where the limit leaves room for it
+        warn = "B:TERM@120" if time_limit_seconds(opts.time_limit) > 240 else None
+    except ValueError:
+        warn = None  # a malformed limit: SlurmJob.validate names it
     return SlurmJob(
         job_name=f"mlbench-{name}", command=list(command) or ["-m", "mlbench.train"], nodes=layout.nodes,
         gpus_per_node=opts.gpus_per_node, nproc_per_node=layout.nproc_per_node, partition=opts.partition,
@@ -52,18 +56,9 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
         time_limit=opts.time_limit, sbatch_options=list(opts.sbatch_args), container_image=opts.container_image,
         container_mounts=list(opts.container_mounts), output=str(job_dir / "job.out"),
         env={"PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}, master_addr=opts.master_addr,
-        master_port=master_port or opts.master_port, signal="B:TERM@120" if _seconds(opts.time_limit) > 240 else None,
+        master_port=master_port or opts.master_port, signal=warn,
         torchrun=str(Path(sys.executable).with_name("torchrun")),  # this environment's, on every node
         torchrun_args=[f"--log-dir={ranks_dir}", "--redirects=3"] if ranks_dir else (), driver=driver)
-
-
-def _seconds(limit: str) -> int:
-    days, _, hms = limit.rpartition("-")
-    parts = [int(x) for x in hms.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, s = parts
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
 def prepare(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions,

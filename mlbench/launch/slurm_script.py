@@ -78,7 +78,7 @@ class SlurmJob:
         if self.signal is not None and self.time_limit is not None and "@" in self.signal:
             # SLURM would send the warning at once (a 1-minute job with TERM@120 gets SIGTERM at start).
             lead = int(self.signal.rsplit("@", 1)[1])
-            if lead >= _seconds(self.time_limit):
+            if lead >= time_limit_seconds(self.time_limit):
                 raise ValueError(f"signal lead {lead}s is not shorter than time_limit {self.time_limit}")
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port out of range: {self.master_port}")
@@ -106,7 +106,7 @@ class SlurmJob:
         return self.gpus_per_node or 1
 
 
-def _seconds(limit: str) -> int:
+def time_limit_seconds(limit: str) -> int:
     days, _, hms = limit.rpartition("-")
     h, m, sec = (int(x) for x in hms.split(":"))
     return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
