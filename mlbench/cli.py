@@ -148,7 +148,7 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
         raise UserError(f"--runs must be at least 1, got {runs}")
     if launcher == "torchrun" and not rdzv_endpoint:
         raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    if launcher == "local" and nodes > 1:
+    if launcher == "local" and nodes > 1 and not dry_run:
         raise UserError(f"--launcher local runs on this machine only; for --nodes {nodes} use --launcher torchrun "
                         f"(one invocation per node)")
     if not 0 <= node_rank < nodes:

@@ -6,6 +6,7 @@ would be valid.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from mlbench.errors import UserError
@@ -51,11 +52,21 @@ def _fmt(values: list[int], limit: int = 8) -> str:
     return shown + (", ..." if len(values) > limit else "")
 
 
-def reference_layout(bench: Benchmark, devices: int) -> LayoutSpec | None:
-    """The benchmark's reference layout for exactly this device count, else its catch-all (devices: 0)."""
-    exact = [ly for ly in bench.layouts if ly.devices == devices]
-    anyn = [ly for ly in bench.layouts if ly.devices == 0]
-    return (exact or anyn or [None])[0]
+def reference_layouts(bench: Benchmark, devices: int) -> list[tuple[LayoutSpec | None, bool]]:
+    """Reference layouts to start from, in order of preference, each with whether it was made for `devices`.
+
+    The layout for exactly `devices`; the catch-all (devices: 0); else the model-parallel shapes of the layouts
+    whose tp x pp x cp divides `devices`, nearest device count first (data parallelism absorbs the rest: a 405B
+    model at 4096 devices wants the tp/pp/cp used at 2048 or 8192, not tp = pp = 1); else none.
+    """
+    exact = [(ly, True) for ly in bench.layouts if ly.devices == devices]
+    catch_all = [(ly, False) for ly in bench.layouts if ly.devices == 0]
+    if exact or catch_all:
+        return (exact + catch_all)[:1]
+    fits = [ly for ly in bench.layouts if devices % (ly.tp * ly.pp * ly.cp) == 0]
+    # Nearest on a log scale; on a tie the smaller layout (its batch is more likely an MLPerf RCP point).
+    fits.sort(key=lambda ly: (abs(math.log(ly.devices / devices)), ly.devices))
+    return [(ly, False) for ly in fits] or [(None, False)]
 
 
 def resolve(
@@ -69,10 +80,24 @@ def resolve(
     micro_batch_size: int | None = None,
     global_batch_size: int | None = None,
 ) -> Layout:
+    """The first reference layout (in order of preference) that, with the user's flags, passes every rule."""
     if nodes < 1 or nproc_per_node < 1:
         raise UserError(f"--nodes ({nodes}) and --nproc-per-node ({nproc_per_node}) must be at least 1")
+    first_error: UserError | None = None
+    for ref, exact in reference_layouts(bench, nodes * nproc_per_node):
+        try:
+            return _resolve_from(bench, ref, exact, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size,
+                                 global_batch_size)
+        except UserError as e:
+            first_error = first_error or e
+    assert first_error is not None
+    raise first_error
+
+
+def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: int, nproc_per_node: int,
+                  tp: int | None, pp: int | None, vp: int | None, cp: int | None, micro_batch_size: int | None,
+                  global_batch_size: int | None) -> Layout:
     world = nodes * nproc_per_node
-    ref = reference_layout(bench, world)
     user = any(v is not None for v in (tp, pp, vp, cp))
     # User flags win; then the benchmark's reference layout for this scale; then no parallelism.
     tp = tp if tp is not None else (ref.tp if ref else 1)
@@ -85,8 +110,10 @@ def resolve(
     gbs = gbs or bench.train.global_batch_size
     if user:
         source = "flags"
-    elif ref:
+    elif ref and (exact or ref.devices == 0):
         source = ref.source or f"reference layout for {ref.devices or 'any number of'} devices"
+    elif ref:
+        source = f"adapted from the {ref.devices}-device reference layout ({ref.source})"
     else:
         source = "defaults"
     m = bench.model

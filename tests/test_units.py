@@ -51,6 +51,11 @@ def test_layout_resolution_and_reference_layouts() -> None:
     assert (ly.tp, ly.pp, ly.vp, ly.dp, ly.global_batch_size) == (4, 8, 6, 8, 2048)
     ly = layout.resolve(b, nodes=64, nproc_per_node=8, tp=8, pp=8, global_batch_size=1536)
     assert ly.dp == 8 and ly.micro_batch_size == 2 and ly.num_microbatches == 96 and ly.source == "flags"
+    # No 4096-device reference: the 2048-device shape (gbs 1152) leaves 36 micro-batches, not a multiple of pp 8
+    # as the interleaved schedule needs, so the 8192-device one (gbs 1536, 48 micro-batches) is taken.
+    llama = layout.resolve(registry.load("llama31_405b"), nodes=1024, nproc_per_node=4)
+    assert (llama.tp, llama.pp, llama.vp, llama.cp, llama.dp, llama.global_batch_size) == (8, 8, 8, 2, 32, 1536)
+    assert llama.source.startswith("adapted from the 8192-device reference layout")
     with pytest.raises(UserError, match="sequence length 2048 must divide by 2 x cp"):
         layout.resolve(b, nodes=3, nproc_per_node=1, tp=1, pp=1, cp=3)
     with pytest.raises(UserError, match="needs pipeline parallelism"):
