@@ -49,4 +49,10 @@ def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -
         console.print(f"{mark} {f} ({v.rules})", highlight=False)
         for m in v.messages[:20]:
             console.print(f"    {m}", highlight=False)
+        keys = [e.get("key") for e in read(f)]
+        if keys and keys[-1] == "run_start":
+            hp = [m for m in v.messages if "CHECK for" in m]
+            console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "
+                          f"{'no hyperparameter line failed' if not hp else f'{len(hp)} lines failed their rules'}",
+                          highlight=False)
     return all_ok
