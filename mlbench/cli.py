@@ -15,6 +15,17 @@ from mlbench.errors import UserError
 console = Console()
 
 
+def _params_vs_published(params: int, b) -> str:
+    """The built model's count against the headline size, and against the definition's reference count where
+    that differs (BERT-large's "340M" is a rounding; its reference checkpoint holds 336M)."""
+    size = float(b.size[:-1]) * {"B": 1e9, "M": 1e6}[b.size[-1]]
+    text = f"{_fmt_params(params)}: {100 * (params / size - 1):+.2f} % vs the published {b.size}"
+    if abs(b.published_params / size - 1) > 0.005:
+        text += (f"; {100 * (params / b.published_params - 1):+.2f} % vs the reference count "
+                 f"{_fmt_params(b.published_params)} (see sources)")
+    return f"{params:,} ({text})"
+
+
 def _fmt_params(n: float) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6)):
         if n >= scale:
@@ -64,8 +75,7 @@ def show(name: str, tiny: bool) -> None:
     t = Table(title=f"{b.title}{' (tiny variant)' if tiny else ''}", show_header=False)
     t.add_column("key", style="bold")
     t.add_column("value")
-    t.add_row("parameters", f"{params:,} ({_fmt_params(params)}; published {b.size}, "
-                            f"{100 * (params / b.published_params - 1):+.2f} %)" if not tiny else f"{params:,}")
+    t.add_row("parameters", f"{params:,}" if tiny else _params_vs_published(params, b))
     t.add_row("model FLOPs per sample", f"{flops.flops_per_sample(m):.4g} (training: 3 x forward)")
     t.add_row("architecture", f"{m.family}: {m.num_layers} layers, hidden {m.hidden_size}, "
                               f"{m.num_attention_heads} heads ({m.num_query_groups or m.num_attention_heads} "
