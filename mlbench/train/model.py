@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
@@ -65,19 +67,33 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
     )
 
 
-def layer_spec(m: ModelSpec) -> ModuleSpec:
-    """Transformer Engine's layer spec when it is installed (GPU), else megatron-core's local spec."""
-    if m.family == "bert":
-        if have_transformer_engine():
+def attention_backend() -> str:
+    """te: Transformer Engine's specs; sdpa: local specs with PyTorch's fused attention (a GPU without TE);
+    local: megatron-core's local specs as they are (CPU)."""
+    if have_transformer_engine():
+        return "te"
+    return "sdpa" if torch.cuda.is_available() else "local"
+
+
+def layer_spec(m: ModelSpec, backend: str | None = None) -> ModuleSpec:
+    backend = backend or attention_backend()
+    if backend == "te":
+        if m.family == "bert":
             from megatron.core.models.bert.bert_layer_specs import bert_layer_with_transformer_engine_spec
 
             return bert_layer_with_transformer_engine_spec
-        return bert_layer_local_spec
-    if have_transformer_engine():
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=m.normalization)
+    spec = bert_layer_local_spec if m.family == "bert" else get_gpt_layer_local_spec(normalization=m.normalization)
+    # megatron's BertModel accepts only its own DotProductAttention or TE's (it compares the class, then asks
+    # for TE's version), so BERT keeps the local attention when TE is absent.
+    if backend == "sdpa" and m.family != "bert":
+        from mlbench.train.attention import SDPAttention
+
+        spec = copy.deepcopy(spec)  # the bert spec is a module-level object shared by every caller
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
 
 
 def padded_vocab(m: ModelSpec, tp: int) -> int:
@@ -86,7 +102,8 @@ def padded_vocab(m: ModelSpec, tp: int) -> int:
     return -(-m.vocab_size // multiple) * multiple
 
 
-def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None) -> torch.nn.Module:
+def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None,
+          backend: str | None = None) -> torch.nn.Module:
     """One model chunk for this rank's pipeline stage (and virtual stage)."""
     pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
@@ -95,7 +112,7 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None) 
         return BertModel(
             config=config,
             num_tokentypes=m.num_tokentypes,
-            transformer_layer_spec=layer_spec(m),
+            transformer_layer_spec=layer_spec(m, backend),
             vocab_size=vocab,
             max_sequence_length=m.seq_length,
             pre_process=pre,
@@ -107,7 +124,7 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None) 
         )
     return GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(m),
+        transformer_layer_spec=layer_spec(m, backend),
         vocab_size=vocab,
         max_sequence_length=m.seq_length,
         pre_process=pre,
