@@ -36,6 +36,8 @@ def test_compare_eos_against_trillium_gpt3(tmp_path):
     assert eos.step_stats()["median"] == pytest.approx(18.378, abs=1e-3)
     assert tpu.devices == 1024 and eos.devices == 256
     assert pub.ttt_min == pytest.approx(3.92)
+    # model FLOPs: GPT-3 175B's 2.2046e15 per sample x 2048 samples per 18.378 s step / 256 devices
+    assert eos.model_tflops_per_device() == pytest.approx(2.2046e15 * 2048 / 18.378 / 256 / 1e12, rel=1e-3)
     assert "gradient_accumulation_steps" in cmp.differing_hyperparams()
     html = tmp_path / "r.html"
     res = CliRunner().invoke(compare_cmd, [str(V41 / "NVIDIA"), str(V41 / "Google"), "--no-score",

@@ -108,6 +108,24 @@ class Entry:
         v = [x for r in self.runs for x in r.step_times.tflops_per_device]
         return float(np.median(v)) if v else None
 
+    def model_tflops_per_device(self) -> float | None:
+        """Model TFLOP/s per device from the benchmark definition's FLOPs per sample (attention included) and the
+        measured samples/s: comparable across submissions, whatever precision or recipe they used. Only for a
+        full-size run of a benchmark we define (its sequence length says which model it trained)."""
+        from mlbench import flops, registry
+        from mlbench.errors import UserError
+
+        rate = self.samples_per_s_per_device()
+        if rate is None or self.benchmark not in registry.names():
+            return None
+        try:
+            model = registry.load(self.benchmark).model
+        except UserError:
+            return None
+        if self.seq_len != model.seq_length:
+            return None
+        return flops.flops_per_sample(model) * rate / 1e12
+
     def mfu(self) -> float | None:
         """From our run record when it says (published logs do not)."""
         v = [run_record(r.path).get("mfu") for r in self.runs]
@@ -160,6 +178,7 @@ class Comparison:
             ("tokens/s per device", [f(e.tokens_per_s_per_device(), 0) for e in E]),
             ("samples/s per device", [f(e.samples_per_s_per_device(), 4) for e in E]),
             ("TFLOP/s per device (logged)", [f(e.tflops_per_device(), 1) for e in E]),
+            ("model TFLOP/s per device", [f(e.model_tflops_per_device(), 1) for e in E]),
             ("MFU", [f(e.mfu(), 1, 100) + ("%" if e.mfu() is not None else "") for e in E]),
         ]
 
