@@ -37,7 +37,6 @@ test: install slurm-deps
 
 lint: install
 	$(VENV)/bin/ruff check mlbench tests
-	$(VENV)/bin/ruff format --check mlbench tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
