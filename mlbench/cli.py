@@ -164,6 +164,11 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
     if not 0 <= node_rank < nodes:
         raise UserError(f"--node-rank {node_rank} must be between 0 and --nodes - 1 = {nodes - 1}")
     data_lib.check(bench, nodes, dry_run=dry_run, overridden=bool(overrides))
+    if bench.train.init_checkpoint and not dry_run:
+        # The benchmark starts from a checkpoint, and this version cannot load one: a run from random weights
+        # would not be the MLPerf benchmark, whatever its log says about init_checkpoint_step.
+        raise UserError(f"{name} starts from a checkpoint ({bench.train.init_checkpoint.split(' (')[0]}), and "
+                        f"loading checkpoints is not implemented yet; use --dry-run for the full size or --tiny")
     layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
     opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
                              hang_timeout=hang_timeout, node_rank=node_rank,
