@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -81,7 +82,7 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         # Median over steps; None where MFU is not defined (CPU) or the device's peak is unknown.
         "mfu": _median([e["mfu"] for e in steps if e.get("mfu") is not None]),
         "mfu_note": next((e.get("mfu_note") for e in outcome.events if e.get("event") == "start"), None),
-        "config": _asdict(bench),
+        "config": dataclasses.asdict(bench),
         "environment": env,
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
         "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
@@ -92,12 +93,6 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
 
 def _median(values: list[float]) -> float | None:
     return sorted(values)[len(values) // 2] if values else None
-
-
-def _asdict(bench: Benchmark) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(bench)
 
 
 # How one run is started: (plan file, per-rank log folder, seed) -> the command the supervisor runs.
