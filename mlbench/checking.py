@@ -22,9 +22,9 @@ def _result_files(path: Path) -> list[Path]:
     return files
 
 
-def rules_for(path: Path, ruleset: str | None, rules: str) -> tuple[str, bool]:
+def rules_for(path: Path, events: list[dict], ruleset: str | None, rules: str) -> tuple[str, bool]:
     """(ruleset, smoke) for a result file: smoke rules for tiny runs, as their run record says."""
-    benchmark = next((e.get("value") for e in read(path) if e.get("key") == "submission_benchmark"), None)
+    benchmark = next((e.get("value") for e in events if e.get("key") == "submission_benchmark"), None)
     record = path.with_suffix(".json")
     tiny = False
     if record.exists():
@@ -42,15 +42,15 @@ def rules_for(path: Path, ruleset: str | None, rules: str) -> tuple[str, bool]:
 def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool:
     all_ok = True
     for f in _result_files(path):
-        rs, smoke = rules_for(f, ruleset, rules)
+        events = read(f)
+        rs, smoke = rules_for(f, events, ruleset, rules)
         v = compliance.check(f, rs, smoke)
         all_ok &= v.ok
         mark = "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]"
         console.print(f"{mark} {f} ({v.rules})", highlight=False)
         for m in v.messages[:20]:
             console.print(f"    {m}", highlight=False)
-        keys = [e.get("key") for e in read(f)]
-        if keys and keys[-1] == "run_start":
+        if events and events[-1].get("key") == "run_start":
             hp = [m for m in v.messages if "CHECK for" in m]
             console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "
                           f"{'no hyperparameter line failed' if not hp else f'{len(hp)} lines failed their rules'}",

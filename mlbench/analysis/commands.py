@@ -90,12 +90,7 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
         raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
     cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
     print_comparison(_console(), cmp)
-    if html_out:
-        write_html(cmp, html_out)
-        click.echo(f"wrote {html_out}")
-    if md_out:
-        write_markdown(cmp, md_out)
-        click.echo(f"wrote {md_out}")
+    _write_reports(cmp, html_out, write_html, md_out, write_markdown)
 
 
 @click.command("scaling")
@@ -114,9 +109,11 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
         raise UserError(f"--devices given {len(devices)} times for {len(paths)} PATHs; give one per PATH or none")
     sc = build_scaling(list(paths), list(devices) or None)
     print_scaling(_console(), sc)
-    if html_out:
-        write_scaling_html(sc, html_out)
-        click.echo(f"wrote {html_out}")
-    if md_out:
-        write_scaling_markdown(sc, md_out)
-        click.echo(f"wrote {md_out}")
+    _write_reports(sc, html_out, write_scaling_html, md_out, write_scaling_markdown)
+
+
+def _write_reports(result, html_out: Path | None, write_html, md_out: Path | None, write_md) -> None:
+    for out, write in ((html_out, write_html), (md_out, write_md)):
+        if out:
+            write(result, out)
+            click.echo(f"wrote {out}")

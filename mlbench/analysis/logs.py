@@ -80,29 +80,29 @@ class RunLog:
         e = self.first(key)
         return e.value if e is not None else default
 
+    def _text(self, key: str) -> str | None:
+        v = self.value(key)
+        return str(v) if v is not None else None
+
     @property
     def name(self) -> str:
         return self.path.name
 
     @property
     def benchmark(self) -> str | None:
-        v = self.value("submission_benchmark")
-        return str(v) if v is not None else None
+        return self._text("submission_benchmark")
 
     @property
     def org(self) -> str | None:
-        v = self.value("submission_org")
-        return str(v) if v is not None else None
+        return self._text("submission_org")
 
     @property
     def platform(self) -> str | None:
-        v = self.value("submission_platform")
-        return str(v) if v is not None else None
+        return self._text("submission_platform")
 
     @property
     def division(self) -> str | None:
-        v = self.value("submission_division")
-        return str(v) if v is not None else None
+        return self._text("submission_division")
 
     @property
     def run_start_ms(self) -> float | None:

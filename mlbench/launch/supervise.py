@@ -160,15 +160,14 @@ def supervise(
     if new and on_events:
         on_events(new)
     code = proc.returncode
-    stopped = [e for e in tail.events if e.get("event") == "stopped"]
+    last = next((e for e in reversed(tail.events) if e.get("event") == "stopped"), None)
+    # Why it ended, most specific first: what the supervisor did, what rank 0 said, the launcher's exit code.
+    if not reason and last is not None:
+        reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = stopped[-1].get("reason", "") if stopped else ""
-        reason = reason or f"launcher exited with code {code} (a rank failed; see the rank logs)"
+        reason = f"launcher exited with code {code} (a rank failed; see the rank logs)"
     finalize_aborted(log_path, reason or "run ended without run_stop")
-    status = stopped[-1]["status"] if stopped and not received else "aborted"
-    if status == "success" and code != 0:
-        status = "aborted"
-        reason = reason or f"launcher exited with code {code} after the target was reached"
-    if status != "success" and not reason:
-        reason = stopped[-1].get("reason", "") if stopped else "run ended without run_stop"
-    return Outcome(status=status, exit_code=code, reason=reason, events=tail.events)
+    if last is not None and last["status"] == "success" and code == 0 and not received:
+        return Outcome(status="success", exit_code=code, events=tail.events)
+    return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
+                   events=tail.events)

@@ -107,32 +107,18 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None,
     """One model chunk for this rank's pipeline stage (and virtual stage)."""
     pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-    vocab = padded_vocab(m, config.tensor_model_parallel_size)
-    if m.family == "bert":
-        return BertModel(
-            config=config,
-            num_tokentypes=m.num_tokentypes,
-            transformer_layer_spec=layer_spec(m, backend),
-            vocab_size=vocab,
-            max_sequence_length=m.seq_length,
-            pre_process=pre,
-            post_process=post,
-            share_embeddings_and_output_weights=not m.untie_embeddings,
-            position_embedding_type=m.position_embedding,
-            add_binary_head=m.add_binary_head,
-            vp_stage=vp_stage,
-        )
-    return GPTModel(
+    common = dict(
         config=config,
         transformer_layer_spec=layer_spec(m, backend),
-        vocab_size=vocab,
+        vocab_size=padded_vocab(m, config.tensor_model_parallel_size),
         max_sequence_length=m.seq_length,
         pre_process=pre,
         post_process=post,
         share_embeddings_and_output_weights=not m.untie_embeddings,
         position_embedding_type=m.position_embedding,
-        rotary_base=int(m.rotary_base),
-        rope_scaling=m.rope_scaling,
-        rope_scaling_factor=m.rope_scaling_factor,
         vp_stage=vp_stage,
     )
+    if m.family == "bert":
+        return BertModel(**common, num_tokentypes=m.num_tokentypes, add_binary_head=m.add_binary_head)
+    return GPTModel(**common, rotary_base=int(m.rotary_base), rope_scaling=m.rope_scaling,
+                    rope_scaling_factor=m.rope_scaling_factor)
