@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -138,11 +139,16 @@ def show(name: str, tiny: bool) -> None:
                                   "'W1 P1 W2 P2 ...'; overrides data.path. See docs/data.md.")
 @click.option("--eval-data-path", help="Indexed data: held-out eval PREFIX or blend; overrides data.eval_path "
                                        "(default: the last documents of a single --data-path).")
+@click.option("--init-checkpoint", type=click.Path(path_type=Path),
+              help="megatron-core distributed checkpoint (torch_dist) to start from, in any parallel layout. "
+                   "Required for full-size runs of benchmarks that start from one.")
+@click.option("--save-checkpoint", type=click.Path(path_type=Path),
+              help="Save model and optimizer state here when the run stops (a new folder; one run only).")
 def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, micro_batch_size,
         global_batch_size, seed, runs: int, results_root: Path, system, launcher: str, rdzv_endpoint,
         node_rank: int, hang_timeout: float, partition, account, time_limit: str, sbatch_args, container_image,
         container_mounts, master_addr, gpus_per_node: int, threads: int, dry_run: bool, data_path: str | None,
-        eval_data_path: str | None) -> None:
+        eval_data_path: str | None, init_checkpoint: Path | None, save_checkpoint: Path | None) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
     import dataclasses
 
@@ -164,15 +170,13 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
     if not 0 <= node_rank < nodes:
         raise UserError(f"--node-rank {node_rank} must be between 0 and --nodes - 1 = {nodes - 1}")
     data_lib.check(bench, nodes, dry_run=dry_run, overridden=bool(overrides))
-    if bench.train.init_checkpoint and not dry_run:
-        # The benchmark starts from a checkpoint, and this version cannot load one: a run from random weights
-        # would not be the MLPerf benchmark, whatever its log says about init_checkpoint_step.
-        raise UserError(f"{name} starts from a checkpoint ({bench.train.init_checkpoint.split(' (')[0]}), and "
-                        f"loading checkpoints is not implemented yet; use --dry-run for the full size or --tiny")
+    _check_checkpoints(bench, name, init_checkpoint, save_checkpoint, runs, dry_run)
     layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
     opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
                              hang_timeout=hang_timeout, node_rank=node_rank,
-                             rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads)
+                             rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads,
+                             init_checkpoint=str(init_checkpoint.resolve()) if init_checkpoint else "",
+                             save_checkpoint=str(save_checkpoint.resolve()) if save_checkpoint else "")
     if launcher == "slurm":
         from mlbench.launch import slurm
 
@@ -187,7 +191,32 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
         dry.run(bench, layout, opts, console)
         return
     outcomes = runner.run_set(bench, layout, opts, console)
-    sys.exit(0 if all(o.status == "success" for o in outcomes) else 1)
+    sys.exit(0 if all(o.ok for o in outcomes) else 1)
+
+
+def _check_checkpoints(bench, name: str, init: Path | None, save: Path | None, runs: int, dry_run: bool) -> None:
+    from mlbench.train import checkpoint
+
+    if bench.train.init_checkpoint and not init and not dry_run:
+        # A run from random weights would not be the MLPerf benchmark, whatever its log says.
+        raise UserError(f"{name} starts from a checkpoint: pass --init-checkpoint DIR, the "
+                        f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
+                        f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
+    if init:
+        try:
+            checkpoint.check_readable(init)
+        except checkpoint.CheckpointError as e:
+            raise UserError(str(e)) from None
+    if save:
+        if runs != 1:
+            raise UserError(f"--save-checkpoint saves one run's state; got --runs {runs}")
+        if save.exists():
+            raise UserError(f"--save-checkpoint {save}: exists; a checkpoint is never overwritten")
+        parent = save.resolve().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise UserError(f"--save-checkpoint {save}: {parent} is not a writable folder")
 
 
 @cli.command()

@@ -37,6 +37,14 @@ class Progress:
             elif kind == "step":
                 self.state.update(step=e["step"], loss=e["loss"], tokens_per_s=e["tokens_per_s"],
                                   tflops=e["tflops_per_device"], mfu=e.get("mfu"))
+            elif kind == "checkpoint_loaded":
+                moments = "with its optimizer state" if e["optimizer_state"] else "fresh optimizer state"
+                resized = f", vocabulary padding resized in {len(e['vocab_padding_resized'])}" if e.get(
+                    "vocab_padding_resized") else ""
+                self.console.print(f"started from checkpoint {e['path']} ({e['tensors']} tensors, {moments}{resized})")
+            elif kind in ("checkpoint_saved", "checkpoint_failed"):
+                done = "saved to" if kind == "checkpoint_saved" else "NOT saved to"
+                self.console.print(f"checkpoint {done} {e['path']}{': ' + e['reason'] if 'reason' in e else ''}")
             elif kind == "eval":
                 self.state.update(eval=e["value"], eval_step=e["step"])
                 if not self._live:

@@ -33,6 +33,8 @@ class RunOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # the torchrun launcher: one invocation per node
     threads: int = 1  # CPU threads per rank
+    init_checkpoint: str = ""  # megatron-core distributed checkpoint every run starts from
+    save_checkpoint: str = ""  # where the (single) run saves its final state
 
 
 @dataclass
@@ -43,6 +45,11 @@ class RunResult:
     last_eval: float | None
     compliant: bool
     reason: str
+    checkpoint_error: str = ""
+
+    @property
+    def ok(self) -> bool:  # what the command's exit code reports
+        return self.status == "success" and not self.checkpoint_error
 
 
 def default_system() -> str:
@@ -84,6 +91,12 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "mfu_note": next((e.get("mfu_note") for e in outcome.events if e.get("event") == "start"), None),
         "config": dataclasses.asdict(bench),
         "environment": env,
+        # What the run started from (path, tensors, whether optimizer state was loaded) and saved to.
+        "init_checkpoint": next(({k: v for k, v in e.items() if k not in ("event", "time")}
+                                 for e in outcome.events if e.get("event") == "checkpoint_loaded"), None),
+        "saved_checkpoint": next((e.get("path") for e in outcome.events if e.get("event") == "checkpoint_saved"),
+                                 None),
+        "checkpoint_error": outcome.checkpoint_error or None,
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
         "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
                                           "mfu", "lr", "grad_norm")} for e in steps],
@@ -108,7 +121,8 @@ def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console
     for i, seed in enumerate(run_seeds):
         staging = results.stage(folder)
         plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(staging),
-                       system=opts.system, device=env_info["device"]["type"])
+                       system=opts.system, device=env_info["device"]["type"],
+                       init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint)
         plan_path = staging / "plan.json"
         plan.save(plan_path)
         if argv_for is not None:
@@ -137,7 +151,8 @@ def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console
         verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
         rec = record(bench, layout, plan, outcome, verdict, ttt, env_info)
         path = results.publish(folder, staging, rec)
-        out.append(RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason))
+        out.append(RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
+                             outcome.checkpoint_error))
         _summary(console, bench, out[-1])
     return out
 
@@ -153,3 +168,5 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
                   f"compliance ({'ok' if r.compliant else 'FAILED'}); {r.path}")
     if not reached:
         console.print(f"  reason: {r.reason}")
+    if r.checkpoint_error:
+        console.print(f"  [red]checkpoint not saved[/red]: {r.checkpoint_error}")

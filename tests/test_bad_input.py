@@ -97,10 +97,11 @@ def test_bad_slurm_time_limit(tmp_path: Path) -> None:
 
 
 def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmarks_copy: Path) -> None:
-    """gpt3 starts from MLPerf's reference checkpoint; without a loader a full-size run must not pretend."""
+    """gpt3 starts from MLPerf's reference checkpoint; a full-size run without one must not pretend."""
     f = benchmarks_copy / "gpt3.yaml"
     f.write_text(f.read_text().replace("  source: indexed", "  source: markov"))  # data is not the obstacle here
     results = tmp_path / "results"
     proc = mlbench("run", "gpt3", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
-    _assert_clean_error(proc, "starts from a checkpoint", "MLPerf GPT-3 reference checkpoint ckpt4000", "--dry-run")
+    _assert_clean_error(proc, "starts from a checkpoint", "--init-checkpoint DIR",
+                        "MLPerf GPT-3 reference checkpoint ckpt4000", "--dry-run")
     assert not results.exists()

@@ -40,7 +40,7 @@ def main(spec_path: str) -> int:
     results = runner.run_set(bench, layout, opts, Console(width=120), argv_for=argv_for)
     summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason} for r in results]
     (job_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return 0 if all(r.status == "success" for r in results) else 1
+    return 0 if all(r.ok for r in results) else 1
 
 
 if __name__ == "__main__":

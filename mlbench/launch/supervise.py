@@ -3,7 +3,8 @@
 The command (torchrun here, or srun inside a SLURM job) runs in its own process group. The supervisor
 follows rank 0's progress events for the live display, and ends the run when:
 - the command exits (torchrun stops every rank when one dies and exits non-zero);
-- no step progress arrives for `hang_timeout` seconds (a hang);
+- no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
+  checkpoint is saved after run_stop, for `init_timeout` seconds;
 - it receives SIGTERM/SIGINT (a user, or SLURM preemption).
 Whatever the cause, a log with `run_start` but no `run_stop` gets `run_stop` with status `aborted` and the
 reason, written after every rank is gone, so one writer at a time still holds.
@@ -32,6 +33,7 @@ class Outcome:
     exit_code: int
     reason: str = ""
     events: list[dict] = field(default_factory=list)
+    checkpoint_error: str = ""  # a checkpoint save after run_stop failed (the run's own status stands)
 
 
 class EventTail:
@@ -132,7 +134,7 @@ def supervise(
     last_progress = time.monotonic()
     # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
     # closed); from then on, no progress for hang_timeout seconds is a hang.
-    stepping = False
+    stepping = saving = False
     try:
         while proc.poll() is None:
             time.sleep(poll_s)
@@ -140,12 +142,15 @@ def supervise(
             if new:
                 last_progress = time.monotonic()
                 stepping = stepping or any(e.get("event") == "step" for e in new)
+                saving = saving or any(e.get("event") == "checkpoint_saving" for e in new)
                 if on_events:
                     on_events(new)
             idle = time.monotonic() - last_progress
             if received and not reason:
                 reason = f"received {received[0]}"
-            elif stepping and idle > hang_timeout and not reason:
+            elif saving and idle > init_timeout and not reason:
+                reason = f"hang: checkpoint save not done within {init_timeout:g} s"
+            elif stepping and not saving and idle > hang_timeout and not reason:
                 reason = f"hang: no progress for {hang_timeout:g} s"
             elif not stepping and idle > init_timeout and not reason:
                 reason = f"hang: no training step within {init_timeout:g} s of start"
@@ -167,7 +172,12 @@ def supervise(
     if not reason and code != 0:
         reason = f"launcher exited with code {code} (a rank failed; see the rank logs)"
     finalize_aborted(log_path, reason or "run ended without run_stop")
-    if last is not None and last["status"] == "success" and code == 0 and not received:
-        return Outcome(status="success", exit_code=code, events=tail.events)
+    checkpoint_error = ""
+    if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
+        failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
+        checkpoint_error = failed["reason"] if failed else reason or f"launcher exited with code {code}"
+    # Once a checkpoint save began, run_stop was written: the run's status is the log's, whatever the save did.
+    if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
+        return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
                    events=tail.events)

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -52,17 +53,30 @@ def train(plan: RunPlan) -> int:
     events = Events(plan.events_path if rank == 0 else None)
     bench = plan.benchmark
     try:
-        status = _train(plan, bench, rank, log, events)
+        status, save = _train(plan, bench, rank, log, events)
     except (Aborted, Exception) as e:  # any failure is an aborted run, logged as such
-        reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        reason = _reason(e)
         if log:
             log.end("run_stop", metadata={"status": "aborted", "reason": reason})
             events.emit("stopped", status="aborted", reason=reason)
         print(f"[rank {rank}] run aborted: {reason}", file=sys.stderr, flush=True)
         os._exit(3)  # skip interpreter teardown: peers may be gone and collectives would hang
+    if plan.save_checkpoint and save:  # after run_stop, untimed; a failure here leaves the run's result alone
+        events.emit("checkpoint_saving", path=plan.save_checkpoint)
+        try:
+            save()
+        except (Aborted, Exception) as e:
+            events.emit("checkpoint_failed", path=plan.save_checkpoint, reason=_reason(e))
+            print(f"[rank {rank}] checkpoint not saved: {_reason(e)}", file=sys.stderr, flush=True)
+            os._exit(4)
+        events.emit("checkpoint_saved", path=plan.save_checkpoint)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0 if status == "success" else 1
+
+
+def _reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 
 def write_preamble(plan: RunPlan, log: MLPerfLog | None = None) -> MLPerfLog:
@@ -89,7 +103,9 @@ def write_preamble(plan: RunPlan, log: MLPerfLog | None = None) -> MLPerfLog:
     return log
 
 
-def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, events: Events) -> str:
+def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
+           events: Events) -> tuple[str, Callable[[], None] | None]:
+    """Trains to run_stop; returns the status and what saves the final state (None for a dry run)."""
     from mlperf_logging.mllog import constants as C
 
     layout = plan.layout
@@ -97,7 +113,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     if log:
         write_preamble(plan, log)
     if plan.dry_run:
-        return "success"
+        return "success", None
 
     on_cpu = cpu_compat.enable()
     if not on_cpu:
@@ -120,8 +136,8 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from mlbench import flops, hardware
+    from mlbench.train import checkpoint, lamb, schedule
     from mlbench.train import data as data_lib
-    from mlbench.train import lamb, schedule
     from mlbench.train import model as model_lib
     from mlbench.train import objective as objective_lib
 
@@ -154,6 +170,10 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     fwd_bwd = get_forward_backward_func()
+    if plan.init_checkpoint:  # untimed: MLPerf loads the starting checkpoint before run_start
+        loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size)
+        if log:
+            events.emit("checkpoint_loaded", **loaded)
 
     objective = objective_lib.for_benchmark(bench)
     source = data_lib.build_source(bench, plan)  # by data.source: the Markov source or megatron's indexed data
@@ -269,7 +289,13 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None, ev
             meta["reason"] = f"quality target not reached within the step budget ({budget} steps)"
         log.end(C.RUN_STOP, metadata=meta)
         events.emit("stopped", status=status, step=step, reason=meta.get("reason", ""))
-    return status
+
+    def save() -> None:
+        checkpoint.save(plan.save_checkpoint, model, optimizer,
+                        {"benchmark": bench.name, "variant": bench.variant, "step": step, "samples": step * gbs,
+                         "status": status, "seed": plan.seed, "layout": dict(layout)})
+
+    return status, save
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,8 @@ class RunPlan:
     device: str = "cpu"
     dry_run: bool = False  # log up to run_start with every hyperparameter, build nothing heavy
     env: dict = field(default_factory=dict)
+    init_checkpoint: str = ""  # a megatron-core distributed checkpoint to start from
+    save_checkpoint: str = ""  # where to save one when the run stops ("" for nowhere)
 
     @property
     def log_path(self) -> Path:

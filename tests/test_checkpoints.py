@@ -1,0 +1,138 @@
+"""Starting from and saving megatron-core distributed checkpoints, with real runs: a checkpoint saved at one
+layout starts a run at another with the same numbers (tensor-parallel resharding of a SwiGLU, GQA model), the
+optimizer state comes along, a save that fails after run_stop leaves the run's result alone, and every bad
+checkpoint is refused with a message that says what is wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MLBENCH, mlbench, result_dir
+
+from mlbench.train.checkpoint import _find_prefix
+
+pytestmark = pytest.mark.slow
+
+
+def _run(root: Path, benchmark: str, *flags: str, seed: int = 5):
+    return mlbench("run", benchmark, "--tiny", "--results", str(root), "--system", "ci", "--seed", str(seed),
+                   *flags, timeout=600)
+
+
+def _records(root: Path, benchmark: str) -> list[dict]:
+    folder = result_dir(root, benchmark)
+    return [json.loads((folder / f"result_{i}.json").read_text())
+            for i in range(len(list(folder.glob("result_*.json"))))]
+
+
+@pytest.fixture(scope="module")
+def llama_checkpoint(tmp_path_factory) -> tuple[Path, dict]:
+    """A tiny llama31_405b trained to its target at TP 1 and saved: (checkpoint folder, its run record)."""
+    root = tmp_path_factory.mktemp("save")
+    ckpt = root / "ckpt"
+    proc = _run(root / "results", "llama31_405b", "--save-checkpoint", str(ckpt), seed=1)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return ckpt, _records(root / "results", "llama31_405b")[0]
+
+
+def test_saved_checkpoint_is_complete_and_recorded(llama_checkpoint) -> None:
+    ckpt, record = llama_checkpoint
+    assert json.loads((ckpt / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    assert record["saved_checkpoint"] == str(ckpt) and record["checkpoint_error"] is None
+    assert not list(ckpt.parent.glob(".*partial*")), "staging folder left behind"
+    assert record["steps"][0]["loss"] > 3.0  # from random weights: about ln(vocab)
+
+
+def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_checkpoint, tmp_path: Path) -> None:
+    ckpt, saved = llama_checkpoint
+    root = tmp_path / "results"
+    for flags in ([], ["--nproc-per-node", "2", "--tp", "2"]):
+        proc = _run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *flags)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "started from checkpoint" in proc.stdout and "with its optimizer state" in proc.stdout
+    one, two = _records(root, "llama31_405b")
+    for rec in (one, two):
+        loaded = rec["init_checkpoint"]
+        assert loaded["path"] == str(ckpt) and loaded["optimizer_state"] is True
+        assert loaded["saved_by"]["step"] == saved["steps"][-1]["step"]
+        # The trained weights are there: the first step starts near where the saved run stopped.
+        assert rec["steps"][0]["loss"] < saved["steps"][-1]["loss"] + 0.1
+    assert two["layout"]["tp"] == 2
+    # Same seed, same data: TP 2 resharded from a TP 1 checkpoint computes what TP 1 does.
+    for a, b in zip(one["steps"][:5], two["steps"][:5], strict=True):
+        assert abs(a["loss"] - b["loss"]) < 1e-4, (a, b)
+
+
+def test_checkpoint_of_another_model_is_refused_before_run_start(llama_checkpoint, tmp_path: Path) -> None:
+    ckpt, _ = llama_checkpoint
+    proc = _run(tmp_path, "gpt3", "--init-checkpoint", str(ckpt))
+    assert proc.returncode != 0
+    record = _records(tmp_path, "gpt3")[0]
+    assert record["status"] == "aborted" and "CheckpointError" in record["reason"]
+    assert "not in the checkpoint" in record["reason"] and "embedding.position_embeddings.weight" in record["reason"]
+    assert not record["steps"]
+
+
+def test_failed_save_after_run_stop_keeps_the_run_and_fails_the_command(tmp_path: Path) -> None:
+    """The destination appears while the run trains: the save refuses to replace it, after run_stop."""
+    dest = tmp_path / "ckpt"
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--results", str(tmp_path / "results"), "--system",
+                             "ci", "--seed", "3", "--save-checkpoint", str(dest)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("results/ci/gpt3/.staging-*/events.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    record = _records(tmp_path / "results", "gpt3")[0]
+    assert record["status"] == "success"
+    assert "exists" in record["checkpoint_error"] and record["saved_checkpoint"] is None
+    assert (dest / "keep.txt").read_text() == "mine"
+    assert "checkpoint not saved" in out
+
+
+def _assert_refused(proc, *needles: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    for n in needles:
+        assert n in out, out
+
+
+@pytest.mark.parametrize("make, needles", [
+    (lambda p: None, ["no such folder"]),
+    (lambda p: p.mkdir(), ["not a megatron-core distributed checkpoint", "no metadata.json"]),
+    (lambda p: (p / "iter_0004000").mkdir(parents=True), ["legacy per-rank Megatron checkpoint"]),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "zarr"}')),
+     ["sharded backend 'zarr'", "torch_dist"]),
+])
+def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, make, needles) -> None:
+    ckpt = tmp_path / "ckpt"
+    make(ckpt)
+    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt))
+    _assert_refused(proc, f"--init-checkpoint {ckpt}", *needles)
+    assert not (tmp_path / "results").exists()
+
+
+def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "taken")),
+                    "exists; a checkpoint is never overwritten")
+    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "new"), "--runs", "2"),
+                    "one run's state", "--runs 2")
+    (tmp_path / "file").write_text("")
+    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "file" / "ck")),
+                    "not a writable folder")
+    assert not (tmp_path / "r").exists()
+
+
+def test_prefix_of_a_nemo_style_checkpoint_is_found() -> None:
+    needed = {"embedding.word_embeddings.weight": (8, 4), "decoder.final_layernorm.weight": (4,)}
+    assert _find_prefix(needed, dict.fromkeys(needed)) == ""
+    assert _find_prefix(needed, {f"model.{k}": None for k in needed}) == "model."
+    assert _find_prefix(needed, {"model.embedding.word_embeddings.weight": None}) == ""  # partial: not a prefix
