@@ -38,7 +38,8 @@ class Progress:
                 self.state.update(step=e["step"], loss=e["loss"], tokens_per_s=e["tokens_per_s"],
                                   tflops=e["tflops_per_device"], mfu=e.get("mfu"))
             elif kind == "checkpoint_loaded":
-                moments = "with its optimizer state" if e["optimizer_state"] else "fresh optimizer state"
+                moments = ("with its optimizer state" if e["optimizer_state"]
+                           else f"fresh optimizer state: {e.get('optimizer_note')}")
                 resized = f", vocabulary padding resized in {len(e['vocab_padding_resized'])}" if e.get(
                     "vocab_padding_resized") else ""
                 self.console.print(f"started from checkpoint {e['path']} ({e['tensors']} tensors, {moments}{resized})")

@@ -80,6 +80,10 @@ def _validate(b: Benchmark, path: Path) -> None:
         raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
     if b.variant == "tiny" and not b.quality.note:
         raise UserError(f"{where}: a tiny variant must say how its target was chosen (quality.note)")
+    for rule in b.train.checkpoint_names:
+        if rule.count(" -> ") != 1 or not all(part.strip() for part in rule.split(" -> ")):
+            raise UserError(f"{where}: train.checkpoint_names entry {rule!r} must read 'FROM -> TO' "
+                            f"(a megatron-core name fragment and the checkpoint's)")
     if b.variant == "tiny" and b.data.source != "markov":
         raise UserError(f"{where}: a tiny variant trains on the synthetic source (data.source: markov)")
 

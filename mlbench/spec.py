@@ -77,6 +77,9 @@ class TrainSpec:
     # GPT-3's is ceil(4000 * 1536 / global_batch_size)); the schedule resumes there.
     init_checkpoint_step: int | str = 0
     init_checkpoint: str = ""  # the checkpoint a full run starts from (weights; user supplied), "" for none
+    # How that checkpoint names megatron-core's tensors where it differs: "FROM -> TO" fragment replacements,
+    # applied in order to megatron-core names (mlbench/train/checkpoint.py).
+    checkpoint_names: tuple[str, ...] = ()
     precision: Literal["bf16", "fp32"] = "bf16"  # on CPU always fp32
 
 

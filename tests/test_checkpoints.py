@@ -1,19 +1,17 @@
 """Starting from and saving megatron-core distributed checkpoints, with real runs: a checkpoint saved at one
 layout starts a run at another with the same numbers (tensor-parallel resharding of a SwiGLU, GQA model), the
-optimizer state comes along, a save that fails after run_stop leaves the run's result alone, and every bad
-checkpoint is refused with a message that says what is wrong."""
+optimizer state comes along, and every bad checkpoint is refused with a message that says what is wrong.
+(test_checkpoint_names.py: reference-checkpoint names, and a save that fails after run_stop.)"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import MLBENCH, mlbench, result_dir
+from conftest import mlbench, result_dir
 
-from mlbench.train.checkpoint import _find_prefix
+from mlbench.train.checkpoint import resolve_names
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +51,8 @@ def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_ch
     for flags in ([], ["--nproc-per-node", "2", "--tp", "2"]):
         proc = _run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "started from checkpoint" in proc.stdout and "with its optimizer state" in proc.stdout
+        out = " ".join(proc.stdout.split())
+        assert "started from checkpoint" in out and "with its optimizer state" in out
     one, two = _records(root, "llama31_405b")
     for rec in (one, two):
         loaded = rec["init_checkpoint"]
@@ -75,26 +74,6 @@ def test_checkpoint_of_another_model_is_refused_before_run_start(llama_checkpoin
     assert record["status"] == "aborted" and "CheckpointError" in record["reason"]
     assert "not in the checkpoint" in record["reason"] and "embedding.position_embeddings.weight" in record["reason"]
     assert not record["steps"]
-
-
-def test_failed_save_after_run_stop_keeps_the_run_and_fails_the_command(tmp_path: Path) -> None:
-    """The destination appears while the run trains: the save refuses to replace it, after run_stop."""
-    dest = tmp_path / "ckpt"
-    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--results", str(tmp_path / "results"), "--system",
-                             "ci", "--seed", "3", "--save-checkpoint", str(dest)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("results/ci/gpt3/.staging-*/events.jsonl")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    dest.mkdir()
-    (dest / "keep.txt").write_text("mine")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out
-    record = _records(tmp_path / "results", "gpt3")[0]
-    assert record["status"] == "success"
-    assert "exists" in record["checkpoint_error"] and record["saved_checkpoint"] is None
-    assert (dest / "keep.txt").read_text() == "mine"
-    assert "checkpoint not saved" in out
 
 
 def _assert_refused(proc, *needles: str) -> None:
@@ -131,8 +110,13 @@ def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) 
     assert not (tmp_path / "r").exists()
 
 
-def test_prefix_of_a_nemo_style_checkpoint_is_found() -> None:
-    needed = {"embedding.word_embeddings.weight": (8, 4), "decoder.final_layernorm.weight": (4,)}
-    assert _find_prefix(needed, dict.fromkeys(needed)) == ""
-    assert _find_prefix(needed, {f"model.{k}": None for k in needed}) == "model."
-    assert _find_prefix(needed, {"model.embedding.word_embeddings.weight": None}) == ""  # partial: not a prefix
+def test_names_are_found_under_a_prefix_or_through_the_benchmarks_renames() -> None:
+    needed = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight"]
+    assert resolve_names(needed, dict.fromkeys(needed), ())("x.y") == "x.y"
+    nemo = resolve_names(needed, {f"model.{k}": None for k in needed}, ())
+    assert nemo("decoder.layers.mlp.linear_fc1.weight") == "model.decoder.layers.mlp.linear_fc1.weight"
+    rules = ("mlp.linear_fc1.weight -> layernorm_mlp.fc1_weight",)
+    stored = {"model.embedding.word_embeddings.weight": None, "model.decoder.layers.layernorm_mlp.fc1_weight": None}
+    assert resolve_names(needed, stored, ()) is None
+    assert resolve_names(needed, stored, rules)(needed[1]) == "model.decoder.layers.layernorm_mlp.fc1_weight"
+    assert resolve_names(needed, {"model.embedding.word_embeddings.weight": None}, rules) is None  # partial

@@ -61,6 +61,19 @@ def _rekey(state: dict, fn: Callable[[str], str]) -> None:
         item.key = fn(item.key)
 
 
+def _drop_absent_objects(state: dict, stored: dict) -> None:
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    def walk(d: dict) -> None:
+        for k, v in list(d.items()):
+            if isinstance(v, dict):
+                walk(v)
+            elif isinstance(v, ShardedObject) and v.unique_key not in stored and v.key not in stored:
+                del d[k]
+
+    walk(state)
+
+
 def check_readable(path: str | Path) -> None:
     """Fails early, on the launching side, for a path that cannot be a checkpoint to start from."""
     p = Path(path)
@@ -86,17 +99,39 @@ def check_readable(path: str | Path) -> None:
             f"(--ckpt-convert-format torch_dist) first")
 
 
-def _find_prefix(needed: dict[str, tuple | None], stored: dict) -> str:
-    """The one prefix under which the checkpoint holds the model's tensors ('' or, for NeMo, 'model.')."""
+def _find_prefix(needed: list[str], stored: dict) -> str | None:
+    """The one prefix under which the checkpoint holds every needed name ('' or, for NeMo, 'model.'), if any."""
     if all(k in stored for k in needed):
         return ""
-    anchor = next(iter(needed))
+    anchor = needed[0]
     for key in stored:
         if key.endswith(anchor) and key != anchor:
             prefix = key[: -len(anchor)]
             if all(prefix + k in stored for k in needed):
                 return prefix
-    return ""
+    return None
+
+
+def renamer(rules: tuple[str, ...] | list[str]) -> Callable[[str], str]:
+    """megatron-core name -> checkpoint name, from 'FROM -> TO' fragment replacements applied in order."""
+    pairs = [tuple(part.strip() for part in rule.split(" -> ")) for rule in rules]
+
+    def rename(key: str) -> str:
+        for old, new in pairs:
+            key = key.replace(old, new)
+        return key
+
+    return rename
+
+
+def resolve_names(needed: list[str], stored: dict, rules: tuple[str, ...]) -> Callable[[str], str] | None:
+    """How the checkpoint names the model's tensors: megatron-core's own names, else the benchmark's reference
+    checkpoint names (`rules`), either under one common prefix; None when neither holds every tensor."""
+    for rename in ([lambda k: k, renamer(rules)] if rules else [lambda k: k]):
+        prefix = _find_prefix([rename(k) for k in needed], stored)
+        if prefix is not None:
+            return lambda k, rename=rename, prefix=prefix: prefix + rename(k)
+    return None
 
 
 def _same_but_padding(item, want: tuple, got: tuple, vocab_size: int) -> bool:
@@ -106,9 +141,10 @@ def _same_but_padding(item, want: tuple, got: tuple, vocab_size: int) -> bool:
             and min(want[0], got[0]) >= vocab_size)
 
 
-def load(path: str | Path, model: list, optimizer, vocab_size: int) -> dict:
+def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple[str, ...] = ()) -> dict:
     """Loads the model (and optimizer state when the checkpoint has it) from `path`; returns what was loaded.
-    `vocab_size` is the tokenizer's: the embedding rows beyond it are padding and may differ."""
+    `vocab_size` is the tokenizer's: the embedding rows beyond it are padding and may differ. `names`: the
+    benchmark's checkpoint_names, tried when the checkpoint does not use megatron-core's names."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict, load_sharded_metadata
     from megatron.core.dist_checkpointing.validation import StrictHandling
@@ -118,39 +154,57 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int) -> dict:
     state = model_state(model)
     items = {item.key: item for item in _tensors(state)}
     needed = {k: _global_shape(item) for k, item in items.items()}
-    prefix = _find_prefix(needed, stored)
-    missing = [k for k in needed if prefix + k not in stored]
-    if missing:
+    to_ckpt = resolve_names(list(needed), stored, names)
+    if to_ckpt is None:
+        missing = [k for k in needed if k not in stored]
         legacy = any(k.startswith("language_model.") for k in stored)
         hint = ("; it uses legacy Megatron-LM names (language_model.*): convert it to megatron-core names first"
                 if legacy else "")
+        tried = " (nor under the benchmark's train.checkpoint_names)" if names else ""
         raise CheckpointError(f"--init-checkpoint {path}: {len(missing)} of the model's {len(needed)} tensors are "
-                              f"not in the checkpoint, e.g. {', '.join(missing[:3])}{hint}")
+                              f"not in the checkpoint{tried}, e.g. {', '.join(missing[:3])}{hint}")
     wrong = [(k, s, got) for k, s in needed.items()
-             if s is not None and (got := _global_shape(stored[prefix + k])) not in (None, s)
+             if s is not None and (got := _global_shape(stored[to_ckpt(k)])) not in (None, s)
              and not _same_but_padding(items[k], s, got, vocab_size)]
     if wrong:
         k, want, got = wrong[0]
         raise CheckpointError(f"--init-checkpoint {path}: {len(wrong)} tensors differ in shape from this model, e.g. "
                               f"{k}: checkpoint {list(got)}, model {list(want)} (a different architecture)")
     # Padding rows the checkpoint lacks load as zeros; megatron's softmax spans them, so the loss moves a little.
-    resized = [k for k, s in needed.items() if s is not None and _global_shape(stored[prefix + k]) not in (None, s)]
-    if prefix:
-        _rekey(state, lambda k: prefix + k)
+    resized = [k for k, s in needed.items() if s is not None and _global_shape(stored[to_ckpt(k)]) not in (None, s)]
+    renamed = {k: to_ckpt(k) for k in needed if to_ckpt(k) != k}
+    _rekey(state, to_ckpt)
+    # Per-layer extra state (Transformer Engine's FP8 metadata) that the checkpoint lacks is not requested.
+    _drop_absent_objects(state, stored)
+    common = load_common_state_dict(str(path))
+    common = common if isinstance(common, dict) else {}
     opt_state = optimizer.sharded_state_dict(state, is_loading=True)
     opt_keys = [item.key for item in _tensors(opt_state)]
-    with_optimizer = bool(opt_keys) and all(k in stored for k in opt_keys)
-    if with_optimizer:
+    # Moments load with megatron-core's own optimizer metadata (param groups, step) from common.pt; without it
+    # (a checkpoint written by another framework) the run starts with fresh moments.
+    if not opt_keys or not all(k in stored for k in opt_keys):
+        optimizer_note = "the checkpoint does not hold this optimizer's state"
+    elif "param_groups" not in (common.get("optimizer") or {}):
+        optimizer_note = "the checkpoint has no megatron-core optimizer metadata (param groups, step)"
+    else:
+        optimizer_note = ""
         state["optimizer"] = opt_state
+    with_optimizer = not optimizer_note
+    if not with_optimizer:  # undo the placeholder moments sharded_state_dict(is_loading=True) created
+        for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+            opt.optimizer.state.clear()
     loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
     for i, chunk in enumerate(model):
-        chunk.module.load_state_dict(loaded["model" if len(model) == 1 else f"model{i}"], strict=True)
+        result = chunk.module.load_state_dict(loaded["model" if len(model) == 1 else f"model{i}"], strict=False)
+        off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
+        if off:
+            raise CheckpointError(f"--init-checkpoint {path}: loaded state does not fit the model: {off[:3]}")
     if with_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
-    common = load_common_state_dict(str(path))
-    return {"path": str(path), "prefix": prefix, "optimizer_state": with_optimizer, "tensors": len(needed),
+    return {"path": str(path), "renamed": len(renamed), "example_name": next(iter(renamed.values()), None),
+            "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(needed),
             "vocab_padding_resized": resized,
-            "saved_by": common.get(MLBENCH_KEY) if isinstance(common, dict) else None}
+            "saved_by": common.get(MLBENCH_KEY)}
 
 
 def save(path: str | Path, model: list, optimizer, info: dict) -> None:

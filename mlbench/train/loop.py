@@ -171,7 +171,8 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     config.grad_scale_func = optimizer.scale_loss
     fwd_bwd = get_forward_backward_func()
     if plan.init_checkpoint:  # untimed: MLPerf loads the starting checkpoint before run_start
-        loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size)
+        loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size,
+                                 bench.train.checkpoint_names)
         if log:
             events.emit("checkpoint_loaded", **loaded)
 

@@ -1,0 +1,69 @@
+"""A checkpoint written by another framework under the MLPerf GPT-3 reference checkpoint's names (NVIDIA's
+v4.1 layout: `model.` prefix, layernorm_qkv / proj / layernorm_mlp.fc1_weight, no optimizer metadata) starts a
+tiny gpt3 run through the benchmark's train.checkpoint_names; and a save that fails after run_stop keeps the
+run's result and fails the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MLBENCH, mlbench, result_dir
+
+from mlbench import registry
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+
+
+def _record(root: Path, i: int = 0) -> dict:
+    return json.loads((result_dir(root, "gpt3") / f"result_{i}.json").read_text())
+
+
+def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "a"), "--system", "ci", "--seed", "1",
+                   "--save-checkpoint", str(saved), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rules = registry.load("gpt3", tiny=True).train.checkpoint_names
+    assert rules, "gpt3 names its reference checkpoint's tensors"
+    foreign = tmp_path / "nvidia_v41_names"
+    conv = subprocess.run([sys.executable, str(HERE / "rename_checkpoint.py"), str(saved), str(foreign), "model.",
+                           *rules], capture_output=True, text=True, timeout=300)
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    assert not (foreign / "decoder.layers.mlp.linear_fc1.weight").exists()
+
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "b"), "--system", "ci", "--seed", "2",
+                   "--init-checkpoint", str(foreign), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fresh optimizer state: the checkpoint has no megatron-core optimizer metadata" in " ".join(
+        proc.stdout.split())
+    rec, before = _record(tmp_path / "b"), _record(tmp_path / "a")
+    loaded = rec["init_checkpoint"]
+    assert loaded["renamed"] == loaded["tensors"] == 16 and loaded["optimizer_state"] is False
+    assert loaded["example_name"].startswith("model.")
+    assert rec["steps"][0]["loss"] < before["steps"][-1]["loss"] + 0.1 < before["steps"][0]["loss"]
+
+
+def test_failed_save_after_run_stop_keeps_the_run_and_fails_the_command(tmp_path: Path) -> None:
+    """The destination appears while the run trains: the save refuses to replace it, after run_stop."""
+    dest = tmp_path / "ckpt"
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--results", str(tmp_path / "results"), "--system",
+                             "ci", "--seed", "3", "--save-checkpoint", str(dest)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("results/ci/gpt3/.staging-*/events.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    record = _record(tmp_path / "results")
+    assert record["status"] == "success"
+    assert "exists" in record["checkpoint_error"] and record["saved_checkpoint"] is None
+    assert (dest / "keep.txt").read_text() == "mine"
+    assert "checkpoint not saved" in out
