@@ -93,6 +93,8 @@ def show(name: str, tiny: bool) -> None:
         t.add_row("target chosen", b.quality.note)
     t.add_row("MLPerf", f"{b.mlperf.benchmark}, training {b.mlperf.ruleset}, {b.mlperf.runs_required} runs")
     t.add_row("data", b.data.source + (f" ({b.data.path})" if b.data.path else ""))
+    if b.train.init_checkpoint:
+        t.add_row("starts from", f"{b.train.init_checkpoint} (--init-checkpoint; docs/checkpoints.md)")
     for ly in b.layouts:
         t.add_row("reference layout", f"{ly.devices or 'any'} devices: tp {ly.tp} pp {ly.pp} vp {ly.vp} cp {ly.cp}"
                                       f"{f' gbs {ly.global_batch_size}' if ly.global_batch_size else ''}"

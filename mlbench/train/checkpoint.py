@@ -94,9 +94,8 @@ def check_readable(path: str | Path) -> None:
         raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not valid JSON ({e})") from e
     if backend != "torch_dist":
         raise CheckpointError(
-            f"--init-checkpoint {path}: sharded backend {backend!r}; this megatron-core reads 'torch_dist' only. "
-            f"The MLPerf GPT-3 reference checkpoint is zarr: convert it to torch_dist with Megatron-LM "
-            f"(--ckpt-convert-format torch_dist) first")
+            f"--init-checkpoint {path}: sharded backend {backend!r}; this megatron-core reads 'torch_dist' only "
+            f"(the MLPerf GPT-3 reference checkpoint is zarr: rewrite it as torch_dist first, docs/checkpoints.md)")
 
 
 def _find_prefix(needed: list[str], stored: dict) -> str | None:
