@@ -31,9 +31,11 @@ def _run(cluster: SlurmCluster, root: Path, *flags: str):
                    "--seed", "21", *flags, env=cluster.env, timeout=420)
 
 
-@pytest.mark.parametrize("flags", [["--runs", "2"], ["--pp", "2"]], ids=["dp2-two-runs", "pp2"])
+@pytest.mark.parametrize("flags", [["--runs", "2"], ["--pp", "2", "--save-checkpoint", "CKPT"]],
+                         ids=["dp2-two-runs", "pp2-saves-a-checkpoint"])
 def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path, flags: list[str]) -> None:
     root = tmp_path / "results"
+    flags = [str(tmp_path / "ckpt") if f == "CKPT" else f for f in flags]
     proc = _run(cluster, root, *flags)
     assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
     assert "submitted SLURM job" in proc.stdout and "target reached" in proc.stdout
@@ -47,6 +49,9 @@ def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path,
     assert len(list((folder / "logs" / "result_0").glob("*"))) == 2
     checked = mlbench("check", str(folder / "result_0.txt"))
     assert checked.returncode == 0, checked.stdout
+    if "--save-checkpoint" in flags:  # both nodes' ranks wrote their shards; the folder appeared whole
+        assert record["saved_checkpoint"] == str(tmp_path / "ckpt")
+        assert (tmp_path / "ckpt" / "metadata.json").is_file() and list((tmp_path / "ckpt").glob("*.distcp"))
     if "--runs" in flags:  # K runs, one after another in one allocation, each with its own seed and result
         second = json.loads((folder / "result_1.json").read_text())
         assert second["status"] == "success" and second["seed"] == record["seed"] + 1
