@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlbench import results
+from mlbench.errors import UserError
 from mlbench.launch import torchrun
 from mlbench.layout import Layout
 from mlbench.runner import RunOptions, seeds
@@ -28,12 +32,36 @@ def layout_table(bench: Benchmark, layout: Layout) -> Table:
     return t
 
 
+def check_checkpoint(plan: RunPlan, console: Console) -> None:
+    """The --init-checkpoint against the full-size model (built on the meta device in a subprocess: it needs a
+    process group); a checkpoint that does not fit is bad input, reported before anything is written."""
+    with tempfile.TemporaryDirectory(prefix="mlbench-ckpt-check-") as tmp:
+        plan_path = Path(tmp) / "plan.json"
+        plan.save(plan_path)
+        proc = subprocess.run([sys.executable, "-m", "mlbench.train.checkpoint_check", str(plan_path)],
+                              capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if proc.returncode == 2:
+        raise UserError(proc.stderr.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: "
+                        f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
+    padding = f", vocabulary padding differs in {len(r['vocab_padding_resized'])}" if r["vocab_padding_resized"] else ""
+    moments = "with" if r["optimizer_moments"] else "without"
+    console.print(f"checkpoint {plan.init_checkpoint}: all {r['tensors']} model tensors present with the model's "
+                  f"shapes{names}{padding}; {moments} Adam moments", highlight=False, soft_wrap=True)
+
+
 def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> Path:
     """`command`: what each run starts (default: the torchrun line of the local/torchrun launchers)."""
+    seed = seeds(opts.seed, 1)[0]
+    if opts.init_checkpoint:
+        check_checkpoint(RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir="", system=opts.system,
+                                 dry_run=True, init_checkpoint=opts.init_checkpoint), console)
     console.print(layout_table(bench, layout))
     console.print(f"layout from: {layout.source}", highlight=False, soft_wrap=True)
     folder = results.run_folder(opts.results, opts.system, bench.name)
-    seed = seeds(opts.seed, 1)[0]
     with tempfile.TemporaryDirectory(dir=folder, prefix=".dry-run-") as staging:
         plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=staging, system=opts.system,
                        dry_run=True)

@@ -257,7 +257,7 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
             raise UserError(f"{where}: expected a string, got {value!r}")
         return value
     if origin is tuple:
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):  # a list from YAML or JSON, a tuple from dataclasses.asdict
             raise UserError(f"{where}: expected a list, got {value!r}")
         (item_tp, _) = typing.get_args(tp)
         return tuple(_check_value(f"{where}[{i}]", v, item_tp) for i, v in enumerate(value))

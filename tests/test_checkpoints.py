@@ -120,3 +120,18 @@ def test_names_are_found_under_a_prefix_or_through_the_benchmarks_renames() -> N
     assert resolve_names(needed, stored, ()) is None
     assert resolve_names(needed, stored, rules)(needed[1]) == "model.decoder.layers.layernorm_mlp.fc1_weight"
     assert resolve_names(needed, {"model.embedding.word_embeddings.weight": None}, rules) is None  # partial
+
+
+def test_dry_run_checks_the_checkpoint_against_the_model_without_building_it(llama_checkpoint,
+                                                                              tmp_path: Path) -> None:
+    ckpt, _ = llama_checkpoint
+    ok = mlbench("run", "llama31_405b", "--tiny", "--dry-run", "--results", str(tmp_path / "a"),
+                 "--init-checkpoint", str(ckpt))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "all 9 model tensors present with the model's shapes; with Adam moments" in " ".join(ok.stdout.split())
+    # The full-size model (405B, built on the meta device) against the tiny checkpoint: refused, nothing written.
+    full = mlbench("run", "llama31_405b", "--dry-run", "--nodes", "1024", "--nproc-per-node", "4", "--results",
+                   str(tmp_path / "b"), "--init-checkpoint", str(ckpt))
+    _assert_refused(full, "tensors differ in shape from this model", "embedding.word_embeddings.weight",
+                    "model [32000, 16384]")
+    assert not (tmp_path / "b").exists()

@@ -44,7 +44,7 @@ def _sharded_items(state: dict, kind: type | None = None):
             yield v
 
 
-def _tensors(state: dict):
+def tensors(state: dict):
     """Tensors and tensor factories (a fused SwiGLU weight); ShardedObjects (layers' `_extra_state`, stored per
     shard) are left to megatron's own load checks."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -140,18 +140,16 @@ def _same_but_padding(item, want: tuple, got: tuple, vocab_size: int) -> bool:
             and min(want[0], got[0]) >= vocab_size)
 
 
-def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple[str, ...] = ()) -> dict:
-    """Loads the model (and optimizer state when the checkpoint has it) from `path`; returns what was loaded.
-    `vocab_size` is the tokenizer's: the embedding rows beyond it are padding and may differ. `names`: the
+def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...] = ()):
+    """Checks that the checkpoint holds every tensor of the model's sharded `state` with its global shape; returns
+    (model name -> checkpoint name, the checkpoint's metadata, names whose vocabulary padding differs).
+    `vocab_size` is the tokenizer's: embedding rows beyond it are padding and may differ. `names`: the
     benchmark's checkpoint_names, tried when the checkpoint does not use megatron-core's names."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.serialization import load_common_state_dict, load_sharded_metadata
-    from megatron.core.dist_checkpointing.validation import StrictHandling
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
 
     check_readable(path)
     stored = load_sharded_metadata(str(path))
-    state = model_state(model)
-    items = {item.key: item for item in _tensors(state)}
+    items = {item.key: item for item in tensors(state)}
     needed = {k: _global_shape(item) for k, item in items.items()}
     to_ckpt = resolve_names(list(needed), stored, names)
     if to_ckpt is None:
@@ -171,6 +169,19 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
                               f"{k}: checkpoint {list(got)}, model {list(want)} (a different architecture)")
     # Padding rows the checkpoint lacks load as zeros; megatron's softmax spans them, so the loss moves a little.
     resized = [k for k, s in needed.items() if s is not None and _global_shape(stored[to_ckpt(k)]) not in (None, s)]
+    return to_ckpt, stored, resized
+
+
+def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple[str, ...] = ()) -> dict:
+    """Loads the model (and optimizer state when the checkpoint has it) from `path`, after `match`; returns
+    what was loaded."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    state = model_state(model)
+    needed = list(dict.fromkeys(item.key for item in tensors(state)))  # layers stack under one key
+    to_ckpt, stored, resized = match(path, state, vocab_size, names)
     renamed = {k: to_ckpt(k) for k in needed if to_ckpt(k) != k}
     _rekey(state, to_ckpt)
     # Per-layer extra state (Transformer Engine's FP8 metadata) that the checkpoint lacks is not requested.
@@ -178,7 +189,7 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
     common = load_common_state_dict(str(path))
     common = common if isinstance(common, dict) else {}
     opt_state = optimizer.sharded_state_dict(state, is_loading=True)
-    opt_keys = [item.key for item in _tensors(opt_state)]
+    opt_keys = [item.key for item in tensors(opt_state)]
     # Moments load with megatron-core's own optimizer metadata (param groups, step) from common.pt; without it
     # (a checkpoint written by another framework) the run starts with fresh moments.
     if not opt_keys or not all(k in stored for k in opt_keys):

@@ -44,6 +44,5 @@ class RunPlan:
 
 
 def benchmark_from_dict(data: dict) -> Benchmark:
-    """A resolved benchmark back from `dataclasses.asdict` (JSON turns its tuples into lists)."""
-    data = dict(data, layouts=list(data.get("layouts") or []), sources=list(data.get("sources") or []))
+    """A resolved benchmark back from `dataclasses.asdict`, directly or through JSON."""
     return build(Benchmark, data, "plan.benchmark")

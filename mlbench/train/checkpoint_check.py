@@ -1,0 +1,62 @@
+"""`python -m mlbench.train.checkpoint_check PLAN.json`: checks `--init-checkpoint` against the model a plan
+describes, at full size, without building it: megatron-core builds the model on the meta device (no memory;
+GPT-3 175B in about a second) in a one-process group, and `checkpoint.match` compares names and global shapes.
+Prints one JSON line; exits 2 with the reason on stderr when the checkpoint does not fit (`mlbench run --dry-run`
+runs this before writing anything)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+
+from mlbench.train import checkpoint, cpu_compat
+from mlbench.train import model as model_lib
+from mlbench.train.plan import RunPlan
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check(plan: RunPlan) -> dict:
+    from megatron.core import parallel_state as ps
+
+    cpu_compat.enable()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    ps.initialize_model_parallel(1, 1)
+    m = plan.benchmark.model
+    # Global shapes do not depend on the layout, except the vocabulary padding, which may differ anyway.
+    config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    config.use_cpu_initialization, config.perform_initialization = True, False  # no device, no init: meta
+    with torch.device("meta"):
+        model = model_lib.build(m, config, backend="local")
+    state = model.sharded_state_dict()
+    to_ckpt, stored, resized = checkpoint.match(plan.init_checkpoint, state, m.vocab_size,
+                                                plan.benchmark.train.checkpoint_names)
+    keys = list(dict.fromkeys(item.key for item in checkpoint.tensors(state)))  # a key per stacked layer
+    renamed = [to_ckpt(k) for k in keys if to_ckpt(k) != k]
+    return {"tensors": len(keys), "renamed": len(renamed), "example_name": renamed[0] if renamed else None,
+            "vocab_padding_resized": resized,
+            "optimizer_moments": all(f"optimizer.state.{kind}.{to_ckpt(k)}" in stored
+                                     for k in keys for kind in ("exp_avg", "exp_avg_sq"))}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        print(json.dumps(check(RunPlan.load(argv[0]))))
+    except checkpoint.CheckpointError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
