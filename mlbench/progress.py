@@ -42,9 +42,10 @@ class Progress:
                            else f"fresh optimizer state: {e.get('optimizer_note')}")
                 resized = f", vocabulary padding resized in {len(e['vocab_padding_resized'])}" if e.get(
                     "vocab_padding_resized") else ""
-                self.console.print(f"started from checkpoint {e['path']} ({e['tensors']} tensors, {moments}{resized})")
+                self.console.print(f"started from checkpoint {e['path']} ({e['tensors']} tensors, {moments}{resized}; "
+                                   f"{e.get('seconds', 0):.1f} s, untimed)")
             elif kind in ("checkpoint_saved", "checkpoint_failed"):
-                done = "saved to" if kind == "checkpoint_saved" else "NOT saved to"
+                done = (f"saved in {e.get('seconds', 0):.1f} s to" if kind == "checkpoint_saved" else "NOT saved to")
                 self.console.print(f"checkpoint {done} {e['path']}{': ' + e['reason'] if 'reason' in e else ''}")
             elif kind == "eval":
                 self.state.update(eval=e["value"], eval_step=e["step"])

@@ -94,8 +94,8 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         # What the run started from (path, tensors, whether optimizer state was loaded) and saved to.
         "init_checkpoint": next(({k: v for k, v in e.items() if k not in ("event", "time")}
                                  for e in outcome.events if e.get("event") == "checkpoint_loaded"), None),
-        "saved_checkpoint": next((e.get("path") for e in outcome.events if e.get("event") == "checkpoint_saved"),
-                                 None),
+        "saved_checkpoint": next(({"path": e.get("path"), "seconds": e.get("seconds")} for e in outcome.events
+                                  if e.get("event") == "checkpoint_saved"), None),
         "checkpoint_error": outcome.checkpoint_error or None,
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
         "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",

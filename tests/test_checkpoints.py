@@ -40,7 +40,8 @@ def llama_checkpoint(tmp_path_factory) -> tuple[Path, dict]:
 def test_saved_checkpoint_is_complete_and_recorded(llama_checkpoint) -> None:
     ckpt, record = llama_checkpoint
     assert json.loads((ckpt / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
-    assert record["saved_checkpoint"] == str(ckpt) and record["checkpoint_error"] is None
+    assert record["saved_checkpoint"]["path"] == str(ckpt) and record["checkpoint_error"] is None
+    assert record["saved_checkpoint"]["seconds"] > 0
     assert not list(ckpt.parent.glob(".*partial*")), "staging folder left behind"
     assert record["steps"][0]["loss"] > 3.0  # from random weights: about ln(vocab)
 

@@ -50,7 +50,7 @@ def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path,
     checked = mlbench("check", str(folder / "result_0.txt"))
     assert checked.returncode == 0, checked.stdout
     if "--save-checkpoint" in flags:  # both nodes' ranks wrote their shards; the folder appeared whole
-        assert record["saved_checkpoint"] == str(tmp_path / "ckpt")
+        assert record["saved_checkpoint"]["path"] == str(tmp_path / "ckpt")
         assert (tmp_path / "ckpt" / "metadata.json").is_file() and list((tmp_path / "ckpt").glob("*.distcp"))
     if "--runs" in flags:  # K runs, one after another in one allocation, each with its own seed and result
         second = json.loads((folder / "result_1.json").read_text())

@@ -63,13 +63,14 @@ def train(plan: RunPlan) -> int:
         os._exit(3)  # skip interpreter teardown: peers may be gone and collectives would hang
     if plan.save_checkpoint and save:  # after run_stop, untimed; a failure here leaves the run's result alone
         events.emit("checkpoint_saving", path=plan.save_checkpoint)
+        t0 = time.perf_counter()
         try:
             save()
         except (Aborted, Exception) as e:
             events.emit("checkpoint_failed", path=plan.save_checkpoint, reason=_reason(e))
             print(f"[rank {rank}] checkpoint not saved: {_reason(e)}", file=sys.stderr, flush=True)
             os._exit(4)
-        events.emit("checkpoint_saved", path=plan.save_checkpoint)
+        events.emit("checkpoint_saved", path=plan.save_checkpoint, seconds=time.perf_counter() - t0)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0 if status == "success" else 1
@@ -171,10 +172,11 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     config.grad_scale_func = optimizer.scale_loss
     fwd_bwd = get_forward_backward_func()
     if plan.init_checkpoint:  # untimed: MLPerf loads the starting checkpoint before run_start
+        t0 = time.perf_counter()
         loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size,
                                  bench.train.checkpoint_names)
         if log:
-            events.emit("checkpoint_loaded", **loaded)
+            events.emit("checkpoint_loaded", **loaded, seconds=time.perf_counter() - t0)
 
     objective = objective_lib.for_benchmark(bench)
     source = data_lib.build_source(bench, plan)  # by data.source: the Markov source or megatron's indexed data
