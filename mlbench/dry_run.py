@@ -48,9 +48,14 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
     padding = f", vocabulary padding differs in {len(r['vocab_padding_resized'])}" if r["vocab_padding_resized"] else ""
-    moments = "with" if r["optimizer_moments"] else "without"
+    if r["optimizer_moments"] and r["optimizer_metadata"]:
+        moments = "with Adam moments and megatron-core's optimizer metadata: the run loads them"
+    elif r["optimizer_moments"]:
+        moments = "Adam moments but no megatron-core optimizer metadata: the run starts with fresh moments"
+    else:
+        moments = "no Adam moments: the run starts with fresh moments"
     console.print(f"checkpoint {plan.init_checkpoint}: all {r['tensors']} model tensors present with the model's "
-                  f"shapes{names}{padding}; {moments} Adam moments", highlight=False, soft_wrap=True)
+                  f"shapes{names}{padding}; {moments}", highlight=False, soft_wrap=True)
 
 
 def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> Path:

@@ -24,7 +24,8 @@ def _record(root: Path, i: int = 0) -> dict:
     return json.loads((result_dir(root, "gpt3") / f"result_{i}.json").read_text())
 
 
-def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_path: Path) -> None:
+def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_path: Path,
+                                                                          benchmarks_copy: Path) -> None:
     saved = tmp_path / "saved"
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "a"), "--system", "ci", "--seed", "1",
                    "--save-checkpoint", str(saved), timeout=600)
@@ -35,7 +36,11 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
     conv = subprocess.run([sys.executable, str(HERE / "rename_checkpoint.py"), str(saved), str(foreign), "model.",
                            *rules], capture_output=True, text=True, timeout=300)
     assert conv.returncode == 0, conv.stderr[-3000:]
-    assert not (foreign / "decoder.layers.mlp.linear_fc1.weight").exists()
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
+
+    stored = load_sharded_metadata(str(foreign))
+    assert "model.decoder.layers.layernorm_mlp.fc1_weight" in stored
+    assert "decoder.layers.mlp.linear_fc1.weight" not in stored
 
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "b"), "--system", "ci", "--seed", "2",
                    "--init-checkpoint", str(foreign), timeout=600)
@@ -47,6 +52,19 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
     assert loaded["renamed"] == loaded["tensors"] == 16 and loaded["optimizer_state"] is False
     assert loaded["example_name"].startswith("model.")
     assert rec["steps"][0]["loss"] < before["steps"][-1]["loss"] + 0.1 < before["steps"][0]["loss"]
+
+    # With its optimizer state, under a definition with a third of the learning rate: the moments come from the
+    # checkpoint, the learning rates from the definition (what the MLPerf log states), not the saving run's.
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("optimizer: {lr: 3.0e-3, min_lr: 3.0e-4,", "optimizer: {lr: 1.0e-3, "
+                                                                                  "min_lr: 1.0e-4,"))
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "c"), "--system", "ci", "--seed", "2",
+                   "--init-checkpoint", str(saved), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    third = _record(tmp_path / "c")
+    assert third["init_checkpoint"]["optimizer_state"] is True
+    for a, b in zip(third["steps"][:5], before["steps"][:5], strict=True):
+        assert a["lr"] == pytest.approx(b["lr"] / 3, rel=1e-6), (a, b)
 
 
 def test_failed_save_after_run_stop_keeps_the_run_and_fails_the_command(tmp_path: Path) -> None:

@@ -129,7 +129,8 @@ def test_dry_run_checks_the_checkpoint_against_the_model_without_building_it(lla
     ok = mlbench("run", "llama31_405b", "--tiny", "--dry-run", "--results", str(tmp_path / "a"),
                  "--init-checkpoint", str(ckpt))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "all 9 model tensors present with the model's shapes; with Adam moments" in " ".join(ok.stdout.split())
+    assert ("all 9 model tensors present with the model's shapes; with Adam moments and megatron-core's optimizer "
+            "metadata: the run loads them") in " ".join(ok.stdout.split())
     # The full-size model (405B, built on the meta device) against the tiny checkpoint: refused, nothing written.
     full = mlbench("run", "llama31_405b", "--dry-run", "--nodes", "1024", "--nproc-per-node", "4", "--results",
                    str(tmp_path / "b"), "--init-checkpoint", str(ckpt))

@@ -164,6 +164,7 @@ def supervise(
     new = tail.poll()
     if new and on_events:
         on_events(new)
+    saving = any(e.get("event") == "checkpoint_saving" for e in tail.events)  # events the loop may have missed
     code = proc.returncode
     last = next((e for e in reversed(tail.events) if e.get("event") == "stopped"), None)
     # Why it ended, most specific first: what the supervisor did, what rank 0 said, the launcher's exit code.
@@ -180,4 +181,4 @@ def supervise(
     if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
         return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
-                   events=tail.events)
+                   events=tail.events, checkpoint_error=checkpoint_error)

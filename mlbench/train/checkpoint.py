@@ -14,7 +14,6 @@ a checkpoint is complete or absent, and an existing one is never replaced.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,9 +88,12 @@ def check_readable(path: str | Path) -> None:
     import json
 
     try:
-        backend = json.loads(meta.read_text()).get("sharded_backend")
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not valid JSON ({e})") from e
+        data = json.loads(meta.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"--init-checkpoint {path}: cannot read metadata.json ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not a JSON object")
+    backend = data.get("sharded_backend")
     if backend != "torch_dist":
         raise CheckpointError(
             f"--init-checkpoint {path}: sharded backend {backend!r}; this megatron-core reads 'torch_dist' only "
@@ -138,6 +140,19 @@ def _same_but_padding(item, want: tuple, got: tuple, vocab_size: int) -> bool:
     and pads or trims on load); both must still hold every real token."""
     return (getattr(item, "allow_shape_mismatch", False) and want[1:] == got[1:]
             and min(want[0], got[0]) >= vocab_size)
+
+
+def has_optimizer_metadata(common: dict) -> bool:
+    """megatron-core's optimizer metadata (param groups) in common.pt: at `optimizer` for an fp32 optimizer, at
+    `optimizer.optimizer` for the bf16 one (Float16OptimizerWithFloat16Params nests torch's state dict)."""
+    opt = common.get("optimizer") if isinstance(common, dict) else None
+    for _ in range(2):
+        if not isinstance(opt, dict):
+            return False
+        if "param_groups" in opt:
+            return True
+        opt = opt.get("optimizer")
+    return False
 
 
 def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...] = ()):
@@ -194,7 +209,7 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
     # (a checkpoint written by another framework) the run starts with fresh moments.
     if not opt_keys or not all(k in stored for k in opt_keys):
         optimizer_note = "the checkpoint does not hold this optimizer's state"
-    elif "param_groups" not in (common.get("optimizer") or {}):
+    elif not has_optimizer_metadata(common):
         optimizer_note = "the checkpoint has no megatron-core optimizer metadata (param groups, step)"
     else:
         optimizer_note = ""
@@ -209,8 +224,19 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
         off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
         if off:
             raise CheckpointError(f"--init-checkpoint {path}: loaded state does not fit the model: {off[:3]}")
+    members = getattr(optimizer, "chained_optimizers", [optimizer])
     if with_optimizer:
+        # The moments and step come from the checkpoint; the hyperparameters stay the benchmark's (the ones the
+        # MLPerf log states): param groups restored from the checkpoint would carry the saving run's lr rules.
+        groups = [[{k: v for k, v in g.items() if k != "params"} for g in m.optimizer.param_groups] for m in members]
         optimizer.load_state_dict(loaded["optimizer"])
+        for m, saved in zip(members, groups, strict=True):
+            for g, hyper in zip(m.optimizer.param_groups, saved, strict=True):
+                g.update(hyper)
+    else:
+        # bf16: the optimizer copied the model's random weights into its fp32 main params when it was built;
+        # refresh them from the loaded weights, or the first step would write the random ones back.
+        optimizer.reload_model_params()
     return {"path": str(path), "renamed": len(renamed), "example_name": next(iter(renamed.values()), None),
             "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(needed),
             "vocab_padding_resized": resized,
@@ -224,13 +250,20 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     dest = Path(path)
-    staging = dest.with_name(f".{dest.name}.partial")
+    # Rank 0 decides and every rank learns the outcome, so all raise together rather than wait at a barrier.
+    # The staging name is unique to this save; the folder must be on a filesystem every node sees.
+    decision = [None, None]  # [error, staging folder]
     if dist.get_rank() == 0:
+        staging = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
         if dest.exists():
-            raise CheckpointError(f"--save-checkpoint {dest}: exists; a checkpoint is never overwritten")
-        shutil.rmtree(staging, ignore_errors=True)  # left by a save that died
-        staging.mkdir(parents=True)
-    dist.barrier()
+            decision[0] = f"--save-checkpoint {dest}: exists; a checkpoint is never overwritten"
+        else:
+            staging.mkdir(parents=True)
+        decision[1] = str(staging)
+    dist.broadcast_object_list(decision, src=0)
+    if decision[0]:
+        raise CheckpointError(decision[0])
+    staging = Path(decision[1])
     state = model_state(model)
     state["optimizer"] = optimizer.sharded_state_dict(state)
     state[MLBENCH_KEY] = info
@@ -241,5 +274,14 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
     dist.barrier()
     if dist.get_rank() == 0:
-        os.rename(staging, dest)
-    dist.barrier()
+        decision = [None, None]
+        if dest.exists():  # checked again just before the rename, which would replace an empty folder
+            decision[0] = f"--save-checkpoint {dest}: appeared during the run; the checkpoint is left in {staging}"
+        else:
+            try:
+                os.rename(staging, dest)
+            except OSError as e:
+                decision[0] = f"--save-checkpoint {dest}: {e}; the checkpoint is left in {staging}"
+    dist.broadcast_object_list(decision, src=0)
+    if decision[0]:
+        raise CheckpointError(decision[0])

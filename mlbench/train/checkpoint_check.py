@@ -27,6 +27,7 @@ def _free_port() -> int:
 
 def check(plan: RunPlan) -> dict:
     from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
     cpu_compat.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
@@ -46,7 +47,8 @@ def check(plan: RunPlan) -> dict:
     return {"tensors": len(keys), "renamed": len(renamed), "example_name": renamed[0] if renamed else None,
             "vocab_padding_resized": resized,
             "optimizer_moments": all(f"optimizer.state.{kind}.{to_ckpt(k)}" in stored
-                                     for k in keys for kind in ("exp_avg", "exp_avg_sq"))}
+                                     for k in keys for kind in ("exp_avg", "exp_avg_sq")),
+            "optimizer_metadata": checkpoint.has_optimizer_metadata(load_common_state_dict(plan.init_checkpoint))}
 
 
 def main(argv: list[str]) -> int:
