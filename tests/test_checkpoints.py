@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import mlbench, result_dir
 
-from mlbench.train.checkpoint import resolve_names
+from mlbench.train.checkpoint import has_optimizer_metadata, resolve_names
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +90,8 @@ def _assert_refused(proc, *needles: str) -> None:
     (lambda p: (p / "iter_0004000").mkdir(parents=True), ["legacy per-rank Megatron checkpoint"]),
     (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "zarr"}')),
      ["sharded backend 'zarr'", "torch_dist"]),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_bytes(b"\xff\xfe{")), ["cannot read metadata.json"]),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text("[1]")), ["metadata.json is not a JSON object"]),
 ])
 def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, make, needles) -> None:
     ckpt = tmp_path / "ckpt"
@@ -137,3 +139,11 @@ def test_dry_run_checks_the_checkpoint_against_the_model_without_building_it(lla
     _assert_refused(full, "tensors differ in shape from this model", "embedding.word_embeddings.weight",
                     "model [32000, 16384]")
     assert not (tmp_path / "b").exists()
+
+
+def test_optimizer_metadata_is_found_for_fp32_and_bf16_optimizers() -> None:
+    groups = {"param_groups": [{"lr": 1.0}]}
+    assert has_optimizer_metadata({"optimizer": groups})  # FP32Optimizer: torch's state dict
+    assert has_optimizer_metadata({"optimizer": {"optimizer": groups, "fp32_from_fp16_params": []}})  # bf16
+    assert not has_optimizer_metadata({"optimizer": {"state": {}}})
+    assert not has_optimizer_metadata({})
