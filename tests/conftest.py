@@ -46,13 +46,16 @@ def benchmarks_copy(tmp_path: Path) -> Path:
 
 
 
-def assert_tiny_converges(benchmark: str, flags: list[str], root: Path, seed: int = 3) -> None:
-    """Run a tiny variant through the CLI: exit 0, run_stop success, last eval meets the target, checker passes."""
+def assert_tiny_converges(benchmark: str, flags: list[str], root: Path, seed: int = 3,
+                          env: dict | None = None) -> None:
+    """Run a tiny variant through the CLI: exit 0, run_stop success, last eval meets the target, checker passes.
+    `env` may point MLBENCH_BENCHMARKS at an edited copy of benchmarks/."""
     from mlbench import registry
 
-    bench = registry.load(benchmark, tiny=True)
+    directory = (env or {}).get("MLBENCH_BENCHMARKS")
+    bench = registry.load(benchmark, tiny=True, directory=Path(directory) if directory else None)
     proc = mlbench("run", benchmark, "--tiny", "--results", str(root), "--system", "ci", "--seed", str(seed), *flags,
-                   timeout=600)
+                   env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = root / "ci" / benchmark / "result_0.txt"
     events = mllog(result)

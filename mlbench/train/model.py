@@ -63,6 +63,10 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        # gloo pairs point-to-point messages between two ranks in posting order; batched p2p posts a rank's
+        # sends to the previous and next stage in an order the peer does not receive in, which at pp 2 (where
+        # both are the same peer) swaps the interleaved schedule's activations and gradients.
+        batch_p2p_comm=on_gpu,
         init_method_std=0.02,
     )
 
