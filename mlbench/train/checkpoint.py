@@ -13,8 +13,10 @@ a checkpoint is complete or absent, and an existing one is never replaced.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
@@ -85,8 +87,6 @@ def check_readable(path: str | Path) -> None:
                 "Megatron-LM's checkpoint converter)" if any(p.glob("mp_rank_*")) or any(p.glob("iter_*")) else "")
         raise CheckpointError(f"--init-checkpoint {path}: not a megatron-core distributed checkpoint "
                               f"(no metadata.json){hint}")
-    import json
-
     try:
         data = json.loads(meta.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -155,9 +155,19 @@ def has_optimizer_metadata(common: dict) -> bool:
     return False
 
 
-def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...] = ()):
-    """Checks that the checkpoint holds every tensor of the model's sharded `state` with its global shape; returns
-    (model name -> checkpoint name, the checkpoint's metadata, names whose vocabulary padding differs).
+@dataclass
+class Match:
+    """How a checkpoint holds a model's tensors (see `match`)."""
+
+    to_ckpt: Callable[[str], str]  # model name -> checkpoint name
+    stored: dict  # the checkpoint's metadata, by checkpoint name
+    keys: list[str]  # the model's tensor names, once each (stacked layers share one)
+    renamed: list[str]  # checkpoint names that differ from the model's
+    resized: list[str]  # model names whose vocabulary padding differs from the checkpoint's
+
+
+def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...] = ()) -> Match:
+    """Checks that the checkpoint holds every tensor of the model's sharded `state` with its global shape.
     `vocab_size` is the tokenizer's: embedding rows beyond it are padding and may differ. `names`: the
     benchmark's checkpoint_names, tried when the checkpoint does not use megatron-core's names."""
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
@@ -165,26 +175,26 @@ def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...]
     check_readable(path)
     stored = load_sharded_metadata(str(path))
     items = {item.key: item for item in tensors(state)}
-    needed = {k: _global_shape(item) for k, item in items.items()}
-    to_ckpt = resolve_names(list(needed), stored, names)
+    to_ckpt = resolve_names(list(items), stored, names)
     if to_ckpt is None:
-        missing = [k for k in needed if k not in stored]
+        missing = [k for k in items if k not in stored]
         legacy = any(k.startswith("language_model.") for k in stored)
         hint = ("; it uses legacy Megatron-LM names (language_model.*): convert it to megatron-core names first"
                 if legacy else "")
         tried = " (nor under the benchmark's train.checkpoint_names)" if names else ""
-        raise CheckpointError(f"--init-checkpoint {path}: {len(missing)} of the model's {len(needed)} tensors are "
+        raise CheckpointError(f"--init-checkpoint {path}: {len(missing)} of the model's {len(items)} tensors are "
                               f"not in the checkpoint{tried}, e.g. {', '.join(missing[:3])}{hint}")
-    wrong = [(k, s, got) for k, s in needed.items()
-             if s is not None and (got := _global_shape(stored[to_ckpt(k)])) not in (None, s)
-             and not _same_but_padding(items[k], s, got, vocab_size)]
-    if wrong:
-        k, want, got = wrong[0]
-        raise CheckpointError(f"--init-checkpoint {path}: {len(wrong)} tensors differ in shape from this model, e.g. "
-                              f"{k}: checkpoint {list(got)}, model {list(want)} (a different architecture)")
+    differ = {k: (want, got) for k, item in items.items()
+              if (want := _global_shape(item)) is not None
+              and (got := _global_shape(stored[to_ckpt(k)])) not in (None, want)}
     # Padding rows the checkpoint lacks load as zeros; megatron's softmax spans them, so the loss moves a little.
-    resized = [k for k, s in needed.items() if s is not None and _global_shape(stored[to_ckpt(k)]) not in (None, s)]
-    return to_ckpt, stored, resized
+    resized = [k for k, (want, got) in differ.items() if _same_but_padding(items[k], want, got, vocab_size)]
+    wrong = [k for k in differ if k not in resized]
+    if wrong:
+        want, got = differ[wrong[0]]
+        raise CheckpointError(f"--init-checkpoint {path}: {len(wrong)} tensors differ in shape from this model, e.g. "
+                              f"{wrong[0]}: checkpoint {list(got)}, model {list(want)} (a different architecture)")
+    return Match(to_ckpt, stored, list(items), [to_ckpt(k) for k in items if to_ckpt(k) != k], resized)
 
 
 def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple[str, ...] = ()) -> dict:
@@ -195,10 +205,9 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     state = model_state(model)
-    needed = list(dict.fromkeys(item.key for item in tensors(state)))  # layers stack under one key
-    to_ckpt, stored, resized = match(path, state, vocab_size, names)
-    renamed = {k: to_ckpt(k) for k in needed if to_ckpt(k) != k}
-    _rekey(state, to_ckpt)
+    found = match(path, state, vocab_size, names)
+    stored = found.stored
+    _rekey(state, found.to_ckpt)
     # Per-layer extra state (Transformer Engine's FP8 metadata) that the checkpoint lacks is not requested.
     _drop_absent_objects(state, stored)
     common = load_common_state_dict(str(path))
@@ -215,16 +224,16 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
         optimizer_note = ""
         state["optimizer"] = opt_state
     with_optimizer = not optimizer_note
+    members = getattr(optimizer, "chained_optimizers", [optimizer])
     if not with_optimizer:  # undo the placeholder moments sharded_state_dict(is_loading=True) created
-        for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-            opt.optimizer.state.clear()
+        for m in members:
+            m.optimizer.state.clear()
     loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
     for i, chunk in enumerate(model):
         result = chunk.module.load_state_dict(loaded["model" if len(model) == 1 else f"model{i}"], strict=False)
         off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
         if off:
             raise CheckpointError(f"--init-checkpoint {path}: loaded state does not fit the model: {off[:3]}")
-    members = getattr(optimizer, "chained_optimizers", [optimizer])
     if with_optimizer:
         # The moments and step come from the checkpoint; the hyperparameters stay the benchmark's (the ones the
         # MLPerf log states): param groups restored from the checkpoint would carry the saving run's lr rules.
@@ -237,10 +246,9 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
         # bf16: the optimizer copied the model's random weights into its fp32 main params when it was built;
         # refresh them from the loaded weights, or the first step would write the random ones back.
         optimizer.reload_model_params()
-    return {"path": str(path), "renamed": len(renamed), "example_name": next(iter(renamed.values()), None),
-            "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(needed),
-            "vocab_padding_resized": resized,
-            "saved_by": common.get(MLBENCH_KEY)}
+    return {"path": str(path), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
+            "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(found.keys),
+            "vocab_padding_resized": found.resized, "saved_by": common.get(MLBENCH_KEY)}
 
 
 def save(path: str | Path, model: list, optimizer, info: dict) -> None:
@@ -250,20 +258,25 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     dest = Path(path)
-    # Rank 0 decides and every rank learns the outcome, so all raise together rather than wait at a barrier.
-    # The staging name is unique to this save; the folder must be on a filesystem every node sees.
-    decision = [None, None]  # [error, staging folder]
-    if dist.get_rank() == 0:
-        staging = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+
+    def start() -> Path:
         if dest.exists():
-            decision[0] = f"--save-checkpoint {dest}: exists; a checkpoint is never overwritten"
-        else:
-            staging.mkdir(parents=True)
-        decision[1] = str(staging)
-    dist.broadcast_object_list(decision, src=0)
-    if decision[0]:
-        raise CheckpointError(decision[0])
-    staging = Path(decision[1])
+            raise CheckpointError(f"--save-checkpoint {dest}: exists; a checkpoint is never overwritten")
+        staging = dest.with_name(f".{dest.name}.partial-{os.getpid()}")  # unique to this save
+        staging.mkdir(parents=True)
+        return staging
+
+    def publish() -> None:
+        if dest.exists():  # checked again just before the rename, which would replace an empty folder
+            raise CheckpointError(f"--save-checkpoint {dest}: appeared during the run; the checkpoint is left "
+                                  f"in {staging}")
+        try:
+            os.rename(staging, dest)
+        except OSError as e:
+            raise CheckpointError(f"--save-checkpoint {dest}: {e}; the checkpoint is left in {staging}") from None
+
+    # The folder must be on a filesystem every node sees.
+    staging = _on_rank0(start)
     state = model_state(model)
     state["optimizer"] = optimizer.sharded_state_dict(state)
     state[MLBENCH_KEY] = info
@@ -273,15 +286,19 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     strategy = FullyParallelSaveStrategyWrapper(strategy)  # tensors replicated across DP are written once
     dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
     dist.barrier()
+    _on_rank0(publish)
+
+
+def _on_rank0(fn: Callable[[], object]):
+    """Runs `fn` on rank 0 and gives every rank its result, or raises its CheckpointError on every rank: ranks
+    fail together instead of waiting at a barrier for one that raised."""
+    outcome: list = [None, None]  # [error message, result]
     if dist.get_rank() == 0:
-        decision = [None, None]
-        if dest.exists():  # checked again just before the rename, which would replace an empty folder
-            decision[0] = f"--save-checkpoint {dest}: appeared during the run; the checkpoint is left in {staging}"
-        else:
-            try:
-                os.rename(staging, dest)
-            except OSError as e:
-                decision[0] = f"--save-checkpoint {dest}: {e}; the checkpoint is left in {staging}"
-    dist.broadcast_object_list(decision, src=0)
-    if decision[0]:
-        raise CheckpointError(decision[0])
+        try:
+            outcome[1] = fn()
+        except CheckpointError as e:
+            outcome[0] = str(e)
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0]:
+        raise CheckpointError(outcome[0])
+    return outcome[1]

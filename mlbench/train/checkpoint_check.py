@@ -40,14 +40,11 @@ def check(plan: RunPlan) -> dict:
     with torch.device("meta"):
         model = model_lib.build(m, config, backend="local")
     state = model.sharded_state_dict()
-    to_ckpt, stored, resized = checkpoint.match(plan.init_checkpoint, state, m.vocab_size,
-                                                plan.benchmark.train.checkpoint_names)
-    keys = list(dict.fromkeys(item.key for item in checkpoint.tensors(state)))  # a key per stacked layer
-    renamed = [to_ckpt(k) for k in keys if to_ckpt(k) != k]
-    return {"tensors": len(keys), "renamed": len(renamed), "example_name": renamed[0] if renamed else None,
-            "vocab_padding_resized": resized,
-            "optimizer_moments": all(f"optimizer.state.{kind}.{to_ckpt(k)}" in stored
-                                     for k in keys for kind in ("exp_avg", "exp_avg_sq")),
+    found = checkpoint.match(plan.init_checkpoint, state, m.vocab_size, plan.benchmark.train.checkpoint_names)
+    return {"tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
+            "vocab_padding_resized": found.resized,
+            "optimizer_moments": all(f"optimizer.state.{kind}.{found.to_ckpt(k)}" in found.stored
+                                     for k in found.keys for kind in ("exp_avg", "exp_avg_sq")),
             "optimizer_metadata": checkpoint.has_optimizer_metadata(load_common_state_dict(plan.init_checkpoint))}
 
 
