@@ -35,7 +35,9 @@ class ModelSpec:
     rope_scaling_factor: float = 8.0
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     norm_epsilon: float = 1e-5
-    activation: Literal["gelu", "swiglu"] = "gelu"
+    # gelu: the exact (erf) GeLU; gelu_tanh: its tanh approximation (what megatron's fused bias-gelu kernel and
+    # the BERT TF reference compute); swiglu: gated SiLU.
+    activation: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
     add_bias_linear: bool = True
     untie_embeddings: bool = False  # separate output layer
     make_vocab_size_divisible_by: int = 128
@@ -44,6 +46,9 @@ class ModelSpec:
     # (MLPerf's BERT reference has both: type_vocab_size 2, loss = masked LM + next sentence).
     num_tokentypes: int = 0
     add_binary_head: bool = False
+    # Where the LayerNorms sit: "pre" (megatron-core's x + f(LN(x)) and a final LN) or "post" (the original
+    # BERT's LN(x + f(x)) and an embedding LN; mlbench/train/post_norm.py).
+    norm_position: Literal["pre", "post"] = "pre"
 
 
 @dataclass(frozen=True)

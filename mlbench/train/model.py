@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mlbench.spec import ModelSpec
+from mlbench.train.post_norm import post_norm_model, post_norm_spec
 
 
 def have_transformer_engine() -> bool:
@@ -23,6 +26,16 @@ def have_transformer_engine() -> bool:
     except ImportError:
         return False
     return True
+
+
+def activation(m: ModelSpec, fused: bool = False) -> Callable:
+    """The FFN activation. megatron's MLP recognises its fused kernels by function identity (F.gelu, F.silu),
+    so gelu_tanh is F.gelu where the (tanh) fused kernel runs and the tanh F.gelu where it does not."""
+    if m.activation == "swiglu":
+        return F.silu
+    if m.activation == "gelu_tanh" and not (fused and m.add_bias_linear):
+        return partial(F.gelu, approximate="tanh")
+    return F.gelu
 
 
 def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16: bool,
@@ -41,7 +54,7 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         normalization=m.normalization,
         layernorm_epsilon=m.norm_epsilon,
         gated_linear_unit=m.activation == "swiglu",
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        activation_func=activation(m, fused=on_gpu),
         add_bias_linear=m.add_bias_linear,
         hidden_dropout=m.dropout,
         attention_dropout=m.dropout,
@@ -57,7 +70,8 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_cpu_initialization=not on_gpu,
         # Fusions are CUDA kernels; on CPU the unfused paths are the ones that exist.
-        bias_activation_fusion=on_gpu and m.activation == "gelu" and m.add_bias_linear,
+        # megatron's fused bias-gelu kernel is the tanh approximation, so it serves gelu_tanh and never gelu.
+        bias_activation_fusion=on_gpu and m.activation == "gelu_tanh" and m.add_bias_linear,
         masked_softmax_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=False,
@@ -79,8 +93,13 @@ def attention_backend() -> str:
     return "sdpa" if torch.cuda.is_available() else "local"
 
 
-def layer_spec(m: ModelSpec, backend: str | None = None) -> ModuleSpec:
+def layer_spec(m: ModelSpec, config: TransformerConfig, backend: str | None = None) -> ModuleSpec:
     backend = backend or attention_backend()
+    spec = _pre_norm_spec(m, backend)
+    return post_norm_spec(spec, config, te=backend == "te") if m.norm_position == "post" else spec
+
+
+def _pre_norm_spec(m: ModelSpec, backend: str) -> ModuleSpec:
     if backend == "te":
         if m.family == "bert":
             from megatron.core.models.bert.bert_layer_specs import bert_layer_with_transformer_engine_spec
@@ -113,7 +132,7 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None,
     post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     common = dict(
         config=config,
-        transformer_layer_spec=layer_spec(m, backend),
+        transformer_layer_spec=layer_spec(m, config, backend),
         vocab_size=padded_vocab(m, config.tensor_model_parallel_size),
         max_sequence_length=m.seq_length,
         pre_process=pre,
@@ -123,6 +142,12 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None,
         vp_stage=vp_stage,
     )
     if m.family == "bert":
-        return BertModel(**common, num_tokentypes=m.num_tokentypes, add_binary_head=m.add_binary_head)
-    return GPTModel(**common, rotary_base=int(m.rotary_base), rope_scaling=m.rope_scaling,
-                    rope_scaling_factor=m.rope_scaling_factor)
+        model = BertModel(**common, num_tokentypes=m.num_tokentypes, add_binary_head=m.add_binary_head)
+    else:
+        model = GPTModel(**common, rotary_base=int(m.rotary_base), rope_scaling=m.rope_scaling,
+                         rope_scaling_factor=m.rope_scaling_factor)
+    if m.family == "bert" and post:
+        model.lm_head.gelu = activation(m)  # megatron's BertLMHead hard-codes the erf GeLU; BERT's head uses hidden_act
+    if m.norm_position == "post":
+        post_norm_model(model, config, common["transformer_layer_spec"])
+    return model
