@@ -80,7 +80,8 @@ def show(name: str, tiny: bool) -> None:
     t.add_row("model FLOPs per sample", f"{flops.flops_per_sample(m):.4g} (training: 3 x forward)")
     t.add_row("architecture", f"{m.family}: {m.num_layers} layers, hidden {m.hidden_size}, "
                               f"{m.num_attention_heads} heads ({m.num_query_groups or m.num_attention_heads} "
-                              f"kv groups), ffn {m.ffn_hidden_size}, {m.activation}, {m.normalization}, "
+                              f"kv groups), ffn {m.ffn_hidden_size}, {m.activation}, "
+                              f"{m.norm_position}-{m.normalization}, "
                               f"{m.position_embedding} positions, vocab {m.vocab_size}, sequence {m.seq_length}")
     t.add_row("optimizer", f"{o.name}: lr {o.lr}, min lr {o.min_lr}, betas ({o.beta1}, {o.beta2}), eps {o.eps}, "
                            f"weight decay {o.weight_decay}, clip {o.clip_grad}")
@@ -212,13 +213,57 @@ def _check_checkpoints(bench, name: str, init: Path | None, save: Path | None, r
     if save:
         if runs != 1:
             raise UserError(f"--save-checkpoint saves one run's state; got --runs {runs}")
-        if save.exists():
-            raise UserError(f"--save-checkpoint {save}: exists; a checkpoint is never overwritten")
-        parent = save.resolve().parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise UserError(f"--save-checkpoint {save}: {parent} is not a writable folder")
+        _check_new_folder("--save-checkpoint", save)
+
+
+def _check_new_folder(what: str, path: Path) -> None:
+    """A checkpoint folder about to be written: new, and creatable."""
+    if path.exists():
+        raise UserError(f"{what} {path}: exists; a checkpoint is never overwritten")
+    parent = path.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"{what} {path}: {parent} is not a writable folder")
+
+
+@cli.command("convert-checkpoint")
+@click.argument("name")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--tiny", is_flag=True, help="Convert for the tiny variant's model.")
+def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
+    """Converts a benchmark's reference checkpoint into a megatron-core checkpoint for --init-checkpoint.
+
+    bert: SRC is the PyTorch form of the MLPerf BERT phase-1 checkpoint (model.ckpt-28252.pt as
+    convert_tf_checkpoint.py writes it, or a Hugging Face BertForPreTraining state dict); DEST a new folder.
+    """
+    import dataclasses
+    import json
+    import subprocess
+    import tempfile
+
+    bench = registry.load(name, tiny=tiny)
+    if bench.model.family != "bert" or bench.model.norm_position != "post":
+        raise UserError(f"{name}: no conversion needed or provided; its reference checkpoint loads directly with "
+                        f"--init-checkpoint when it is a megatron-core torch_dist checkpoint (docs/checkpoints.md)")
+    _check_new_folder("DEST", dest)
+    with tempfile.TemporaryDirectory(prefix="mlbench-convert-") as tmp:
+        spec = Path(tmp) / "benchmark.json"
+        spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
+        proc = subprocess.run([sys.executable, "-m", "mlbench.train.convert_bert", str(spec), str(src), str(dest)],
+                              capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    if proc.returncode == 2:  # the checkpoint does not fit the model: bad input
+        raise UserError(f"{src}: {last}")
+    if proc.returncode != 0:
+        console.print("[red]error:[/red] conversion failed: ", end="")
+        console.print(last, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    console.print(f"converted {src} -> {dest}: {r['tensors']} tensors, {r['parameters']:,} values (vocabulary "
+                  f"padding included) in {r['seconds']} s; start a run from it with --init-checkpoint {dest}",
+                  highlight=False, soft_wrap=True)
 
 
 @cli.command()

@@ -7,32 +7,19 @@ runs this before writing anything)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 
 import torch
-import torch.distributed as dist
 
-from mlbench.train import checkpoint, cpu_compat
+from mlbench.train import checkpoint, solo
 from mlbench.train import model as model_lib
 from mlbench.train.plan import RunPlan
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def check(plan: RunPlan) -> dict:
-    from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
-    cpu_compat.enable()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    ps.initialize_model_parallel(1, 1)
+    solo.init()
     m = plan.benchmark.model
     # Global shapes do not depend on the layout, except the vocabulary padding, which may differ anyway.
     config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)

@@ -37,7 +37,11 @@ class PostNormAdd(torch.nn.Module):
         bda = get_bias_dropout_add(training, fused)
 
         def add_then_norm(x_with_bias, residual, prob):
-            return self.norm(bda(x_with_bias, residual, prob))
+            out = bda(x_with_bias, residual, prob)
+            # megatron runs this slot under enable_grad (its bias-add needs it); in a no-grad evaluation the
+            # norm would otherwise record a graph and keep its input alive, layer after layer.
+            with torch.set_grad_enabled(x_with_bias[0].requires_grad or residual.requires_grad):
+                return self.norm(out)
 
         return add_then_norm
 

@@ -1,0 +1,165 @@
+"""BERT checkpoints in the PyTorch layout of the MLPerf reference's conversions -> megatron-core `torch_dist`.
+
+The MLPerf BERT run starts from the phase-1 checkpoint model.ckpt-28252, published as TensorFlow. Its PyTorch
+form is what NVIDIA's `convert_tf_checkpoint.py` (named in the reference README) or Hugging Face's BERT
+converter writes: a state dict with names like `bert.encoder.layer.0.attention.self.query.weight`, saved bare
+or under "model". This maps it onto the post-LN megatron-core BertModel the benchmark file describes (query,
+key and value fused head by head as megatron-core lays them out; the vocabulary padded with zero rows) and
+saves a model-only `torch_dist` checkpoint that `mlbench run --init-checkpoint` loads in any layout.
+
+`python -m mlbench.train.convert_bert BENCHMARK.json SRC DEST` (run by `mlbench convert-checkpoint`); prints one
+JSON line; exits 2 with the reason on stderr when SRC does not fit the model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from mlbench.spec import Benchmark, ModelSpec
+from mlbench.train import checkpoint, solo
+from mlbench.train import model as model_lib
+from mlbench.train.plan import benchmark_from_dict
+
+CheckpointError = checkpoint.CheckpointError
+
+
+def reference_state(src: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a PyTorch BERT checkpoint, with the `bert.`-style names (TF's gamma / beta renamed)."""
+    try:
+        obj = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise CheckpointError(f"not a PyTorch checkpoint torch.load can read ({type(e).__name__}: {e})") from None
+    sd = obj.get("model", obj) if isinstance(obj, dict) else None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError("expected a state dict of tensors (bare or under 'model')")
+    out = {}
+    for k, v in sd.items():
+        k = k.removeprefix("module.")
+        k = k if k.startswith(("bert.", "cls.")) else f"bert.{k}"  # a bare BertModel's names
+        out[k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")] = v
+    return out
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ModelSpec, name: str) -> torch.Tensor:
+    """megatron-core's linear_qkv rows: for each query group, its query heads, then its key, then its value."""
+    groups = m.num_query_groups or m.num_attention_heads
+    kv = m.kv_channels or m.hidden_size // m.num_attention_heads
+    cols = (m.hidden_size,) if q.dim() == 2 else ()
+    for t, rows, what in ((q, m.num_attention_heads * kv, "query"), (k, groups * kv, "key"), (v, groups * kv, "value")):
+        if tuple(t.shape) != (rows, *cols):
+            raise CheckpointError(f"{name} {what}: shape {list(t.shape)}, this model needs {[rows, *cols]} "
+                                  f"(a different architecture)")
+    parts = [q.reshape(groups, -1, *cols), k.reshape(groups, kv, *cols), v.reshape(groups, kv, *cols)]
+    return torch.cat(parts, dim=1).reshape(-1, *cols)
+
+
+def to_megatron(ref: dict[str, torch.Tensor], m: ModelSpec, vocab_rows: int) -> dict[str, torch.Tensor]:
+    """megatron-core names and layouts for the post-LN BertModel `m` describes; raises CheckpointError naming
+    the missing tensors. The word embeddings and MLM bias are zero-padded to `vocab_rows`."""
+    if m.family != "bert" or m.norm_position != "post":
+        raise CheckpointError("only a post-LN BERT (family bert, norm_position post) takes this conversion")
+    ref = dict(ref)
+    missing: list[str] = []
+
+    def take(name: str) -> torch.Tensor | None:
+        if name not in ref:
+            missing.append(name)
+            return None
+        return ref.pop(name)
+
+    def pad(t: torch.Tensor | None, value: float = 0.0) -> torch.Tensor | None:
+        if t is None:
+            return None
+        extra = vocab_rows - t.shape[0]
+        return torch.cat([t, t.new_full((extra, *t.shape[1:]), value)]) if extra > 0 else t
+
+    out: dict[str, torch.Tensor] = {}
+    e = "bert.embeddings."
+    out["embedding.word_embeddings.weight"] = pad(take(e + "word_embeddings.weight"))
+    if m.position_embedding == "learned_absolute":
+        out["embedding.position_embeddings.weight"] = take(e + "position_embeddings.weight")
+    if m.num_tokentypes:
+        out["embedding.tokentype_embeddings.weight"] = take(e + "token_type_embeddings.weight")
+    for p in ("weight", "bias"):
+        out[f"embedding.embedding_dropout.layer_norm.{p}"] = take(f"{e}LayerNorm.{p}")
+    for i in range(m.num_layers):
+        r, t = f"bert.encoder.layer.{i}.", f"encoder.layers.{i}."
+        for p in ("weight", "bias"):
+            q, k, v = (take(f"{r}attention.self.{n}.{p}") for n in ("query", "key", "value"))
+            if q is not None and k is not None and v is not None:
+                out[f"{t}self_attention.linear_qkv.{p}"] = _fuse_qkv(q, k, v, m, f"{r}attention.self.*.{p}")
+            out[f"{t}self_attention.linear_proj.{p}"] = take(f"{r}attention.output.dense.{p}")
+            out[f"{t}self_attn_bda.norm.{p}"] = take(f"{r}attention.output.LayerNorm.{p}")
+            out[f"{t}mlp.linear_fc1.{p}"] = take(f"{r}intermediate.dense.{p}")
+            out[f"{t}mlp.linear_fc2.{p}"] = take(f"{r}output.dense.{p}")
+            out[f"{t}mlp_bda.norm.{p}"] = take(f"{r}output.LayerNorm.{p}")
+    for p in ("weight", "bias"):
+        out[f"lm_head.dense.{p}"] = take(f"cls.predictions.transform.dense.{p}")
+        out[f"lm_head.layer_norm.{p}"] = take(f"cls.predictions.transform.LayerNorm.{p}")
+        if m.add_binary_head:
+            out[f"pooler.dense.{p}"] = take(f"bert.pooler.dense.{p}")
+            out[f"binary_head.{p}"] = take(f"cls.seq_relationship.{p}")
+    # Hugging Face ties cls.predictions.decoder.bias to cls.predictions.bias and saves both.
+    bias = ref.pop("cls.predictions.decoder.bias", None)
+    if "cls.predictions.bias" not in ref and bias is not None:
+        ref["cls.predictions.bias"] = bias
+    # Padding rows the reference does not have: zero embeddings and a -10000 bias keep their logits out of the
+    # softmax and the argmax, so the converted model predicts exactly as the reference (the bias gets no
+    # gradient there, and no weight decay: it is 1-D).
+    out["output_layer.bias"] = pad(take("cls.predictions.bias"), -10000.0)
+    if m.untie_embeddings:
+        out["output_layer.weight"] = pad(take("cls.predictions.decoder.weight"))
+    else:
+        ref.pop("cls.predictions.decoder.weight", None)  # the tied copy of the word embeddings
+    if missing:
+        raise CheckpointError(f"{len(missing)} tensors this model needs are not in the checkpoint, e.g. "
+                              f"{', '.join(missing[:3])}")
+    ref.pop("bert.embeddings.position_ids", None)  # a buffer, not a weight
+    if ref:
+        raise CheckpointError(f"{len(ref)} tensors in the checkpoint have no place in this model, e.g. "
+                              f"{', '.join(sorted(ref)[:3])} (a different architecture?)")
+    return out
+
+
+def convert(bench: Benchmark, src: str | Path, dest: str | Path) -> dict:
+    start = time.perf_counter()
+    m = bench.model
+    ref = reference_state(src)
+    solo.init()
+    config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    config.perform_initialization = False  # every weight is overwritten
+    model = model_lib.build(m, config, backend="local")
+    state = to_megatron(ref, m, model_lib.padded_vocab(m, tp=1))
+    own = model.state_dict()
+    wrong = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    if wrong:
+        raise CheckpointError(f"{len(wrong)} tensors differ in shape from the model, e.g. {wrong[0]}: checkpoint "
+                              f"{list(state[wrong[0]].shape)}, model {list(own[wrong[0]].shape)}")
+    result = model.load_state_dict(state, strict=False)
+    off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
+    if off:
+        raise CheckpointError(f"converted names do not fit the model: {off[:3]}")
+    checkpoint.save(dest, [SimpleNamespace(module=model)], None,
+                    {"converted_from": str(src), "benchmark": bench.name})
+    return {"tensors": len(state), "parameters": sum(v.numel() for v in state.values()),
+            "seconds": round(time.perf_counter() - start, 2), "path": str(dest)}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        bench = benchmark_from_dict(json.loads(Path(argv[0]).read_text()))
+        print(json.dumps(convert(bench, argv[1], argv[2])))
+    except CheckpointError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
