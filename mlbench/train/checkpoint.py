@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
@@ -28,12 +29,21 @@ class CheckpointError(Exception):
     """A checkpoint that cannot start this run; the message names what is wrong and what would be right."""
 
 
+def _inner(chunk) -> torch.nn.Module:
+    """A chunk's model below the DDP wrapper (which would prefix every name with `module.`) and, in bf16 on a
+    GPU, megatron's Float16Module (whose load_state_dict returns nothing to check)."""
+    from megatron.core.transformer.module import Float16Module
+
+    m = chunk.module
+    return m.module if isinstance(m, Float16Module) else m
+
+
 def model_state(model: list) -> dict:
     """The model chunks' sharded state dict, nested as megatron-LM nests it (`model` or `model0`, `model1`...),
-    with megatron-core's names: taken below the DDP wrapper, which would prefix every name with `module.`."""
+    with megatron-core's names."""
     if len(model) == 1:
-        return {"model": model[0].module.sharded_state_dict()}
-    return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+        return {"model": _inner(model[0]).sharded_state_dict()}
+    return {f"model{i}": _inner(chunk).sharded_state_dict() for i, chunk in enumerate(model)}
 
 
 def _sharded_items(state: dict, kind: type | None = None):
@@ -230,7 +240,7 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
             m.optimizer.state.clear()
     loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
     for i, chunk in enumerate(model):
-        result = chunk.module.load_state_dict(loaded["model" if len(model) == 1 else f"model{i}"], strict=False)
+        result = _inner(chunk).load_state_dict(loaded["model" if len(model) == 1 else f"model{i}"], strict=False)
         off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
         if off:
             raise CheckpointError(f"--init-checkpoint {path}: loaded state does not fit the model: {off[:3]}")
@@ -252,7 +262,8 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
 
 
 def save(path: str | Path, model: list, optimizer, info: dict) -> None:
-    """Saves model and optimizer state to `path` (which must not exist) through a staging folder."""
+    """Saves model and optimizer state (model only when `optimizer` is None) to `path` (which must not exist)
+    through a staging folder."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
@@ -278,7 +289,8 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     # The folder must be on a filesystem every node sees.
     staging = _on_rank0(start)
     state = model_state(model)
-    state["optimizer"] = optimizer.sharded_state_dict(state)
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(state)
     state[MLBENCH_KEY] = info
     # Synchronous writes (one thread, no worker processes): the async writer's spawned manager does not start
     # from a rank launched as `python -m`.

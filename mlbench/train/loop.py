@@ -154,6 +154,15 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         account_for_embedding_in_pipeline_split=layout.get("account_for_embedding_in_pipeline_split", False),
         account_for_loss_in_pipeline_split=layout.get("account_for_loss_in_pipeline_split", False))
     chunks = [model_lib.build(bench.model, config, vp_stage=i if vp > 1 else None) for i in range(vp)]
+    if not on_cpu:
+        # As megatron-LM places a model: megatron's parallel layers are built on the GPU, but torch norms and
+        # embeddings (and mlbench's post-LN norms) on the CPU, so the whole chunk is moved; bf16 through
+        # megatron's Float16Module, which casts the first stage's inputs and the last stage's outputs.
+        from megatron.core.transformer.module import Float16Module
+
+        chunks = [c.cuda(torch.cuda.current_device()) for c in chunks]
+        if bf16:
+            chunks = [Float16Module(config, c) for c in chunks]
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
     model = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c) for c in chunks]
@@ -194,7 +203,10 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     eval_batches = microbatches(source.eval_set(n_eval, eval_rng), eval_rng)
 
     def step_fn(data_iterator, chunk):
-        return objective.forward(chunk, next(data_iterator), not chunk.training)
+        batch = next(data_iterator)
+        if not on_cpu:
+            batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
+        return objective.forward(chunk, batch, not chunk.training)
 
     def run_fwd_bwd(batches: list[dict], forward_only: bool) -> dict[str, float]:
         iters = [iter(batches) for _ in model] if vp > 1 else iter(batches)
