@@ -108,7 +108,8 @@ class QualitySpec:
 class DataSpec:
     # "markov": the synthetic source with a known entropy rate (tiny runs);
     # "indexed": megatron-core's indexed dataset at `path` (the real corpus, prepared by the user).
-    source: Literal["markov", "indexed"]
+    # "tfrecord": MLPerf BERT's pre-masked TFRecord samples at `path` / `eval_path` (mlbench/train/bert_data.py).
+    source: Literal["markov", "indexed", "tfrecord"]
     path: str = ""  # indexed: training prefix, or a blend "W1 PREFIX1 W2 PREFIX2 ..." (megatron's --data-path)
     # indexed: held-out eval prefix (or blend); "" splits the last documents of a single `path` off instead
     eval_path: str = ""

@@ -194,7 +194,7 @@ def test_bad_data_input_is_refused_before_launch(definitions: Path, corpus: dict
                      f"0.5 {corpus['train']} 0.5 {corpus['eval']}", env=env), "--eval-data-path")
     _refused(mlbench("run", "gpt3", "--tiny", "--results", str(results), "--data-path", str(corpus["train"])),
              "--data-path", "Markov")
-    _refused(mlbench("run", "bert", "--results", str(results)), "bert", "WordPiece", "--tiny or --dry-run")
+    _refused(mlbench("run", "bert", "--results", str(results)), "bert", "TFRecord", "no --data-path")
     assert not results.exists()
 
 

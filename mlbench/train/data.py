@@ -1,12 +1,14 @@
-"""Where a run's token sequences come from: one interface, two sources, chosen by `data.source`.
+"""Where a run's token sequences come from: one interface, three sources, chosen by `data.source`.
 
 - `markov`: the synthetic source with a known entropy rate (tiny runs), sampled on the fly.
+- `tfrecord`: MLPerf BERT's pre-masked TFRecord samples (mlbench/train/bert_data.py).
 - `indexed`: megatron-core's indexed dataset (PREFIX.bin + PREFIX.idx, what megatron's preprocess_data.py
   writes and MLPerf's preprocessed C4 is), served by megatron-core's own GPTDataset and
   BlendedMegatronDatasetBuilder: their document shuffle, sample packing, blending and index caches.
 
-Every rank builds the same source and gets the same whole global batch for a step; the loop takes its
-data-parallel slice. This module imports nothing heavy at the top: the CLI uses `check` before launch.
+Every rank builds the same source; a step's global batch is the same on every rank, and each rank asks for
+(and reads) only its data-parallel rows. This module imports nothing heavy at the top: the CLI uses `check`
+before launch.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from mlbench.train.plan import RunPlan
 
 Blend = tuple[list[str], list[float] | None]
+ALL = slice(None)
 
 
 class TokenSource(ABC):
@@ -42,12 +45,13 @@ class TokenSource(ABC):
         self.global_batch = global_batch
 
     @abstractmethod
-    def train_batch(self, step: int, rng: np.random.Generator) -> np.ndarray:
-        """The whole global batch of step `step` (0-based): [global_batch, seq_length + 1], the same on every rank."""
+    def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
+        """Rows `rows` (a data-parallel rank's share; default all) of the global batch of step `step` (0-based),
+        a batch the same on every rank: [global_batch, seq_length + 1][rows]. Only those rows are read."""
 
     @abstractmethod
-    def eval_set(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """The fixed held-out eval set, its first `n` sequences: [n, seq_length + 1]."""
+    def eval_set(self, n: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
+        """Rows `rows` of the fixed held-out eval set's first `n` sequences: [n, seq_length + 1][rows]."""
 
 
 class MarkovTokens(TokenSource):
@@ -55,11 +59,12 @@ class MarkovTokens(TokenSource):
         super().__init__(seq_length, global_batch)
         self.markov = markov
 
-    def train_batch(self, step: int, rng: np.random.Generator) -> np.ndarray:
-        return self.markov.sample(self.global_batch, self.seq_length + 1, rng)
+    # Sampled whole, then sliced: every rank draws the same stream from the same generator.
+    def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
+        return self.markov.sample(self.global_batch, self.seq_length + 1, rng)[rows]
 
-    def eval_set(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return self.markov.sample(n, self.seq_length + 1, rng)
+    def eval_set(self, n: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
+        return self.markov.sample(n, self.seq_length + 1, rng)[rows]
 
 
 class IndexedTokens(TokenSource):
@@ -85,11 +90,13 @@ class IndexedTokens(TokenSource):
                              f"({self.vocab_size}): prepared with another tokenizer?")
         return out
 
-    def train_batch(self, step: int, rng: np.random.Generator) -> np.ndarray:
-        return self._rows(self.train, step * self.global_batch, self.global_batch, "training")
+    def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
+        start, stop, _ = rows.indices(self.global_batch)
+        return self._rows(self.train, step * self.global_batch + start, stop - start, "training")
 
-    def eval_set(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return self._rows(self.eval, 0, n, "eval")
+    def eval_set(self, n: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
+        start, stop, _ = rows.indices(n)
+        return self._rows(self.eval, start, stop - start, "eval")
 
 
 # ---- selection ------------------------------------------------------------------------------------------
@@ -105,6 +112,11 @@ def build_source(bench: Benchmark, plan: RunPlan) -> TokenSource:
         from mlbench.train import objective
 
         return MarkovTokens(objective.source(bench), seq, gbs)
+    if bench.data.source == "tfrecord":
+        from mlbench.train.bert_data import BertRecords, files
+
+        return BertRecords(files(bench.data.path, "--data-path"), files(bench.data.eval_path, "--eval-data-path"),
+                           seq, bench.data.max_predictions_per_seq, gbs, plan.seed, bench.model.vocab_size)
     return indexed_source(bench, seed=plan.seed, global_batch=gbs, steps=max_steps(bench, gbs),
                           cache=cache_dir(bench, plan))
 
@@ -157,11 +169,18 @@ def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> N
         return
     if dry_run:
         return
+    if d.source == "tfrecord":
+        from mlbench.train.bert_data import files
+
+        for flag, spec in (("--data-path", d.path), ("--eval-data-path", d.eval_path)):
+            if not spec.strip():
+                raise UserError(f"{bench.name} trains on MLPerf's pre-masked TFRecord samples but no {flag} is "
+                                f"given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
+            files(spec, flag)
+        return
     if bench.model.family != "gpt":
-        raise UserError(f"full-size {bench.name} cannot run: the indexed source serves causal LM (family gpt) only; "
-                        f"{bench.model.family} needs a masked-LM dataset (megatron-core's BERT dataset, which needs a "
-                        f"WordPiece tokenizer, or MLPerf's pre-packed {bench.name} samples), not implemented; "
-                        f"use --tiny or --dry-run")
+        raise UserError(f"the indexed source serves causal LM (family gpt) only; {bench.name} is "
+                        f"{bench.model.family}: use data.source tfrecord (MLPerf BERT's pre-masked samples)")
     if not d.path.strip():
         readme = next((s for s in bench.sources if s.endswith("README.md")), "")
         raise UserError(f"{bench.name} trains on its prepared corpus (data.source indexed) but no data path is given: "

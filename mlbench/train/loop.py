@@ -192,15 +192,17 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     seq = bench.model.seq_length
     dp_rank = ps.get_data_parallel_rank()
 
-    def microbatches(tokens: np.ndarray, rng: np.random.Generator) -> list[dict]:
-        mine = tokens[dp_rank * (len(tokens) // dp):(dp_rank + 1) * (len(tokens) // dp)]
-        return [objective.make_batch(mine[i:i + mbs], rng) for i in range(0, len(mine), mbs)]
+    def mine(n: int) -> slice:  # this data-parallel rank's rows of a batch of n
+        return slice(dp_rank * (n // dp), (dp_rank + 1) * (n // dp))
+
+    def microbatches(rows: np.ndarray, rng: np.random.Generator) -> list[dict]:
+        return [objective.make_batch(rows[i:i + mbs], rng) for i in range(0, len(rows), mbs)]
 
     # Held-out eval set, fixed for every run (the Markov source's own stream, or the indexed eval data's first
     # samples), split across data-parallel ranks.
     n_eval = bench.eval.samples - bench.eval.samples % (dp * mbs)
     eval_rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
-    eval_batches = microbatches(source.eval_set(n_eval, eval_rng), eval_rng)
+    eval_batches = microbatches(source.eval_set(n_eval, eval_rng, mine(n_eval)), eval_rng)
 
     def step_fn(data_iterator, chunk):
         batch = next(data_iterator)
@@ -262,7 +264,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         for _ in range(min(interval, budget - step)):
             t0 = time.perf_counter()
             rng = np.random.default_rng([plan.seed, step])
-            batches = microbatches(source.train_batch(step, rng), rng)
+            batches = microbatches(source.train_batch(step, rng, mine(gbs)), rng)
             for c in model:
                 c.zero_grad_buffer()
             optimizer.zero_grad()

@@ -109,7 +109,54 @@ class MaskedLM:
         return totals["correct"] / max(totals["tokens"], 1.0)
 
 
-def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM:
+@dataclass
+class PreMaskedLM:
+    """BERT's objective on the reference's pre-masked samples (mlbench/train/bert_data.py): masked LM over the
+    positions with weight 1, plus next-sentence prediction when the model has the binary head, as the reference
+    adds them (run_pretraining.py: mean masked-LM loss + mean next-sentence loss). The eval metric is the
+    reference's masked_lm_accuracy: argmax equal to the masked id, weighted by masked_lm_weights."""
+
+    seq_length: int
+    predictions: int
+    metric = "masked_lm_accuracy"
+
+    def make_batch(self, rows: np.ndarray, rng: np.random.Generator) -> Batch:
+        from mlbench.train.bert_data import split_rows
+
+        f = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+             split_rows(rows, self.seq_length, self.predictions).items()}
+        weights = f["masked_lm_weights"].float()
+        labels = torch.zeros_like(f["input_ids"])
+        loss_mask = torch.zeros(labels.shape)
+        labels.scatter_(1, f["masked_lm_positions"], f["masked_lm_ids"] * (weights > 0))
+        loss_mask.scatter_(1, f["masked_lm_positions"], weights)  # padding predictions: position 0, weight 0
+        return {"tokens": f["input_ids"], "labels": labels, "loss_mask": loss_mask,
+                "attention_mask": f["input_mask"].bool(), "tokentype_ids": f["segment_ids"],
+                "next_sentence_labels": f["next_sentence_labels"][:, 0]}
+
+    def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
+        # The last pipeline stage returns (logits, next-sentence logits or None); earlier stages a hidden state.
+        out = model(b["tokens"], b["attention_mask"], tokentype_ids=b["tokentype_ids"])
+        return out, partial(_pre_masked_loss, b["loss_mask"], b["labels"], b["next_sentence_labels"],
+                                         eval_mode)
+
+    def value(self, totals: dict[str, float]) -> float:
+        return totals["correct"] / max(totals["tokens"], 1.0)
+
+
+def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, outputs):
+    logits, binary = outputs
+    loss_sum, n, stats = _loss(mask, labels, want_correct, logits)
+    if binary is not None:
+        # The schedule divides the summed loss by n (masked tokens): adding mean NSP loss x n keeps the
+        # reference's sum of the two means.
+        loss_sum = loss_sum + torch.nn.functional.cross_entropy(binary.float(), nsp_labels) * n
+    return loss_sum, n, stats
+
+
+def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM | PreMaskedLM:
+    if b.data.source == "tfrecord":
+        return PreMaskedLM(b.model.seq_length, b.data.max_predictions_per_seq)
     if b.model.family == "bert":
         # last id is [MASK]
         return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob,

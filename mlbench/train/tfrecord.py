@@ -1,0 +1,101 @@
+"""MLPerf BERT's data as the reference writes it: TFRecord files of `tf.train.Example`s, read without TensorFlow.
+
+The reference's `create_pretraining_data.py` writes pre-masked samples, one Example each, with the int64
+features input_ids, input_mask, segment_ids (max_seq_length each), masked_lm_positions, masked_lm_ids
+(max_predictions_per_seq each), next_sentence_labels (1) and the float feature masked_lm_weights. A TFRecord
+file frames each serialized Example as: length (uint64 LE), masked CRC32-C of the length, the bytes, masked
+CRC32-C of the bytes. The CRCs are not verified here (pure-Python CRC32-C would cost more than the parse);
+the framing lengths are, so a truncated or foreign file is an error, not garbage.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+
+class RecordError(ValueError):
+    pass
+
+
+def records(path: str | Path) -> Iterator[bytes]:
+    """The serialized records of one TFRecord file, in order."""
+    with open(path, "rb") as f:
+        while header := f.read(12):
+            if len(header) < 12:
+                raise RecordError(f"{path}: truncated record header (not a TFRecord file?)")
+            (n,) = struct.unpack("<Q", header[:8])
+            data = f.read(n + 4)
+            if len(data) < n + 4:
+                raise RecordError(f"{path}: a record of {n} bytes is cut short (not a TFRecord file, or truncated)")
+            yield data[:n]
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = buf[i]
+        result |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return result, i
+        shift += 7
+
+
+def _packed_varints(buf: bytes) -> np.ndarray:
+    """A packed repeated int64 field, decoded with numpy: each value ends at the first byte below 0x80."""
+    b = np.frombuffer(buf, dtype=np.uint8)
+    if not len(b):
+        return np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(b < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    place = np.arange(len(b)) - np.repeat(starts, ends - starts + 1)
+    return np.add.reduceat((b & 0x7F).astype(np.int64) << (7 * place), starts)
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
+    """(field number, wire type, value) of one protobuf message: length-delimited values as bytes."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            n, i = _varint(buf, i)
+            yield field, wire, buf[i:i + n]
+            i += n
+        elif wire == 0:
+            v, i = _varint(buf, i)
+            yield field, wire, v
+        elif wire == 5:
+            yield field, wire, buf[i:i + 4]
+            i += 4
+        elif wire == 1:
+            yield field, wire, buf[i:i + 8]
+            i += 8
+        else:
+            raise RecordError(f"unsupported protobuf wire type {wire}")
+
+
+def parse_example(buf: bytes) -> dict[str, np.ndarray]:
+    """A tf.train.Example's int64 and float features (Example.features = 1; Features.feature = 1, a map of
+    name = 1 to Feature = 2; Feature: bytes_list = 1, float_list = 2, int64_list = 3; each list's value = 1)."""
+    out: dict[str, np.ndarray] = {}
+    for _, _, features in _fields(buf):
+        for _, _, entry in _fields(features):
+            name, feature = "", b""
+            for f, _, v in _fields(entry):
+                if f == 1:
+                    name = v.decode()
+                elif f == 2:
+                    feature = v
+            for kind, _, lst in _fields(feature):
+                values = [(w, v) for _, w, v in _fields(lst)]
+                if kind == 3:  # int64: packed (wire 2) or one varint per value (wire 0)
+                    out[name] = np.concatenate([_packed_varints(v) if w == 2 else np.array([v], np.int64)
+                                                for w, v in values]) if values else np.zeros(0, np.int64)
+                elif kind == 2:  # float: packed little-endian float32
+                    out[name] = np.frombuffer(b"".join(v for _, v in values), dtype="<f4").astype(np.float32)
+    return out
