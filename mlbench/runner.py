@@ -83,7 +83,9 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "seed": plan.seed,
         "time_to_train_s": ttt,
         "quality": {"metric": bench.quality.metric, "target": bench.quality.target,
-                    "direction": bench.quality.direction, "last": evals[-1]["value"] if evals else None},
+                    "direction": bench.quality.direction, "last": evals[-1]["value"] if evals else None,
+                    # tokens the last eval scored: every eval sample's (all positions, or the masked ones)
+                    "eval_scored": evals[-1].get("scored") if evals else None},
         "layout": layout.as_dict(),
         "devices": layout.world_size,
         # Median over steps; None where MFU is not defined (CPU) or the device's peak is unknown.

@@ -65,7 +65,8 @@ def _definitions(benchmarks_copy: Path, data: Path) -> dict:
                       seq_length=SEQ, position_embedding="rope", make_vocab_size_divisible_by=32, dropout=0.0)
     d["optimizer"].update(lr=2.0e-2, warmup_steps=20, decay_steps=580, start_warmup_step=-5)
     d["train"].update(global_batch_size=32, micro_batch_size=8, max_steps=600, init_checkpoint="", precision="fp32")
-    d["eval"].update(interval_samples=640, samples=256)
+    # 250: over 2 ranks x micro-batch 8 the eval set is padded to 256 rows, the 6 extra counting for nothing
+    d["eval"].update(interval_samples=640, samples=250)
     d["quality"]["target"] = 0.5
     d["data"].update(source="tfrecord", path=str(data / "part-*"), eval_path=str(data / "eval_10k"),
                      max_predictions_per_seq=PRED)
@@ -82,15 +83,19 @@ def test_bert_trains_on_mlperf_tfrecord_samples(tmp_path: Path, benchmarks_copy:
     write(data / "eval_10k", samples(256, seed=99))
     env = _definitions(benchmarks_copy, data)
     results = tmp_path / "results"
-    proc = mlbench("run", "bert", "--results", str(results), env=env, timeout=600)
+    proc = mlbench("run", "bert", "--results", str(results), "--nproc-per-node", "2", env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = next(results.rglob("result_0.txt"))
+    record = json.loads(next(results.rglob("result_0.json")).read_text())
+    # The eval scored every masked token of the first 250 eval samples, once: no more, no fewer.
+    weights = [parse_example(r)["masked_lm_weights"].sum() for r in records(data / "eval_10k")][:250]
+    assert record["quality"]["eval_scored"] == sum(weights)
+    assert record["layout"]["dp"] == 2
     evals = [e["value"] for e in mllog(log) if e["key"] == "eval_accuracy"]
     assert evals[-1] >= 0.5 and evals[0] < 0.5, evals  # it learned the masked tokens, from below the target
     # The structural rules (the closed ones also require the full benchmark's 0.720 and hyperparameters).
     check = mlbench("check", str(log), "--rules", "smoke")
     assert check.returncode == 0, check.stdout
-    record = json.loads(next(results.rglob("result_0.json")).read_text())
     assert record["config"]["data"]["source"] == "tfrecord"
 
 

@@ -78,6 +78,10 @@ class BertRecords(TokenSource):
                               f" prepared with another vocabulary?")
         return row
 
+    @property
+    def row_width(self) -> int:
+        return sum(width for _, width in row_fields(self.seq_length, self.predictions))
+
     @staticmethod
     def _records(paths: list[str]) -> Iterator[tuple[bytes, str]]:
         for path in paths:
@@ -96,7 +100,8 @@ class BertRecords(TokenSource):
 
     def _parse(self, batch: list[tuple[bytes, str]], rows: slice) -> np.ndarray:
         # Framing every record of the batch is cheap; parsing is not, so only this rank's rows are parsed.
-        return np.stack([self._row(parse_example(rec), path) for rec, path in batch[rows]])
+        parsed = [self._row(parse_example(rec), path) for rec, path in batch[rows]]
+        return np.stack(parsed) if parsed else np.zeros((0, self.row_width), dtype=np.int64)
 
     def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
         if self._stream is None or step != self._next_step:  # start over and skip to the step (a restart)

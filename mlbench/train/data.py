@@ -44,6 +44,11 @@ class TokenSource(ABC):
         self.seq_length = seq_length
         self.global_batch = global_batch
 
+    @property
+    def row_width(self) -> int:
+        """The width of the rows this source gives."""
+        return self.seq_length + 1
+
     @abstractmethod
     def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
         """Rows `rows` (a data-parallel rank's share; default all) of the global batch of step `step` (0-based),
@@ -80,6 +85,8 @@ class IndexedTokens(TokenSource):
         if start + n > len(dataset):
             raise ValueError(f"the {what} dataset has {len(dataset)} samples; samples up to {start + n} requested")
         out = np.empty((n, self.seq_length + 1), dtype=np.int64)
+        if n == 0:  # a rank whose share of the eval set is all padding
+            return out
         for j in range(n):
             s = dataset[start + j]  # GPTDataset: tokens = text[:-1], labels = text[1:] of a seq+1 text
             out[j, :-1] = s["tokens"].numpy()

@@ -195,14 +195,27 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     def mine(n: int) -> slice:  # this data-parallel rank's rows of a batch of n
         return slice(dp_rank * (n // dp), (dp_rank + 1) * (n // dp))
 
-    def microbatches(rows: np.ndarray, rng: np.random.Generator) -> list[dict]:
-        return [objective.make_batch(rows[i:i + mbs], rng) for i in range(0, len(rows), mbs)]
+    def microbatches(rows: np.ndarray, rng: np.random.Generator, real: int | None = None) -> list[dict]:
+        """`real`: rows past it are padding, kept out of every loss and metric by a zero loss mask."""
+        out = []
+        for i in range(0, len(rows), mbs):
+            b = objective.make_batch(rows[i:i + mbs], rng)
+            if real is not None and real < i + mbs:
+                b["loss_mask"][max(real - i, 0):] = 0
+            out.append(b)
+        return out
 
-    # Held-out eval set, fixed for every run (the Markov source's own stream, or the indexed eval data's first
-    # samples), split across data-parallel ranks.
-    n_eval = bench.eval.samples - bench.eval.samples % (dp * mbs)
+    # Held-out eval set, fixed for every run (the Markov source's own stream, or the eval data's first samples):
+    # all of it, as the log's eval_samples says, split across data-parallel ranks and padded to whole
+    # micro-batches (the pipeline schedule runs equal micro-batches) with rows that count for nothing.
+    n_eval = bench.eval.samples
+    per_rank = -(-n_eval // (dp * mbs)) * mbs
+    lo, hi = min(dp_rank * per_rank, n_eval), min((dp_rank + 1) * per_rank, n_eval)
     eval_rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
-    eval_batches = microbatches(source.eval_set(n_eval, eval_rng, mine(n_eval)), eval_rng)
+    real = source.eval_set(n_eval, eval_rng, slice(lo, hi))
+    rows = np.zeros((per_rank, source.row_width), dtype=np.int64)
+    rows[:len(real)] = real
+    eval_batches = microbatches(rows, eval_rng, real=len(real))
 
     def step_fn(data_iterator, chunk):
         batch = next(data_iterator)
@@ -225,14 +238,15 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         dist.all_reduce(local)
         return dict(zip(keys, local.tolist(), strict=True))
 
-    def evaluate_model() -> float:
+    def evaluate_model() -> tuple[float, float]:
+        """The metric, and how many tokens it scored (all of the eval set's, padding excluded)."""
         for c in model:
             c.eval()
         with torch.no_grad():
             totals = run_fwd_bwd(eval_batches, forward_only=True)
         for c in model:
             c.train()
-        return objective.value(totals)
+        return objective.value(totals), totals["tokens"]
 
     budget = max_steps(bench, gbs)
     interval = eval_interval_steps(bench, gbs)
@@ -292,11 +306,11 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         meta = {key: samples * unit}
         if log:
             log.start(C.EVAL_START, metadata=meta)
-        value = evaluate_model()
+        value, scored = evaluate_model()
         if log:
             log.event(C.EVAL_ACCURACY, value=value, metadata=meta)
             log.end(C.EVAL_STOP, metadata=meta)
-            events.emit("eval", step=step, samples=samples, value=value)
+            events.emit("eval", step=step, samples=samples, value=value, scored=scored)
         if bench.converged(value):
             status = "success"
             break

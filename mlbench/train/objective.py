@@ -128,8 +128,11 @@ class PreMaskedLM:
         weights = f["masked_lm_weights"].float()
         labels = torch.zeros_like(f["input_ids"])
         loss_mask = torch.zeros(labels.shape)
-        labels.scatter_(1, f["masked_lm_positions"], f["masked_lm_ids"] * (weights > 0))
-        loss_mask.scatter_(1, f["masked_lm_positions"], weights)  # padding predictions: position 0, weight 0
+        # Only the real predictions: the padding ones (weight 0) point at position 0, which may be a real one.
+        row, j = torch.nonzero(weights > 0, as_tuple=True)
+        pos = f["masked_lm_positions"][row, j]
+        labels[row, pos] = f["masked_lm_ids"][row, j]
+        loss_mask[row, pos] = weights[row, j]
         return {"tokens": f["input_ids"], "labels": labels, "loss_mask": loss_mask,
                 "attention_mask": f["input_mask"].bool(), "tokentype_ids": f["segment_ids"],
                 "next_sentence_labels": f["next_sentence_labels"][:, 0]}
