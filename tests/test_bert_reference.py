@@ -111,16 +111,29 @@ def test_convert_checkpoint_refuses_what_does_not_fit(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not in the checkpoint" in proc.stdout and "position_embeddings" in proc.stdout
     assert not (tmp_path / "out").exists()
+    proc = mlbench("convert-checkpoint", "gpt3", str(bad), str(tmp_path / "out"))
+    assert proc.returncode == 2 and "no conversion" in proc.stdout, proc.stdout
+
+
+def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:
+    """The same checks in-process (the CLI path is above): each raises the one-line CheckpointError the
+    command prints with exit 2."""
+    import pytest
+    import torch
+
+    from mlbench import registry
+    from mlbench.train.convert_bert import CheckpointError, reference_state, to_megatron
+
+    tiny = registry.load("bert", tiny=True).model
     # The right names at the wrong size: the tiny model (hidden 64) from a BERT-large layer's query.
-    wrong = {"model": {f"bert.encoder.layer.0.attention.self.{n}.weight": torch.zeros(1024, 1024)
-                       for n in ("query", "key", "value")}}
-    torch.save(wrong, bad)
-    proc = mlbench("convert-checkpoint", "bert", str(bad), str(tmp_path / "out"), "--tiny")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "query: shape [1024, 1024], this model needs [64, 64]" in proc.stdout, proc.stdout
+    wrong = {f"bert.encoder.layer.0.attention.self.{n}.weight": torch.zeros(1024, 1024)
+             for n in ("query", "key", "value")}
+    with pytest.raises(CheckpointError, match=r"query: shape \[1024, 1024\], this model needs \[64, 64\]"):
+        to_megatron(wrong, tiny, 32)
     junk = tmp_path / "junk.pt"
     junk.write_text("not a checkpoint")
-    proc = mlbench("convert-checkpoint", "bert", str(junk), str(tmp_path / "out"))
-    assert proc.returncode == 2 and "torch.load" in proc.stdout, proc.stdout
-    proc = mlbench("convert-checkpoint", "gpt3", str(junk), str(tmp_path / "out"))
-    assert proc.returncode == 2 and "no conversion" in proc.stdout, proc.stdout
+    with pytest.raises(CheckpointError, match="torch.load"):
+        reference_state(junk)
+    torch.save({"model": {"w": 1}}, junk)
+    with pytest.raises(CheckpointError, match="state dict of tensors"):
+        reference_state(junk)
