@@ -240,8 +240,9 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     """
     import dataclasses
     import json
-    import subprocess
     import tempfile
+
+    from mlbench import tool
 
     bench = registry.load(name, tiny=tiny)
     if bench.model.family != "bert" or bench.model.norm_position != "post":
@@ -251,16 +252,12 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="mlbench-convert-") as tmp:
         spec = Path(tmp) / "benchmark.json"
         spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
-        proc = subprocess.run([sys.executable, "-m", "mlbench.train.convert_bert", str(spec), str(src), str(dest)],
-                              capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    if proc.returncode == 2:  # the checkpoint does not fit the model: bad input
-        raise UserError(f"{src}: {last}")
-    if proc.returncode != 0:
-        console.print("[red]error:[/red] conversion failed: ", end="")
-        console.print(last, markup=False, highlight=False, soft_wrap=True)
-        sys.exit(1)
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            r = tool.run_json("mlbench.train.convert_bert", str(spec), str(src), str(dest), prefix=f"{src}: ")
+        except tool.ToolFailed as e:
+            console.print("[red]error:[/red] conversion failed: ", end="")
+            console.print(str(e), markup=False, highlight=False, soft_wrap=True)
+            sys.exit(1)
     console.print(f"converted {src} -> {dest}: {r['tensors']} tensors, {r['parameters']:,} values (vocabulary "
                   f"padding included) in {r['seconds']} s; start a run from it with --init-checkpoint {dest}",
                   highlight=False, soft_wrap=True)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from mlbench import results
+from mlbench import results, tool
 from mlbench.errors import UserError
 from mlbench.launch import torchrun
 from mlbench.layout import Layout
@@ -38,14 +35,10 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
     with tempfile.TemporaryDirectory(prefix="mlbench-ckpt-check-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan.save(plan_path)
-        proc = subprocess.run([sys.executable, "-m", "mlbench.train.checkpoint_check", str(plan_path)],
-                              capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    if proc.returncode == 2:
-        raise UserError(proc.stderr.strip().splitlines()[-1])
-    if proc.returncode != 0:
-        raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: "
-                        f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            r = tool.run_json("mlbench.train.checkpoint_check", str(plan_path))
+        except tool.ToolFailed as e:
+            raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: {e}") from None
     names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
     padding = f", vocabulary padding differs in {len(r['vocab_padding_resized'])}" if r["vocab_padding_resized"] else ""
     if r["optimizer_moments"] and r["optimizer_metadata"]:

@@ -85,14 +85,12 @@ class IndexedTokens(TokenSource):
         if start + n > len(dataset):
             raise ValueError(f"the {what} dataset has {len(dataset)} samples; samples up to {start + n} requested")
         out = np.empty((n, self.seq_length + 1), dtype=np.int64)
-        if n == 0:  # a rank whose share of the eval set is all padding
-            return out
         for j in range(n):
             s = dataset[start + j]  # GPTDataset: tokens = text[:-1], labels = text[1:] of a seq+1 text
             out[j, :-1] = s["tokens"].numpy()
             out[j, -1] = int(s["labels"][-1])
         # A token id past the embedding would fail deep inside the model; name the likely cause instead.
-        if out.min() < 0 or out.max() >= self.vocab_size:
+        if n and (out.min() < 0 or out.max() >= self.vocab_size):  # n is 0 for a share of only padding
             raise ValueError(f"{what} data holds token id {int(out.max())} outside the model's vocabulary "
                              f"({self.vocab_size}): prepared with another tokenizer?")
         return out

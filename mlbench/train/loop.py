@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -192,30 +193,26 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     seq = bench.model.seq_length
     dp_rank = ps.get_data_parallel_rank()
 
-    def mine(n: int) -> slice:  # this data-parallel rank's rows of a batch of n
-        return slice(dp_rank * (n // dp), (dp_rank + 1) * (n // dp))
-
-    def microbatches(rows: np.ndarray, rng: np.random.Generator, real: int | None = None) -> list[dict]:
-        """`real`: rows past it are padding, kept out of every loss and metric by a zero loss mask."""
+    def microbatches(n: int, fetch: Callable[[slice], np.ndarray], rng: np.random.Generator) -> list[dict]:
+        """This data-parallel rank's micro-batches of a batch of n, its rows read by `fetch(rows)`. A batch that
+        does not divide into ranks x micro-batches (an eval set; a training batch always does) is padded to
+        whole micro-batches, as the pipeline schedule needs, with rows whose zero loss mask keeps them out of
+        every loss and metric."""
+        per_rank = -(-n // (dp * mbs)) * mbs
+        real = fetch(slice(min(dp_rank * per_rank, n), min((dp_rank + 1) * per_rank, n)))
+        rows = np.zeros((per_rank, source.row_width), dtype=np.int64)
+        rows[:len(real)] = real
         out = []
-        for i in range(0, len(rows), mbs):
+        for i in range(0, per_rank, mbs):
             b = objective.make_batch(rows[i:i + mbs], rng)
-            if real is not None and real < i + mbs:
-                b["loss_mask"][max(real - i, 0):] = 0
+            b["loss_mask"][max(len(real) - i, 0):] = 0
             out.append(b)
         return out
 
     # Held-out eval set, fixed for every run (the Markov source's own stream, or the eval data's first samples):
-    # all of it, as the log's eval_samples says, split across data-parallel ranks and padded to whole
-    # micro-batches (the pipeline schedule runs equal micro-batches) with rows that count for nothing.
-    n_eval = bench.eval.samples
-    per_rank = -(-n_eval // (dp * mbs)) * mbs
-    lo, hi = min(dp_rank * per_rank, n_eval), min((dp_rank + 1) * per_rank, n_eval)
+    # all of it, as the log's eval_samples says.
     eval_rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
-    real = source.eval_set(n_eval, eval_rng, slice(lo, hi))
-    rows = np.zeros((per_rank, source.row_width), dtype=np.int64)
-    rows[:len(real)] = real
-    eval_batches = microbatches(rows, eval_rng, real=len(real))
+    eval_batches = microbatches(bench.eval.samples, partial(source.eval_set, bench.eval.samples, eval_rng), eval_rng)
 
     def step_fn(data_iterator, chunk):
         batch = next(data_iterator)
@@ -278,7 +275,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         for _ in range(min(interval, budget - step)):
             t0 = time.perf_counter()
             rng = np.random.default_rng([plan.seed, step])
-            batches = microbatches(source.train_batch(step, rng, mine(gbs)), rng)
+            batches = microbatches(gbs, partial(source.train_batch, step, rng), rng)
             for c in model:
                 c.zero_grad_buffer()
             optimizer.zero_grad()

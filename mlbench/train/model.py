@@ -28,12 +28,18 @@ def have_transformer_engine() -> bool:
     return True
 
 
+def fused_bias_gelu(m: ModelSpec, on_gpu: bool) -> bool:
+    """Whether megatron's fused bias-gelu kernel runs: it is the tanh approximation, so it serves gelu_tanh (with
+    biases, on GPU) and never the exact gelu."""
+    return on_gpu and m.activation == "gelu_tanh" and m.add_bias_linear
+
+
 def activation(m: ModelSpec, fused: bool = False) -> Callable:
-    """The FFN activation. megatron's MLP recognises its fused kernels by function identity (F.gelu, F.silu),
-    so gelu_tanh is F.gelu where the (tanh) fused kernel runs and the tanh F.gelu where it does not."""
+    """The FFN activation. megatron's MLP recognises its fused kernel by function identity (F.gelu), so
+    gelu_tanh is F.gelu where the (tanh) fused kernel runs (`fused`) and the tanh F.gelu where it does not."""
     if m.activation == "swiglu":
         return F.silu
-    if m.activation == "gelu_tanh" and not (fused and m.add_bias_linear):
+    if m.activation == "gelu_tanh" and not fused:
         return partial(F.gelu, approximate="tanh")
     return F.gelu
 
@@ -54,7 +60,7 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         normalization=m.normalization,
         layernorm_epsilon=m.norm_epsilon,
         gated_linear_unit=m.activation == "swiglu",
-        activation_func=activation(m, fused=on_gpu),
+        activation_func=activation(m, fused=fused_bias_gelu(m, on_gpu)),
         add_bias_linear=m.add_bias_linear,
         hidden_dropout=m.dropout,
         attention_dropout=m.dropout,
@@ -70,8 +76,7 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_cpu_initialization=not on_gpu,
         # Fusions are CUDA kernels; on CPU the unfused paths are the ones that exist.
-        # megatron's fused bias-gelu kernel is the tanh approximation, so it serves gelu_tanh and never gelu.
-        bias_activation_fusion=on_gpu and m.activation == "gelu_tanh" and m.add_bias_linear,
+        bias_activation_fusion=fused_bias_gelu(m, on_gpu),
         masked_softmax_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=False,

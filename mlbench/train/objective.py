@@ -14,6 +14,7 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 
 from mlbench.spec import Benchmark
+from mlbench.train.bert_data import split_rows
 from mlbench.train.markov import MarkovSource
 
 Batch = dict[str, torch.Tensor]
@@ -121,8 +122,6 @@ class PreMaskedLM:
     metric = "masked_lm_accuracy"
 
     def make_batch(self, rows: np.ndarray, rng: np.random.Generator) -> Batch:
-        from mlbench.train.bert_data import split_rows
-
         f = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
              split_rows(rows, self.seq_length, self.predictions).items()}
         weights = f["masked_lm_weights"].float()
