@@ -191,8 +191,7 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
     if dry_run:
         from mlbench import dry_run as dry
 
-        dry.run(bench, layout, opts, console)
-        return
+        sys.exit(dry.run(bench, layout, opts, console))
     outcomes = runner.run_set(bench, layout, opts, console)
     sys.exit(0 if all(o.ok for o in outcomes) else 1)
 

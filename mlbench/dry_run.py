@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mlbench import results, tool
+from mlbench import compliance, results, tool
 from mlbench.errors import UserError
 from mlbench.launch import torchrun
 from mlbench.layout import Layout
@@ -51,8 +51,10 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
                   f"shapes{names}{padding}; {moments}", highlight=False, soft_wrap=True)
 
 
-def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> Path:
-    """`command`: what each run starts (default: the torchrun line of the local/torchrun launchers)."""
+def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> int:
+    """Writes the log up to run_start and checks it against the benchmark's closed rules; returns the exit code
+    (1 when those rules reject a hyperparameter line). `command`: what each run starts (default: the torchrun
+    line of the local/torchrun launchers)."""
     seed = seeds(opts.seed, 1)[0]
     if opts.init_checkpoint:
         check_checkpoint(RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir="", system=opts.system,
@@ -74,4 +76,16 @@ def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, co
                                            rdzv_endpoint=endpoint))
     console.print("each run starts:", command, highlight=False, soft_wrap=True)
     console.print(f"MLPerf log up to run_start: {dest}", highlight=False)
-    return dest
+    if bench.variant == "tiny":  # its hyperparameters are not the benchmark's: the smoke rules check its runs
+        console.print("closed rules: not applied to a tiny variant", highlight=False)
+        return 0
+    rules = f"closed {bench.mlperf.benchmark} rules ({bench.mlperf.ruleset})"
+    problems = compliance.before_run_start(dest, bench.mlperf.ruleset)
+    if not problems:
+        console.print(f"[green]{rules} accept every hyperparameter line[/green]", highlight=False)
+        return 0
+    console.print(f"[red]{rules} reject this log[/red] (a real run at this layout would fail the checker):",
+                  highlight=False)
+    for p in problems:
+        console.print(f"  {p}", highlight=False, markup=False, soft_wrap=True)
+    return 1

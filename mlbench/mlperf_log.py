@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +75,19 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
     ]
     if o.name in ("adam", "adamw"):
         keys += [
-            ("opt_learning_rate_decay_steps", decay),
+            ("opt_learning_rate_decay_steps", decay + warmup if bench.mlperf.decay_steps_logged == "end" else decay),
             ("opt_end_learning_rate", min_lr),
             ("opt_learning_rate_decay_schedule", f"{o.decay_style} with linear warmup"),
             (f"opt_{o.name}_beta_1", o.beta1),
             (f"opt_{o.name}_beta_2", o.beta2),
             (f"opt_{o.name}_epsilon", o.eps),
         ]
-        if o.name == "adamw":
-            keys.append(("opt_adamw_weight_decay", o.weight_decay))
+        # adamw's rules name opt_adamw_weight_decay; gpt3's (adam) name opt_weight_decay.
+        keys.append((f"opt_{'adamw_' if o.name == 'adamw' else ''}weight_decay", o.weight_decay))
     else:  # lamb: BERT's keys
         keys += [
             ("opt_lamb_epsilon", o.eps),
+            ("opt_epsilon", o.eps),  # the rules' BERT table names this one; the checker requires the other
             ("opt_lamb_beta_1", o.beta1),
             ("opt_lamb_beta_2", o.beta2),
             ("opt_lamb_weight_decay_rate", o.weight_decay),
@@ -98,19 +99,15 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
     keys += [
         ("opt_gradient_clip_norm", o.clip_grad),
         ("init_checkpoint_step", int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs))),
-        (C.TRAIN_SAMPLES, train_samples(bench, gbs)),
         (C.EVAL_SAMPLES, bench.eval.samples),
+        *([("max_predictions_per_seq", bench.data.max_predictions_per_seq)] if bench.data.max_predictions_per_seq
+          else []),
         ("tensor_parallelism", layout["tp"]),
         ("pipeline_parallelism", layout["pp"]),
         ("context_parallelism", layout["cp"]),
         ("micro_batch_size", layout["micro_batch_size"]),
     ]
     return keys
-
-
-def train_samples(bench: Benchmark, gbs: int) -> int:
-    """Samples in the step budget: the most the run may train on before it is aborted."""
-    return max_steps(bench, gbs) * gbs
 
 
 def max_steps(bench: Benchmark, gbs: int) -> int:
@@ -122,9 +119,21 @@ def max_steps(bench: Benchmark, gbs: int) -> int:
     return max(steps, 1)
 
 
-def eval_interval_steps(bench: Benchmark, gbs: int) -> int:
-    samples = evaluate(bench.eval.interval_samples, global_batch_size=gbs)
-    return max(1, math.ceil(samples / gbs))
+def eval_schedule(bench: Benchmark, gbs: int) -> Callable[[int], int]:
+    """The step after which the next evaluation falls, given the current step: the first step at or past the
+    next multiple of the interval. The rules give BERT's interval in samples, which the batch need not divide
+    (225,000 at 8192): evaluating every ceil(interval / gbs) steps would fall a step later each time (9 steps
+    late by 4.1M samples), as the NVIDIA reference does not. Where the batch divides the interval (gpt3 and
+    llama write theirs rounded up to whole batches) this is every interval / gbs steps."""
+    samples = int(evaluate(bench.eval.interval_samples, global_batch_size=gbs))
+    if samples <= 0:
+        raise ValueError(f"{bench.name}: eval.interval_samples is {samples}; it must be positive")
+
+    def next_eval(step: int) -> int:
+        k = step * gbs // samples + 1  # the next multiple of the interval past this step's samples
+        return max(step + 1, -(-k * samples // gbs))
+
+    return next_eval
 
 
 def read(path: str | Path) -> list[dict]:
@@ -153,6 +162,9 @@ def finalize_aborted(path: str | Path, reason: str) -> bool:
         return False
     log = MLPerfLog(path)
     try:
+        if C.TRAIN_SAMPLES not in keys:  # the checker wants exactly one; the samples of the last logged step
+            steps = [e for e in read(path) if e.get("key") == "tracked_stats"]
+            log.event(C.TRAIN_SAMPLES, value=steps[-1]["metadata"].get("samples_count", 0) if steps else 0)
         log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": reason})
     finally:
         log.close()

@@ -80,10 +80,14 @@ def _validate(b: Benchmark, path: Path) -> None:
         raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
     if b.variant == "tiny" and not b.quality.note:
         raise UserError(f"{where}: a tiny variant must say how its target was chosen (quality.note)")
-    for rule in b.train.checkpoint_names:
-        if rule.count(" -> ") != 1 or not all(part.strip() for part in rule.split(" -> ")):
-            raise UserError(f"{where}: train.checkpoint_names entry {rule!r} must read 'FROM -> TO' "
-                            f"(a megatron-core name fragment and the checkpoint's)")
+    for naming, rules in b.train.checkpoint_names.items():
+        for rule in rules:
+            if rule.count(" -> ") != 1 or not all(part.strip() for part in rule.split(" -> ")):
+                raise UserError(f"{where}: train.checkpoint_names.{naming} entry {rule!r} must read 'FROM -> TO' "
+                                f"(a megatron-core name fragment and the checkpoint's)")
+    if m.zero_centered_gamma and (m.normalization != "LayerNorm" or m.norm_position != "pre"):
+        raise UserError(f"{where}: model.zero_centered_gamma (LayerNorm1P) needs normalization: LayerNorm and "
+                        f"norm_position: pre")
     if b.variant == "tiny" and b.data.source != "markov":
         raise UserError(f"{where}: a tiny variant trains on the synthetic source (data.source: markov)")
 

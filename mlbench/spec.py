@@ -49,6 +49,9 @@ class ModelSpec:
     # Where the LayerNorms sit: "pre" (megatron-core's x + f(LN(x)) and a final LN) or "post" (the original
     # BERT's LN(x + f(x)) and an embedding LN; mlbench/train/post_norm.py).
     norm_position: Literal["pre", "post"] = "pre"
+    # LayerNorm1P: the weight stores gamma - 1 (initialised to 0) and the norm applies weight + 1, as the
+    # Megatron GPT-3 reference and its checkpoint do; megatron-core's layernorm_zero_centered_gamma.
+    zero_centered_gamma: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class OptimizerSpec:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    # megatron-core leaves biases and 1-D parameters (norms) out of weight decay; true decays every parameter
+    # (Megatron-LM's --do-layernorm-bias-weight-decay).
+    decay_norms_and_biases: bool = False
     clip_grad: float = 1.0
     # Schedule, in optimizer steps; expressions in `global_batch_size` allowed.
     warmup_steps: int | str = 0
@@ -84,7 +90,7 @@ class TrainSpec:
     init_checkpoint: str = ""  # the checkpoint a full run starts from (weights; user supplied), "" for none
     # How that checkpoint names megatron-core's tensors where it differs: "FROM -> TO" fragment replacements,
     # applied in order to megatron-core names (mlbench/train/checkpoint.py).
-    checkpoint_names: tuple[str, ...] = ()
+    checkpoint_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
     precision: Literal["bf16", "fp32"] = "bf16"  # on CPU always fp32
 
 
@@ -130,6 +136,10 @@ class MLPerfSpec:
     runs_required: int
     eval_unit: Literal["tokens", "samples"]  # what the eval_accuracy metadata counts
     eval_metadata_key: Literal["epoch_num", "samples_count"]
+    # What opt_learning_rate_decay_steps states: the decay's length after warm-up (llama31_405b's rules check
+    # ceil(1.2M x 1152 / gbs) - warm-up) or the step where the decay ends (gpt3's rules: ceil(108600 x 1536 /
+    # gbs)). The schedule itself is the same either way.
+    decay_steps_logged: Literal["length", "end"] = "length"
 
 
 @dataclass(frozen=True)
@@ -267,6 +277,12 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
             raise UserError(f"{where}: expected a list, got {value!r}")
         (item_tp, _) = typing.get_args(tp)
         return tuple(_check_value(f"{where}[{i}]", v, item_tp) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: expected a mapping, got {value!r}")
+        (key_tp, item_tp) = typing.get_args(tp)
+        return {_check_value(f"{where} key", k, key_tp): _check_value(f"{where}.{k}", v, item_tp)
+                for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return build(tp, value, where)
     raise TypeError(f"unhandled type {tp!r}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlbench import flops, registry
+from mlbench import flops, mlperf_log, registry
 from mlbench.spec import ModelSpec, evaluate
 
 RULES = Path(__import__("mlperf_logging").__file__).parent / "compliance_checker"
@@ -111,6 +111,10 @@ def test_gpt3_passes_the_official_rules(gbs: int) -> None:
     if gbs == 2048:
         assert (evaluate(o.lr, global_batch_size=gbs), evaluate(o.min_lr, global_batch_size=gbs), step) == (
             2e-5, 2e-6, 3000)
+        # the rules' decay steps: the step where the cosine ends, ceil(108600 * 1536 / 2048), as NVIDIA logs it
+        logged = dict(mlperf_log.hyperparameters(b, {"global_batch_size": gbs, "num_microbatches": 1, "tp": 1,
+                                                     "pp": 1, "cp": 1, "micro_batch_size": 1}, seed=0))
+        assert (logged["opt_learning_rate_decay_steps"], logged["opt_weight_decay"]) == (81450, 0.1)
 
 
 def test_gpt3_learning_rate_rule() -> None:
@@ -207,3 +211,45 @@ def test_param_count_equals_megatron_built_model() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert built == {k: flops.param_count(m) for k, m in SMALL.items()}
+
+
+_GPT3_NORMS = textwrap.dedent("""
+    import json
+    import torch, torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from mlbench import registry
+    from mlbench.train import lamb, model as M, solo
+    solo.init()
+    b = registry.load("gpt3", tiny=True)
+    config = M.transformer_config(b.model, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    chunk = M.build(b.model, config)
+    norms = {n: m for n, m in chunk.named_modules() if isinstance(m, torch.nn.LayerNorm)}
+    x = torch.randn(3, b.model.hidden_size)
+    ln = chunk.decoder.final_layernorm
+    with torch.no_grad():
+        ln.weight.normal_()
+        plain = F.layer_norm(x, ln.normalized_shape, ln.weight + 1, ln.bias, ln.eps)
+    ddp = DistributedDataParallel(config=config, module=chunk, ddp_config=DistributedDataParallelConfig())
+    out = {}
+    for decay in (False, True):
+        opt = lamb.megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1), [ddp], "adam",
+                                      decay)
+        out[str(decay)] = sorted(g["wd_mult"] for m in opt.chained_optimizers for g in m.optimizer.param_groups)
+    print(json.dumps({"norms": sorted({type(m).__name__ for m in norms.values()}), "count": len(norms),
+                      "zero": all(float(m.weight.abs().max()) == 0 for n, m in norms.items() if m is not ln),
+                      "same": bool(torch.allclose(ln(x), plain)), "wd_mult": out}))
+""")
+
+
+def test_gpt3_layernorms_store_gamma_minus_one_and_every_parameter_decays() -> None:
+    """The reference's MixedFusedLayerNorm1P (and its checkpoint's gamma - 1) and --do-layernorm-bias-weight-decay:
+    every norm of the built model, the final one included, applies weight + 1 from a zero weight, and the
+    optimizer puts every parameter in one decayed group (megatron's default would leave norms and biases out)."""
+    assert registry.load("gpt3").model.zero_centered_gamma and registry.load("gpt3").optimizer.decay_norms_and_biases
+    proc = subprocess.run([sys.executable, "-c", _GPT3_NORMS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["norms"] == ["LayerNorm1P"] and r["count"] == 2 * 2 + 1  # two a layer, and the final one
+    assert r["zero"] and r["same"]
+    assert r["wd_mult"] == {"False": [0.0, 1.0], "True": [1.0]}

@@ -31,10 +31,27 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
                    "--save-checkpoint", str(saved), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rules = registry.load("gpt3", tiny=True).train.checkpoint_names
-    assert rules, "gpt3 names its reference checkpoint's tensors"
+    assert set(rules) == {"megatron", "nemo"}, "gpt3 names both reference checkpoints' tensors"
+
+    # The reference's Megatron checkpoint layout: zarr arrays under legacy Megatron-LM names, and a common.pt
+    # whose one param group carries step 4000 and no megatron-core ids. It is read as it is.
+    zarr = tmp_path / "reference_zarr"
+    conv = subprocess.run([sys.executable, str(HERE / "zarr_reference.py"), str(saved), str(zarr)],
+                          capture_output=True, text=True, timeout=300)
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "z"), "--system", "ci", "--seed", "2",
+                   "--init-checkpoint", str(zarr), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec, before = _record(tmp_path / "z"), _record(tmp_path / "a")
+    loaded = rec["init_checkpoint"]
+    assert loaded["renamed"] == loaded["tensors"] == 16 and loaded["optimizer_state"] is True
+    assert loaded["example_name"].startswith("language_model.") and "step from the checkpoint" in loaded[
+        "optimizer_note"]
+    assert rec["steps"][0]["loss"] < before["steps"][-1]["loss"] + 0.1 < before["steps"][0]["loss"]
+
     foreign = tmp_path / "nvidia_v41_names"
     conv = subprocess.run([sys.executable, str(HERE / "rename_checkpoint.py"), str(saved), str(foreign), "model.",
-                           *rules], capture_output=True, text=True, timeout=300)
+                           *rules["nemo"]], capture_output=True, text=True, timeout=300)
     assert conv.returncode == 0, conv.stderr[-3000:]
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
 

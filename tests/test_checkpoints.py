@@ -88,8 +88,8 @@ def _assert_refused(proc, *needles: str) -> None:
     (lambda p: None, ["no such folder"]),
     (lambda p: p.mkdir(), ["not a megatron-core distributed checkpoint", "no metadata.json"]),
     (lambda p: (p / "iter_0004000").mkdir(parents=True), ["legacy per-rank Megatron checkpoint"]),
-    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "zarr"}')),
-     ["sharded backend 'zarr'", "torch_dist"]),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "tensorstore"}')),
+     ["sharded backend 'tensorstore'", "'torch_dist'", "'zarr'"]),
     (lambda p: (p.mkdir(), (p / "metadata.json").write_bytes(b"\xff\xfe{")), ["cannot read metadata.json"]),
     (lambda p: (p.mkdir(), (p / "metadata.json").write_text("[1]")), ["metadata.json is not a JSON object"]),
 ])
@@ -115,12 +115,12 @@ def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) 
 
 def test_names_are_found_under_a_prefix_or_through_the_benchmarks_renames() -> None:
     needed = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight"]
-    assert resolve_names(needed, dict.fromkeys(needed), ())("x.y") == "x.y"
-    nemo = resolve_names(needed, {f"model.{k}": None for k in needed}, ())
+    assert resolve_names(needed, dict.fromkeys(needed), {})("x.y") == "x.y"
+    nemo = resolve_names(needed, {f"model.{k}": None for k in needed}, {})
     assert nemo("decoder.layers.mlp.linear_fc1.weight") == "model.decoder.layers.mlp.linear_fc1.weight"
-    rules = ("mlp.linear_fc1.weight -> layernorm_mlp.fc1_weight",)
+    rules = {"other": ("embedding. -> emb.",), "nemo": ("mlp.linear_fc1.weight -> layernorm_mlp.fc1_weight",)}
     stored = {"model.embedding.word_embeddings.weight": None, "model.decoder.layers.layernorm_mlp.fc1_weight": None}
-    assert resolve_names(needed, stored, ()) is None
+    assert resolve_names(needed, stored, {}) is None
     assert resolve_names(needed, stored, rules)(needed[1]) == "model.decoder.layers.layernorm_mlp.fc1_weight"
     assert resolve_names(needed, {"model.embedding.word_embeddings.weight": None}, rules) is None  # partial
 

@@ -25,6 +25,7 @@ def _log(tmp_path: Path, finish: bool, unit: str = "epoch_num") -> Path:
     log.event("eval_accuracy", 1.0, metadata={unit: 1024})
     log.end("eval_stop", metadata={unit: 1024})
     if finish:
+        log.event("train_samples", 1024)
         log.end("run_stop", metadata={"status": "success"})
     log.close()
     return plan.log_path

@@ -11,7 +11,7 @@ import pytest
 
 from mlbench import layout, registry, results
 from mlbench.errors import UserError
-from mlbench.mlperf_log import MLPerfLog, finalize_aborted, read
+from mlbench.mlperf_log import MLPerfLog, eval_schedule, finalize_aborted, read
 from mlbench.spec import evaluate
 from mlbench.train.markov import MarkovSource
 
@@ -119,3 +119,39 @@ def test_mfu_peak_is_per_device_and_precision() -> None:
     assert hardware.peak_tflops("NVIDIA GB200", "bf16") == 2500.0
     assert hardware.peak_tflops("Some New GPU", "bf16") is None  # unknown: no MFU rather than a guess
     assert "not defined on CPU" in hardware.mfu_note("cpu", "cpu", "fp32")
+
+
+def _evals(name: str, gbs: int, until: int) -> list[int]:
+    next_eval, steps = eval_schedule(registry.load(name), gbs), [0]
+    while (s := next_eval(steps[-1])) <= until:
+        steps.append(s)
+    return steps[1:]
+
+
+def test_evals_fall_on_multiples_of_the_interval_in_samples() -> None:
+    # BERT at 8192: every 225,000 samples, the first step at or past each multiple (as NVIDIA's reference
+    # does), not every ceil(225000 / 8192) = 28 steps, which would be 9 steps late by the 18th eval.
+    bert = _evals("bert", 8192, 500)
+    assert bert[:4] == [28, 55, 83, 110]
+    assert all(s * 8192 >= k * 225000 > (s - 1) * 8192 for k, s in enumerate(bert, 1))
+    assert _evals("gpt3", 2048, 60) == [12, 24, 36, 48, 60]  # 24576 / 2048: the batch divides the interval
+    assert _evals("llama31_405b", 1000, 60) == [19, 38, 57]  # ceil(18432 / 1000) steps: rounded in the file
+
+
+def test_zarr_arrays_read_by_slice_across_chunks(tmp_path: Path) -> None:
+    """The reference checkpoint's zarr arrays (uncompressed, '<f4' or tensorstore's 'bfloat16', edge chunks
+    stored whole): any slice a rank asks for, across chunk borders, with layer indices and clipped ends."""
+    import torch
+    from zarr_reference import write_array
+
+    from mlbench.train.zarr_checkpoint import read
+
+    x = torch.randn(3, 17, 24)
+    write_array(tmp_path / "f32", x.numpy())  # chunks [1, 17, 3]: 17 does not divide by 8
+    write_array(tmp_path / "bf16", x.bfloat16().view(torch.uint16).numpy(), dtype="bfloat16")
+    for index in [(), (1,), (2, slice(3, 11)), (0, slice(5, 17), slice(2, 23)), (slice(1, 3), slice(16, 40))]:
+        assert torch.equal(read(tmp_path / "f32", index), x[index]), index
+        assert torch.equal(read(tmp_path / "bf16", index), x.bfloat16()[index]), index
+    wide = torch.randn(400, 16)  # over 200 rows: chunks [50, 2]
+    write_array(tmp_path / "wide", wide.numpy())
+    assert torch.equal(read(tmp_path / "wide", (slice(37, 301), slice(3, 9))), wide[37:301, 3:9])

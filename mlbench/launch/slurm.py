@@ -152,10 +152,10 @@ def launch(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOp
         shutil.rmtree(job_dir)
         per_run = job_for(layout, opts, bench.name, job_dir, driver=None,
                           command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("RANKS"))
-        dry.run(bench, layout, run_opts, console, command=shlex.join(srun_argv(per_run)))
+        code = dry.run(bench, layout, run_opts, console, command=shlex.join(srun_argv(per_run)))
         console.print("sbatch script (not submitted):", highlight=False)
         console.out(script, highlight=False)
-        return 0
+        return code
     job_dir, _ = prepare(bench, layout, run_opts, opts, folder)
     code = submit(job_dir, console)
     summary = job_dir / "summary.json"

@@ -13,6 +13,7 @@ a checkpoint is complete or absent, and an existing one is never replaced.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Callable
@@ -104,10 +105,9 @@ def check_readable(path: str | Path) -> None:
     if not isinstance(data, dict):
         raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not a JSON object")
     backend = data.get("sharded_backend")
-    if backend != "torch_dist":
-        raise CheckpointError(
-            f"--init-checkpoint {path}: sharded backend {backend!r}; this megatron-core reads 'torch_dist' only "
-            f"(the MLPerf GPT-3 reference checkpoint is zarr: rewrite it as torch_dist first, docs/checkpoints.md)")
+    if backend not in ("torch_dist", "zarr"):
+        raise CheckpointError(f"--init-checkpoint {path}: sharded backend {backend!r}; readable: 'torch_dist' "
+                              f"(megatron-core's) and 'zarr' (the MLPerf GPT-3 reference checkpoint's)")
 
 
 def _find_prefix(needed: list[str], stored: dict) -> str | None:
@@ -135,10 +135,11 @@ def renamer(rules: tuple[str, ...] | list[str]) -> Callable[[str], str]:
     return rename
 
 
-def resolve_names(needed: list[str], stored: dict, rules: tuple[str, ...]) -> Callable[[str], str] | None:
-    """How the checkpoint names the model's tensors: megatron-core's own names, else the benchmark's reference
-    checkpoint names (`rules`), either under one common prefix; None when neither holds every tensor."""
-    for rename in ([lambda k: k, renamer(rules)] if rules else [lambda k: k]):
+def resolve_names(needed: list[str], stored: dict, rules: dict[str, tuple[str, ...]]) -> Callable[[str], str] | None:
+    """How the checkpoint names the model's tensors: megatron-core's own names, else one of the benchmark's
+    reference checkpoint namings (`rules`, by name), in each case under one common prefix; None when none holds
+    every tensor."""
+    for rename in [lambda k: k, *(renamer(r) for r in rules.values())]:
         prefix = _find_prefix([rename(k) for k in needed], stored)
         if prefix is not None:
             return lambda k, rename=rename, prefix=prefix: prefix + rename(k)
@@ -152,17 +153,33 @@ def _same_but_padding(item, want: tuple, got: tuple, vocab_size: int) -> bool:
             and min(want[0], got[0]) >= vocab_size)
 
 
-def has_optimizer_metadata(common: dict) -> bool:
-    """megatron-core's optimizer metadata (param groups) in common.pt: at `optimizer` for an fp32 optimizer, at
-    `optimizer.optimizer` for the bf16 one (Float16OptimizerWithFloat16Params nests torch's state dict)."""
-    opt = common.get("optimizer") if isinstance(common, dict) else None
+def _groups_holder(opt: object) -> dict | None:
+    """The dict holding torch's param_groups in a megatron optimizer state: at the top for an fp32 optimizer,
+    under `optimizer` for the bf16 one (Float16OptimizerWithFloat16Params nests torch's state dict)."""
     for _ in range(2):
         if not isinstance(opt, dict):
-            return False
+            return None
         if "param_groups" in opt:
-            return True
+            return opt
         opt = opt.get("optimizer")
-    return False
+    return None
+
+
+def has_optimizer_metadata(common: dict) -> bool:
+    """Optimizer metadata (param groups) in common.pt."""
+    return _groups_holder(common.get("optimizer") if isinstance(common, dict) else None) is not None
+
+
+def foreign_groups(common: dict) -> list[dict] | None:
+    """The checkpoint's param groups when megatron-core did not write them (no group identifiers such as
+    wd_mult / is_expert_parallel): the MLPerf GPT-3 reference's common.pt holds one group with its step and no
+    parameter ids, which megatron-core cannot match to its own groups."""
+    from megatron.core.optimizer.optimizer import param_group_identifier_keys
+
+    holder = _groups_holder(common.get("optimizer"))
+    groups = holder["param_groups"] if holder else []
+    known = all(all(k in g or f"pre_{k}" in g for k in param_group_identifier_keys) for g in groups)
+    return None if known else groups
 
 
 @dataclass
@@ -176,24 +193,24 @@ class Match:
     resized: list[str]  # model names whose vocabulary padding differs from the checkpoint's
 
 
-def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...] = ()) -> Match:
+def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple[str, ...]] | None = None) -> Match:
     """Checks that the checkpoint holds every tensor of the model's sharded `state` with its global shape.
     `vocab_size` is the tokenizer's: embedding rows beyond it are padding and may differ. `names`: the
     benchmark's checkpoint_names, tried when the checkpoint does not use megatron-core's names."""
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
 
+    from mlbench.train import zarr_checkpoint  # imports megatron: not at module level, which the CLI imports
+
     check_readable(path)
+    zarr_checkpoint.register()
     stored = load_sharded_metadata(str(path))
     items = {item.key: item for item in tensors(state)}
-    to_ckpt = resolve_names(list(items), stored, names)
+    to_ckpt = resolve_names(list(items), stored, names or {})
     if to_ckpt is None:
         missing = [k for k in items if k not in stored]
-        legacy = any(k.startswith("language_model.") for k in stored)
-        hint = ("; it uses legacy Megatron-LM names (language_model.*): convert it to megatron-core names first"
-                if legacy else "")
-        tried = " (nor under the benchmark's train.checkpoint_names)" if names else ""
+        tried = f" (nor under the benchmark's checkpoint names: {', '.join(names)})" if names else ""
         raise CheckpointError(f"--init-checkpoint {path}: {len(missing)} of the model's {len(items)} tensors are "
-                              f"not in the checkpoint{tried}, e.g. {', '.join(missing[:3])}{hint}")
+                              f"not in the checkpoint{tried}, e.g. {', '.join(missing[:3])}")
     differ = {k: (want, got) for k, item in items.items()
               if (want := _global_shape(item)) is not None
               and (got := _global_shape(stored[to_ckpt(k)])) not in (None, want)}
@@ -207,7 +224,8 @@ def match(path: str | Path, state: dict, vocab_size: int, names: tuple[str, ...]
     return Match(to_ckpt, stored, list(items), [to_ckpt(k) for k in items if to_ckpt(k) != k], resized)
 
 
-def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple[str, ...] = ()) -> dict:
+def load(path: str | Path, model: list, optimizer, vocab_size: int,
+         names: dict[str, tuple[str, ...]] | None = None) -> dict:
     """Loads the model (and optimizer state when the checkpoint has it) from `path`, after `match`; returns
     what was loaded."""
     from megatron.core import dist_checkpointing
@@ -234,6 +252,10 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
         optimizer_note = ""
         state["optimizer"] = opt_state
     with_optimizer = not optimizer_note
+    foreign = foreign_groups(common) if with_optimizer else None
+    if foreign is not None:  # this run's groups are set after the load (merging the checkpoint's would fail)
+        _groups_holder(opt_state).pop("param_groups")
+        optimizer_note = "param groups from this run; moments and step from the checkpoint"
     members = getattr(optimizer, "chained_optimizers", [optimizer])
     if not with_optimizer:  # undo the placeholder moments sharded_state_dict(is_loading=True) created
         for m in members:
@@ -244,6 +266,12 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int, names: tuple
         off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
         if off:
             raise CheckpointError(f"--init-checkpoint {path}: loaded state does not fit the model: {off[:3]}")
+    if foreign is not None:
+        holder = _groups_holder(loaded["optimizer"])
+        holder["param_groups"] = copy.deepcopy(_groups_holder(members[0].optimizer.state_dict())["param_groups"])
+        steps = {g["step"] for g in foreign if "step" in g}
+        if len(steps) == 1:  # torch's Adam keeps the step per parameter, as a float tensor
+            holder.setdefault("state", {})["common_step"] = torch.tensor(float(steps.pop()))
     if with_optimizer:
         # The moments and step come from the checkpoint; the hyperparameters stay the benchmark's (the ones the
         # MLPerf log states): param groups restored from the checkpoint would carry the saving run's lr rules.

@@ -110,12 +110,15 @@ class LAMB(torch.optim.Optimizer):
         return loss
 
 
-def megatron_optimizer(opt_config: Any, model: list[torch.nn.Module], name: str) -> Any:
-    """megatron-core's optimizer for `model`: Adam(W) as `get_megatron_optimizer` builds it, or LAMB inside it."""
+def megatron_optimizer(opt_config: Any, model: list[torch.nn.Module], name: str,
+                       decay_norms_and_biases: bool = False) -> Any:
+    """megatron-core's optimizer for `model`: Adam(W) as `get_megatron_optimizer` builds it, or LAMB inside it.
+    `decay_norms_and_biases`: one parameter group, all decayed (no overrides), instead of megatron's default
+    of no decay on biases and 1-D parameters."""
     from megatron.core import parallel_state
     from megatron.core.optimizer import get_megatron_optimizer
 
-    optimizer = get_megatron_optimizer(opt_config, model)
+    optimizer = get_megatron_optimizer(opt_config, model, config_overrides={} if decay_norms_and_biases else None)
     if name != "lamb":
         return optimizer
     if opt_config.use_distributed_optimizer:

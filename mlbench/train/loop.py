@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mlbench.mlperf_log import MLPerfLog, eval_interval_steps, hyperparameters, max_steps
+from mlbench.mlperf_log import MLPerfLog, eval_schedule, hyperparameters, max_steps
 from mlbench.spec import Benchmark, evaluate
 from mlbench.train import cpu_compat
 from mlbench.train.plan import RunPlan
@@ -175,7 +175,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         clip_grad=o.clip_grad, bf16=bf16, params_dtype=config.params_dtype,
     )
     # Adam(W) as megatron builds it, or LAMB inside the same megatron wrapper (clipping, main grads)
-    optimizer = lamb.megatron_optimizer(opt_config, model, o.name)
+    optimizer = lamb.megatron_optimizer(opt_config, model, o.name, o.decay_norms_and_biases)
     scheduler = schedule.build(optimizer, o, gbs,
                                init_step=int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs)))
     config.finalize_model_grads_func = finalize_model_grads
@@ -246,8 +246,8 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         return objective.value(totals), totals["tokens"]
 
     budget = max_steps(bench, gbs)
-    interval = eval_interval_steps(bench, gbs)
-    start_step = int(evaluate(bench.eval.start_samples, global_batch_size=gbs)) // gbs
+    next_eval = eval_schedule(bench, gbs)
+    start_samples = int(evaluate(bench.eval.start_samples, global_batch_size=gbs))
     unit = seq if bench.mlperf.eval_unit == "tokens" else 1  # eval metadata counts tokens or samples
     key = bench.mlperf.eval_metadata_key
     flops_per_step = flops.flops_per_sample(bench.model) * gbs
@@ -256,23 +256,23 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     device_name = "cpu" if on_cpu else torch.cuda.get_device_name()
     peak = None if on_cpu else hardware.peak_tflops(device_name, precision)
 
-    def block_meta(first_step: int) -> dict:
+    def block_meta(first_step: int, last_step: int) -> dict:
         if key == "samples_count":
             return {"samples_count": first_step * gbs}
-        return {"first_epoch_num": first_step * gbs * unit, "epoch_count": interval * gbs * unit}
+        return {"first_epoch_num": first_step * gbs * unit, "epoch_count": (last_step - first_step) * gbs * unit}
 
     if log:
         log.end(C.INIT_STOP)
         log.start(C.RUN_START)
-        events.emit("start", budget=budget, interval=interval, target=bench.quality.target,
+        events.emit("start", budget=budget, interval=next_eval(0), target=bench.quality.target,
                     metric=bench.quality.metric, direction=bench.quality.direction, devices=devices,
                     mfu_note=hardware.mfu_note("cpu" if on_cpu else "cuda", device_name, precision))
     step, status = 0, "aborted"
     while step < budget:
-        block_first = step
+        block_first, block_last = step, min(next_eval(step), budget)
         if log:
-            log.start(C.BLOCK_START, metadata=block_meta(block_first))
-        for _ in range(min(interval, budget - step)):
+            log.start(C.BLOCK_START, metadata=block_meta(block_first, block_last))
+        while step < block_last:
             t0 = time.perf_counter()
             rng = np.random.default_rng([plan.seed, step])
             batches = microbatches(gbs, partial(source.train_batch, step, rng), rng)
@@ -296,10 +296,10 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
                             tflops_per_device=tflops, lr=scheduler.get_lr(optimizer.param_groups[0]),
                             grad_norm=float(grad_norm) if grad_norm is not None else None)
         if log:
-            log.end(C.BLOCK_STOP, metadata=block_meta(block_first))
-        if step < start_step:
-            continue
+            log.end(C.BLOCK_STOP, metadata=block_meta(block_first, block_last))
         samples = step * gbs
+        if samples < start_samples:
+            continue
         meta = {key: samples * unit}
         if log:
             log.start(C.EVAL_START, metadata=meta)
@@ -312,6 +312,9 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
             status = "success"
             break
     if log:
+        # What the run trained on, once, before run_stop, as NVIDIA's BERT logs it (the RCP checker's
+        # --rcp-bert-train-samples reads it) and in the eval unit (tokens for gpt3, as NVIDIA's GPT-3 logs it).
+        log.event(C.TRAIN_SAMPLES, value=step * gbs * unit)
         meta = {"status": status}
         if status != "success":
             meta["reason"] = f"quality target not reached within the step budget ({budget} steps)"

@@ -17,6 +17,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mlbench.spec import ModelSpec
+from mlbench.train import layernorm1p
 from mlbench.train.post_norm import post_norm_model, post_norm_spec
 
 
@@ -59,6 +60,9 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         ffn_hidden_size=m.ffn_hidden_size,
         normalization=m.normalization,
         layernorm_epsilon=m.norm_epsilon,
+        # Transformer Engine's norms apply it; elsewhere the specs carry LayerNorm1P (layernorm1p.py), and
+        # megatron's torch LayerNorm would refuse the flag.
+        layernorm_zero_centered_gamma=m.zero_centered_gamma and have_transformer_engine(),
         gated_linear_unit=m.activation == "swiglu",
         activation_func=activation(m, fused=fused_bias_gelu(m, on_gpu)),
         add_bias_linear=m.add_bias_linear,
@@ -101,6 +105,8 @@ def attention_backend() -> str:
 def layer_spec(m: ModelSpec, config: TransformerConfig, backend: str | None = None) -> ModuleSpec:
     backend = backend or attention_backend()
     spec = _pre_norm_spec(m, backend)
+    if m.zero_centered_gamma and backend != "te":
+        spec = layernorm1p.layer_spec(spec)
     return post_norm_spec(spec, config, te=backend == "te") if m.norm_position == "post" else spec
 
 
@@ -155,4 +161,6 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None,
         model.lm_head.gelu = activation(m)  # megatron's BertLMHead hard-codes the erf GeLU; BERT's head uses hidden_act
     if m.norm_position == "post":
         post_norm_model(model, config, common["transformer_layer_spec"])
+    if m.zero_centered_gamma and not config.layernorm_zero_centered_gamma:
+        layernorm1p.final_norm(model, config)
     return model
