@@ -25,13 +25,15 @@ class Verdict:
     messages: list[str]
 
 
-def check(path: Path, ruleset: str, smoke: bool) -> Verdict:
+def _run_checker(path: Path, ruleset: str, *extra: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as scratch:
         cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-               "--ruleset", ruleset, str(Path(path).resolve()), "--log_output", f"{scratch}/checker.log"]
-        if smoke:
-            cmd += ["--config", str(SMOKE_RULES)]
-        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True)
+               "--ruleset", ruleset, str(Path(path).resolve()), "--log_output", f"{scratch}/checker.log", *extra]
+        return subprocess.run(cmd, cwd=scratch, capture_output=True, text=True)
+
+
+def check(path: Path, ruleset: str, smoke: bool) -> Verdict:
+    proc = _run_checker(path, ruleset, *(["--config", str(SMOKE_RULES)] if smoke else []))
     lines = (proc.stdout + proc.stderr).splitlines()
     messages = [ln for ln in lines if ln.startswith(("ERROR", "WARNING")) and "FAILED" not in ln]
     return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages,
@@ -47,10 +49,7 @@ _SEPARATOR = "-" * 30  # between the checker's messages, some of which span line
 def before_run_start(path: Path, ruleset: str) -> list[str]:
     """What the official closed rules of `ruleset` reject in a log that stops at run_start, leaving out the
     events such a log cannot have: every hyperparameter line is checked, exact float comparisons included."""
-    with tempfile.TemporaryDirectory() as scratch:
-        cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training", "--ruleset", ruleset,
-               str(Path(path).resolve()), "--log_output", f"{scratch}/checker.log"]
-        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True)
+    proc = _run_checker(path, ruleset)
     lines = (proc.stdout + proc.stderr).splitlines()
     body = [ln for ln in lines if not ln.startswith(("INFO", "** Logging output", "ERROR - FAILED"))]
     messages = [m.strip() for m in "\n".join(body).replace("WARNING - ", "", 1).split(_SEPARATOR) if m.strip()]

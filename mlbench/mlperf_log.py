@@ -157,13 +157,14 @@ def finalize_aborted(path: str | Path, reason: str) -> bool:
     path = Path(path)
     if not path.exists():
         return False
-    keys = [e.get("key") for e in read(path)]
+    events = read(path)
+    keys = [e.get("key") for e in events]
     if C.RUN_START not in keys or C.RUN_STOP in keys:
         return False
     log = MLPerfLog(path)
     try:
         if C.TRAIN_SAMPLES not in keys:  # the checker wants exactly one; the samples of the last logged step
-            steps = [e for e in read(path) if e.get("key") == "tracked_stats"]
+            steps = [e for e in events if e.get("key") == "tracked_stats"]
             log.event(C.TRAIN_SAMPLES, value=steps[-1]["metadata"].get("samples_count", 0) if steps else 0)
         log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": reason})
     finally:
