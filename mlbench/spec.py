@@ -100,6 +100,10 @@ class EvalSpec:
     samples: int  # size of the eval set
     # Evaluations before this many samples are skipped (MLPerf eval offsets); expression allowed.
     start_samples: int | str = 0
+    # indexed data: the eval set is the eval split packed whole, its last, partial sequence kept (padded, the
+    # padding outside the loss), as megatron's whole-set evaluation (--eval-iters -1) packs it; else the
+    # split's first `samples` full sequences.
+    keep_partial_sequence: bool = False
 
 
 @dataclass(frozen=True)

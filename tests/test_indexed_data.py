@@ -104,6 +104,30 @@ def test_indexed_source(definitions: Path, corpus: dict, tmp_path: Path, held_ou
         a.train_batch(10**6, rng)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_eval_split_packed_whole_keeps_its_partial_sequence(definitions: Path, corpus: dict, tmp_path: Path,
+                                                            keep: bool) -> None:
+    """gpt3's eval set as the reference packs it: 3 documents of 100 tokens are ceil(299 / 64) = 5 sequences,
+    the last one 44 tokens then padding, and every one of the 299 next-token predictions is scored once."""
+    import dataclasses
+
+    from mlbench.train.objective import CausalLM
+
+    bench = _bench(definitions, corpus["train"], make_corpus(tmp_path / "small_eval", 3, 100, 4))
+    assert registry.load("gpt3").eval.keep_partial_sequence  # what the shipped definition asks for
+    bench = dataclasses.replace(bench, eval=dataclasses.replace(bench.eval, samples=5, keep_partial_sequence=keep))
+    src = data_lib.indexed_source(bench, seed=7, global_batch=GBS, steps=STEPS, cache=tmp_path / "cache")
+    ev = src.eval_set(5, np.random.default_rng(0))
+    if not keep:  # megatron-core's default: 4 full sequences, and a 5th wrapped into a second epoch
+        assert not (ev == data_lib.PAD).any()
+        assert CausalLM().make_batch(ev, np.random.default_rng(0))["loss_mask"].sum() == 5 * 64
+        return
+    padded = [r for r in ev if (r == data_lib.PAD).any()]
+    assert len(padded) == 1 and (padded[0][44:] == data_lib.PAD).all() and (padded[0][:44] >= 0).all()
+    batch = CausalLM().make_batch(ev, np.random.default_rng(0))
+    assert batch["loss_mask"].sum() == 299 and batch["tokens"].min() >= 0 and batch["labels"].min() >= 0
+
+
 def _rank_worker(rank: int, world: int, port: int, bench_dict: dict, run_dir: str, out: str) -> None:
     import os
 

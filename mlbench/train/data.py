@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 Blend = tuple[list[str], list[float] | None]
 ALL = slice(None)
+PAD = -1  # fills a row past the end of the eval split's last, partial sequence: those positions predict nothing
 
 
 class TokenSource(ABC):
@@ -38,6 +39,7 @@ class TokenSource(ABC):
     `rng` is the caller's generator: for a training step seeded [run seed, step], for the eval set
     [data seed, 2**31 - 1]. A source that samples (Markov) draws from it; the caller keeps using it
     afterwards (masked-LM masking), so its state after the call is part of a run's behaviour.
+    An eval row may end in PAD (`eval.keep_partial_sequence`); training rows are always whole.
     """
 
     def __init__(self, seq_length: int, global_batch: int):
@@ -89,8 +91,10 @@ class IndexedTokens(TokenSource):
             s = dataset[start + j]  # GPTDataset: tokens = text[:-1], labels = text[1:] of a seq+1 text
             out[j, :-1] = s["tokens"].numpy()
             out[j, -1] = int(s["labels"][-1])
+            # megatron zeroes its padding in tokens and labels and masks those labels' loss: mark them again
+            out[j, 1:][s["loss_mask"].numpy() == 0] = PAD
         # A token id past the embedding would fail deep inside the model; name the likely cause instead.
-        if n and (out.min() < 0 or out.max() >= self.vocab_size):  # n is 0 for a share of only padding
+        if n and (out.min() < PAD or out.max() >= self.vocab_size):  # n is 0 for a share of only padding
             raise ValueError(f"{what} data holds token id {int(out.max())} outside the model's vocabulary "
                              f"({self.vocab_size}): prepared with another tokenizer?")
         return out
@@ -246,6 +250,7 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
 
     d, seq = bench.data, bench.model.seq_length
     n_train, n_eval = steps * global_batch, bench.eval.samples
+    keep_partial = bench.eval.keep_partial_sequence
     tokenizer = DefinitionTokenizer(bench.model.vocab_size,
                                     # unused (no EOD-based masks or position resets): one past the vocabulary
                                     d.eod_id if d.eod_id is not None else bench.model.vocab_size)
@@ -256,7 +261,7 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
     def build(random_seed: int, which: int, size: int) -> Any:
         common = dict(random_seed=random_seed, sequence_length=seq, path_to_cache=str(cache), tokenizer=tokenizer,
                       reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                      create_attention_mask=False)
+                      create_attention_mask=False, drop_last_partial_validation_sequence=not keep_partial)
         if eval_blend is None:  # one prefix, megatron's document split
             config = GPTDatasetConfig(blend=train_blend, split=split, **common)
             # Build only the split asked for (the other one, under another seed, is the other builder's).
@@ -270,7 +275,9 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
         return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[which]
 
     train = build(seed, 0, n_train)
-    eval_ = build(d.seed, 1, n_eval)  # the data seed, not the run's: every run evaluates on the same set
+    # The data seed, not the run's: every run evaluates on the same set. Kept whole, the split is one epoch
+    # (size None): a size would make megatron wrap into a second epoch to fill the partial sequence.
+    eval_ = build(d.seed, 1, None if keep_partial else n_eval)
     for ds, n, what in ((train, n_train, "training"), (eval_, n_eval, "eval")):
         if ds is None or len(ds) < n:
             raise ValueError(f"the {what} data provides {0 if ds is None else len(ds)} sequences of {seq}; "

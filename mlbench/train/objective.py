@@ -15,6 +15,7 @@ from megatron.core import parallel_state, tensor_parallel
 
 from mlbench.spec import Benchmark
 from mlbench.train.bert_data import split_rows
+from mlbench.train.data import PAD
 from mlbench.train.markov import MarkovSource
 
 Batch = dict[str, torch.Tensor]
@@ -59,10 +60,11 @@ class CausalLM:
     def make_batch(self, tokens: np.ndarray, rng: np.random.Generator) -> Batch:
         t = torch.from_numpy(tokens)
         seq = t.shape[1] - 1
+        labels = t[:, 1:]
         return {
-            "tokens": t[:, :-1].contiguous(),
-            "labels": t[:, 1:].contiguous(),
-            "loss_mask": torch.ones(t.shape[0], seq),
+            "tokens": t[:, :-1].clamp(min=0),  # PAD (-1) past a partial eval sequence: any id, never scored
+            "labels": labels.clamp(min=0),
+            "loss_mask": (labels != PAD).float(),
             "position_ids": torch.arange(seq).unsqueeze(0).expand(t.shape[0], seq).contiguous(),
         }
 
