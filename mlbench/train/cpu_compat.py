@@ -8,11 +8,15 @@ checks. Rather than fork megatron-core, this layer redirects those few CUDA requ
 - a TorchFunctionMode rewrites CUDA `device=` arguments to CPU, passes `Tensor.cuda()` / `.to('cuda')`
   through, and reports `Tensor.type()` with the `torch.cuda.` prefix megatron-core compares against;
 - `torch.cuda.current_device/synchronize/empty_cache` and the RNG-state functions map to CPU equivalents.
+
+It also leaves megatron-core's fused kernels uncompiled (its `disable_jit_fuser`, applied before the import):
+they only run with the GPU fusions on, and compiling them at import costs every process seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,7 +52,29 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _import_megatron_without_jit_fuser() -> None:
+    """megatron.core.jit picks `torch.compile` as its fuser, and the package's import decorates its fused
+    kernels with it, which imports dynamo and inductor (about 2.5 s of every process's start). With no
+    GPU those kernels never run (mlbench.train.model turns the fusions off), so they stay plain functions,
+    as megatron's own `disable_jit_fuser` leaves them."""
+    if "megatron.core" in sys.modules:  # imported already (a test process): nothing left to save
+        return
+    real = torch.compile
+
+    def no_compile(model: Any = None, **kwargs: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = no_compile  # type: ignore[assignment]
+    try:
+        from megatron.core import jit
+
+        jit.disable_jit_fuser()  # for modules imported later
+    finally:
+        torch.compile = real  # type: ignore[assignment]
+
+
 def _patch_cuda_namespace() -> None:
+    _import_megatron_without_jit_fuser()
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
