@@ -197,14 +197,14 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
 
 
 def _check_checkpoints(bench, name: str, init: Path | None, save: Path | None, runs: int, dry_run: bool) -> None:
-    from mlbench.train import checkpoint
-
     if bench.train.init_checkpoint and not init and not dry_run:
         # A run from random weights would not be the MLPerf benchmark, whatever its log says.
         raise UserError(f"{name} starts from a checkpoint: pass --init-checkpoint DIR, the "
                         f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
                         f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
     if init:
+        from mlbench.train import checkpoint  # imports torch: only when there is a checkpoint to read
+
         try:
             checkpoint.check_readable(init)
         except checkpoint.CheckpointError as e:

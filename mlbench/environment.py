@@ -1,4 +1,5 @@
-"""What a run ran on: package versions, commit, host, device. Recorded with every result."""
+"""What a run was launched with: package versions, commit, host. Recorded with every result; the device is
+what rank 0 reports (the launching host may be a login node without one)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,6 @@ def git_commit(path: Path) -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def device() -> dict:
-    import torch
-
-    if torch.cuda.is_available():
-        return {"type": "cuda", "name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count()}
-    return {"type": "cpu", "name": platform.processor() or platform.machine(), "count": os.cpu_count()}
-
-
 def collect(repo: Path) -> dict:
     return {
         "packages": {p: v for p in PACKAGES if (v := _version(p))},
@@ -47,6 +40,5 @@ def collect(repo: Path) -> dict:
         "commit": git_commit(repo),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "device": device(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }

@@ -92,7 +92,9 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "mfu": _median([e["mfu"] for e in steps if e.get("mfu") is not None]),
         "mfu_note": next((e.get("mfu_note") for e in outcome.events if e.get("event") == "start"), None),
         "config": dataclasses.asdict(bench),
-        "environment": env,
+        # The launcher's packages and host; the device as rank 0 found it (None if it never started).
+        "environment": {**env, "device": next((e.get("device") for e in outcome.events
+                                               if e.get("event") == "start"), None)},
         # What the run started from (path, tensors, whether optimizer state was loaded) and saved to.
         "init_checkpoint": next(({k: v for k, v in e.items() if k not in ("event", "time")}
                                  for e in outcome.events if e.get("event") == "checkpoint_loaded"), None),
@@ -123,7 +125,7 @@ def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console
     for i, seed in enumerate(run_seeds):
         staging = results.stage(folder)
         plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(staging),
-                       system=opts.system, device=env_info["device"]["type"],
+                       system=opts.system,
                        init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint)
         plan_path = staging / "plan.json"
         plan.save(plan_path)

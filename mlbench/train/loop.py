@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import sys
 import time
@@ -266,7 +267,10 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         log.start(C.RUN_START)
         events.emit("start", budget=budget, interval=next_eval(0), target=bench.quality.target,
                     metric=bench.quality.metric, direction=bench.quality.direction, devices=devices,
-                    mfu_note=hardware.mfu_note("cpu" if on_cpu else "cuda", device_name, precision))
+                    mfu_note=hardware.mfu_note("cpu" if on_cpu else "cuda", device_name, precision),
+                    device={"type": "cpu" if on_cpu else "cuda",
+                            "name": (platform.processor() or platform.machine()) if on_cpu else device_name,
+                            "per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))})
     step, status = 0, "aborted"
     while step < budget:
         block_first, block_last = step, min(next_eval(step), budget)

@@ -19,7 +19,6 @@ class RunPlan:
     system: str
     org: str = "mlbench"
     division: str = "closed"
-    device: str = "cpu"
     dry_run: bool = False  # log up to run_start with every hyperparameter, build nothing heavy
     env: dict = field(default_factory=dict)
     init_checkpoint: str = ""  # a megatron-core distributed checkpoint to start from

@@ -18,10 +18,10 @@ def _free_port() -> int:
 
 
 def init() -> None:
+    cpu_compat.enable()  # first: it imports megatron-core without compiling its fused kernels
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    cpu_compat.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     ps.initialize_model_parallel(1, 1)
