@@ -31,7 +31,7 @@ def test_unknown_benchmark_suggests_close_names(tmp_path: Path) -> None:
         (["--nproc-per-node", "3", "--tp", "2"], ["world size 3", "tp x pp x cp", "must divide 3"]),
         (["--nproc-per-node", "3", "--tp", "3"], ["4 attention heads", "tp=3", "valid tp: 1, 2, 4"]),
         (["--nproc-per-node", "3", "--pp", "3"], ["2 layers", "pp x vp", "one of 1, 2"]),
-        (["--nproc-per-node", "2", "--global-batch-size", "12"], ["global batch 12", "2 x 4 = 8"]),
+        (["--nproc-per-node", "2", "--global-batch-size", "12"], ["global batch 12", "2 x 8 = 16"]),
     ],
     ids=["world-vs-tp", "heads-vs-tp", "layers-vs-pp", "batch-vs-dp"],
 )

@@ -85,8 +85,8 @@ def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_pat
 
 def test_too_many_nodes_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None:
     start = time.monotonic()
-    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "4", "--nproc-per-node", "1", "--launcher", "slurm",
-                   "--results", str(tmp_path), env=cluster.env, timeout=120)
+    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "4", "--nproc-per-node", "1", "--micro-batch-size", "4",
+                   "--launcher", "slurm", "--results", str(tmp_path), env=cluster.env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "SLURM cannot run this job" in proc.stdout and "--nodes" in proc.stdout
     assert time.monotonic() - start < 30

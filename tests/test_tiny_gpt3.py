@@ -38,6 +38,8 @@ def _assert_converged(root: Path, index: int = 0) -> dict:
     assert record["status"] == "success" and record["compliance"]["ok"]
     assert record["time_to_train_s"] > 0 and record["steps"] and record["evals"]
     assert {"torch", "megatron-core", "mlperf-logging"} <= set(record["environment"]["packages"])
+    device = record["environment"]["device"]  # as rank 0 found it, not the launching host
+    assert device["type"] == "cpu" and device["per_node"] == record["layout"]["nproc_per_node"]
     checked = mlbench("check", str(folder / f"result_{index}.txt"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "PASS" in checked.stdout
