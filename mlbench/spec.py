@@ -124,6 +124,9 @@ class DataSpec:
     # indexed: held-out eval prefix (or blend); "" splits the last documents of a single `path` off instead
     eval_path: str = ""
     eod_id: int | None = None  # indexed: the tokenizer's end-of-document id, for megatron's dataset config
+    # indexed: a sequence reads one token past its end, so all its positions predict (megatron-core's
+    # add_extra_token_to_sequence); false: windows of exactly seq_length, the last position predicting nothing
+    add_extra_token_to_sequence: bool = True
     branching: int = 4  # markov: successors per state
     concentration: float = 0.5  # markov: Dirichlet concentration of each state's successor weights
     mask_prob: float = 0.15  # masked LM: fraction of positions predicted

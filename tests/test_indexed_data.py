@@ -86,7 +86,8 @@ def test_indexed_source(definitions: Path, corpus: dict, tmp_path: Path, held_ou
     rng = np.random.default_rng(0)
     batch = a.train_batch(0, rng)
     assert batch.shape == (GBS, seq + 1) and batch.dtype == np.int64
-    assert batch.min() >= 0 and batch.max() < 128
+    assert batch[:, :-1].min() >= 0 and batch.max() < 128
+    assert (batch[:, -1] == data_lib.PAD).all()  # gpt3's windows are exactly seq_length: no label past the end
     # deterministic given the run seed and step: a fresh build (what rank 0 does) and a cache hit (what every
     # other rank does after rank 0 built the indices) give the same batch
     for step in (0, 1, STEPS - 1):
@@ -107,25 +108,28 @@ def test_indexed_source(definitions: Path, corpus: dict, tmp_path: Path, held_ou
 @pytest.mark.parametrize("keep", [True, False])
 def test_eval_split_packed_whole_keeps_its_partial_sequence(definitions: Path, corpus: dict, tmp_path: Path,
                                                             keep: bool) -> None:
-    """gpt3's eval set as the reference packs it: 3 documents of 100 tokens are ceil(299 / 64) = 5 sequences,
-    the last one 44 tokens then padding, and every one of the 299 next-token predictions is scored once."""
+    """gpt3's eval set as the reference packs it (--no-seq-len-plus-one-tokens, whole-set eval): 3 documents of
+    100 tokens are ceil(300 / 64) = 5 sequences of 64 tokens, the last one 44 tokens then padding; each
+    sequence's last position predicts nothing, so 4 x 63 + 43 = 295 predictions, each made once."""
     import dataclasses
 
     from mlbench.train.objective import CausalLM
 
     bench = _bench(definitions, corpus["train"], make_corpus(tmp_path / "small_eval", 3, 100, 4))
-    assert registry.load("gpt3").eval.keep_partial_sequence  # what the shipped definition asks for
+    shipped = registry.load("gpt3")  # what the shipped definition asks for
+    assert shipped.eval.keep_partial_sequence and not shipped.data.add_extra_token_to_sequence
+    assert not bench.data.add_extra_token_to_sequence
     bench = dataclasses.replace(bench, eval=dataclasses.replace(bench.eval, samples=5, keep_partial_sequence=keep))
     src = data_lib.indexed_source(bench, seed=7, global_batch=GBS, steps=STEPS, cache=tmp_path / "cache")
     ev = src.eval_set(5, np.random.default_rng(0))
+    assert ev.shape == (5, 65) and (ev[:, -1] == data_lib.PAD).all()  # the label past each window's end
+    mask = CausalLM().make_batch(ev, np.random.default_rng(0))["loss_mask"]
     if not keep:  # megatron-core's default: 4 full sequences, and a 5th wrapped into a second epoch
-        assert not (ev == data_lib.PAD).any()
-        assert CausalLM().make_batch(ev, np.random.default_rng(0))["loss_mask"].sum() == 5 * 64
+        assert (ev[:, :-1] >= 0).all() and mask.sum() == 5 * 63
         return
-    padded = [r for r in ev if (r == data_lib.PAD).any()]
-    assert len(padded) == 1 and (padded[0][44:] == data_lib.PAD).all() and (padded[0][:44] >= 0).all()
-    batch = CausalLM().make_batch(ev, np.random.default_rng(0))
-    assert batch["loss_mask"].sum() == 299 and batch["tokens"].min() >= 0 and batch["labels"].min() >= 0
+    partial = [r for r in ev if (r[:-1] == data_lib.PAD).any()]
+    assert len(partial) == 1 and (partial[0][44:] == data_lib.PAD).all() and (partial[0][:44] >= 0).all()
+    assert mask.sum() == 295
 
 
 def _rank_worker(rank: int, world: int, port: int, bench_dict: dict, run_dir: str, out: str) -> None:

@@ -261,7 +261,8 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
     def build(random_seed: int, which: int, size: int) -> Any:
         common = dict(random_seed=random_seed, sequence_length=seq, path_to_cache=str(cache), tokenizer=tokenizer,
                       reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                      create_attention_mask=False, drop_last_partial_validation_sequence=not keep_partial)
+                      create_attention_mask=False, drop_last_partial_validation_sequence=not keep_partial,
+                      add_extra_token_to_sequence=d.add_extra_token_to_sequence)
         if eval_blend is None:  # one prefix, megatron's document split
             config = GPTDatasetConfig(blend=train_blend, split=split, **common)
             # Build only the split asked for (the other one, under another seed, is the other builder's).
