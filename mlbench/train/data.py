@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 Blend = tuple[list[str], list[float] | None]
 ALL = slice(None)
-PAD = -1  # fills a row past the end of the eval split's last, partial sequence: those positions predict nothing
+PAD = -1  # a position with nothing to predict: past a partial eval sequence, or past a window of exactly seq_length
 
 
 class TokenSource(ABC):
@@ -39,7 +39,8 @@ class TokenSource(ABC):
     `rng` is the caller's generator: for a training step seeded [run seed, step], for the eval set
     [data seed, 2**31 - 1]. A source that samples (Markov) draws from it; the caller keeps using it
     afterwards (masked-LM masking), so its state after the call is part of a run's behaviour.
-    An eval row may end in PAD (`eval.keep_partial_sequence`); training rows are always whole.
+    A row may hold PAD (`data.add_extra_token_to_sequence: false`, `eval.keep_partial_sequence`); its label
+    is never scored.
     """
 
     def __init__(self, seq_length: int, global_batch: int):
@@ -88,7 +89,7 @@ class IndexedTokens(TokenSource):
             raise ValueError(f"the {what} dataset has {len(dataset)} samples; samples up to {start + n} requested")
         out = np.empty((n, self.seq_length + 1), dtype=np.int64)
         for j in range(n):
-            s = dataset[start + j]  # GPTDataset: tokens = text[:-1], labels = text[1:] of a seq+1 text
+            s = dataset[start + j]  # GPTDataset: tokens, and labels = the tokens shifted by one
             out[j, :-1] = s["tokens"].numpy()
             out[j, -1] = int(s["labels"][-1])
             # megatron zeroes its padding in tokens and labels and masks those labels' loss: mark them again

@@ -254,8 +254,10 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     flops_per_step = flops.flops_per_sample(bench.model) * gbs
     devices = layout["world_size"]
     precision = "bf16" if bf16 else "fp32"
-    device_name = "cpu" if on_cpu else torch.cuda.get_device_name()
-    peak = None if on_cpu else hardware.peak_tflops(device_name, precision)
+    device = {"type": "cpu" if on_cpu else "cuda",
+              "name": (platform.processor() or platform.machine()) if on_cpu else torch.cuda.get_device_name(),
+              "per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
+    peak = None if on_cpu else hardware.peak_tflops(device["name"], precision)
 
     def block_meta(first_step: int, last_step: int) -> dict:
         if key == "samples_count":
@@ -267,10 +269,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         log.start(C.RUN_START)
         events.emit("start", budget=budget, interval=next_eval(0), target=bench.quality.target,
                     metric=bench.quality.metric, direction=bench.quality.direction, devices=devices,
-                    mfu_note=hardware.mfu_note("cpu" if on_cpu else "cuda", device_name, precision),
-                    device={"type": "cpu" if on_cpu else "cuda",
-                            "name": (platform.processor() or platform.machine()) if on_cpu else device_name,
-                            "per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))})
+                    mfu_note=hardware.mfu_note(device["type"], device["name"], precision), device=device)
     step, status = 0, "aborted"
     while step < budget:
         block_first, block_last = step, min(next_eval(step), budget)

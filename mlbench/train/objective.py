@@ -62,7 +62,7 @@ class CausalLM:
         seq = t.shape[1] - 1
         labels = t[:, 1:]
         return {
-            "tokens": t[:, :-1].clamp(min=0),  # PAD (-1) past a partial eval sequence: any id, never scored
+            "tokens": t[:, :-1].clamp(min=0),  # PAD (-1): any id, its label never scored
             "labels": labels.clamp(min=0),
             "loss_mask": (labels != PAD).float(),
             "position_ids": torch.arange(seq).unsqueeze(0).expand(t.shape[0], seq).contiguous(),
