@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from conftest import mlbench, mllog
 from tfrecord_writer import example, write
 
 from mlbench.train.markov import MarkovSource
-from mlbench.train.tfrecord import RecordError, parse_example, records
+from mlbench.train.tfrecord import RecordError, masked_crc, parse_example, records
 
 SEQ, PRED, VOCAB = 32, 10, 32  # id 31 is [MASK]
 
@@ -51,10 +52,23 @@ def test_reads_examples_as_tensorflow_writes_them(tmp_path: Path) -> None:
         got = [parse_example(r) for r in records(path)]
         assert len(got) == 3
         assert got[2]["input_ids"].tolist() == ids.tolist() and got[2]["masked_lm_weights"].tolist() == [1, .5, 0]
-    cut = tmp_path / "cut.tfrecord"
-    cut.write_bytes((tmp_path / "xTrue.tfrecord").read_bytes()[:-7])
-    with pytest.raises(RecordError, match="cut short"):
-        list(records(cut))
+    good = (tmp_path / "xTrue.tfrecord").read_bytes()
+    size = len(good) // 3
+    bad = tmp_path / "bad.tfrecord"
+    for damage, message in ((lambda b: b[:-7], "record 2 .*cut short"),
+                            (lambda b: b[:size + 20] + b"?" + b[size + 21:], f"record 1 \\(byte {size}\\).*bytes fail"),
+                            (lambda b: b[:size + 1] + b"\x07" + b[size + 2:], "record 1 .*length field"),
+                            (lambda b: b"input_ids,masked_lm_ids\n" * 4, "record 0 .*length field")):
+        bad.write_bytes(damage(good))
+        with pytest.raises(RecordError, match=message):
+            list(records(bad))
+
+
+def test_masked_crc_is_tensorflows() -> None:
+    # CRC32-C's check value (RFC 3720 test vectors), and a masked CRC published by an independent TFRecord
+    # implementation's tests (tfrecord_slow: b"1234567890asdfghjkl" -> 4134599430).
+    assert google_crc32c.value(b"123456789") == 0xE3069283 and google_crc32c.value(bytes(32)) == 0x8A9136AA
+    assert masked_crc(b"1234567890asdfghjkl") == 4134599430
 
 
 def _definitions(benchmarks_copy: Path, data: Path) -> dict:

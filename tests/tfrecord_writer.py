@@ -1,5 +1,5 @@
-"""Writes TFRecord files of tf.train.Example, as TensorFlow's TFRecordWriter would (CRC fields left zero: the
-reader does not check them), for tests of MLPerf BERT's data path without TensorFlow."""
+"""Writes TFRecord files of tf.train.Example, as TensorFlow's TFRecordWriter would (masked CRC32-C of the length
+and of the bytes), for tests of MLPerf BERT's data path without TensorFlow."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
+
+from mlbench.train.tfrecord import masked_crc
 
 
 def _varint(n: int) -> bytes:
@@ -38,4 +40,5 @@ def example(features: dict[str, np.ndarray], packed: bool = True) -> bytes:
 def write(path: Path, examples: list[bytes]) -> None:
     with open(path, "wb") as f:
         for e in examples:
-            f.write(struct.pack("<Q", len(e)) + b"\0" * 4 + e + b"\0" * 4)
+            length = struct.pack("<Q", len(e))
+            f.write(length + struct.pack("<I", masked_crc(length)) + e + struct.pack("<I", masked_crc(e)))

@@ -4,8 +4,8 @@ The reference's `create_pretraining_data.py` writes pre-masked samples, one Exam
 features input_ids, input_mask, segment_ids (max_seq_length each), masked_lm_positions, masked_lm_ids
 (max_predictions_per_seq each), next_sentence_labels (1) and the float feature masked_lm_weights. A TFRecord
 file frames each serialized Example as: length (uint64 LE), masked CRC32-C of the length, the bytes, masked
-CRC32-C of the bytes. The CRCs are not verified here (pure-Python CRC32-C would cost more than the parse);
-the framing lengths are, so a truncated or foreign file is an error, not garbage.
+CRC32-C of the bytes. Both CRCs are verified, as TensorFlow's record reader does, so a corrupt, truncated or
+foreign file is an error naming the record, not garbage in the batch (google-crc32c: hardware CRC, ~9 GB/s).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 
 
@@ -21,17 +22,31 @@ class RecordError(ValueError):
     pass
 
 
+def masked_crc(data: bytes) -> int:
+    """TensorFlow's masked CRC32-C (tensorflow/core/lib/hash/crc32c.h Mask): rotated right 15, plus a constant."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def records(path: str | Path) -> Iterator[bytes]:
     """The serialized records of one TFRecord file, in order."""
     with open(path, "rb") as f:
+        index = offset = 0
         while header := f.read(12):
+            where = f"{path}: record {index} (byte {offset})"
             if len(header) < 12:
-                raise RecordError(f"{path}: truncated record header (not a TFRecord file?)")
-            (n,) = struct.unpack("<Q", header[:8])
-            data = f.read(n + 4)
-            if len(data) < n + 4:
-                raise RecordError(f"{path}: a record of {n} bytes is cut short (not a TFRecord file, or truncated)")
-            yield data[:n]
+                raise RecordError(f"{where}: truncated record header (not a TFRecord file?)")
+            length, length_crc = struct.unpack("<QI", header)
+            if masked_crc(header[:8]) != length_crc:
+                raise RecordError(f"{where}: the length field fails its CRC32-C (not a TFRecord file, or corrupt)")
+            data = f.read(length + 4)
+            if len(data) < length + 4:
+                raise RecordError(f"{where}: a record of {length} bytes is cut short (truncated file)")
+            (data_crc,) = struct.unpack("<I", data[length:])
+            if masked_crc(data[:length]) != data_crc:
+                raise RecordError(f"{where}: the {length} bytes fail their CRC32-C (corrupt file)")
+            yield data[:length]
+            index, offset = index + 1, offset + 16 + length
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
