@@ -41,6 +41,10 @@ class ModelSpec:
     add_bias_linear: bool = True
     untie_embeddings: bool = False  # separate output layer
     make_vocab_size_divisible_by: int = 128
+    # Leave the padding rows of the output layer (vocab_size .. padded) out of the softmax and the argmax, so
+    # loss and accuracy are over the real vocabulary: for a reference whose output is exactly vocab_size wide
+    # (BERT's TF model). Megatron's own references (gpt3) and NeMo's (llama) keep the padding in the softmax.
+    mask_padded_vocab: bool = False
     dropout: float = 0.0
     # BertModel only: token-type (segment) embeddings, and the pooler + next-sentence binary head
     # (MLPerf's BERT reference has both: type_vocab_size 2, loss = masked LM + next sentence).

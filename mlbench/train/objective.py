@@ -38,7 +38,20 @@ def _tp_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(idxs).gather(0, best).squeeze(0)
 
 
-def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, logits: torch.Tensor):
+def _without_padding(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The logits with the padded vocabulary's columns (ids >= vocab_size, on the last tensor-parallel ranks)
+    at -inf: no probability, never the argmax, and no gradient to the padding rows."""
+    part = logits.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * part
+    if start + part <= vocab_size:
+        return logits
+    return logits.masked_fill(torch.arange(start, start + part, device=logits.device) >= vocab_size, float("-inf"))
+
+
+def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, vocab_size: int | None,
+          logits: torch.Tensor):
+    if vocab_size is not None:
+        logits = _without_padding(logits, vocab_size)
     per_token = tensor_parallel.vocab_parallel_cross_entropy(logits.float().contiguous(), labels)
     mask = mask.float()
     loss_sum = (per_token * mask).sum()
@@ -55,6 +68,7 @@ def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, logits: 
 class CausalLM:
     """Next-token prediction; the eval metric is log perplexity (mean cross-entropy in nats)."""
 
+    vocab_size: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
     metric = "log_perplexity"
 
     def make_batch(self, tokens: np.ndarray, rng: np.random.Generator) -> Batch:
@@ -70,7 +84,7 @@ class CausalLM:
 
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         logits = model(b["tokens"], b["position_ids"], None)
-        return logits, partial(_loss, b["loss_mask"], b["labels"], False)
+        return logits, partial(_loss, b["loss_mask"], b["labels"], False, self.vocab_size)
 
     def value(self, totals: dict[str, float]) -> float:
         return totals["loss_sum"] / max(totals["tokens"], 1.0)
@@ -83,6 +97,7 @@ class MaskedLM:
     vocab_size: int
     mask_prob: float
     num_tokentypes: int = 0  # a model with segment embeddings gets one segment (type 0) per sample
+    output_vocab: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
     metric = "masked_lm_accuracy"
 
     @property
@@ -106,7 +121,7 @@ class MaskedLM:
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         out = model(b["tokens"], b["attention_mask"], tokentype_ids=b.get("tokentype_ids"))
         logits = out[0] if isinstance(out, tuple) else out
-        return logits, partial(_loss, b["loss_mask"], b["labels"], eval_mode)
+        return logits, partial(_loss, b["loss_mask"], b["labels"], eval_mode, self.output_vocab)
 
     def value(self, totals: dict[str, float]) -> float:
         return totals["correct"] / max(totals["tokens"], 1.0)
@@ -121,6 +136,7 @@ class PreMaskedLM:
 
     seq_length: int
     predictions: int
+    vocab_size: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
     metric = "masked_lm_accuracy"
 
     def make_batch(self, rows: np.ndarray, rng: np.random.Generator) -> Batch:
@@ -142,15 +158,15 @@ class PreMaskedLM:
         # The last pipeline stage returns (logits, next-sentence logits or None); earlier stages a hidden state.
         out = model(b["tokens"], b["attention_mask"], tokentype_ids=b["tokentype_ids"])
         return out, partial(_pre_masked_loss, b["loss_mask"], b["labels"], b["next_sentence_labels"],
-                                         eval_mode)
+                            eval_mode, self.vocab_size)
 
     def value(self, totals: dict[str, float]) -> float:
         return totals["correct"] / max(totals["tokens"], 1.0)
 
 
-def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, outputs):
+def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, vocab_size: int | None, outputs):
     logits, binary = outputs
-    loss_sum, n, stats = _loss(mask, labels, want_correct, logits)
+    loss_sum, n, stats = _loss(mask, labels, want_correct, vocab_size, logits)
     if binary is not None:
         # The schedule divides the summed loss by n (masked tokens): adding mean NSP loss x n keeps the
         # reference's sum of the two means.
@@ -159,13 +175,14 @@ def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, outputs):
 
 
 def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM | PreMaskedLM:
+    vocab = b.model.vocab_size if b.model.mask_padded_vocab else None
     if b.data.source == "tfrecord":
-        return PreMaskedLM(b.model.seq_length, b.data.max_predictions_per_seq)
+        return PreMaskedLM(b.model.seq_length, b.data.max_predictions_per_seq, vocab)
     if b.model.family == "bert":
         # last id is [MASK]
         return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob,
-                        num_tokentypes=b.model.num_tokentypes)
-    return CausalLM()
+                        num_tokentypes=b.model.num_tokentypes, output_vocab=vocab)
+    return CausalLM(vocab)
 
 
 def source(b: Benchmark) -> MarkovSource:
