@@ -147,11 +147,15 @@ def show(name: str, tiny: bool) -> None:
                    "Required for full-size runs of benchmarks that start from one.")
 @click.option("--save-checkpoint", type=click.Path(path_type=Path),
               help="Save model and optimizer state here when the run stops (a new folder; one run only).")
+@click.option("--ignore-closed-rules", is_flag=True,
+              help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
+                   "then fails the checker). Without it such a run is refused before launch.")
 def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, micro_batch_size,
         global_batch_size, seed, runs: int, results_root: Path, system, launcher: str, rdzv_endpoint,
         node_rank: int, hang_timeout: float, partition, account, time_limit: str, sbatch_args, container_image,
         container_mounts, master_addr, gpus_per_node: int, threads: int, dry_run: bool, data_path: str | None,
-        eval_data_path: str | None, init_checkpoint: Path | None, save_checkpoint: Path | None) -> None:
+        eval_data_path: str | None, init_checkpoint: Path | None, save_checkpoint: Path | None,
+        ignore_closed_rules: bool) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
     import dataclasses
 
@@ -175,6 +179,8 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
     data_lib.check(bench, nodes, dry_run=dry_run, overridden=bool(overrides))
     _check_checkpoints(bench, name, init_checkpoint, save_checkpoint, runs, dry_run)
     layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
+    if bench.variant != "tiny" and not dry_run and not ignore_closed_rules:
+        _check_closed_rules(bench, layout, system or runner.default_system())
     opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
                              hang_timeout=hang_timeout, node_rank=node_rank,
                              rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads,
@@ -194,6 +200,21 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
         sys.exit(dry.run(bench, layout, opts, console))
     outcomes = runner.run_set(bench, layout, opts, console)
     sys.exit(0 if all(o.ok for o in outcomes) else 1)
+
+
+def _check_closed_rules(bench, layout, system: str) -> None:
+    """A full-size run whose log the closed rules would reject is refused before anything is launched: on a
+    cluster that is hours of devices for a result that cannot be submitted."""
+    from mlbench import compliance
+    from mlbench.dry_run import closed_rule_problems
+
+    problems = closed_rule_problems(bench, layout, system)
+    if problems:
+        listed = "; ".join(compliance.summary(p) for p in problems)
+        raise UserError(f"the closed {bench.mlperf.benchmark} rules (training {bench.mlperf.ruleset}) reject this "
+                        f"run's hyperparameters at global batch {layout.global_batch_size}, so its log would fail "
+                        f"the official checker: {listed}. Choose a layout they accept (--dry-run shows the "
+                        f"checker's verdict), or pass --ignore-closed-rules to run it anyway")
 
 
 def _check_checkpoints(bench, name: str, init: Path | None, save: Path | None, runs: int, dry_run: bool) -> None:

@@ -61,3 +61,40 @@ def before_run_start(path: Path, ruleset: str) -> list[str]:
     if proc.returncode != 0 and not messages:  # the checker itself failed: not a verdict
         problems.append(f"the compliance checker failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
     return problems
+
+
+def rcp_coverage(benchmark: str, ruleset: str, global_batch_size: int) -> str:
+    """How the official RCP checker (mlperf_logging.rcp_checker) will judge a set of runs at this batch: against
+    the RCP at this batch, one interpolated between two, the smallest (only a slower set passes), or none."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    try:
+        checker = rcp_checker.RCP_Checker("training", ruleset, benchmark, False)
+    except Exception as e:  # a ruleset without RCPs for this benchmark
+        return f"no RCPs for {benchmark} in training {ruleset} ({type(e).__name__})"
+    # The checker's default pass drops RCPs that converge in more samples than a larger batch's ("pruned").
+    used = sorted(r["BS"] for r in checker.pruned_rcp_data.values())
+    if checker._find_rcp(global_batch_size, "pruned_rcps") is not None:
+        return f"RCP at global batch {global_batch_size} (the checker's RCPs: {used})"
+    pruned = (f" (its RCP at {global_batch_size} is pruned by the checker)"
+              if any(r["BS"] == global_batch_size for r in checker.rcp_data.values()) else "")
+    lo = checker._find_top_min_rcp(global_batch_size, "pruned_rcps")
+    hi = checker._find_bottom_max_rcp(global_batch_size, "pruned_rcps")
+    if lo is not None and hi is not None:
+        return (f"scored against an RCP interpolated between global batch {lo['BS']} and {hi['BS']}{pruned}")
+    if lo is not None:
+        return (f"no RCP at or above global batch {global_batch_size} (largest {lo['BS']}){pruned}: the official RCP "
+                f"check fails this set ('Missing RCP') until an RCP at this batch is submitted")
+    return (f"below the smallest RCP, at global batch {hi['BS']}{pruned}: the official RCP check passes this set only "
+            f"if it converges in no fewer samples than that RCP")
+
+
+def summary(problem: str) -> str:
+    """A checker message in one phrase: the key and the failed test, without the log line and context dumps."""
+    lines = problem.splitlines()
+    test = next((ln.strip().removeprefix("failed test:").strip() for ln in lines
+                 if ln.strip().startswith("failed test:")), "")
+    key = re.match(r"CHECK for '([^']+)' failed", lines[0])
+    if key and test:
+        return f"{key.group(1)} (needs {test})"
+    return lines[0].rstrip(":")

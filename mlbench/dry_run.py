@@ -14,9 +14,9 @@ from mlbench import compliance, results, tool
 from mlbench.errors import UserError
 from mlbench.launch import torchrun
 from mlbench.layout import Layout
+from mlbench.mlperf_log import write_preamble
 from mlbench.runner import RunOptions, seeds
 from mlbench.spec import Benchmark
-from mlbench.train.loop import write_preamble
 from mlbench.train.plan import RunPlan
 
 
@@ -51,6 +51,15 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
                   f"shapes{names}{padding}; {moments}", highlight=False, soft_wrap=True)
 
 
+def closed_rule_problems(bench: Benchmark, layout: Layout, system: str) -> list[str]:
+    """What the benchmark's official closed rules reject in the log a run at this layout would write up to
+    run_start (written to a scratch folder, checked, removed): checked before a full-size run is launched."""
+    with tempfile.TemporaryDirectory(prefix="mlbench-preflight-") as tmp:
+        plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=0, run_dir=tmp, system=system, dry_run=True)
+        write_preamble(plan).close()
+        return compliance.before_run_start(plan.log_path, bench.mlperf.ruleset)
+
+
 def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> int:
     """Writes the log up to run_start and checks it against the benchmark's closed rules; returns the exit code
     (1 when those rules reject a hyperparameter line). `command`: what each run starts (default: the torchrun
@@ -65,7 +74,7 @@ def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, co
     with tempfile.TemporaryDirectory(dir=folder, prefix=".dry-run-") as staging:
         plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=staging, system=opts.system,
                        dry_run=True)
-        write_preamble(plan)
+        write_preamble(plan).close()
         dest = folder / "dry-run.txt"  # not result_*.txt: scorers never mistake it for a run
         os.replace(plan.log_path, dest)
     if command is None:
@@ -80,6 +89,8 @@ def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, co
         console.print("closed rules: not applied to a tiny variant", highlight=False)
         return 0
     rules = f"closed {bench.mlperf.benchmark} rules ({bench.mlperf.ruleset})"
+    console.print("RCP: " + compliance.rcp_coverage(bench.mlperf.benchmark, bench.mlperf.ruleset,
+                                                     layout.global_batch_size), highlight=False, soft_wrap=True)
     problems = compliance.before_run_start(dest, bench.mlperf.ruleset)
     if not problems:
         console.print(f"[green]{rules} accept every hyperparameter line[/green]", highlight=False)

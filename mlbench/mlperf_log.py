@@ -17,6 +17,7 @@ from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
 from mlbench.spec import Benchmark, evaluate
+from mlbench.train.plan import RunPlan
 
 
 class MLPerfLog:
@@ -99,7 +100,7 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
     keys += [
         ("opt_gradient_clip_norm", o.clip_grad),
         ("init_checkpoint_step", int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs))),
-        (C.EVAL_SAMPLES, bench.eval.samples),
+        (C.EVAL_SAMPLES, bench.eval.logged_samples or bench.eval.samples),
         *([("max_predictions_per_seq", bench.data.max_predictions_per_seq)] if bench.data.max_predictions_per_seq
           else []),
         ("tensor_parallelism", layout["tp"]),
@@ -170,3 +171,25 @@ def finalize_aborted(path: str | Path, reason: str) -> bool:
     finally:
         log.close()
     return True
+
+
+def write_preamble(plan: RunPlan, log: MLPerfLog | None = None) -> MLPerfLog:
+    """Rank 0's log up to init: submission keys and every hyperparameter (also what --dry-run writes)."""
+    log = log or MLPerfLog(plan.log_path)
+    bench = plan.benchmark
+    log.event(C.CACHE_CLEAR, value=True)
+    log.start(C.INIT_START)
+    for key, value in (
+        (C.SUBMISSION_ORG, plan.org),
+        (C.SUBMISSION_PLATFORM, plan.system),
+        (C.SUBMISSION_DIVISION, plan.division),
+        (C.SUBMISSION_STATUS, "onprem"),
+        (C.SUBMISSION_BENCHMARK, bench.mlperf.benchmark),
+    ):
+        log.event(key, value=value)
+    for key, value in hyperparameters(bench, plan.layout, plan.seed):
+        log.event(key, value=value)
+    if plan.dry_run:  # what a real run logs next, with nothing built or trained
+        log.end(C.INIT_STOP)
+        log.start(C.RUN_START)
+    return log

@@ -108,6 +108,9 @@ class EvalSpec:
     # padding outside the loss), as megatron's whole-set evaluation (--eval-iters -1) packs it; else the
     # split's first `samples` full sequences.
     keep_partial_sequence: bool = False
+    # The log's eval_samples, where the reference logs another count than `samples` (gpt3: the eval set's
+    # tokens); 0: `samples`.
+    logged_samples: int = 0
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,10 @@ def test_gpt3_passes_the_official_rules(gbs: int) -> None:
         logged = dict(mlperf_log.hyperparameters(b, {"global_batch_size": gbs, "num_microbatches": 1, "tp": 1,
                                                      "pp": 1, "cp": 1, "micro_batch_size": 1}, seed=0))
         assert (logged["opt_learning_rate_decay_steps"], logged["opt_weight_decay"]) == (81450, 0.1)
+        # eval_samples: the reference's (and NVIDIA's) count, the eval set's tokens; the run evaluates 5660 sequences
+        assert logged["eval_samples"] == 11590004 and b.eval.samples == 5660
+    # The step budget: the reference's train_iters = 20000000 // gbs, less the checkpoint's steps.
+    assert evaluate(b.train.max_steps, global_batch_size=gbs) == {1536: 13020 - 4000, 2048: 9765 - 3000}[gbs]
 
 
 def test_gpt3_learning_rate_rule() -> None:

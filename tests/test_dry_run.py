@@ -62,6 +62,37 @@ def test_dry_run_hyperparameters_pass_closed_rules(benchmark: str, gbs: int, nod
     for key, value in mlperf_log.hyperparameters(bench, layout, seed=7):
         assert logged[key] == value, key
     assert compliance.before_run_start(log, bench.mlperf.ruleset) == []
+    assert "RCP: " + compliance.rcp_coverage(benchmark, bench.mlperf.ruleset, gbs) in out
+
+
+# What the official RCP checker (its default, pruned RCPs) will compare a set of runs with, per batch.
+RCP_CASES = [
+    ("llama31_405b", 1152, "RCP at global batch 1152 (the checker's RCPs: [1152, 2304, 4608])"),
+    ("llama31_405b", 3456, "interpolated between global batch 2304 and 4608"),
+    ("llama31_405b", 576, "below the smallest RCP, at global batch 1152"),
+    ("llama31_405b", 9216, "no RCP at or above global batch 9216 (largest 4608)"),
+    ("gpt3", 1536, "below the smallest RCP, at global batch 2048 (its RCP at 1536 is pruned by the checker)"),
+    ("bert", 8192, "interpolated between global batch 6912 and 12288 (its RCP at 8192 is pruned by the checker)"),
+]
+
+
+@pytest.mark.parametrize(("benchmark", "gbs", "expected"), RCP_CASES, ids=[f"{b}-{g}" for b, g, _ in RCP_CASES])
+def test_rcp_coverage_says_what_the_rcp_checker_will_use(benchmark: str, gbs: int, expected: str) -> None:
+    assert expected in compliance.rcp_coverage(benchmark, registry.load(benchmark).mlperf.ruleset, gbs)
+
+
+def test_full_size_runs_are_checked_against_the_closed_rules_before_launch() -> None:
+    """The preflight of `mlbench run` (full sizes, not --dry-run): the log up to run_start, through the official
+    checker. At 1160 no learning rate passes llama's exact rule; at 1152 everything does. (The CLI's refusal
+    itself is exercised in test_indexed_data, where a real full-size run can start.)"""
+    from mlbench import layout as layout_lib
+    from mlbench.dry_run import closed_rule_problems
+
+    bench = registry.load("llama31_405b")
+    odd = closed_rule_problems(bench, layout_lib.resolve(bench, 145, 8, None, None, None, None, None, 1160), "x")
+    assert [compliance.summary(p) for p in odd] == [
+        "opt_base_learning_rate (needs v['value'] * 1152 == s['global_batch_size'] * 8e-5)"]
+    assert closed_rule_problems(bench, layout_lib.resolve(bench, 64, 8, None, None, None, None, None, 1152), "x") == []
 
 
 def test_a_rejected_hyperparameter_is_reported_and_fails_the_dry_run(tmp_path: Path) -> None:

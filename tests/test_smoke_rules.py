@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlbench import compliance
-from mlbench.mlperf_log import MLPerfLog
+from mlbench.mlperf_log import MLPerfLog, write_preamble
 from mlbench.registry import load
-from mlbench.train.loop import write_preamble
 from mlbench.train.plan import RunPlan
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mlbench.mlperf_log import MLPerfLog, eval_schedule, hyperparameters, max_steps
+from mlbench.mlperf_log import MLPerfLog, eval_schedule, max_steps, write_preamble
 from mlbench.spec import Benchmark, evaluate
 from mlbench.train import cpu_compat
 from mlbench.train.plan import RunPlan
@@ -80,30 +80,6 @@ def train(plan: RunPlan) -> int:
 
 def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
-
-
-def write_preamble(plan: RunPlan, log: MLPerfLog | None = None) -> MLPerfLog:
-    """Rank 0's log up to init: submission keys and every hyperparameter (also what --dry-run writes)."""
-    from mlperf_logging.mllog import constants as C
-
-    log = log or MLPerfLog(plan.log_path)
-    bench = plan.benchmark
-    log.event(C.CACHE_CLEAR, value=True)
-    log.start(C.INIT_START)
-    for key, value in (
-        (C.SUBMISSION_ORG, plan.org),
-        (C.SUBMISSION_PLATFORM, plan.system),
-        (C.SUBMISSION_DIVISION, plan.division),
-        (C.SUBMISSION_STATUS, "onprem"),
-        (C.SUBMISSION_BENCHMARK, bench.mlperf.benchmark),
-    ):
-        log.event(key, value=value)
-    for key, value in hyperparameters(bench, plan.layout, plan.seed):
-        log.event(key, value=value)
-    if plan.dry_run:  # what a real run logs next, with nothing built or trained
-        log.end(C.INIT_STOP)
-        log.start(C.RUN_START)
-    return log
 
 
 def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
@@ -211,7 +187,7 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
         return out
 
     # Held-out eval set, fixed for every run (the Markov source's own stream, or the eval data's first samples):
-    # all of it, as the log's eval_samples says.
+    # all eval.samples of it.
     eval_rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
     eval_batches = microbatches(bench.eval.samples, partial(source.eval_set, bench.eval.samples, eval_rng), eval_rng)
 
