@@ -1,0 +1,41 @@
+"""`mlbench list` and `mlbench show` as a user runs them: the three benchmarks with size, target, ruleset and
+runs, on an 80-column terminal without cutting a name or a metric; parameter counts against the published sizes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import mlbench
+
+ROWS = {  # name: size, quality target, ruleset, runs, tiny target
+    "bert": ("340M", "masked_lm_accuracy", ">= 0.72", "5.0.0", "10", ">= 0.616"),
+    "gpt3": ("175B", "log_perplexity", "<= 2.69", "4.1.0", "3", "<= 1.04"),
+    "llama31_405b": ("405B", "log_perplexity", "<= 5.6", "6.0.0", "3", "<= 1.04"),
+}
+
+
+def test_list_shows_every_benchmark_on_80_columns() -> None:
+    proc = mlbench("list", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(ln.rstrip()) for ln in lines) <= 80 and "…" not in proc.stdout, proc.stdout
+    for name, (size, metric, target, ruleset, runs, tiny) in ROWS.items():
+        i = next(i for i, ln in enumerate(lines) if ln.split()[:1] == [name])
+        row = " ".join(" ".join(lines[i:i + 3]).split())  # a wrapped row continues on the next lines
+        for value in (size, metric, ruleset, runs, tiny):
+            assert f" {value} " in f" {row} ", (name, value, row)
+        assert target.split()[1] in row, (name, target, row)
+
+
+@pytest.mark.parametrize(("name", "published", "within"), [("gpt3", 175e9, 0.01), ("llama31_405b", 405e9, 0.01),
+                                                           ("bert", 340e6, 0.011)])
+def test_show_gives_the_parameter_count_against_the_published_size(name: str, published: float,
+                                                                   within: float) -> None:
+    proc = mlbench("show", name)
+    assert proc.returncode == 0, proc.stderr
+    count = int(re.search(r"parameters\s*│\s*([\d,]+)", proc.stdout).group(1).replace(",", ""))
+    assert abs(count / published - 1) < within, (name, count)
+    assert f"training {ROWS[name][3]}, {ROWS[name][4]} runs" in proc.stdout
+    tiny = mlbench("show", name, "--tiny")
+    assert tiny.returncode == 0 and "(tiny variant)" in tiny.stdout, tiny.stderr
