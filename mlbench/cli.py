@@ -185,9 +185,10 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
     data_lib.check(bench, nodes, dry_run=dry_run, overridden=bool(overrides))
     _check_checkpoints(bench, name, init_checkpoint, save_checkpoint, runs, dry_run)
     layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
+    system = system or runner.default_system()
     if bench.variant != "tiny" and not dry_run and not ignore_closed_rules:
-        _check_closed_rules(bench, layout, system or runner.default_system())
-    opts = runner.RunOptions(results=results_root, system=system or runner.default_system(), runs=runs, seed=seed,
+        _check_closed_rules(bench, layout, system)
+    opts = runner.RunOptions(results=results_root, system=system, runs=runs, seed=seed,
                              hang_timeout=hang_timeout, node_rank=node_rank,
                              rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads,
                              init_checkpoint=str(init_checkpoint.resolve()) if init_checkpoint else "",

@@ -51,13 +51,18 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
                   f"shapes{names}{padding}; {moments}", highlight=False, soft_wrap=True)
 
 
+def _log_to_run_start(bench: Benchmark, layout: Layout, seed: int, system: str, folder: str) -> Path:
+    """Writes, in `folder`, the log a run at this layout would write up to run_start; returns its path."""
+    plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=folder, system=system, dry_run=True)
+    write_preamble(plan).close()
+    return plan.log_path
+
+
 def closed_rule_problems(bench: Benchmark, layout: Layout, system: str) -> list[str]:
     """What the benchmark's official closed rules reject in the log a run at this layout would write up to
     run_start (written to a scratch folder, checked, removed): checked before a full-size run is launched."""
     with tempfile.TemporaryDirectory(prefix="mlbench-preflight-") as tmp:
-        plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=0, run_dir=tmp, system=system, dry_run=True)
-        write_preamble(plan).close()
-        return compliance.before_run_start(plan.log_path, bench.mlperf.ruleset)
+        return compliance.before_run_start(_log_to_run_start(bench, layout, 0, system, tmp), bench.mlperf.ruleset)
 
 
 def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> int:
@@ -72,11 +77,8 @@ def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, co
     console.print(f"layout from: {layout.source}", highlight=False, soft_wrap=True)
     folder = results.run_folder(opts.results, opts.system, bench.name)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".dry-run-") as staging:
-        plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=staging, system=opts.system,
-                       dry_run=True)
-        write_preamble(plan).close()
         dest = folder / "dry-run.txt"  # not result_*.txt: scorers never mistake it for a run
-        os.replace(plan.log_path, dest)
+        os.replace(_log_to_run_start(bench, layout, seed, opts.system, staging), dest)
     if command is None:
         # On several nodes: one torchrun per node at a common rendezvous (the torchrun launcher's command).
         endpoint = opts.rdzv_endpoint or ("HOST:PORT" if layout.nodes > 1 else None)

@@ -74,6 +74,7 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
            env: dict) -> dict:
     steps = [e for e in outcome.events if e.get("event") == "step"]
     evals = [e for e in outcome.events if e.get("event") == "eval"]
+    start = next((e for e in outcome.events if e.get("event") == "start"), {})  # {} if no rank ever started
     return {
         "benchmark": bench.name,
         "variant": bench.variant,
@@ -90,11 +91,10 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "devices": layout.world_size,
         # Median over steps; None where MFU is not defined (CPU) or the device's peak is unknown.
         "mfu": _median([e["mfu"] for e in steps if e.get("mfu") is not None]),
-        "mfu_note": next((e.get("mfu_note") for e in outcome.events if e.get("event") == "start"), None),
+        "mfu_note": start.get("mfu_note"),
         "config": dataclasses.asdict(bench),
         # The launcher's packages and host; the device as rank 0 found it (None if it never started).
-        "environment": {**env, "device": next((e.get("device") for e in outcome.events
-                                               if e.get("event") == "start"), None)},
+        "environment": {**env, "device": start.get("device")},
         # What the run started from (path, tensors, whether optimizer state was loaded) and saved to.
         "init_checkpoint": next(({k: v for k, v in e.items() if k not in ("event", "time")}
                                  for e in outcome.events if e.get("event") == "checkpoint_loaded"), None),

@@ -46,7 +46,8 @@ def test_padded_vocabulary_is_left_out_of_loss_and_accuracy(tmp_path: Path) -> N
     script.write_text(_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--standalone", str(script)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # megatron's import warnings fill stderr: keep what says why a rank failed
+    assert proc.returncode == 0, "\n".join(ln for ln in proc.stderr.splitlines() if "warn" not in ln.lower())[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     masked, kept = out["7"], out["None"]
     assert abs(masked["loss"] - out["reference_loss"]) < 1e-4 * out["reference_loss"]

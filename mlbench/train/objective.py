@@ -48,10 +48,10 @@ def _without_padding(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return logits.masked_fill(torch.arange(start, start + part, device=logits.device) >= vocab_size, float("-inf"))
 
 
-def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, vocab_size: int | None,
+def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, output_vocab: int | None,
           logits: torch.Tensor):
-    if vocab_size is not None:
-        logits = _without_padding(logits, vocab_size)
+    if output_vocab is not None:
+        logits = _without_padding(logits, output_vocab)
     per_token = tensor_parallel.vocab_parallel_cross_entropy(logits.float().contiguous(), labels)
     mask = mask.float()
     loss_sum = (per_token * mask).sum()
@@ -68,7 +68,7 @@ def _loss(mask: torch.Tensor, labels: torch.Tensor, want_correct: bool, vocab_si
 class CausalLM:
     """Next-token prediction; the eval metric is log perplexity (mean cross-entropy in nats)."""
 
-    vocab_size: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
+    output_vocab: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
     metric = "log_perplexity"
 
     def make_batch(self, tokens: np.ndarray, rng: np.random.Generator) -> Batch:
@@ -84,7 +84,7 @@ class CausalLM:
 
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         logits = model(b["tokens"], b["position_ids"], None)
-        return logits, partial(_loss, b["loss_mask"], b["labels"], False, self.vocab_size)
+        return logits, partial(_loss, b["loss_mask"], b["labels"], False, self.output_vocab)
 
     def value(self, totals: dict[str, float]) -> float:
         return totals["loss_sum"] / max(totals["tokens"], 1.0)
@@ -136,7 +136,7 @@ class PreMaskedLM:
 
     seq_length: int
     predictions: int
-    vocab_size: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
+    output_vocab: int | None = None  # set: the padded vocabulary is left out of the loss (model.mask_padded_vocab)
     metric = "masked_lm_accuracy"
 
     def make_batch(self, rows: np.ndarray, rng: np.random.Generator) -> Batch:
@@ -158,15 +158,15 @@ class PreMaskedLM:
         # The last pipeline stage returns (logits, next-sentence logits or None); earlier stages a hidden state.
         out = model(b["tokens"], b["attention_mask"], tokentype_ids=b["tokentype_ids"])
         return out, partial(_pre_masked_loss, b["loss_mask"], b["labels"], b["next_sentence_labels"],
-                            eval_mode, self.vocab_size)
+                            eval_mode, self.output_vocab)
 
     def value(self, totals: dict[str, float]) -> float:
         return totals["correct"] / max(totals["tokens"], 1.0)
 
 
-def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, vocab_size: int | None, outputs):
+def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, output_vocab: int | None, outputs):
     logits, binary = outputs
-    loss_sum, n, stats = _loss(mask, labels, want_correct, vocab_size, logits)
+    loss_sum, n, stats = _loss(mask, labels, want_correct, output_vocab, logits)
     if binary is not None:
         # The schedule divides the summed loss by n (masked tokens): adding mean NSP loss x n keeps the
         # reference's sum of the two means.
@@ -177,12 +177,12 @@ def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, vocab_size: i
 def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM | PreMaskedLM:
     vocab = b.model.vocab_size if b.model.mask_padded_vocab else None
     if b.data.source == "tfrecord":
-        return PreMaskedLM(b.model.seq_length, b.data.max_predictions_per_seq, vocab)
+        return PreMaskedLM(b.model.seq_length, b.data.max_predictions_per_seq, output_vocab=vocab)
     if b.model.family == "bert":
         # last id is [MASK]
         return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob,
                         num_tokentypes=b.model.num_tokentypes, output_vocab=vocab)
-    return CausalLM(vocab)
+    return CausalLM(output_vocab=vocab)
 
 
 def source(b: Benchmark) -> MarkovSource:
