@@ -34,6 +34,10 @@ class Progress:
             if kind == "start":
                 self.state.update(budget=e["budget"], target=e["target"], metric=e["metric"],
                                   direction=e["direction"], mfu_note=e.get("mfu_note", ""))
+                if d := e.get("device"):
+                    self.state["device"] = f"{d['type']} {d['name']} ({d['precision']}, {d['attention']} attention)"
+                    if not self._live:
+                        self.console.print(f"training on {self.state['device']}")
             elif kind == "step":
                 self.state.update(step=e["step"], loss=e["loss"], tokens_per_s=e["tokens_per_s"],
                                   tflops=e["tflops_per_device"], mfu=e.get("mfu"))
@@ -64,6 +68,7 @@ class Progress:
     def _render(self) -> Table:
         s = self.state
         t = Table(title=self.title, show_header=False, box=None)
+        t.add_row("device", s.get("device", "?"))
         t.add_row("step", f"{s.get('step', 0)} / {s.get('budget', '?')}")
         t.add_row("train loss", f"{s.get('loss', float('nan')):.4f}")
         t.add_row("tokens/s", f"{s.get('tokens_per_s', 0):,.0f}")

@@ -34,3 +34,55 @@ def test_exact_gelu_is_never_fused(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     gpu = M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=True)
     assert not gpu.bias_activation_fusion and gpu.activation_func is F.gelu
+
+
+def _cuda_present(monkeypatch, te: bool = False) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(M, "have_transformer_engine", lambda: te)
+
+
+def test_attention_backend_follows_the_device_and_transformer_engine(monkeypatch) -> None:
+    assert M.attention_backend() == "local"  # this machine: CPU, no Transformer Engine
+    _cuda_present(monkeypatch)
+    assert M.attention_backend() == "sdpa"
+    _cuda_present(monkeypatch, te=True)
+    assert M.attention_backend() == "te"
+
+
+def test_gpu_without_transformer_engine_puts_sdpa_into_gpt_and_llama_but_not_bert(monkeypatch) -> None:
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from mlbench.train.attention import SDPAttention
+
+    _cuda_present(monkeypatch)
+    core = {}
+    for name in ("gpt3", "llama31_405b", "bert"):
+        m = registry.load(name, tiny=True).model
+        config = M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=True)
+        core[name] = M.layer_spec(m, config).submodules.self_attention.submodules.core_attention
+    assert core == {"gpt3": SDPAttention, "llama31_405b": SDPAttention, "bert": DotProductAttention}
+    # the spec is copied, not edited: bert's module-level spec and a CPU build keep megatron's local attention
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    m = registry.load("gpt3", tiny=True).model
+    cpu = M.layer_spec(m, M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False))
+    assert cpu.submodules.self_attention.submodules.core_attention is DotProductAttention
+
+
+def test_bf16_config_keeps_params_and_pipeline_in_bf16_and_batches_p2p_on_gpu(monkeypatch) -> None:
+    m = registry.load("llama31_405b", tiny=True).model
+    cpu = M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    assert (cpu.bf16, cpu.params_dtype, cpu.pipeline_dtype, cpu.batch_p2p_comm) == (
+        False, torch.float32, torch.float32, False)
+    _cuda_present(monkeypatch)
+    gpu = M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=True)
+    assert (gpu.bf16, gpu.params_dtype, gpu.pipeline_dtype, gpu.batch_p2p_comm) == (
+        True, torch.bfloat16, torch.bfloat16, True)
+
+
+def test_cpu_compatibility_layer_stays_off_where_cuda_is_present(monkeypatch) -> None:
+    from mlbench.train import cpu_compat
+
+    was_active = cpu_compat.active()
+    _cuda_present(monkeypatch)
+    assert cpu_compat.enable() is False
+    assert cpu_compat.active() == was_active  # nothing patched by this call

@@ -40,6 +40,7 @@ def _assert_converged(root: Path, index: int = 0) -> dict:
     assert {"torch", "megatron-core", "mlperf-logging"} <= set(record["environment"]["packages"])
     device = record["environment"]["device"]  # as rank 0 found it, not the launching host
     assert device["type"] == "cpu" and device["per_node"] == record["layout"]["nproc_per_node"]
+    assert device["precision"] == "fp32" and device["attention"] == "local"  # no GPU path on CPU
     checked = mlbench("check", str(folder / f"result_{index}.txt"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "PASS" in checked.stdout
@@ -50,6 +51,7 @@ def test_one_process_reaches_target(root: Path) -> None:
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "11", "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "target reached" in proc.stdout and "time-to-train" in proc.stdout
+    assert "training on cpu" in proc.stdout and "(fp32, local attention)" in proc.stdout
     record = _assert_converged(root, _index(proc.stdout))
     assert record["layout"]["world_size"] == 1 and record["seed"] == 11
 

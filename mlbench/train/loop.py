@@ -232,7 +232,9 @@ def _train(plan: RunPlan, bench: Benchmark, rank: int, log: MLPerfLog | None,
     precision = "bf16" if bf16 else "fp32"
     device = {"type": "cpu" if on_cpu else "cuda",
               "name": (platform.processor() or platform.machine()) if on_cpu else torch.cuda.get_device_name(),
-              "per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
+              "per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+              # what ran, so a record says whether it took the GPU path (bf16, te or sdpa attention)
+              "precision": precision, "attention": model_lib.attention_backend()}
     peak = None if on_cpu else hardware.peak_tflops(device["name"], precision)
 
     def block_meta(first_step: int, last_step: int) -> dict:
