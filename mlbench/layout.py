@@ -6,11 +6,12 @@ would be valid.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from mlbench.errors import UserError
-from mlbench.spec import Benchmark, LayoutSpec
+from mlbench.spec import Benchmark, FeaturesSpec, LayoutSpec
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class Layout:
     # the embedding / the loss count as one layer of the first / last pipeline stage.
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    ep: int = 1  # expert parallel: experts split over ep ranks of the dp x cp group
+    # The benchmark file's features with the user's flags over them, checked against this layout.
+    features: FeaturesSpec = field(default_factory=FeaturesSpec)
+    precision: str = "bf16"  # what the matmuls run in on a GPU (the benchmark's, or --precision); CPU: fp32
 
     @property
     def world_size(self) -> int:
@@ -79,19 +84,54 @@ def resolve(
     cp: int | None = None,
     micro_batch_size: int | None = None,
     global_batch_size: int | None = None,
+    ep: int | None = None,
+    features: dict | None = None,
+    precision: str | None = None,
 ) -> Layout:
-    """The first reference layout (in order of preference) that, with the user's flags, passes every rule."""
+    """The first reference layout (in order of preference) that, with the user's flags, passes every rule.
+    `features`: FeaturesSpec fields the user set (flags), over the benchmark file's defaults."""
     if nodes < 1 or nproc_per_node < 1:
         raise UserError(f"--nodes ({nodes}) and --nproc-per-node ({nproc_per_node}) must be at least 1")
     first_error: UserError | None = None
     for ref, exact in reference_layouts(bench, nodes * nproc_per_node):
         try:
-            return _resolve_from(bench, ref, exact, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size,
-                                 global_batch_size)
+            layout = _resolve_from(bench, ref, exact, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size,
+                                   global_batch_size)
         except UserError as e:
             first_error = first_error or e
+            continue
+        return _with_features(bench, layout, ref, ep, features or {}, precision)
     assert first_error is not None
     raise first_error
+
+
+def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep: int | None, overrides: dict,
+                   precision: str | None) -> Layout:
+    """The layout with expert parallelism, features and precision, each checked against it."""
+    ep = ep if ep is not None else (ref.ep if ref else 1)
+    if ep < 1:
+        raise UserError(f"--ep must be at least 1, got {ep}")
+    if ep > 1 and (layout.dp * layout.cp) % ep:
+        raise UserError(f"layout does not divide: expert parallel --ep {ep} must divide data parallel x context "
+                        f"parallel = {layout.dp} x {layout.cp} = {layout.dp * layout.cp}; valid ep: "
+                        f"{_fmt(_divisors(layout.dp * layout.cp))}")
+    f = dataclasses.replace(bench.features, **overrides)
+    # A feature that needs model parallelism the layout lacks is dropped when it is the benchmark's default
+    # (its file follows a multi-GPU config), refused when the user asked for it.
+    if f.sequence_parallel and layout.tp == 1:
+        if overrides.get("sequence_parallel"):
+            raise UserError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
+        f = dataclasses.replace(f, sequence_parallel=False)
+    if f.overlap_param_gather and not f.distributed_optimizer:
+        if overrides.get("overlap_param_gather"):
+            raise UserError("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it "
+                            "needs --distributed-optimizer")
+        f = dataclasses.replace(f, overlap_param_gather=False)
+    if f.recompute_layers < 1:
+        raise UserError(f"--recompute-layers must be at least 1, got {f.recompute_layers}")
+    if f.recompute == "full" and f.recompute_method == "block" and f.recompute_layers > bench.model.num_layers:
+        raise UserError(f"--recompute-layers {f.recompute_layers}: the model has {bench.model.num_layers} layers")
+    return dataclasses.replace(layout, ep=ep, features=f, precision=precision or bench.train.precision)
 
 
 def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: int, nproc_per_node: int,

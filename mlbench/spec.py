@@ -95,7 +95,7 @@ class TrainSpec:
     # How that checkpoint names megatron-core's tensors where it differs: "FROM -> TO" fragment replacements,
     # applied in order to megatron-core names (mlbench/train/checkpoint.py).
     checkpoint_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    precision: Literal["bf16", "fp32"] = "bf16"  # on CPU always fp32
+    precision: Literal["bf16", "fp8", "fp32"] = "bf16"  # on CPU always fp32; fp8 through Transformer Engine
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,24 @@ class MLPerfSpec:
 
 
 @dataclass(frozen=True)
+class FeaturesSpec:
+    """Memory- and communication-saving features, as megatron-core implements them (its
+    DistributedDataParallelConfig, OptimizerConfig and TransformerConfig). A benchmark file gives its defaults,
+    following the submission config its layouts come from; `mlbench run` / `mlbench plan` flags override them."""
+
+    # fp32 master weights and Adam state sharded over data parallel; gradients reduce-scattered
+    distributed_optimizer: bool = False
+    sequence_parallel: bool = False  # norms, dropout and residual activations split over TP (needs tp > 1)
+    recompute: Literal["none", "selective", "full"] = "none"  # selective: core attention; full: whole layers
+    recompute_method: Literal["uniform", "block"] = "uniform"  # full recompute: how layers are chosen
+    recompute_layers: int = 1  # full recompute: layers per group (uniform) or per stage (block)
+    overlap_grad_reduce: bool = False  # gradient reduce(-scatter) overlapped with the backward pass
+    overlap_param_gather: bool = False  # parameter all-gather overlapped with the forward pass (distributed optimizer)
+    grad_reduce_in_fp32: bool = True  # bf16 gradient reduction where false (NVIDIA's Llama FP8 configs)
+    fp8_param_gather: bool = False  # parameters gathered in FP8 (with precision fp8)
+
+
+@dataclass(frozen=True)
 class LayoutSpec:
     """A reference parallel layout, used when the user gives none for that device count."""
 
@@ -165,6 +183,7 @@ class LayoutSpec:
     pp: int = 1
     vp: int = 1
     cp: int = 1
+    ep: int = 1  # expert parallel (mixture-of-experts models): divides dp x cp
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     # Megatron's asymmetric pipeline split: the embedding / the loss count as one layer of the first / last
@@ -187,6 +206,7 @@ class Benchmark:
     eval: EvalSpec
     quality: QualitySpec
     data: DataSpec
+    features: FeaturesSpec = FeaturesSpec()
     layouts: tuple[LayoutSpec, ...] = ()
     sources: tuple[str, ...] = ()
     notes: str = ""
