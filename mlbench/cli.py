@@ -193,6 +193,9 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
                              rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads,
                              init_checkpoint=str(init_checkpoint.resolve()) if init_checkpoint else "",
                              save_checkpoint=str(save_checkpoint.resolve()) if save_checkpoint else "")
+    from mlbench import launch
+
+    slurm_opts = None
     if launcher == "slurm":
         from mlbench.launch import slurm
 
@@ -200,13 +203,7 @@ def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, 
                                         sbatch_args=list(sbatch_args), container_image=container_image,
                                         container_mounts=container_mounts.split(",") if container_mounts else [],
                                         master_addr=master_addr, gpus_per_node=gpus_per_node)
-        sys.exit(slurm.launch(bench, layout, opts, slurm_opts, console, dry_run=dry_run))
-    if dry_run:
-        from mlbench import dry_run as dry
-
-        sys.exit(dry.run(bench, layout, opts, console))
-    outcomes = runner.run_set(bench, layout, opts, console)
-    sys.exit(0 if all(o.ok for o in outcomes) else 1)
+    sys.exit(launch.start(bench, layout, opts, slurm_opts, console, dry_run=dry_run))
 
 
 def _check_closed_rules(bench, layout, system: str) -> None:
