@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
+from mlbench.run_plan import RunPlan
 from mlbench.spec import Benchmark, evaluate
-from mlbench.train.plan import RunPlan
 
 
 class MLPerfLog:
@@ -109,32 +108,6 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
         ("micro_batch_size", layout["micro_batch_size"]),
     ]
     return keys
-
-
-def max_steps(bench: Benchmark, gbs: int) -> int:
-    steps = int(evaluate(bench.train.max_steps, global_batch_size=gbs))
-    if steps <= 0:  # no budget given: the full schedule
-        o = bench.optimizer
-        steps = int(evaluate(o.warmup_steps, global_batch_size=gbs)) + int(
-            evaluate(o.decay_steps, global_batch_size=gbs))
-    return max(steps, 1)
-
-
-def eval_schedule(bench: Benchmark, gbs: int) -> Callable[[int], int]:
-    """The step after which the next evaluation falls, given the current step: the first step at or past the
-    next multiple of the interval. The rules give BERT's interval in samples, which the batch need not divide
-    (225,000 at 8192): evaluating every ceil(interval / gbs) steps would fall a step later each time (9 steps
-    late by 4.1M samples), as the NVIDIA reference does not. Where the batch divides the interval (gpt3 and
-    llama write theirs rounded up to whole batches) this is every interval / gbs steps."""
-    samples = int(evaluate(bench.eval.interval_samples, global_batch_size=gbs))
-    if samples <= 0:
-        raise ValueError(f"{bench.name}: eval.interval_samples is {samples}; it must be positive")
-
-    def next_eval(step: int) -> int:
-        k = step * gbs // samples + 1  # the next multiple of the interval past this step's samples
-        return max(step + 1, -(-k * samples // gbs))
-
-    return next_eval
 
 
 def read(path: str | Path) -> list[dict]:

@@ -11,7 +11,8 @@ import pytest
 
 from mlbench import layout, registry, results
 from mlbench.errors import UserError
-from mlbench.mlperf_log import MLPerfLog, eval_schedule, finalize_aborted, read
+from mlbench.mlperf_log import MLPerfLog, finalize_aborted, read
+from mlbench.run_plan import eval_schedule
 from mlbench.spec import evaluate
 from mlbench.train.markov import MarkovSource
 

@@ -114,7 +114,7 @@ class IndexedTokens(TokenSource):
 
 def build_source(bench: Benchmark, plan: RunPlan) -> TokenSource:
     """The run's token source, by `bench.data.source`. Called on every rank, after the process group is up."""
-    from mlbench.mlperf_log import max_steps
+    from mlbench.run_plan import max_steps
 
     gbs = plan.layout["global_batch_size"]
     seq = bench.model.seq_length

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mlbench.mlperf_log import MLPerfLog, eval_schedule, max_steps, write_preamble
+from mlbench.mlperf_log import MLPerfLog, write_preamble
+from mlbench.run_plan import eval_schedule, max_steps
 from mlbench.spec import Benchmark, evaluate
 from mlbench.train import cpu_compat
 from mlbench.train.plan import RunPlan

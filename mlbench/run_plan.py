@@ -1,0 +1,86 @@
+"""The run plan: everything a rank needs, resolved before launch and handed over as one JSON file, and the
+schedule every reader of a run shares (step budget, evaluation points). The launcher writes it, the training
+loop follows it, the MLPerf log writer states it; none of them computes it again."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlbench.spec import Benchmark, build, evaluate
+
+
+@dataclass
+class RunPlan:
+    benchmark: Benchmark
+    layout: dict  # Layout.as_dict()
+    seed: int
+    run_dir: str  # staging folder: the MLPerf log, events and per-rank logs are written here
+    system: str
+    org: str = "mlbench"
+    division: str = "closed"
+    dry_run: bool = False  # log up to run_start with every hyperparameter, build nothing heavy
+    env: dict = field(default_factory=dict)
+    init_checkpoint: str = ""  # a megatron-core distributed checkpoint to start from
+    save_checkpoint: str = ""  # where to save one when the run stops ("" for nowhere)
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.run_dir) / "mlperf.log"
+
+    @property
+    def events_path(self) -> Path:
+        return Path(self.run_dir) / "events.jsonl"
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.layout["global_batch_size"]
+
+    def save(self, path: str | Path) -> None:
+        data = dataclasses.asdict(self)
+        Path(path).write_text(json.dumps(data, indent=1, default=str))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunPlan:
+        data = json.loads(Path(path).read_text())
+        return cls(benchmark=benchmark_from_dict(data.pop("benchmark")), **data)
+
+
+def benchmark_from_dict(data: dict) -> Benchmark:
+    """A resolved benchmark back from `dataclasses.asdict`, directly or through JSON."""
+    return build(Benchmark, data, "plan.benchmark")
+
+
+def max_steps(bench: Benchmark, gbs: int) -> int:
+    """The step budget: train.max_steps, or the whole learning-rate schedule where none is given."""
+    steps = int(evaluate(bench.train.max_steps, global_batch_size=gbs))
+    if steps <= 0:
+        o = bench.optimizer
+        steps = int(evaluate(o.warmup_steps, global_batch_size=gbs)) + int(
+            evaluate(o.decay_steps, global_batch_size=gbs))
+    return max(steps, 1)
+
+
+def eval_schedule(bench: Benchmark, gbs: int) -> Callable[[int], int]:
+    """The step after which the next evaluation falls, given the current step: the first step at or past the
+    next multiple of the interval. The rules give BERT's interval in samples, which the batch need not divide
+    (225,000 at 8192): evaluating every ceil(interval / gbs) steps would fall a step later each time (9 steps
+    late by 4.1M samples), as the NVIDIA reference does not. Where the batch divides the interval (gpt3 and
+    llama write theirs rounded up to whole batches) this is every interval / gbs steps."""
+    samples = int(evaluate(bench.eval.interval_samples, global_batch_size=gbs))
+    if samples <= 0:
+        raise ValueError(f"{bench.name}: eval.interval_samples is {samples}; it must be positive")
+
+    def next_eval(step: int) -> int:
+        k = step * gbs // samples + 1  # the next multiple of the interval past this step's samples
+        return max(step + 1, -(-k * samples // gbs))
+
+    return next_eval
+
+
+def first_eval_samples(bench: Benchmark, gbs: int) -> int:
+    """Evaluations before this many training samples are skipped (MLPerf's eval offsets)."""
+    return int(evaluate(bench.eval.start_samples, global_batch_size=gbs))
