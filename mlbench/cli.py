@@ -266,7 +266,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     import json
     import tempfile
 
-    from mlbench import tool
+    from mlbench import helper_process
 
     bench = registry.load(name, tiny=tiny)
     if bench.model.family != "bert" or bench.model.norm_position != "post":
@@ -277,8 +277,8 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
         spec = Path(tmp) / "benchmark.json"
         spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
         try:
-            r = tool.run_json("mlbench.train.convert_bert", str(spec), str(src), str(dest), prefix=f"{src}: ")
-        except tool.ToolFailed as e:
+            r = helper_process.run_json("mlbench.train.convert_bert", str(spec), str(src), str(dest), prefix=f"{src}: ")
+        except helper_process.HelperFailed as e:
             console.print("[red]error:[/red] conversion failed: ", end="")
             console.print(str(e), markup=False, highlight=False, soft_wrap=True)
             sys.exit(1)

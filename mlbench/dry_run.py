@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mlbench import compliance, results, tool
+from mlbench import compliance, helper_process, results
 from mlbench.errors import UserError
 from mlbench.launch import torchrun
 from mlbench.layout import Layout
@@ -36,8 +36,8 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
         plan_path = Path(tmp) / "plan.json"
         plan.save(plan_path)
         try:
-            r = tool.run_json("mlbench.train.checkpoint_check", str(plan_path))
-        except tool.ToolFailed as e:
+            r = helper_process.run_json("mlbench.train.checkpoint_check", str(plan_path))
+        except helper_process.HelperFailed as e:
             raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: {e}") from None
     names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
     padding = f", vocabulary padding differs in {len(r['vocab_padding_resized'])}" if r["vocab_padding_resized"] else ""

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
+from mlbench.launch.ports import free_ports
+
 BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel", "sacct")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 
@@ -41,20 +43,6 @@ def available(auth: str = "none") -> tuple[bool, str]:
     if missing:
         return False, f"SLURM not installed (missing {', '.join(missing)}); run `make slurm-deps`"
     return True, ""
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports, chosen by the kernel (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class SlurmClusterError(RuntimeError):
@@ -192,7 +180,7 @@ class SlurmCluster:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         if self.auth == "munge":
             self.munge_dir = Path(tempfile.mkdtemp(prefix="munge-"))
-        ctld_port, *node_ports = free_ports(1 + self.nodes)
+        ctld_port, *node_ports = free_ports(1 + self.nodes, "127.0.0.1")
         self.conf.write_text(self._render_conf(ctld_port, node_ports))
         (self.root / "jobcomp.txt").touch()
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}

@@ -223,8 +223,8 @@ _GPT3_NORMS = textwrap.dedent("""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from mlbench import registry
-    from mlbench.train import lamb, model as M, solo
-    solo.init()
+    from mlbench.train import lamb, model as M, one_process_world
+    one_process_world.init()
     b = registry.load("gpt3", tiny=True)
     config = M.transformer_config(b.model, tp=1, pp=1, vp=1, cp=1, bf16=False)
     chunk = M.build(b.model, config)

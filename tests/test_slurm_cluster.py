@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from mlbench.launch.ports import free_ports
 from mlbench.launch.slurm_script import SlurmJob, render, torchrun_command
 
 try:  # tests/ may or may not be a package, depending on who else adds files there
-    from tests.slurm_cluster import SlurmCluster, available, free_ports
+    from tests.slurm_cluster import SlurmCluster, available
 except ImportError:
-    from slurm_cluster import SlurmCluster, available, free_ports  # type: ignore[no-redef]
+    from slurm_cluster import SlurmCluster, available  # type: ignore[no-redef]
 
 # ---------------------------------------------------------------------------- renderer (fast)
 
@@ -213,7 +214,7 @@ def _allreduce_job(cluster: SlurmCluster, tmp_path: Path, rdzv: str) -> tuple[Pa
         workdir=str(odd),
         # Node names do not resolve here: rendezvous and gloo both stay on loopback.
         master_addr=cluster.master_addr,
-        master_port=free_ports(1)[0],
+        master_port=free_ports(1, "127.0.0.1")[0],
         env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
         rdzv_backend=rdzv,  # type: ignore[arg-type]
         torchrun=str(torchrun) if torchrun.exists() else "torchrun",

@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import MLBENCH, mllog, result_dir
 
+from mlbench.launch.ports import free_port
+
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path: Path) -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
     procs = [subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
                                "--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--node-rank", str(r),
                                "--results", str(tmp_path / f"node{r}"), "--system", "ci", "--seed", str(30 + r)],

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlbench.errors import UserError
+from mlbench.registry import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "results" / "published" / "headline_results.csv"
 PREFIX = "published:"
 

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from mlbench import runner
+from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.layout import Layout
 from mlbench.train.plan import benchmark_from_dict
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def main(spec_path: str) -> int:
@@ -32,7 +26,7 @@ def main(spec_path: str) -> int:
 
     def argv_for(plan_path: Path, ranks_dir: Path, seed: int) -> list[str]:
         # A fresh port per run: the batch step runs on the first node, where the static rendezvous lives.
-        port = _free_port()
+        port = free_port()
         job = job_for(layout, slurm, bench.name, job_dir, driver=None, command=["-m", "mlbench.train", str(plan_path)],
                       ranks_dir=ranks_dir, master_port=port)
         return ["env", f"MASTER_PORT={port}", *srun_argv(job)]  # srun passes it on to every node

@@ -12,17 +12,17 @@ import sys
 from mlbench.errors import UserError
 
 
-class ToolFailed(Exception):
-    """The tool crashed (not bad input); the message is its last stderr line."""
+class HelperFailed(Exception):
+    """The helper crashed (not bad input); the message is its last stderr line."""
 
 
 def run_json(module: str, *args: str, prefix: str = "") -> dict:
-    """The tool's JSON answer. Exit 2: UserError with its reason (after `prefix`); other failures: ToolFailed."""
+    """The helper's JSON answer. Exit 2: UserError with its reason (after `prefix`); other failures: HelperFailed."""
     proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONWARNINGS="ignore"))
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     if proc.returncode == 2:
         raise UserError(f"{prefix}{last}")
     if proc.returncode != 0:
-        raise ToolFailed(last)
+        raise HelperFailed(last)
     return json.loads(proc.stdout.strip().splitlines()[-1])
