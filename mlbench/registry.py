@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from mlbench.errors import UserError
-from mlbench.spec import Benchmark, build, deep_merge
+from mlbench.spec import Benchmark, build, check_expressions, deep_merge
 
 ROOT = Path(__file__).resolve().parent.parent
 # MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's).
@@ -21,7 +21,13 @@ def _dir(directory: Path | None) -> Path:
 
 
 def names(directory: Path | None = None) -> list[str]:
-    return sorted(p.stem for p in _dir(directory).glob("*.yaml"))
+    """The benchmarks defined in the folder; a folder that is not there is bad input, not an empty list."""
+    folder = _dir(directory)
+    if not folder.is_dir():
+        via = " (MLBENCH_BENCHMARKS)" if directory is None and "MLBENCH_BENCHMARKS" in os.environ else ""
+        raise UserError(f"benchmark folder {folder}{via} is not a folder; point MLBENCH_BENCHMARKS at a folder of "
+                        f"benchmark files (<name>.yaml), or unset it for the built-in ones")
+    return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("."))
 
 
 def _read(path: Path) -> dict:
@@ -78,6 +84,10 @@ def _validate(b: Benchmark, path: Path) -> None:
                         f"({m.num_attention_heads}), or set model.kv_channels")
     if b.train.global_batch_size <= 0 or b.train.micro_batch_size <= 0:
         raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
+    # Every expression, where it is used and at the smallest batch: a bad one fails here, naming its key.
+    batches = {1, b.train.global_batch_size} | {ly.global_batch_size for ly in b.layouts if ly.global_batch_size}
+    check_expressions(b, where, batches)
+    _validate_quality(b, where)
     if b.variant == "tiny" and not b.quality.note:
         raise UserError(f"{where}: a tiny variant must say how its target was chosen (quality.note)")
     for naming, rules in b.train.checkpoint_names.items():
@@ -90,6 +100,22 @@ def _validate(b: Benchmark, path: Path) -> None:
                         f"norm_position: pre")
     if b.variant == "tiny" and b.data.source != "markov":
         raise UserError(f"{where}: a tiny variant trains on the synthetic source (data.source: markov)")
+
+
+def _validate_quality(b: Benchmark, where: str) -> None:
+    """A target the metric can reach, in the direction that metric improves."""
+    q = b.quality
+    if q.metric == "log_perplexity":
+        right, direction = 0 < q.target < 1e3, "min"  # a log: positive, and e**1000 is past any vocabulary
+        what = "a positive log perplexity"
+    else:
+        right, direction = 0 < q.target <= 1, "max"
+        what = "an accuracy in (0, 1]"
+    if not right:
+        raise UserError(f"{where}: quality.target {q.target} is not {what} ({q.metric})")
+    if q.direction != direction:
+        raise UserError(f"{where}: quality.direction for {q.metric} is {direction!r} (it "
+                        f"{'falls' if direction == 'min' else 'rises'} as the model learns), got {q.direction!r}")
 
 
 def load_all(tiny: bool = False, directory: Path | None = None) -> list[Benchmark]:

@@ -7,6 +7,7 @@ so a tiny variant is the same benchmark with smaller numbers, never a second def
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import math
 import operator
@@ -222,38 +223,122 @@ class Benchmark:
 # ---- expressions ----------------------------------------------------------------------------------------
 # Learning-rate and schedule rules scale with the global batch (Llama 3.1 405B: lr = gbs * 8e-5 / 1152).
 # They are written in the benchmark file as arithmetic, evaluated left to right exactly as written,
-# because the MLPerf checker compares the learning rate as an exact float.
+# because the MLPerf checker compares the learning rate as an exact float. The file is input: arithmetic is
+# bounded (every intermediate a finite number below MAX_MAGNITUDE, so `9 ** 9 ** 9` fails at once instead of
+# computing a 370-million-digit integer) and every failure is one line naming what went wrong.
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod}
 _FUNCS = {"ceil": math.ceil, "floor": math.floor, "min": min, "max": max, "int": int}
+MAX_MAGNITUDE = 2**63  # an int64; far above any step count, sample count or learning rate
+MAX_EXPRESSION_CHARS = 1000  # bounds the parser's recursion too
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"the result is {value}")
+    if abs(value) >= MAX_MAGNITUDE:
+        raise ValueError(f"a value reaches {float(value):.3g}, beyond the bound {MAX_MAGNITUDE:.3g}")
+    return value
+
+
+def _power(base: Any, exp: Any) -> Any:
+    # Bound the result before computing it: an int power's digits grow with the exponent.
+    if abs(base) > 1 and abs(exp) * math.log2(abs(base)) >= math.log2(MAX_MAGNITUDE):
+        raise ValueError(f"{base} ** {exp} is beyond the bound {MAX_MAGNITUDE:.3g}")
+    if base == 0 and exp < 0:
+        raise ZeroDivisionError("0 to a negative power")
+    result = base**exp
+    if isinstance(result, complex):
+        raise ValueError(f"({base}) ** {exp} is not a real number")
+    return result
 
 
 def evaluate(expr: int | float | str, **names: float) -> Any:
-    """Evaluate a number or an arithmetic expression over `names` (and ceil/floor/min/max/int)."""
+    """Evaluate a number or an arithmetic expression over `names` (and ceil/floor/min/max/int): + - * / // % **,
+    bounded as above. Anything else, a division by zero or an unbounded value is a UserError."""
     if not isinstance(expr, str):
         return expr
 
     def ev(node: ast.AST) -> Any:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value,
+                                                                                                        bool):
+            return _bounded(node.value)
         if isinstance(node, ast.Name) and node.id in names:
-            return names[node.id]
+            return _bounded(names[node.id])
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
-            return _FUNCS[node.func.id](*(ev(a) for a in node.args))
-        raise ValueError(f"unsupported element {ast.dump(node)[:40]!r}")
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow):
+                return _bounded(_power(left, right))
+            return _bounded(_BINOPS[type(node.op)](left, right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            value = ev(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
+                and not node.keywords and node.args):
+            return _bounded(_FUNCS[node.func.id](*(ev(a) for a in node.args)))
+        if isinstance(node, ast.Name):
+            raise ValueError(f"unknown name {node.id!r}")
+        raise ValueError(f"unsupported element {ast.unparse(node)[:40]!r}")
 
+    allowed = ", ".join(sorted(names)) or "none"
+    if len(expr) > MAX_EXPRESSION_CHARS:
+        raise UserError(f"cannot evaluate {expr[:40]!r}...: longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        return ev(ast.parse(expr, mode="eval"))
-    except (SyntaxError, ValueError, KeyError) as e:
-        allowed = ", ".join(sorted(names)) or "none"
-        raise UserError(f"cannot evaluate {expr!r}: {e} (names allowed: {allowed})") from None
+        return ev(ast.parse(expr.strip(), mode="eval"))
+    except SyntaxError as e:
+        raise UserError(f"cannot evaluate {expr!r}: not an arithmetic expression ({e.msg}; names allowed: "
+                        f"{allowed})") from None
+    except ZeroDivisionError:
+        raise UserError(f"cannot evaluate {expr!r} at {_at(names)}: division by zero") from None
+    except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError) as e:
+        raise UserError(f"cannot evaluate {expr!r} at {_at(names)}: {e} (names allowed: {allowed}; functions: "
+                        f"{', '.join(_FUNCS)})") from None
+
+
+def _at(names: dict[str, float]) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in names.items()) or "no names"
+
+
+# Keys whose expressions must give a number >= this (warm-up 0 and max_steps 0 mean "none" / "the schedule").
+_EXPRESSION_MINIMUM = {"eval.interval_samples": 1}
+
+
+def expressions(b: Benchmark) -> dict[str, int | float | str]:
+    """Every value of `b` that may be written as an expression (a number or arithmetic), by its 'section.key'."""
+    found = {}
+    for section in dataclasses.fields(b):
+        value = getattr(b, section.name)
+        if dataclasses.is_dataclass(value):
+            hints = typing.get_type_hints(type(value))
+            found |= {f"{section.name}.{f.name}": getattr(value, f.name) for f in dataclasses.fields(value)
+                      if _is_numeric(hints[f.name])}
+    return found
+
+
+def _is_numeric(tp: Any) -> bool:
+    """A field typed as a number or an expression (`int | str`, `float | str`)."""
+    arms = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+    return str in arms and any(a in (int, float) for a in arms)
+
+
+def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -> None:
+    """Evaluates every expression of `b` at each global batch: a file that divides by zero, overflows or gives a
+    negative step count fails when it is loaded, naming the key, not in the middle of a run."""
+    for key, expr in expressions(b).items():
+        for gbs in sorted(set(batches)):
+            try:
+                value = _bounded(evaluate(expr, global_batch_size=gbs))
+            except (UserError, ValueError) as e:
+                raise UserError(f"{where}: {key}: {e}") from None
+            minimum = _EXPRESSION_MINIMUM.get(key, 0)
+            if value < minimum:
+                raise UserError(f"{where}: {key} = {expr!r} is {value} at global_batch_size = {gbs}; it must be "
+                                f"{'positive' if minimum else 'at least 0'}")
 
 
 # ---- building from plain data --------------------------------------------------------------------------
@@ -295,12 +380,12 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 175.0e9 (no exponent sign) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            with contextlib.suppress(ValueError):
+                value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise UserError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -340,4 +425,4 @@ def build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-__all__ = ["Benchmark", "build", "deep_merge", "evaluate", "field"]
+__all__ = ["Benchmark", "build", "check_expressions", "deep_merge", "evaluate", "expressions", "field"]
