@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tfrecord_writer import example, write  # noqa: E402
 
-from mlbench.train.tfrecord import parse_example, records  # noqa: E402
+from mlbench.train.data.tfrecord import parse_example, records  # noqa: E402
 
 
 def main(n: int) -> None:

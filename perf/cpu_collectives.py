@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from mlbench import layout, registry
-from mlbench.train.plan import RunPlan
+from mlbench.run_plan import RunPlan
 
 ONE_RUN = """
 import os, sys

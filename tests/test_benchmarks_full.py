@@ -223,7 +223,8 @@ _GPT3_NORMS = textwrap.dedent("""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from mlbench import registry
-    from mlbench.train import lamb, model as M, one_process_world
+    from mlbench.train import model as M, one_process_world
+    from mlbench.train.optim import lamb
     one_process_world.init()
     b = registry.load("gpt3", tiny=True)
     config = M.transformer_config(b.model, tp=1, pp=1, vp=1, cp=1, bf16=False)

@@ -14,8 +14,8 @@ import yaml
 from conftest import mlbench, mllog
 from tfrecord_writer import example, write
 
-from mlbench.train.markov import MarkovSource
-from mlbench.train.tfrecord import RecordError, masked_crc, parse_example, records
+from mlbench.train.data.markov import MarkovSource
+from mlbench.train.data.tfrecord import RecordError, masked_crc, parse_example, records
 
 SEQ, PRED, VOCAB = 32, 10, 32  # id 31 is [MASK]
 

@@ -27,7 +27,7 @@ _COMPARE = textwrap.dedent("""
     from bert_reference import BertForPreTraining
     from mlbench import registry
     from mlbench.train import one_process_world, model as M
-    from mlbench.train.convert_bert import to_megatron
+    from mlbench.train.checkpoint.convert_bert import to_megatron
     one_process_world.init()
     m = dataclasses.replace(registry.load("bert", tiny=True).model, **{small!r})
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:
     import torch
 
     from mlbench import registry
-    from mlbench.train.convert_bert import CheckpointError, reference_state, to_megatron
+    from mlbench.train.checkpoint.convert_bert import CheckpointError, reference_state, to_megatron
 
     tiny = registry.load("bert", tiny=True).model
     # The right names at the wrong size: the tiny model (hidden 64) from a BERT-large layer's query.

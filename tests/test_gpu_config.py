@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from mlbench import registry
 from mlbench.train import model as M
+from mlbench.train.model import config as model_config
 
 
 def test_gelu_tanh_uses_megatrons_fused_kernel_on_gpu_and_the_tanh_gelu_on_cpu(monkeypatch) -> None:
@@ -38,7 +39,7 @@ def test_exact_gelu_is_never_fused(monkeypatch) -> None:
 
 def _cuda_present(monkeypatch, te: bool = False) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(M, "have_transformer_engine", lambda: te)
+    monkeypatch.setattr(model_config, "have_transformer_engine", lambda: te)  # where attention_backend looks
 
 
 def test_attention_backend_follows_the_device_and_transformer_engine(monkeypatch) -> None:
@@ -52,7 +53,7 @@ def test_attention_backend_follows_the_device_and_transformer_engine(monkeypatch
 def test_gpu_without_transformer_engine_puts_sdpa_into_gpt_and_llama_but_not_bert(monkeypatch) -> None:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from mlbench.train.attention import SDPAttention
+    from mlbench.train.model.attention import SDPAttention
 
     _cuda_present(monkeypatch)
     core = {}

@@ -21,8 +21,8 @@ from conftest import mlbench, result_dir
 from mlbench import registry
 from mlbench.spec import deep_merge
 from mlbench.train import data as data_lib
-from mlbench.train.markov import MarkovSource
-from mlbench.train.plan import RunPlan
+from mlbench.train.data.markov import MarkovSource
+from mlbench.run_plan import RunPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 GBS, STEPS = 16, 300
@@ -113,7 +113,7 @@ def test_eval_split_packed_whole_keeps_its_partial_sequence(definitions: Path, c
     sequence's last position predicts nothing, so 4 x 63 + 43 = 295 predictions, each made once."""
     import dataclasses
 
-    from mlbench.train.objective import CausalLM
+    from mlbench.train.objectives import CausalLM
 
     bench = _bench(definitions, corpus["train"], make_corpus(tmp_path / "small_eval", 3, 100, 4))
     shipped = registry.load("gpt3")  # what the shipped definition asks for
@@ -137,7 +137,7 @@ def _rank_worker(rank: int, world: int, port: int, bench_dict: dict, run_dir: st
 
     import torch.distributed as dist
 
-    from mlbench.train.plan import benchmark_from_dict
+    from mlbench.run_plan import benchmark_from_dict
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mlbench import registry
-from mlbench.train.lamb import LAMB
-from mlbench.train.schedule import PolyWarmupOverlay, build
+from mlbench.train.optim.lamb import LAMB
+from mlbench.train.optim.schedule import PolyWarmupOverlay, build
 
 
 def test_lamb_single_step_by_hand() -> None:

@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent("""
     dist.init_process_group("gloo")
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(2, 1)
-    from mlbench.train.objective import _loss
+    from mlbench.train.objectives import _loss
     rank, real, padded = dist.get_rank(), 7, 10  # ids 7, 8, 9 are padding, all on rank 1
     torch.manual_seed(0)
     full = torch.randn(4, 3, padded)

@@ -7,7 +7,7 @@ from pathlib import Path
 from mlbench import compliance
 from mlbench.mlperf_log import MLPerfLog, write_preamble
 from mlbench.registry import load
-from mlbench.train.plan import RunPlan
+from mlbench.run_plan import RunPlan
 
 
 def _log(tmp_path: Path, finish: bool, unit: str = "epoch_num") -> Path:

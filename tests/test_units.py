@@ -14,7 +14,7 @@ from mlbench.errors import UserError
 from mlbench.mlperf_log import MLPerfLog, finalize_aborted, read
 from mlbench.run_plan import eval_schedule
 from mlbench.spec import evaluate
-from mlbench.train.markov import MarkovSource
+from mlbench.train.data.markov import MarkovSource
 
 
 def test_entropy_rate_matches_empirical_conditional_entropy() -> None:
@@ -34,10 +34,10 @@ def test_masked_lm_floor_is_below_one_and_above_chance() -> None:
 @pytest.mark.parametrize(("name", "margin"), [("gpt3", 0.15), ("llama31_405b", 0.15), ("bert", -0.2)])
 def test_tiny_targets_are_the_floor_and_the_stated_margin(name: str, margin: float) -> None:
     """Each tiny target is the source's best achievable value plus the margin its note states."""
-    from mlbench.train.objective import source
+    from mlbench.train.data.source import markov_source
 
     b = registry.load(name, tiny=True)
-    src = source(b)
+    src = markov_source(b)
     if b.quality.metric == "log_perplexity":
         floor = src.entropy_rate
     else:
@@ -145,7 +145,7 @@ def test_zarr_arrays_read_by_slice_across_chunks(tmp_path: Path) -> None:
     import torch
     from zarr_reference import write_array
 
-    from mlbench.train.zarr_checkpoint import read
+    from mlbench.train.checkpoint.zarr_reference import read
 
     x = torch.randn(3, 17, 24)
     write_array(tmp_path / "f32", x.numpy())  # chunks [1, 17, 3]: 17 does not divide by 8

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench.train.tfrecord import masked_crc
+from mlbench.train.data.tfrecord import masked_crc
 
 
 def _varint(n: int) -> bytes:

@@ -1,6 +1,6 @@
 """Lets megatron-core's own code paths run on CPU under gloo. Never active when CUDA is present.
 
-megatron-core 0.16 assumes CUDA in a few places (see ../shared/reference/megatron-core-on-cpu.md):
+megatron-core 0.16 assumes CUDA in a few places:
 `torch.cuda.current_device()` used as a device, hard-coded `device="cuda"` in the pipeline schedules,
 optimizers and gradient clipping, the CUDA RNG tracker, and `tensor.type() == 'torch.cuda.FloatTensor'`
 checks. Rather than fork megatron-core, this layer redirects those few CUDA requests to the CPU:
@@ -16,10 +16,8 @@ seconds; and a synchronous all-reduce over a group of one process returns at onc
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -58,7 +56,7 @@ class _CudaToCpu(TorchFunctionMode):
 def _import_megatron_without_jit_fuser() -> None:
     """megatron.core.jit picks `torch.compile` as its fuser, and the package's import decorates its fused
     kernels with it, which imports dynamo and inductor (about 2.5 s of every process's start). With no
-    GPU those kernels never run (mlbench.train.model turns the fusions off), so they stay plain functions,
+    GPU those kernels never run (mlbench.train.model.config turns the fusions off), so they stay plain functions,
     as megatron's own `disable_jit_fuser` leaves them."""
     if "megatron.core" in sys.modules:  # imported already (a test process): nothing left to save
         return
@@ -123,14 +121,3 @@ def enable() -> bool:
 def active() -> bool:
     return _active
 
-
-@contextlib.contextmanager
-def suppressed() -> Iterator[None]:
-    """Run a block without the device rewrite (for code that must see real CPU tensor types)."""
-    mode = _CudaToCpu()
-    if not _active:
-        yield
-        return
-    with torch.overrides._pop_mode_temporarily():  # type: ignore[attr-defined]
-        del mode
-        yield

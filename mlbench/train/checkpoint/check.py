@@ -1,4 +1,4 @@
-"""`python -m mlbench.train.checkpoint_check PLAN.json`: checks `--init-checkpoint` against the model a plan
+"""`python -m mlbench.train.checkpoint.check PLAN.json`: checks `--init-checkpoint` against the model a plan
 describes, at full size, without building it: megatron-core builds the model on the meta device (no memory;
 GPT-3 175B in about a second) in a one-process group, and `checkpoint.match` compares names and global shapes.
 Prints one JSON line; exits 2 with the reason on stderr when the checkpoint does not fit (`mlbench run --dry-run`
@@ -11,15 +11,15 @@ import sys
 
 import torch
 
-from mlbench.train import checkpoint, solo
+from mlbench.run_plan import RunPlan
+from mlbench.train import checkpoint, one_process_world
 from mlbench.train import model as model_lib
-from mlbench.train.plan import RunPlan
 
 
 def check(plan: RunPlan) -> dict:
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
-    solo.init()
+    one_process_world.init()
     m = plan.benchmark.model
     # Global shapes do not depend on the layout, except the vocabulary padding, which may differ anyway.
     config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)

@@ -7,8 +7,8 @@ or under "model". This maps it onto the post-LN megatron-core BertModel the benc
 key and value fused head by head as megatron-core lays them out; the vocabulary padded with zero rows) and
 saves a model-only `torch_dist` checkpoint that `mlbench run --init-checkpoint` loads in any layout.
 
-`python -m mlbench.train.convert_bert BENCHMARK.json SRC DEST` (run by `mlbench convert-checkpoint`); prints one
-JSON line; exits 2 with the reason on stderr when SRC does not fit the model.
+`python -m mlbench.train.checkpoint.convert_bert BENCHMARK.json SRC DEST` (run by `mlbench convert-checkpoint`);
+prints one JSON line; exits 2 with the reason on stderr when SRC does not fit the model.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from types import SimpleNamespace
 
 import torch
 
+from mlbench.run_plan import benchmark_from_dict
 from mlbench.spec import Benchmark, ModelSpec
-from mlbench.train import checkpoint, solo
+from mlbench.train import checkpoint, one_process_world
 from mlbench.train import model as model_lib
-from mlbench.train.plan import benchmark_from_dict
 
 CheckpointError = checkpoint.CheckpointError
 
@@ -131,7 +131,7 @@ def convert(bench: Benchmark, src: str | Path, dest: str | Path) -> dict:
     start = time.perf_counter()
     m = bench.model
     ref = reference_state(src)
-    solo.init()
+    one_process_world.init()
     config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
     config.perform_initialization = False  # every weight is overwritten
     model = model_lib.build(m, config, backend="local")

@@ -1,4 +1,4 @@
-"""Training objectives: causal LM (GPT-3, Llama) and masked LM (BERT), chosen by the model family.
+"""Training objectives: causal LM (GPT-3, Llama) and masked LM (BERT); each family chooses its own (mlbench.models).
 
 Both compute losses from the vocabulary-parallel logits with megatron-core's tensor-parallel cross-entropy,
 so they are correct under tensor parallelism without gathering the vocabulary.
@@ -13,10 +13,8 @@ import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
 
-from mlbench.spec import Benchmark
-from mlbench.train.bert_data import split_rows
-from mlbench.train.data import PAD
-from mlbench.train.markov import MarkovSource
+from mlbench.train.data.bert_records import split_rows
+from mlbench.train.data.source import PAD
 
 Batch = dict[str, torch.Tensor]
 
@@ -129,7 +127,7 @@ class MaskedLM:
 
 @dataclass
 class PreMaskedLM:
-    """BERT's objective on the reference's pre-masked samples (mlbench/train/bert_data.py): masked LM over the
+    """BERT's objective on the reference's pre-masked samples (mlbench/train/data/bert_records.py): masked LM over the
     positions with weight 1, plus next-sentence prediction when the model has the binary head, as the reference
     adds them (run_pretraining.py: mean masked-LM loss + mean next-sentence loss). The eval metric is the
     reference's masked_lm_accuracy: argmax equal to the masked id, weighted by masked_lm_weights."""
@@ -172,20 +170,3 @@ def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, output_vocab:
         # reference's sum of the two means.
         loss_sum = loss_sum + torch.nn.functional.cross_entropy(binary.float(), nsp_labels) * n
     return loss_sum, n, stats
-
-
-def for_benchmark(b: Benchmark) -> CausalLM | MaskedLM | PreMaskedLM:
-    vocab = b.model.vocab_size if b.model.mask_padded_vocab else None
-    if b.data.source == "tfrecord":
-        return PreMaskedLM(b.model.seq_length, b.data.max_predictions_per_seq, output_vocab=vocab)
-    if b.model.family == "bert":
-        # last id is [MASK]
-        return MaskedLM(vocab_size=b.model.vocab_size - 1, mask_prob=b.data.mask_prob,
-                        num_tokentypes=b.model.num_tokentypes, output_vocab=vocab)
-    return CausalLM(output_vocab=vocab)
-
-
-def source(b: Benchmark) -> MarkovSource:
-    """The synthetic source a tiny run trains on; masked LM keeps one id of the vocabulary for [MASK]."""
-    vocab = b.model.vocab_size - 1 if b.model.family == "bert" else b.model.vocab_size
-    return MarkovSource(vocab, b.data.branching, b.data.concentration, b.data.seed)

@@ -199,10 +199,10 @@ def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple
     benchmark's checkpoint_names, tried when the checkpoint does not use megatron-core's names."""
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
 
-    from mlbench.train import zarr_checkpoint  # imports megatron: not at module level, which the CLI imports
+    from mlbench.train.checkpoint import zarr_reference  # imports megatron: not at module level, which the CLI imports
 
     check_readable(path)
-    zarr_checkpoint.register()
+    zarr_reference.register()
     stored = load_sharded_metadata(str(path))
     items = {item.key: item for item in tensors(state)}
     to_ckpt = resolve_names(list(items), stored, names or {})

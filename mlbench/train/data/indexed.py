@@ -1,78 +1,21 @@
-"""Where a run's token sequences come from: one interface, three sources, chosen by `data.source`.
-
-- `markov`: the synthetic source with a known entropy rate (tiny runs), sampled on the fly.
-- `tfrecord`: MLPerf BERT's pre-masked TFRecord samples (mlbench/train/bert_data.py).
-- `indexed`: megatron-core's indexed dataset (PREFIX.bin + PREFIX.idx, what megatron's preprocess_data.py
-  writes and MLPerf's preprocessed C4 is), served by megatron-core's own GPTDataset and
-  BlendedMegatronDatasetBuilder: their document shuffle, sample packing, blending and index caches.
-
-Every rank builds the same source; a step's global batch is the same on every rank, and each rank asks for
-(and reads) only its data-parallel rows. This module imports nothing heavy at the top: the CLI uses `check`
-before launch.
-"""
+"""megatron-core's indexed dataset (PREFIX.bin + PREFIX.idx, what megatron's preprocess_data.py writes and
+MLPerf's preprocessed C4 is), served by megatron-core's own GPTDataset and BlendedMegatronDatasetBuilder: their
+document shuffle, sample packing, blending and index caches. Imports nothing heavy at the top: the pre-launch
+checks read `parse_blend`."""
 
 from __future__ import annotations
 
-import os
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mlbench.errors import UserError
 from mlbench.spec import Benchmark
-
-if TYPE_CHECKING:
-    from mlbench.train.markov import MarkovSource
-    from mlbench.train.plan import RunPlan
+from mlbench.train.data.source import ALL, PAD, TokenSource
 
 Blend = tuple[list[str], list[float] | None]
-ALL = slice(None)
-PAD = -1  # a position with nothing to predict: past a partial eval sequence, or past a window of exactly seq_length
-
-
-class TokenSource(ABC):
-    """Token sequences of `seq_length + 1` tokens (inputs and their next-token labels), int64.
-
-    `rng` is the caller's generator: for a training step seeded [run seed, step], for the eval set
-    [data seed, 2**31 - 1]. A source that samples (Markov) draws from it; the caller keeps using it
-    afterwards (masked-LM masking), so its state after the call is part of a run's behaviour.
-    A row may hold PAD (`data.add_extra_token_to_sequence: false`, `eval.keep_partial_sequence`); its label
-    is never scored.
-    """
-
-    def __init__(self, seq_length: int, global_batch: int):
-        self.seq_length = seq_length
-        self.global_batch = global_batch
-
-    @property
-    def row_width(self) -> int:
-        """The width of the rows this source gives."""
-        return self.seq_length + 1
-
-    @abstractmethod
-    def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
-        """Rows `rows` (a data-parallel rank's share; default all) of the global batch of step `step` (0-based),
-        a batch the same on every rank: [global_batch, seq_length + 1][rows]. Only those rows are read."""
-
-    @abstractmethod
-    def eval_set(self, n: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
-        """Rows `rows` of the fixed held-out eval set's first `n` sequences: [n, seq_length + 1][rows]."""
-
-
-class MarkovTokens(TokenSource):
-    def __init__(self, markov: MarkovSource, seq_length: int, global_batch: int):
-        super().__init__(seq_length, global_batch)
-        self.markov = markov
-
-    # Sampled whole, then sliced: every rank draws the same stream from the same generator.
-    def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
-        return self.markov.sample(self.global_batch, self.seq_length + 1, rng)[rows]
-
-    def eval_set(self, n: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
-        return self.markov.sample(n, self.seq_length + 1, rng)[rows]
 
 
 class IndexedTokens(TokenSource):
@@ -109,39 +52,6 @@ class IndexedTokens(TokenSource):
         return self._rows(self.eval, start, stop - start, "eval")
 
 
-# ---- selection ------------------------------------------------------------------------------------------
-
-
-def build_source(bench: Benchmark, plan: RunPlan) -> TokenSource:
-    """The run's token source, by `bench.data.source`. Called on every rank, after the process group is up."""
-    from mlbench.run_plan import max_steps
-
-    gbs = plan.layout["global_batch_size"]
-    seq = bench.model.seq_length
-    if bench.data.source == "markov":
-        from mlbench.train import objective
-
-        return MarkovTokens(objective.source(bench), seq, gbs)
-    if bench.data.source == "tfrecord":
-        from mlbench.train.bert_data import BertRecords, files
-
-        return BertRecords(files(bench.data.path, "--data-path"), files(bench.data.eval_path, "--eval-data-path"),
-                           seq, bench.data.max_predictions_per_seq, gbs, plan.seed, bench.model.vocab_size)
-    return indexed_source(bench, seed=plan.seed, global_batch=gbs, steps=max_steps(bench, gbs),
-                          cache=cache_dir(bench, plan))
-
-
-def cache_dir(bench: Benchmark, plan: RunPlan) -> Path:
-    """Where megatron caches its sample indices. Rank 0 builds them and the others read them, so the folder
-    must be one every rank sees: the run's staging folder on one node, next to the data across nodes."""
-    if plan.layout.get("nodes", 1) == 1:
-        return Path(plan.run_dir) / "data_cache"
-    return Path(parse_blend(bench.data.path)[0][0]).parent / "mlbench_index_cache"
-
-
-# ---- pre-launch checks ----------------------------------------------------------------------------------
-
-
 def parse_blend(spec: str) -> Blend:
     """megatron's --data-path syntax: "PREFIX", "P1 P2 ..." (weighted by size) or "W1 P1 W2 P2 ..."."""
     parts = spec.split()
@@ -167,49 +77,6 @@ def _is_number(s: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> None:
-    """Refuse, before launch, a run whose data cannot be served. `overridden`: --data-path or --eval-data-path."""
-    d = bench.data
-    if d.source == "markov":
-        if overridden:
-            raise UserError(f"--data-path / --eval-data-path apply to the indexed source; {bench.name}"
-                            f"{' (tiny)' if bench.variant == 'tiny' else ''} trains on the synthetic Markov source")
-        return
-    if dry_run:
-        return
-    if d.source == "tfrecord":
-        from mlbench.train.bert_data import files
-
-        for flag, spec in (("--data-path", d.path), ("--eval-data-path", d.eval_path)):
-            if not spec.strip():
-                raise UserError(f"{bench.name} trains on MLPerf's pre-masked TFRecord samples but no {flag} is "
-                                f"given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
-            files(spec, flag)
-        return
-    if bench.model.family != "gpt":
-        raise UserError(f"the indexed source serves causal LM (family gpt) only; {bench.name} is "
-                        f"{bench.model.family}: use data.source tfrecord (MLPerf BERT's pre-masked samples)")
-    if not d.path.strip():
-        readme = next((s for s in bench.sources if s.endswith("README.md")), "")
-        raise UserError(f"{bench.name} trains on its prepared corpus (data.source indexed) but no data path is given: "
-                        f"pass --data-path PREFIX, the megatron indexed dataset prefix (PREFIX.bin and PREFIX.idx)"
-                        + (f"; MLPerf's preprocessing is described in {readme}" if readme else ""))
-    train, _ = parse_blend(d.path)
-    for flag, prefixes in (("--data-path", train), ("--eval-data-path", parse_blend(d.eval_path)[0] if
-                                                     d.eval_path.strip() else [])):
-        for p in prefixes:
-            missing = [f"{p}{ext}" for ext in (".bin", ".idx") if not Path(f"{p}{ext}").is_file()]
-            if missing:
-                raise UserError(f"{flag}: {' and '.join(missing)} not found (a prefix names PREFIX.bin and PREFIX.idx)")
-    if len(train) > 1 and not d.eval_path.strip():
-        raise UserError("a blend of training prefixes needs a held-out eval set: pass --eval-data-path PREFIX")
-    if nodes > 1:
-        folder = Path(train[0]).parent
-        if not os.access(folder, os.W_OK):
-            raise UserError(f"a run across nodes caches megatron's indices next to the data, but {folder} is not "
-                            f"writable")
 
 
 # ---- the indexed source ---------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from mlbench.errors import UserError
-from mlbench.train.data import ALL, TokenSource
-from mlbench.train.tfrecord import RecordError, parse_example, records
+from mlbench.train.data.source import ALL, TokenSource
+from mlbench.train.data.tfrecord import RecordError, parse_example, records
 
 
 def row_fields(seq: int, predictions: int) -> list[tuple[str, int]]:

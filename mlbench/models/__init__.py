@@ -1,0 +1,58 @@
+"""The model families: one table, one entry per family, everything a family decides in its module.
+
+A family decides its megatron-core layer spec and model class, its objective and loss, which data sources it
+takes, its parameter count and model FLOPs per sample, what `mlbench show` says of its architecture, and
+which reference-checkpoint conversion applies. Nothing outside the table and a family's own module compares
+family names: adding a family is one module and one line here.
+
+Family modules import nothing heavy at the top (the CLI and the analysis read counts and descriptions); the
+parts that build torch modules import megatron-core when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mlbench.errors import UserError
+
+if TYPE_CHECKING:
+    from mlbench.spec import Benchmark, ModelSpec
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    data_sources: tuple[str, ...]  # the `data.source` values whose samples its objective reads
+    # The Markov source's vocabulary for tiny runs (masked LM keeps one id for [MASK]).
+    markov_vocab: Callable[[ModelSpec], int]
+    param_count: Callable[[ModelSpec, int], int]  # (model, tp) -> parameters megatron-core builds
+    flops_per_sample: Callable[[ModelSpec, int], float]  # (model, tp) -> training model FLOPs per sample
+    describe: Callable[[ModelSpec], str]  # the architecture in one line, for `mlbench show`
+    # The megatron-core chunk for one pipeline stage: (model, TransformerConfig, layer spec, common kwargs).
+    build_model: Callable[..., Any]
+    # megatron-core's layer spec for an attention backend ("te", "sdpa", "local"), before mlbench's norm changes.
+    layer_spec: Callable[[ModelSpec, str], Any]
+    objective: Callable[[Benchmark], Any]  # the training objective: batches, forward, loss, eval metric
+    # `mlbench convert-checkpoint`: the helper module converting the family's reference checkpoint, or None.
+    converter: Callable[[ModelSpec], str | None] = lambda m: None
+    # Parameters active per token where that differs from the total (mixture of experts); None otherwise.
+    active_param_count: Callable[[ModelSpec, int], int] | None = None
+
+
+def _families() -> dict[str, Family]:
+    from mlbench.models import bert, gpt
+
+    return {f.name: f for f in (gpt.FAMILY, bert.FAMILY)}
+
+
+def family(name: str) -> Family:
+    table = _families()
+    if name not in table:
+        raise UserError(f"unknown model family {name!r}; known: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def names() -> list[str]:
+    return sorted(_families())

@@ -1,0 +1,137 @@
+"""Everything a run builds before run_start (MLPerf's untimed initialisation), from the run plan: the process
+groups, the model chunks wrapped in megatron-core's DistributedDataParallel, the optimizer and its schedule,
+the starting checkpoint, the objective and the token source."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mlbench.models import family
+from mlbench.run_plan import RunPlan
+from mlbench.spec import evaluate
+from mlbench.train import cpu_compat
+
+
+@dataclass
+class Device:
+    on_cpu: bool
+    precision: str  # what the matmuls run in: fp32 on CPU, the layout's precision on a GPU
+    info: dict  # the record's environment.device: type, name, per_node, precision, attention
+
+
+def init_distributed(plan: RunPlan) -> Device:
+    """The process group (gloo on CPU, NCCL on GPUs), every rank on rank 0's seed, and the device it trains on."""
+    on_cpu = cpu_compat.enable()
+    if not on_cpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.set_num_threads(max(1, int(os.environ.get("MLBENCH_THREADS", "1"))))
+    dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=120))
+    # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
+    seed_t = torch.tensor([plan.seed], dtype=torch.int64)
+    dist.broadcast(seed_t, src=0)
+    plan.seed = int(seed_t.item())
+
+    from mlbench.train.model import attention_backend
+
+    precision = "fp32" if on_cpu else plan.layout.get("precision", plan.benchmark.train.precision)
+    info = {"type": "cpu" if on_cpu else "cuda",
+            "name": (platform.processor() or platform.machine()) if on_cpu else torch.cuda.get_device_name(),
+            "per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            # what ran, so a record says whether it took the GPU path (bf16, te or sdpa attention)
+            "precision": precision, "attention": attention_backend()}
+    return Device(on_cpu=on_cpu, precision=precision, info=info)
+
+
+@dataclass
+class Parts:
+    """What the loop trains with."""
+
+    model: list  # DistributedDataParallel chunks, one per virtual pipeline stage
+    optimizer: Any  # megatron-core's MegatronOptimizer (Adam(W), or LAMB inside it)
+    scheduler: Any
+    config: Any  # megatron-core TransformerConfig
+    objective: Any  # mlbench.train.objectives: batches, forward, loss, metric
+    source: Any  # mlbench.train.data.TokenSource
+    loaded: dict | None  # what the starting checkpoint held, if the run started from one
+
+
+def build(plan: RunPlan, device: Device) -> Parts:
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from mlbench.train import checkpoint
+    from mlbench.train.data import build_source
+    from mlbench.train.model import build as build_chunk
+    from mlbench.train.model import transformer_config
+    from mlbench.train.optim import lamb, schedule
+
+    bench, layout = plan.benchmark, plan.layout
+    tp, pp, vp, cp = layout["tp"], layout["pp"], layout["vp"], layout["cp"]
+    ps.initialize_model_parallel(tp, pp, vp if vp > 1 else None, context_parallel_size=cp,
+                                 expert_model_parallel_size=layout.get("ep", 1))
+    torch.manual_seed(plan.seed)
+    model_parallel_cuda_manual_seed(plan.seed)
+
+    features = layout.get("features", {})
+    bf16 = device.precision in ("bf16", "fp8")
+    config = transformer_config(
+        bench.model, tp=tp, pp=pp, vp=vp, cp=cp, bf16=bf16, features=features,
+        account_for_embedding_in_pipeline_split=layout.get("account_for_embedding_in_pipeline_split", False),
+        account_for_loss_in_pipeline_split=layout.get("account_for_loss_in_pipeline_split", False))
+    chunks = [build_chunk(bench.model, config, vp_stage=i if vp > 1 else None) for i in range(vp)]
+    if not device.on_cpu:
+        # As megatron-LM places a model: megatron's parallel layers are built on the GPU, but torch norms and
+        # embeddings (and mlbench's post-LN norms) on the CPU, so the whole chunk is moved; bf16 through
+        # megatron's Float16Module, which casts the first stage's inputs and the last stage's outputs.
+        from megatron.core.transformer.module import Float16Module
+
+        chunks = [c.cuda(torch.cuda.current_device()) for c in chunks]
+        if bf16:
+            chunks = [Float16Module(config, c) for c in chunks]
+    model = [DistributedDataParallel(config=config, ddp_config=ddp_config(features), module=c) for c in chunks]
+    optimizer = lamb.megatron_optimizer(optimizer_config(plan, config, features), model, bench.optimizer.name,
+                                        bench.optimizer.decay_norms_and_biases)
+    gbs = layout["global_batch_size"]
+    scheduler = schedule.build(optimizer, bench.optimizer, gbs,
+                               init_step=int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs)))
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    if features.get("overlap_grad_reduce"):  # megatron's schedules start each chunk's reduce when its grads are done
+        config.no_sync_func = [c.no_sync for c in model] if len(model) > 1 else model[0].no_sync
+    loaded = None
+    if plan.init_checkpoint:  # untimed: MLPerf loads the starting checkpoint before run_start
+        loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size,
+                                 bench.train.checkpoint_names)
+    return Parts(model=model, optimizer=optimizer, scheduler=scheduler, config=config,
+                 objective=family(bench.model.family).objective(bench), source=build_source(bench, plan),
+                 loaded=loaded)
+
+
+def ddp_config(features: dict) -> Any:
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=features.get("grad_reduce_in_fp32", True),
+        overlap_grad_reduce=features.get("overlap_grad_reduce", False),
+        overlap_param_gather=features.get("overlap_param_gather", False),
+        use_distributed_optimizer=features.get("distributed_optimizer", False),
+        fp8_param_gather=features.get("fp8_param_gather", False))
+
+
+def optimizer_config(plan: RunPlan, config: Any, features: dict) -> Any:
+    from megatron.core.optimizer import OptimizerConfig
+
+    o, gbs = plan.benchmark.optimizer, plan.global_batch_size
+    return OptimizerConfig(
+        optimizer="adam", lr=evaluate(o.lr, global_batch_size=gbs), min_lr=evaluate(o.min_lr, global_batch_size=gbs),
+        weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps,
+        clip_grad=o.clip_grad, bf16=config.bf16, params_dtype=config.params_dtype,
+        use_distributed_optimizer=features.get("distributed_optimizer", False))

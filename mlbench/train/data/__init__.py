@@ -1,0 +1,100 @@
+"""Where a run's token sequences come from: one interface (`source.TokenSource`), three sources, chosen by
+`data.source`:
+
+- `markov`: the synthetic source with a known entropy rate (tiny runs), sampled on the fly (source.py, markov.py).
+- `tfrecord`: MLPerf BERT's pre-masked TFRecord samples (bert_records.py, tfrecord.py).
+- `indexed`: megatron-core's indexed dataset (indexed.py).
+
+Every rank builds the same source; a step's global batch is the same on every rank, and each rank asks for
+(and reads) only its data-parallel rows. Nothing heavy is imported at the top: the CLI calls `check` before
+launch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlbench.errors import UserError
+from mlbench.models import family
+from mlbench.spec import Benchmark
+from mlbench.train.data.indexed import indexed_source, parse_blend
+from mlbench.train.data.source import PAD, MarkovTokens, TokenSource, markov_source
+
+if TYPE_CHECKING:
+    from mlbench.run_plan import RunPlan
+
+__all__ = ["PAD", "TokenSource", "build_source", "cache_dir", "check", "parse_blend"]
+
+
+# ---- selection ------------------------------------------------------------------------------------------
+
+
+def build_source(bench: Benchmark, plan: RunPlan) -> TokenSource:
+    """The run's token source, by `bench.data.source`. Called on every rank, after the process group is up."""
+    from mlbench.run_plan import max_steps
+
+    gbs = plan.layout["global_batch_size"]
+    seq = bench.model.seq_length
+    if bench.data.source == "markov":
+        return MarkovTokens(markov_source(bench), seq, gbs)
+    if bench.data.source == "tfrecord":
+        from mlbench.train.data.bert_records import BertRecords, files
+
+        return BertRecords(files(bench.data.path, "--data-path"), files(bench.data.eval_path, "--eval-data-path"),
+                           seq, bench.data.max_predictions_per_seq, gbs, plan.seed, bench.model.vocab_size)
+    return indexed_source(bench, seed=plan.seed, global_batch=gbs, steps=max_steps(bench, gbs),
+                          cache=cache_dir(bench, plan))
+
+
+def cache_dir(bench: Benchmark, plan: RunPlan) -> Path:
+    """Where megatron caches its sample indices. Rank 0 builds them and the others read them, so the folder
+    must be one every rank sees: the run's staging folder on one node, next to the data across nodes."""
+    if plan.layout.get("nodes", 1) == 1:
+        return Path(plan.run_dir) / "data_cache"
+    return Path(parse_blend(bench.data.path)[0][0]).parent / "mlbench_index_cache"
+
+
+def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> None:
+    """Refuse, before launch, a run whose data cannot be served. `overridden`: --data-path or --eval-data-path."""
+    d = bench.data
+    takes = family(bench.model.family).data_sources
+    if d.source not in takes:
+        raise UserError(f"{bench.name}: the {bench.model.family} family's objective reads data.source "
+                        f"{' or '.join(takes)}, not {d.source}")
+    if d.source == "markov":
+        if overridden:
+            raise UserError(f"--data-path / --eval-data-path apply to the indexed source; {bench.name}"
+                            f"{' (tiny)' if bench.variant == 'tiny' else ''} trains on the synthetic Markov source")
+        return
+    if dry_run:
+        return
+    if d.source == "tfrecord":
+        from mlbench.train.data.bert_records import files
+
+        for flag, spec in (("--data-path", d.path), ("--eval-data-path", d.eval_path)):
+            if not spec.strip():
+                raise UserError(f"{bench.name} trains on MLPerf's pre-masked TFRecord samples but no {flag} is "
+                                f"given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
+            files(spec, flag)
+        return
+    if not d.path.strip():
+        readme = next((s for s in bench.sources if s.endswith("README.md")), "")
+        raise UserError(f"{bench.name} trains on its prepared corpus (data.source indexed) but no data path is given: "
+                        f"pass --data-path PREFIX, the megatron indexed dataset prefix (PREFIX.bin and PREFIX.idx)"
+                        + (f"; MLPerf's preprocessing is described in {readme}" if readme else ""))
+    train, _ = parse_blend(d.path)
+    for flag, prefixes in (("--data-path", train), ("--eval-data-path", parse_blend(d.eval_path)[0] if
+                                                     d.eval_path.strip() else [])):
+        for p in prefixes:
+            missing = [f"{p}{ext}" for ext in (".bin", ".idx") if not Path(f"{p}{ext}").is_file()]
+            if missing:
+                raise UserError(f"{flag}: {' and '.join(missing)} not found (a prefix names PREFIX.bin and PREFIX.idx)")
+    if len(train) > 1 and not d.eval_path.strip():
+        raise UserError("a blend of training prefixes needs a held-out eval set: pass --eval-data-path PREFIX")
+    if nodes > 1:
+        folder = Path(train[0]).parent
+        if not os.access(folder, os.W_OK):
+            raise UserError(f"a run across nodes caches megatron's indices next to the data, but {folder} is not "
+                            f"writable")

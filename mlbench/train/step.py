@@ -1,0 +1,124 @@
+"""One training step and one evaluation, through megatron-core's pipeline schedules: the same code for every
+benchmark, layout and device."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mlbench.run_plan import RunPlan
+from mlbench.train.build import Parts
+
+# An eval micro-batch holds up to this many training micro-batches' rows: a forward pass saves nothing for
+# backward, so it can take more rows at once, and fewer, larger micro-batches cost fewer pipeline and
+# tensor-parallel messages per evaluation.
+EVAL_ROWS_PER_TRAIN_MICRO_BATCH = 4
+
+
+@dataclass
+class StepResult:
+    loss: float
+    seconds: float
+    lr: float
+    grad_norm: float | None
+
+
+class Stepper:
+    def __init__(self, plan: RunPlan, parts: Parts, on_cpu: bool):
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.plan, self.parts, self.on_cpu = plan, parts, on_cpu
+        layout = plan.layout
+        self.gbs, self.mbs = layout["global_batch_size"], layout["micro_batch_size"]
+        self.dp, self.vp, self.pp = layout["dp"], layout["vp"], layout["pp"]
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.seq = plan.benchmark.model.seq_length
+        self._fwd_bwd = get_forward_backward_func()
+        bench = plan.benchmark
+        # The held-out eval set, fixed for every run (the Markov source's own stream, or the eval data's first
+        # samples): all eval.samples of it, cut once into this rank's micro-batches.
+        n = bench.eval.samples
+        rng = np.random.default_rng([bench.data.seed, 2**31 - 1])
+        self.eval_mbs = eval_micro_batch(n, self.dp, self.mbs, self.pp)
+        self.eval_batches = self._microbatches(n, self.eval_mbs, partial(parts.source.eval_set, n, rng), rng)
+
+    def _microbatches(self, n: int, mbs: int, fetch: Callable[[slice], np.ndarray],
+                      rng: np.random.Generator) -> list[dict]:
+        """This data-parallel rank's micro-batches of a batch of n, its rows read by `fetch(rows)`. A batch that
+        does not divide into ranks x micro-batches (an eval set; a training batch always does) is padded to
+        whole micro-batches, as the pipeline schedule needs, with rows whose zero loss mask keeps them out of
+        every loss and metric."""
+        per_rank = -(-n // (self.dp * mbs)) * mbs
+        real = fetch(slice(min(self.dp_rank * per_rank, n), min((self.dp_rank + 1) * per_rank, n)))
+        rows = np.zeros((per_rank, self.parts.source.row_width), dtype=np.int64)
+        rows[:len(real)] = real
+        out = []
+        for i in range(0, per_rank, mbs):
+            b = self.parts.objective.make_batch(rows[i:i + mbs], rng)
+            b["loss_mask"][max(len(real) - i, 0):] = 0
+            out.append(b)
+        return out
+
+    def _forward_step(self, data_iterator, chunk):
+        batch = next(data_iterator)
+        if not self.on_cpu:
+            batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
+        return self.parts.objective.forward(chunk, batch, not chunk.training)
+
+    def _run(self, batches: list[dict], mbs: int, forward_only: bool) -> dict[str, float]:
+        model = self.parts.model
+        iters = [iter(batches) for _ in model] if self.vp > 1 else iter(batches)
+        out = self._fwd_bwd(forward_step_func=self._forward_step, data_iterator=iters,
+                            model=model if self.vp > 1 else model[0], num_microbatches=len(batches),
+                            seq_length=self.seq, micro_batch_size=mbs, forward_only=forward_only)
+        keys = ("loss_sum", "tokens", "correct")
+        local = torch.zeros(len(keys), dtype=torch.float64)
+        for stats in out or []:
+            for i, k in enumerate(keys):
+                if k in stats:
+                    local[i] += float(stats[k])
+        # Only last-stage ranks hold losses; tensor-parallel peers hold equal copies, which cancel in ratios.
+        dist.all_reduce(local)
+        return dict(zip(keys, local.tolist(), strict=True))
+
+    def train_step(self, step: int) -> StepResult:
+        """Step `step` (0-based): its global batch, forward and backward, the optimizer and the schedule."""
+        t0 = time.perf_counter()
+        parts = self.parts
+        rng = np.random.default_rng([self.plan.seed, step])
+        batches = self._microbatches(self.gbs, self.mbs, partial(parts.source.train_batch, step, rng), rng)
+        for c in parts.model:
+            c.zero_grad_buffer()
+        parts.optimizer.zero_grad()
+        totals = self._run(batches, self.mbs, forward_only=False)
+        _, grad_norm, _ = parts.optimizer.step()
+        parts.scheduler.step(increment=1)
+        return StepResult(loss=totals["loss_sum"] / max(totals["tokens"], 1.0), seconds=time.perf_counter() - t0,
+                          lr=parts.scheduler.get_lr(parts.optimizer.param_groups[0]),
+                          grad_norm=float(grad_norm) if grad_norm is not None else None)
+
+    def evaluate(self) -> tuple[float, float]:
+        """The metric over the whole eval set, and how many tokens it scored (padding excluded)."""
+        for c in self.parts.model:
+            c.eval()
+        with torch.no_grad():
+            totals = self._run(self.eval_batches, self.eval_mbs, forward_only=True)
+        for c in self.parts.model:
+            c.train()
+        return self.parts.objective.value(totals), totals["tokens"]
+
+
+def eval_micro_batch(n: int, dp: int, mbs: int, pp: int) -> int:
+    """The eval micro-batch for an eval set of n samples: as few micro-batches as rows allow (up to
+    EVAL_ROWS_PER_TRAIN_MICRO_BATCH training micro-batches' rows each), at least pp of them so the pipeline
+    stages overlap, the rows spread evenly so padding stays under one row per micro-batch."""
+    rows = -(-n // dp)
+    count = max(min(pp, rows), -(-rows // (EVAL_ROWS_PER_TRAIN_MICRO_BATCH * mbs)))
+    return -(-rows // count)
