@@ -1,0 +1,181 @@
+"""An explicit step-time model for megatron-core training: term by term, a handful of fitted efficiencies.
+
+One optimizer step on one rank of the slowest pipeline stage:
+
+  step = (micro-batches + bubble) x per-micro-batch stage time + exposed data-parallel communication + optimizer
+
+- per-micro-batch stage time: the stage's share of the model's layers (and of the logit layer), each layer
+  - GEMMs: the layer's model FLOPs (`mlbench.flops`) / (tp x cp) at the device's dense peak for the precision,
+    times the GEMM efficiency; a lower precision speeds up all but a fitted share of the GEMM time (casts,
+    scaling, what the low-precision kernels do not reach); each GEMM is at least its operands' HBM traffic;
+  - attention (the s^2 products): at the bf16 peak with its own efficiency (attention kernels run in bf16);
+  - elementwise work (norms, residual adds, activation, rotary embedding, fp8 casts): bytes moved / HBM bandwidth
+    with a fitted efficiency; with sequence parallelism the hidden-sized tensors are split over tp;
+  - tensor/sequence-parallel collectives: 8 x (tp-1)/tp x a micro-batch's activations per layer (4 forward, 4
+    backward) over NVLink when the tp group is inside one NVLink domain (72 GPUs on NVL72), else the
+    scale-out network; a fitted share of it is exposed (the rest overlaps the GEMMs);
+  - context-parallel ring exchange of keys and values (3 x forward volume), overlapped with attention;
+  - recompute: full recompute repeats the layer's forward (a third of its compute and half its collectives),
+    selective the attention's forward.
+- bubble: (pp - 1) / vp stage times (Megatron's interleaved 1F1B; vp = 1 is plain 1F1B).
+- data parallel (over dp x cp ranks): gradients reduce-scattered and parameters all-gathered (distributed
+  optimizer) or gradients all-reduced, over NVLink when the group fits in a domain, else the scale-out network;
+  with overlap flags only what outlasts the last micro-batch's backward (forward for the gather) is exposed.
+- optimizer: Adam's fp32 state read and written once per step from HBM (the shard with a distributed optimizer).
+
+Fitted constants (few, shared by every device): `Constants`, stored in constants.yaml with the script and
+date that fitted them (perf/calibrate_planner.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from mlbench import flops
+from mlbench.layout import Layout
+from mlbench.planner.devices import Device
+from mlbench.spec import ModelSpec
+
+CONSTANTS = Path(__file__).with_name("constants.yaml")
+
+
+@dataclass(frozen=True)
+class Constants:
+    gemm_efficiency: float = 0.75  # achieved / peak for large bf16 GEMMs
+    lowprec_fixed_share: float = 0.3  # share of GEMM time a lower precision (fp8, nvfp4) does not speed up
+    attention_efficiency: float = 0.5  # achieved / bf16 peak on the model-FLOPs count of attention
+    hbm_efficiency: float = 0.7  # achieved / peak HBM bandwidth for elementwise kernels and the optimizer
+    tp_exposed: float = 0.3  # share of tensor-parallel communication not hidden behind GEMMs
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@functools.cache
+def shipped() -> Constants:
+    """The fitted constants shipped with the package (perf/calibrate_planner.py wrote them)."""
+    data = yaml.safe_load(CONSTANTS.read_text())
+    return Constants(**data["constants"])
+
+
+def _bytes_per_element(precision: str) -> float:
+    return {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}[precision]  # nvfp4: 4 bits + e4m3 scale / 16
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which link each parallel group's collectives cross: one-way bytes/s per GPU."""
+
+    tp_bw: float
+    cp_bw: float
+    dp_bw: float
+
+
+def placement(layout: Layout, device: Device) -> Placement:
+    """Megatron orders ranks tp, cp, dp, pp (tp fastest): a group of `size` ranks `stride` apart stays inside one
+    NVLink domain when stride x size fits in it. An 8-GPU node is a domain; NVL72 racks span nodes."""
+    domain = device.nvlink_domain if device.nvlink_domain > 8 else min(device.nvlink_domain, layout.nproc_per_node)
+    nvlink = device.nvlink_bytes_per_s / 2
+
+    def bw(stride: int, size: int) -> float:
+        return nvlink if stride * size <= domain else device.scaleout_bytes_per_s
+
+    return Placement(tp_bw=bw(1, layout.tp), cp_bw=bw(layout.tp, layout.cp), dp_bw=bw(layout.tp, layout.cp * layout.dp))
+
+
+def _widths(m: ModelSpec) -> tuple[int, int, int, int, int]:
+    kv_channels = m.kv_channels or m.hidden_size // m.num_attention_heads
+    q = m.num_attention_heads * kv_channels
+    kv = (m.num_query_groups or m.num_attention_heads) * kv_channels
+    fc1 = (2 if m.activation == "swiglu" else 1) * m.ffn_hidden_size
+    return m.hidden_size, q, kv, fc1, m.ffn_hidden_size
+
+
+def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = None) -> dict:
+    """Predicted seconds per optimizer step, with every term (seconds per step) that makes it up."""
+    c = c or shipped()
+    prec = layout.precision
+    f = layout.features
+    tp, pp, vp, cp, dp, mbs = layout.tp, layout.pp, layout.vp, layout.cp, layout.dp, layout.micro_batch_size
+    micro = layout.num_microbatches
+    h, q, kv, fc1, ffn = _widths(m)
+    seq, layers = m.seq_length, m.num_layers
+    tokens = mbs * seq / cp  # tokens of one micro-batch on this rank
+    peak_bf16 = device.peak_flops("bf16") if "bf16" in device.peaks else device.peak_flops(prec)
+    peak = device.peak_flops(prec)
+    hbm = device.hbm_bytes_per_s * c.hbm_efficiency
+    link = placement(layout, device)
+    act = _bytes_per_element("bf16" if prec != "fp32" else "fp32")  # activations between kernels
+
+    # FLOPs per micro-batch per layer on this rank, split by operation class; the total is flops.py's
+    by_op = _flops_by_op(m, tp)
+    gemm_flops = by_op["layer_gemm"] * mbs / (tp * cp)
+    attn_flops = by_op["layer_attention"] * mbs / (tp * cp)
+    head_flops = by_op["head"] * mbs / (tp * cp)
+    slow = c.lowprec_fixed_share + (1 - c.lowprec_fixed_share) * peak_bf16 / peak  # 1 at bf16
+    weight_bytes = 3 * (h * (q + 2 * kv) + q * h + h * fc1 + ffn * h) / tp * _bytes_per_element(prec)
+    gemm = max(gemm_flops / (c.gemm_efficiency * peak_bf16) * slow, weight_bytes / hbm)
+    head = head_flops / (c.gemm_efficiency * peak_bf16) * slow
+    attention = attn_flops / (c.attention_efficiency * peak_bf16)
+    # elementwise traffic per token, forward (x3 with backward): 2 norms (read, write), 2 residual adds (2 reads,
+    # a write), the activation (read fc1, write ffn), rotary on q and k; fp8 casts of the 4 GEMM inputs
+    hidden_elems = 2 * 2 * h + 2 * 3 * h
+    split_elems = fc1 + ffn + (2 * (q + kv) if m.position_embedding == "rope" else 0)
+    elems = hidden_elems / (tp if f.sequence_parallel else 1) + split_elems / tp
+    cast = (h + q + h + ffn) / tp * (act + _bytes_per_element(prec)) if prec in ("fp8", "nvfp4") else 0.0
+    elementwise = 3 * tokens * (elems * act + cast) / hbm
+    tp_comm = 8 * (tp - 1) / tp * tokens * h * act / link.tp_bw * c.tp_exposed if tp > 1 else 0.0
+    cp_volume = 3 * (cp - 1) * tokens * 2 * kv / tp * act
+    cp_comm = max(0.0, cp_volume / link.cp_bw - attention) if cp > 1 else 0.0
+    layer = gemm + attention + elementwise + tp_comm + cp_comm
+    if f.recompute == "full":
+        share = 1.0 if f.recompute_method == "uniform" else min(1.0, f.recompute_layers * pp * vp / layers)
+        recompute_layer = share * ((gemm + attention + elementwise) / 3 + tp_comm / 2)
+    elif f.recompute == "selective":
+        recompute_layer = attention / 3
+    else:
+        recompute_layer = 0.0
+    stage = (layers * (layer + recompute_layer) + head) / pp  # one micro-batch through this rank's layers
+    bubble = (pp - 1) / vp * stage
+
+    # data parallel over dp x cp ranks; each holds 1 / (tp x pp) of the parameters
+    group = dp * cp
+    params = flops.param_count(m, tp) / (tp * pp)
+    grad_bytes = 4.0 if f.grad_reduce_in_fp32 else 2.0
+    share = (group - 1) / group
+    if f.distributed_optimizer:
+        reduce = share * params * grad_bytes / link.dp_bw
+        gather = share * params * (1.0 if f.fp8_param_gather else 2.0) / link.dp_bw
+    else:
+        reduce, gather = 2 * share * params * grad_bytes / link.dp_bw, 0.0
+    if f.overlap_grad_reduce:
+        reduce = max(0.0, reduce - stage * 2 / 3)
+    if f.overlap_param_gather:
+        gather = max(0.0, gather - stage / 3)
+    # Adam: read fp32 param, grad, m, v; write param, m, v and the bf16 copy: 30 bytes a parameter
+    optimizer = 30 * params / (group if f.distributed_optimizer else 1) / hbm
+
+    per_micro = {"gemm": layers * gemm / pp + head / pp, "attention": layers * attention / pp,
+                 "elementwise": layers * elementwise / pp, "tp_comm": layers * tp_comm / pp,
+                 "cp_comm": layers * cp_comm / pp, "recompute": layers * recompute_layer / pp}
+    terms = {k: v * micro for k, v in per_micro.items()}
+    terms |= {"pipeline_bubble": bubble, "dp_comm": reduce + gather, "optimizer": optimizer}
+    step = sum(terms.values())
+    return {"step_time_s": step, "terms_s": terms, "links_bytes_per_s": asdict(link)}
+
+
+def _flops_by_op(m: ModelSpec, tp: int) -> dict[str, float]:
+    """flops.flops_per_sample split into per-layer GEMMs, per-layer attention and the rest (the logit layer and any
+    heads): attention is 3 x 4 s^2 (heads x kv_channels) per layer and the logit layer 3 x 2 s h vocab, as flops.py
+    counts them; the GEMMs are what remains of its total."""
+    _, q, _, _, _ = _widths(m)
+    total = flops.flops_per_sample(m, tp)
+    attention = 3.0 * 4 * m.seq_length ** 2 * q
+    head = 3.0 * 2 * m.seq_length * m.hidden_size * flops.padded_vocab(m, tp)
+    return {"layer_attention": attention, "head": head,
+            "layer_gemm": (total - head) / m.num_layers - attention}
