@@ -15,7 +15,8 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
-from mlbench.run_plan import RunPlan
+from mlbench import rcp_schedule
+from mlbench.run_plan import RunPlan, max_steps
 from mlbench.spec import Benchmark, evaluate
 
 
@@ -60,10 +61,8 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
     """
     gbs = layout["global_batch_size"]
     o = bench.optimizer
-    warmup = int(evaluate(o.warmup_steps, global_batch_size=gbs))
-    decay = int(evaluate(o.decay_steps, global_batch_size=gbs))
-    lr = evaluate(o.lr, global_batch_size=gbs)
-    min_lr = evaluate(o.min_lr, global_batch_size=gbs)
+    sched = rcp_schedule.at(bench, gbs)
+    warmup, decay, lr, min_lr = sched.warmup_steps, sched.decay_steps, sched.lr, sched.min_lr
     keys: list[tuple[str, Any]] = [
         (C.SEED, seed),
         (C.GLOBAL_BATCH_SIZE, gbs),
@@ -102,9 +101,11 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
         (C.EVAL_SAMPLES, bench.eval.logged_samples or bench.eval.samples),
         *([("max_predictions_per_seq", bench.data.max_predictions_per_seq)] if bench.data.max_predictions_per_seq
           else []),
+        *([("max_steps", max_steps(bench, gbs))] if bench.mlperf.log_max_steps else []),
         ("tensor_parallelism", layout["tp"]),
         ("pipeline_parallelism", layout["pp"]),
         ("context_parallelism", layout["cp"]),
+        *([("expert_parallelism", layout.get("ep", 1))] if bench.model.num_experts else []),
         ("micro_batch_size", layout["micro_batch_size"]),
     ]
     return keys

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlbench import rcp_schedule
 from mlbench.spec import Benchmark, build, evaluate
 
 
@@ -58,9 +59,8 @@ def max_steps(bench: Benchmark, gbs: int) -> int:
     """The step budget: train.max_steps, or the whole learning-rate schedule where none is given."""
     steps = int(evaluate(bench.train.max_steps, global_batch_size=gbs))
     if steps <= 0:
-        o = bench.optimizer
-        steps = int(evaluate(o.warmup_steps, global_batch_size=gbs)) + int(
-            evaluate(o.decay_steps, global_batch_size=gbs))
+        sched = rcp_schedule.at(bench, gbs)
+        steps = sched.warmup_steps + sched.decay_steps
     return max(steps, 1)
 
 

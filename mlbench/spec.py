@@ -21,7 +21,8 @@ from mlbench.errors import UserError
 
 @dataclass(frozen=True)
 class ModelSpec:
-    family: Literal["gpt", "bert"]  # megatron-core GPTModel or BertModel
+    # megatron-core GPTModel (gpt; moe: with mixture-of-experts MLPs) or BertModel
+    family: Literal["gpt", "bert", "moe"]
     num_layers: int
     hidden_size: int
     num_attention_heads: int
@@ -57,14 +58,27 @@ class ModelSpec:
     # LayerNorm1P: the weight stores gamma - 1 (initialised to 0) and the norm applies weight + 1, as the
     # Megatron GPT-3 reference and its checkpoint do; megatron-core's layernorm_zero_centered_gamma.
     zero_centered_gamma: bool = False
+    init_method_std: float = 0.02  # standard deviation of the normal weight initialisation
+    qk_layernorm: bool = False  # a norm (normalization's kind) over the head dimension of q and k
+    # Sliding-window attention: a query sees itself and the window_size tokens before it (megatron-core's
+    # window_size (window_size, 0)); 0: full causal attention. window_attn_skip_freq N > 0: every Nth layer
+    # (1-indexed) keeps full attention, the others slide (2: layers 1, 3, ... slide); 0: every layer slides.
+    window_size: int = 0
+    window_attn_skip_freq: int = 0
+    # Mixture of experts (family moe): every layer's MLP is num_experts experts of moe_ffn_hidden_size, each
+    # token routed to moe_router_topk of them (mlbench/models/moe.py says the routing).
+    num_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: Literal["adam", "adamw", "lamb"]
-    # Learning rate: a number, or an arithmetic expression in `global_batch_size` (see `evaluate`).
-    lr: float | str
-    min_lr: float | str = 0.0
+    # Learning rate: a number, or an arithmetic expression in `global_batch_size` (see `evaluate`); None where
+    # lr_table gives it.
+    lr: float | str | None = None
+    min_lr: float | str = 0.0  # expressions may also name `lr`, the resolved learning rate
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -75,13 +89,28 @@ class OptimizerSpec:
     clip_grad: float = 1.0
     # Schedule, in optimizer steps; expressions in `global_batch_size` allowed.
     warmup_steps: int | str = 0
-    decay_steps: int | str = 0  # steps of cosine decay after warm-up
+    decay_steps: int | str = 0  # steps of cosine decay after warm-up; expressions may name `warmup_steps`
     decay_style: Literal["cosine", "linear", "poly"] = "cosine"
     decay_power: float = 1.0  # for poly (BERT's LAMB schedule)
     start_warmup_step: int = 0
     # BERT reference schedule: the poly decay runs from step 0 over warmup_steps + decay_steps steps and the
     # linear warm-up (shifted by start_warmup_step) is overlaid on it, instead of decay starting after warm-up.
     warmup_overlaps_decay: bool = False
+    # Learning rate and warm-up steps by global batch, for benchmarks whose rules leave them free and whose
+    # reference convergence points (RCPs) were each produced with their own (llama31_8b, gpt_oss_20b); used where
+    # `lr` is not given. A global batch outside the table has no defined schedule: refused unless the user gives
+    # one (mlbench/rcp_schedule.py).
+    lr_table: dict[int, float] = field(default_factory=dict)
+    warmup_table: dict[int, int] = field(default_factory=dict)
+
+    def base_at(self, gbs: int) -> tuple[float, int] | None:
+        """(learning rate, warm-up steps) at global batch `gbs`: from `lr` and `warmup_steps`, else from the
+        tables; None where the tables have no row for `gbs` (mlbench/rcp_schedule.py refuses the batch)."""
+        if self.lr is not None:
+            return evaluate(self.lr, global_batch_size=gbs), int(evaluate(self.warmup_steps, global_batch_size=gbs))
+        if gbs in self.lr_table and gbs in self.warmup_table:
+            return self.lr_table[gbs], self.warmup_table[gbs]
+        return None
 
 
 @dataclass(frozen=True)
@@ -142,6 +171,7 @@ class DataSpec:
     tokenizer: str = ""  # the tokenizer the prepared corpus was made with (full sizes)
     description: str = ""  # what the real corpus and eval set are (full sizes)
     seed: int = 1234  # the source itself is fixed; the run seed only changes sampling and init
+    eod_mask_loss: bool = False  # indexed: end-of-document tokens are left out of the loss (megatron's option)
 
 
 @dataclass(frozen=True)
@@ -155,6 +185,7 @@ class MLPerfSpec:
     # ceil(1.2M x 1152 / gbs) - warm-up) or the step where the decay ends (gpt3's rules: ceil(108600 x 1536 /
     # gbs)). The schedule itself is the same either way.
     decay_steps_logged: Literal["length", "end"] = "length"
+    log_max_steps: bool = False  # the closed rules check a logged max_steps (llama31_8b, gpt_oss_20b: 1,200,000)
 
 
 @dataclass(frozen=True)
@@ -329,10 +360,19 @@ def _is_numeric(tp: Any) -> bool:
 def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -> None:
     """Evaluates every expression of `b` at each global batch: a file that divides by zero, overflows or gives a
     negative step count fails when it is loaded, naming the key, not in the middle of a run."""
+    batches = set(batches) | set(b.optimizer.lr_table)
     for key, expr in expressions(b).items():
-        for gbs in sorted(set(batches)):
+        if expr is None:  # optimizer.lr, where lr_table gives it
+            continue
+        for gbs in sorted(batches):
+            names = {}
+            if key in ("optimizer.min_lr", "optimizer.decay_steps"):  # they may name the resolved lr and warm-up
+                base = b.optimizer.base_at(gbs)
+                if base is None:  # a batch the lr table does not cover: nothing is resolved there
+                    continue
+                names = {"lr": base[0], "warmup_steps": base[1]}
             try:
-                value = _bounded(evaluate(expr, global_batch_size=gbs))
+                value = _bounded(evaluate(expr, global_batch_size=gbs, **names))
             except (UserError, ValueError) as e:
                 raise UserError(f"{where}: {key}: {e}") from None
             minimum = _EXPRESSION_MINIMUM.get(key, 0)
@@ -400,6 +440,8 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, dict):
             raise UserError(f"{where}: expected a mapping, got {value!r}")
         (key_tp, item_tp) = typing.get_args(tp)
+        if key_tp is int:  # JSON (a run plan) writes every mapping key as a string
+            value = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
         return {_check_value(f"{where} key", k, key_tp): _check_value(f"{where}.{k}", v, item_tp)
                 for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
