@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import tempfile
@@ -12,12 +13,11 @@ from rich.table import Table
 
 from mlbench import compliance, helper_process, results
 from mlbench.errors import UserError
-from mlbench.launch import torchrun
 from mlbench.layout import Layout
 from mlbench.mlperf_log import write_preamble
-from mlbench.runner import RunOptions, seeds
+from mlbench.run_plan import RunPlan
+from mlbench.runner import RunOptions, local_commands, seeds
 from mlbench.spec import Benchmark
-from mlbench.train.plan import RunPlan
 
 
 def layout_table(bench: Benchmark, layout: Layout) -> Table:
@@ -36,7 +36,7 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
         plan_path = Path(tmp) / "plan.json"
         plan.save(plan_path)
         try:
-            r = helper_process.run_json("mlbench.train.checkpoint_check", str(plan_path))
+            r = helper_process.run_json("mlbench.train.checkpoint.check", str(plan_path))
         except helper_process.HelperFailed as e:
             raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: {e}") from None
     names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
@@ -65,7 +65,8 @@ def closed_rule_problems(bench: Benchmark, layout: Layout, system: str) -> list[
         return compliance.before_run_start(_log_to_run_start(bench, layout, 0, system, tmp), bench.mlperf.ruleset)
 
 
-def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, command: str | None = None) -> int:
+def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, folder: Path,
+        command: str | None = None) -> int:
     """Writes the log up to run_start and checks it against the benchmark's closed rules; returns the exit code
     (1 when those rules reject a hyperparameter line). `command`: what each run starts (default: the torchrun
     line of the local/torchrun launchers)."""
@@ -75,16 +76,19 @@ def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, co
                                  dry_run=True, init_checkpoint=opts.init_checkpoint), console)
     console.print(layout_table(bench, layout))
     console.print(f"layout from: {layout.source}", highlight=False, soft_wrap=True)
-    folder = results.run_folder(opts.results, opts.system, bench.name)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".dry-run-") as staging:
+    staging = results.stage(folder)
+    try:
         dest = folder / "dry-run.txt"  # not result_*.txt: scorers never mistake it for a run
-        os.replace(_log_to_run_start(bench, layout, seed, opts.system, staging), dest)
+        os.replace(_log_to_run_start(bench, layout, seed, opts.system, str(staging)), dest)
+    except OSError as e:
+        raise UserError(f"results folder {folder}: cannot write {dest.name} ({e.strerror or e})") from None
+    finally:
+        results.discard(staging)
     if command is None:
         # On several nodes: one torchrun per node at a common rendezvous (the torchrun launcher's command).
         endpoint = opts.rdzv_endpoint or ("HOST:PORT" if layout.nodes > 1 else None)
-        command = shlex.join(torchrun.argv(Path("PLAN.json"), Path("RANKS"), nodes=layout.nodes,
-                                           nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
-                                           rdzv_endpoint=endpoint))
+        local = local_commands(layout, dataclasses.replace(opts, rdzv_endpoint=endpoint))
+        command = shlex.join(local(Path("PLAN.json"), Path("STAGING"), 0, {}).argv)
     console.print("each run starts:", command, highlight=False, soft_wrap=True)
     console.print(f"MLPerf log up to run_start: {dest}", highlight=False)
     if bench.variant == "tiny":  # its hyperparameters are not the benchmark's: the smoke rules check its runs

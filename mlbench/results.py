@@ -2,85 +2,186 @@
 
 A run is staged in a hidden folder next to its destination and published by hard-linking its files into
 place: `os.link` refuses an existing name, so a result is never overwritten, and a reader never sees a
-half-written file.
+half-written file. The record (`result_<i>.json`) is linked first and claims the index; the log follows, so
+a reader that finds `result_<i>.txt` finds its record too. Publishing is all or nothing: a failure (a full
+disk) removes whatever it had placed and the staging folder, and raises PublishError.
+
+A staging folder is named after its owner (`.staging-<pid>-<start time>-<host>-XXXX`), so a later run removes
+the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from mlbench.errors import UserError
 
+STAGING = ".staging-"
 
-def run_folder(root: str | Path, system: str, benchmark: str) -> Path:
-    """The benchmark's result folder, created and checked writable before anything runs."""
-    for name, value in (("system", system), ("benchmark", benchmark)):
-        if not value or "/" in value or value.startswith("."):
-            raise UserError(f"--{name} {value!r} cannot name a folder; use letters, digits, '-', '_' or '.'")
+
+class PublishError(Exception):
+    """A finished run could not be published (the message says why); nothing of it was left in the folder."""
+
+
+def _check_name(what: str, value: str) -> None:
+    if not value or "/" in value or value.startswith("."):
+        raise UserError(f"--{what} {value!r} cannot name a folder; use letters, digits, '-', '_' or '.'")
+
+
+@contextlib.contextmanager
+def result_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Path]:
+    """The benchmark's result folder, created and checked writable before anything runs. On the way out,
+    whatever it created and nothing filled is removed again: a refused or failed run leaves no empty folders."""
+    _check_name("system", system)
+    _check_name("benchmark", benchmark)
     folder = Path(root) / system / benchmark
+    created = [p for p in (folder, folder.parent, folder.parent.parent) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".probe-{uuid.uuid4().hex}"
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.TemporaryFile(dir=folder):  # unnamed on Linux: nothing to leave behind if killed
+            pass
     except OSError as e:
+        _remove_empty(folder, created)
         raise UserError(f"results folder {folder} is not writable ({e.strerror}); pass --results DIR with a "
                         f"folder you can write") from None
-    return folder
+    remove_stale(folder)
+    try:
+        yield folder
+    finally:
+        _remove_empty(folder, created)
+
+
+def _remove_empty(folder: Path, created: list[Path]) -> None:
+    for p in [folder / ".slurm", folder / "logs", *created]:  # deepest first
+        with contextlib.suppress(OSError):
+            p.rmdir()  # only if empty
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (with the pid, it names one process), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def stage(folder: Path) -> Path:
-    """A fresh staging folder on the same filesystem as the results (so publishing is a link)."""
-    return Path(tempfile.mkdtemp(prefix=".staging-", dir=folder))
+    """A fresh staging folder on the same filesystem as the results (so publishing is a link), named after
+    this process."""
+    pid = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING}{pid}-{_start_time(pid)}-{socket.gethostname()}-", dir=folder))
 
 
-def _claim(folder: Path, src: Path) -> int:
-    i = 0
-    while True:
+def remove_stale(folder: Path) -> list[Path]:
+    """Removes the staging folders whose owner on this host is gone; returns them."""
+    host, removed = socket.gethostname(), []
+    for staging in folder.glob(f"{STAGING}*"):
         try:
-            os.link(src, folder / f"result_{i}.txt")
-            return i
-        except FileExistsError:
-            i += 1
+            pid, start, rest = staging.name[len(STAGING):].split("-", 2)
+            owner_host = rest.rsplit("-", 1)[0]
+            alive = _start_time(int(pid)) == start
+        except ValueError:
+            continue  # not named by stage(): not ours to judge
+        if owner_host == host and not alive:
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+    return removed
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    try:
-        os.link(tmp, path)  # never replaces an existing file
-    finally:
-        tmp.unlink()
+def _taken(folder: Path, i: int) -> bool:
+    return any(p.exists() or p.is_symlink() for p in (folder / f"result_{i}.txt", folder / f"result_{i}.json",
+                                                      folder / "logs" / f"result_{i}"))
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "x") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def publish(folder: Path, staging: Path, record: dict) -> Path:
-    """Move a finished run from its staging folder into place under the next free index."""
-    log = staging / "mlperf.log"
-    if not log.exists():
-        log.write_text("")  # a run that died before logging still gets its (empty) result and record
-    i = _claim(folder, log)
-    record = record | {"result": f"result_{i}.txt", "index": i}
-    write_json_atomic(folder / f"result_{i}.json", record)
+    """Moves a finished run from its staging folder into place under the next free index (free: no result,
+    record or rank-log folder of that index, whatever a dead run left); returns the result's path. Raises
+    PublishError, with nothing placed and the staging folder gone, if it cannot."""
+    placed: list[Path] = []
+    try:
+        log = staging / "mlperf.log"
+        if not log.exists():
+            log.write_text("")  # a run that died before logging still gets its (empty) result and record
+        with open(log, "rb+") as f:
+            os.fsync(f.fileno())  # on disk before it is a result
+        i = 0
+        while True:
+            if _taken(folder, i):
+                i += 1
+                continue
+            staged = staging / f"result_{i}.json"
+            if not staged.exists():
+                _write_synced(staged, json.dumps(record | {"result": f"result_{i}.txt", "index": i}, indent=1,
+                                                 default=str) + "\n")
+            try:  # the record claims the index: exclusive, so two runs publishing at once take different ones
+                os.link(staged, folder / f"result_{i}.json")
+            except FileExistsError:
+                i += 1
+                continue
+            placed.append(folder / f"result_{i}.json")
+            try:
+                os.link(log, folder / f"result_{i}.txt")
+            except FileExistsError:  # a result without its record appeared meanwhile: give the index up
+                placed.pop().unlink()
+                i += 1
+                continue
+            placed.append(folder / f"result_{i}.txt")
+            break
+        _fsync_dir(folder)
+    except OSError as e:
+        for p in placed:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder}); nothing of it was "
+                           f"left in {folder}") from None
     ranks = staging / "ranks"
-    if ranks.is_dir():
-        dest = folder / "logs" / f"result_{i}"
-        dest.parent.mkdir(exist_ok=True)
-        ranks.rename(dest)
+    if ranks.is_dir():  # the rank logs are kept where they can be; the result stands without them
+        with contextlib.suppress(OSError):
+            (folder / "logs").mkdir(exist_ok=True)
+            ranks.rename(folder / "logs" / f"result_{i}")
     shutil.rmtree(staging, ignore_errors=True)
     return folder / f"result_{i}.txt"
 
 
-def keep_node_logs(folder: Path, staging: Path, node_rank: int, seed: int) -> Path:
-    """On a node other than node 0 (which publishes the run): keep its rank logs, drop the staging folder."""
-    dest = folder / "logs" / f"node{node_rank}-seed{seed}-{uuid.uuid4().hex[:6]}"
-    dest.parent.mkdir(exist_ok=True)
-    ranks = staging / "ranks"
-    if ranks.is_dir():
-        ranks.rename(dest)
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard(staging: Path) -> None:
+    """Drops a run that will not be published."""
     shutil.rmtree(staging, ignore_errors=True)
-    return dest
+
+
+def keep_node_logs(folder: Path, staging: Path, node_rank: int, seed: int) -> Path | None:
+    """On a node other than node 0 (which publishes the run): keep its rank logs, drop the staging folder.
+    Returns where the logs went (None if they could not be kept, e.g. on a full disk)."""
+    dest = folder / "logs" / f"node{node_rank}-seed{seed}-{uuid.uuid4().hex[:6]}"
+    ranks = staging / "ranks"
+    kept = None
+    if ranks.is_dir():
+        with contextlib.suppress(OSError):
+            dest.parent.mkdir(exist_ok=True)
+            ranks.rename(dest)
+            kept = dest
+    shutil.rmtree(staging, ignore_errors=True)
+    return kept

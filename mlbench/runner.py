@@ -13,14 +13,15 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench import compliance, environment, results
+from mlbench.errors import UserError
 from mlbench.launch import torchrun
-from mlbench.launch.supervise import Outcome, supervise
+from mlbench.launch.supervise import Command, Outcome, supervise
 from mlbench.layout import Layout
 from mlbench.mlperf_log import read
 from mlbench.progress import Progress
 from mlbench.registry import ROOT
+from mlbench.run_plan import RunPlan
 from mlbench.spec import Benchmark
-from mlbench.train.plan import RunPlan
 
 
 @dataclass
@@ -46,10 +47,11 @@ class RunResult:
     compliant: bool
     reason: str
     checkpoint_error: str = ""
+    published: bool = True  # False: nothing of the run was left in the results folder (e.g. a full disk)
 
     @property
     def ok(self) -> bool:  # what the command's exit code reports
-        return self.status == "success" and not self.checkpoint_error
+        return self.status == "success" and not self.checkpoint_error and self.published
 
 
 def default_system() -> str:
@@ -112,36 +114,56 @@ def _median(values: list[float]) -> float | None:
     return sorted(values)[len(values) // 2] if values else None
 
 
-# How one run is started: (plan file, per-rank log folder, seed) -> the command the supervisor runs.
-ArgvFor = Callable[[Path, Path, int], list[str]]
+# How one run is started: (plan file, staging folder, run index, environment) -> the command the supervisor runs.
+CommandFor = Callable[[Path, Path, int, dict], Command]
 
 
-def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console,
-            argv_for: ArgvFor | None = None) -> list[RunResult]:
-    folder = results.run_folder(opts.results, opts.system, bench.name)
+def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
+    """The local and torchrun launchers' runs: one torchrun per node, or, for a one-process run on this machine,
+    the rank itself."""
+    def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
+        if layout.world_size == 1 and not opts.rdzv_endpoint:
+            return torchrun.direct(plan_path, staging / "ranks", env)
+        argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes, nproc_per_node=layout.nproc_per_node,
+                             node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
+                             rdzv_id=f"mlbench-run{i}")  # the same on every node
+        return Command(argv, env, stdout=staging / "launcher.log")
+    return command_for
+
+
+def _staged_plan(folder: Path, plan_for: Callable[[Path], RunPlan]) -> tuple[Path, RunPlan]:
+    """A staging folder holding the run's plan; a folder that cannot take it (a full disk) refuses the run."""
+    staging = None
+    try:
+        staging = results.stage(folder)
+        plan = plan_for(staging)
+        plan.save(staging / "plan.json")
+    except OSError as e:
+        if staging:
+            results.discard(staging)
+        raise UserError(f"results folder {folder}: cannot write a run's files ({e.strerror or e}); free space or "
+                        f"pass --results DIR elsewhere") from None
+    return staging, plan
+
+
+def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, folder: Path,
+            command_for: CommandFor) -> list[RunResult]:
+    """Runs the set one run after another, each supervised, checked and published; stops early only when a
+    run cannot be published (then the disk is full, and so would the next run's be)."""
     env_info = environment.collect(ROOT)
+    env = dict(os.environ, MLBENCH_THREADS=str(opts.threads), OMP_NUM_THREADS=str(opts.threads),
+               PYTHONWARNINGS="ignore")
     out: list[RunResult] = []
     run_seeds = seeds(opts.seed, opts.runs)
     for i, seed in enumerate(run_seeds):
-        staging = results.stage(folder)
-        plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(staging),
-                       system=opts.system,
-                       init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint)
-        plan_path = staging / "plan.json"
-        plan.save(plan_path)
-        if argv_for is not None:
-            argv = argv_for(plan_path, staging / "ranks", seed)
-        else:
-            argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes,
-                                 nproc_per_node=layout.nproc_per_node, node_rank=opts.node_rank,
-                                 rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=f"mlbench-run{i}")  # same on every node
-        env = dict(os.environ, MLBENCH_THREADS=str(opts.threads), OMP_NUM_THREADS=str(opts.threads),
-                   PYTHONWARNINGS="ignore")
+        staging, plan = _staged_plan(folder, lambda d, seed=seed: RunPlan(
+            benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(d), system=opts.system,
+            init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint))
+        cmd = command_for(staging / "plan.json", staging, i, env)
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
         with Progress(label, console) as progress:
-            outcome = supervise(argv, env=env, log_path=plan.log_path, events_path=plan.events_path,
-                                output=staging / "launcher.log", hang_timeout=opts.hang_timeout,
-                                on_events=progress.on_events)
+            outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,
+                                hang_timeout=opts.hang_timeout, on_events=progress.on_events)
         # The node that hosted global rank 0 has the log and publishes the run. With a c10d rendezvous that
         # need not be --node-rank 0: ranks are assigned in rendezvous order.
         leader = plan.log_path.exists() or layout.nodes == 1
@@ -149,12 +171,21 @@ def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console
             logs = results.keep_node_logs(folder, staging, opts.node_rank, seed)
             console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}; rank logs in {logs}")
             status = "success" if outcome.exit_code == 0 else "aborted"
-            out.append(RunResult(logs, status, None, None, True, outcome.reason))
+            out.append(RunResult(logs or folder, status, None, None, True, outcome.reason))
             continue
-        ttt = time_to_train(plan.log_path)
-        verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
-        rec = record(bench, layout, plan, outcome, verdict, ttt, env_info)
-        path = results.publish(folder, staging, rec)
+        try:
+            if outcome.log_error:
+                results.discard(staging)
+                raise results.PublishError(f"run not published: {outcome.log_error}")
+            ttt = time_to_train(plan.log_path)
+            verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
+            rec = record(bench, layout, plan, outcome, verdict, ttt, env_info)
+            path = results.publish(folder, staging, rec)
+        except results.PublishError as e:
+            console.print(f"[red]{e}[/red] (the run ended: {outcome.status}"
+                          f"{', ' + outcome.reason if outcome.reason else ''})", highlight=False, soft_wrap=True)
+            out.append(RunResult(folder, "aborted", None, None, False, str(e), published=False))
+            break
         out.append(RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
                              outcome.checkpoint_error))
         _summary(console, bench, out[-1])

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mlbench import layout, registry, results
+from mlbench import layout, registry
 from mlbench.errors import UserError
 from mlbench.mlperf_log import MLPerfLog, finalize_aborted, read
 from mlbench.run_plan import eval_schedule
@@ -68,19 +67,6 @@ def test_expressions_are_exact_and_restricted() -> None:
     assert evaluate("global_batch_size * 8e-5 / 1152", global_batch_size=2304) == 2304 * 8e-5 / 1152
     with pytest.raises(UserError, match="cannot evaluate"):
         evaluate("__import__('os')", global_batch_size=1)
-
-
-def test_publish_never_overwrites(tmp_path: Path) -> None:
-    folder = results.run_folder(tmp_path, "sys", "gpt3")
-    (folder / "result_0.txt").write_text("an earlier run\n")
-    staging = results.stage(folder)
-    (staging / "mlperf.log").write_text(":::MLLOG {}\n")
-    path = results.publish(folder, staging, {"status": "success"})
-    assert path.name == "result_1.txt"
-    assert (folder / "result_0.txt").read_text() == "an earlier run\n"
-    assert json.loads((folder / "result_1.json").read_text())["result"] == "result_1.txt"
-    assert not staging.exists()
-    assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt", "result_1.json", "result_1.txt"]
 
 
 def test_finalize_aborted_appends_run_stop_once(tmp_path: Path) -> None:

@@ -17,15 +17,18 @@ def start(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: SlurmO
           dry_run: bool) -> int:
     """Runs (or, with `dry_run`, describes) the set of runs; returns the exit code: 0 when every run reached its
     target. `slurm_opts` given: an sbatch job; otherwise torchrun on this machine or on each node."""
-    if slurm_opts is not None:
-        from mlbench.launch import slurm
+    from mlbench import results
 
-        return slurm.launch(bench, layout, opts, slurm_opts, console, dry_run=dry_run)
-    if dry_run:
-        from mlbench import dry_run as dry
+    with results.result_folder(opts.results, opts.system, bench.name) as folder:
+        if slurm_opts is not None:
+            from mlbench.launch import slurm
 
-        return dry.run(bench, layout, opts, console)
-    from mlbench import runner
+            return slurm.launch(bench, layout, opts, slurm_opts, console, folder, dry_run=dry_run)
+        if dry_run:
+            from mlbench import dry_run as dry
 
-    outcomes = runner.run_set(bench, layout, opts, console)
-    return 0 if all(o.ok for o in outcomes) else 1
+            return dry.run(bench, layout, opts, console, folder)
+        from mlbench import runner
+
+        outcomes = runner.run_set(bench, layout, opts, console, folder, runner.local_commands(layout, opts))
+        return 0 if all(o.ok for o in outcomes) else 1

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,8 +65,9 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
 def prepare(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions,
             folder: Path) -> tuple[Path, str]:
     """Write the job folder (spec for the driver, the sbatch script); returns (folder, script text)."""
-    job_dir = folder / ".slurm" / time.strftime("%Y%m%d-%H%M%S")
-    job_dir.mkdir(parents=True, exist_ok=False)
+    (folder / ".slurm").mkdir(exist_ok=True)
+    # unique even for two launches in the same second
+    job_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=folder / ".slurm"))
     spec = {"benchmark": dataclasses.asdict(bench), "layout": dataclasses.asdict(layout),
             "run": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(run_opts).items()},
             "slurm": dataclasses.asdict(opts)}
@@ -141,18 +143,16 @@ def submit(job_dir: Path, console: Console) -> int:
 
 
 def launch(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions, console: Console,
-           dry_run: bool = False) -> int:
+           folder: Path, dry_run: bool = False) -> int:
     """`mlbench run --launcher slurm`: returns the exit code (0 when every run reached its target)."""
     from mlbench import dry_run as dry
-    from mlbench import results
 
-    folder = results.run_folder(run_opts.results, run_opts.system, bench.name)
     if dry_run:
         job_dir, script = prepare(bench, layout, run_opts, opts, folder)
         shutil.rmtree(job_dir)
         per_run = job_for(layout, opts, bench.name, job_dir, driver=None,
                           command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("RANKS"))
-        code = dry.run(bench, layout, run_opts, console, command=shlex.join(srun_argv(per_run)))
+        code = dry.run(bench, layout, run_opts, console, folder, command=shlex.join(srun_argv(per_run)))
         console.print("sbatch script (not submitted):", highlight=False)
         console.out(script, highlight=False)
         return code

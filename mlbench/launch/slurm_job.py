@@ -12,8 +12,10 @@ from mlbench import runner
 from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
+from mlbench.launch.supervise import Command
 from mlbench.layout import Layout
-from mlbench.train.plan import benchmark_from_dict
+from mlbench.results import result_folder
+from mlbench.run_plan import benchmark_from_dict
 
 
 def main(spec_path: str) -> int:
@@ -24,14 +26,16 @@ def main(spec_path: str) -> int:
     opts = runner.RunOptions(**{**spec["run"], "results": Path(spec["run"]["results"])})
     slurm = SlurmOptions(**spec["slurm"])
 
-    def argv_for(plan_path: Path, ranks_dir: Path, seed: int) -> list[str]:
+    def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
         # A fresh port per run: the batch step runs on the first node, where the static rendezvous lives.
         port = free_port()
         job = job_for(layout, slurm, bench.name, job_dir, driver=None, command=["-m", "mlbench.train", str(plan_path)],
-                      ranks_dir=ranks_dir, master_port=port)
-        return ["env", f"MASTER_PORT={port}", *srun_argv(job)]  # srun passes it on to every node
+                      ranks_dir=staging / "ranks", master_port=port)
+        # srun passes the port on to every node
+        return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log")
 
-    results = runner.run_set(bench, layout, opts, Console(width=120), argv_for=argv_for)
+    with result_folder(opts.results, opts.system, bench.name) as folder:
+        results = runner.run_set(bench, layout, opts, Console(soft_wrap=True), folder, command_for)
     summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason} for r in results]
     (job_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0 if all(r.ok for r in results) else 1

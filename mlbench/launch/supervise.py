@@ -1,7 +1,9 @@
 """Runs one launch command to its end, the same way for every launcher, and owns the run's ending.
 
-The command (torchrun here, or srun inside a SLURM job) runs in its own process group. The supervisor
-follows rank 0's progress events for the live display, and ends the run when:
+The command (torchrun here, srun inside a SLURM job, or the one rank itself) runs in its own process group,
+dies with the supervisor (lifeline), and leaves no process behind it: ranks it orphaned are re-parented to the
+supervisor, which stops and reaps them before the run is judged. The supervisor follows rank 0's progress
+events for the live display, and ends the run when:
 - the command exits (torchrun stops every rank when one dies and exits non-zero);
 - no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
   checkpoint is saved after run_stop, for `init_timeout` seconds;
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlbench.launch import lifeline
 from mlbench.mlperf_log import finalize_aborted
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
@@ -34,6 +37,17 @@ class Outcome:
     reason: str = ""
     events: list[dict] = field(default_factory=list)
     checkpoint_error: str = ""  # a checkpoint save after run_stop failed (the run's own status stands)
+    log_error: str = ""  # the log could not be completed (run_stop not written, e.g. a full disk)
+
+
+@dataclass
+class Command:
+    """What one run starts: argv and environment, stdout to a file (stderr with it unless given its own)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    stdout: Path
+    stderr: Path | None = None
 
 
 class EventTail:
@@ -100,6 +114,25 @@ def _stop_tree(proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
+def _stop_orphans(launcher_pid: int) -> None:
+    """Kills and reaps what the launcher left (re-parented to this subreaper), e.g. ranks of a launcher that
+    was killed: nothing of the run may go on writing once it is judged."""
+    orphans = [p for p in _descendants(os.getpid()) if p != launcher_pid]
+    if not orphans:
+        return
+    _signal_tree(orphans, signal.SIGKILL)
+    deadline = time.monotonic() + GRACE_S
+    for pid in orphans:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:  # not our child (a grandchild): gone when its parent reaps it
+                if not _alive(pid):
+                    break
+            time.sleep(0.05)
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -107,13 +140,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _start(cmd: Command) -> subprocess.Popen:
+    lifeline.become_subreaper()
+    for path in (cmd.stdout, cmd.stderr):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(cmd.stdout, "ab"))
+        err = files.enter_context(open(cmd.stderr, "ab")) if cmd.stderr else subprocess.STDOUT
+        return subprocess.Popen(cmd.argv, env=cmd.env, stdout=out, stderr=err, start_new_session=True,
+                                preexec_fn=lifeline.die_with_parent)
+
+
 def supervise(
-    argv: list[str],
+    cmd: Command,
     *,
-    env: dict[str, str],
     log_path: Path,
     events_path: Path,
-    output: Path,
     hang_timeout: float = 300.0,
     init_timeout: float = 1800.0,
     on_events: Callable[[list[dict]], None] | None = None,
@@ -127,9 +170,12 @@ def supervise(
         received.append(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output, "ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc = _start(cmd)
+    except BaseException:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        raise
     reason = ""
     last_progress = time.monotonic()
     # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
@@ -161,6 +207,7 @@ def supervise(
             signal.signal(s, handler)
         if proc.poll() is None:
             _stop_tree(proc)
+        _stop_orphans(proc.pid)
     new = tail.poll()
     if new and on_events:
         on_events(new)
@@ -172,13 +219,18 @@ def supervise(
         reason = last.get("reason", "")
     if not reason and code != 0:
         reason = f"launcher exited with code {code} (a rank failed; see the rank logs)"
-    finalize_aborted(log_path, reason or "run ended without run_stop")
+    log_error = ""
+    try:
+        finalize_aborted(log_path, reason or "run ended without run_stop")
+    except OSError as e:  # e.g. a full disk: the log stays without run_stop, and is not published
+        log_error = f"the log could not be completed: {e.strerror or e}"
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
         failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
         checkpoint_error = failed["reason"] if failed else reason or f"launcher exited with code {code}"
     # Once a checkpoint save began, run_stop was written: the run's status is the log's, whatever the save did.
     if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
-        return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error)
+        return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error,
+                       log_error=log_error)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
-                   events=tail.events, checkpoint_error=checkpoint_error)
+                   events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error)

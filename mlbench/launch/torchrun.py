@@ -1,10 +1,16 @@
-"""torchrun command lines: `local` is one standalone torchrun on this machine; `torchrun` is one invocation
-per node meeting at a c10d rendezvous. Both start `python -m mlbench.train PLAN` on every rank."""
+"""How one run starts on this machine or a node: `local` is one standalone torchrun (or, for one process, the
+rank itself: no torchrun agent to start and stop); `torchrun` is one invocation per node meeting at a c10d
+rendezvous. Every rank runs `python -m mlbench.train PLAN`."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from mlbench.launch.ports import free_port
+from mlbench.launch.supervise import Command
+
+RANK_MODULE = ["-m", "mlbench.train"]
 
 
 def argv(
@@ -26,4 +32,15 @@ def argv(
                 f"--rdzv-id={rdzv_id}"]
     else:
         cmd += ["--standalone"]
-    return cmd + ["-m", "mlbench.train", str(plan_path)]
+    return cmd + [*RANK_MODULE, str(plan_path)]
+
+
+def direct(plan_path: Path, ranks_dir: Path, env: dict[str, str]) -> Command:
+    """The one rank of a one-process run, started as torchrun would start it (its environment; its output in
+    the files torchrun's --log-dir/--redirects would give it)."""
+    rank_env = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                    ROLE_RANK="0", ROLE_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port("127.0.0.1")))
+    logs = ranks_dir / "direct" / "attempt_0" / "0"
+    return Command([sys.executable, *RANK_MODULE, str(plan_path)], rank_env, stdout=logs / "stdout.log",
+                   stderr=logs / "stderr.log")

@@ -1,0 +1,209 @@
+"""Publishing results: never overwritten, all or nothing on a full disk, indices claimed safely by runs at once,
+what dead runs left cleaned or ignored, and no empty folders left by a refused run. No training here: a staged
+run is a folder with a log in it, as the runner leaves it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlbench import results
+from mlbench.errors import UserError
+
+LOG = ":::MLLOG {\"key\": \"run_stop\"}\n" * 40  # a few KB, as a tiny run's log
+
+
+def _staged(folder: Path, log: str = LOG) -> Path:
+    staging = results.stage(folder)
+    (staging / "mlperf.log").write_text(log)
+    (staging / "ranks" / "0").mkdir(parents=True)
+    (staging / "ranks" / "0" / "stderr.log").write_text("rank output\n" * 50)
+    return staging
+
+
+def _assert_readable(folder: Path) -> None:
+    """What a reader expects: every result complete (log and record, the record naming it) or absent, and no
+    staging or temporary files."""
+    names = {p.name for p in folder.iterdir()}
+    assert not [n for n in names if n.startswith(".")], names
+    for txt in folder.glob("result_*.txt"):
+        record = json.loads(txt.with_suffix(".json").read_text())
+        assert record["result"] == txt.name
+        assert txt.read_text() == LOG
+    for rec in folder.glob("result_*.json"):
+        assert rec.with_suffix(".txt").exists(), f"{rec.name} without its log"
+
+
+def test_publish_never_overwrites(tmp_path: Path) -> None:
+    with results.result_folder(tmp_path, "sys", "gpt3") as folder:
+        (folder / "result_0.txt").write_text("an earlier run\n")
+        staging = _staged(folder)
+        path = results.publish(folder, staging, {"status": "success"})
+    assert path.name == "result_1.txt"
+    assert (folder / "result_0.txt").read_text() == "an earlier run\n"
+    assert json.loads((folder / "result_1.json").read_text())["result"] == "result_1.txt"
+    assert not staging.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["logs", "result_0.txt", "result_1.json", "result_1.txt"]
+    assert (folder / "logs" / "result_1" / "0" / "stderr.log").is_file()
+
+
+@pytest.mark.parametrize("stale", ["result_0.json", "logs/result_0"])
+def test_an_index_a_dead_run_left_half_used_is_skipped(tmp_path: Path, stale: str) -> None:
+    """A record without its log (or rank logs without either) from an earlier run: the next run takes the next
+    index (it failed with FileExistsError and lost its record before), and the stale file is left untouched."""
+    folder = tmp_path / "sys" / "gpt3"
+    (folder / stale).parent.mkdir(parents=True, exist_ok=True)
+    (folder / stale).mkdir() if stale.startswith("logs") else (folder / stale).write_text("{}\n")
+    path = results.publish(folder, _staged(folder), {"status": "success"})
+    assert path.name == "result_1.txt"
+    assert json.loads((folder / "result_1.json").read_text())["index"] == 1
+    assert (folder / stale).exists()
+
+
+def _publish_many(folder: str, n: int, queue) -> None:
+    for _ in range(n):
+        staging = _staged(Path(folder))
+        queue.put(results.publish(Path(folder), staging, {"pid": os.getpid()}).name)
+
+
+def test_runs_publishing_at_once_claim_distinct_indices(tmp_path: Path) -> None:
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_publish_many, args=(str(folder), 10, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    names = [queue.get(timeout=60) for _ in range(40)]
+    for p in procs:
+        p.join(60)
+    assert sorted(names) == sorted(f"result_{i}.txt" for i in range(40))
+    for i in range(40):  # each record goes with its own log
+        assert json.loads((folder / f"result_{i}.json").read_text())["index"] == i
+    _assert_readable(folder)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 512 KiB filesystem (tmpfs): needs root and a kernel that lets this process mount."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    """Fills the disk to `leave` bytes free (to the block)."""
+    st = os.statvfs(disk)
+    free = st.f_bavail * st.f_frsize
+    with open(disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        f.write(b"\0" * max(0, free - leave))
+
+
+def test_a_full_disk_while_publishing_leaves_each_result_complete_or_absent(small_disk: Path) -> None:
+    """On a real full filesystem, for every amount of space left: publishing either places the whole result
+    (log and record) or raises PublishError and leaves nothing of it (no half-published result_1.txt, no
+    staging or temporary files); the earlier result stays intact."""
+    outcomes = set()
+    for leave in range(0, 48 * 1024, 2048):
+        with results.result_folder(small_disk, "sys", "gpt3") as folder:
+            staging = _staged(folder)
+            results.publish(folder, _staged(folder), {"status": "success"})  # an earlier result, intact after
+            _fill(small_disk, leave)
+            try:
+                results.publish(folder, staging, {"status": "success", "steps": list(range(2000))})
+                outcomes.add("published")
+            except results.PublishError as e:
+                assert "No space left on device" in str(e), e
+                outcomes.add("refused")
+            (small_disk / "filler").unlink()
+            assert not staging.exists()
+            _assert_readable(folder)
+            assert (folder / "result_0.txt").read_text() == LOG
+        shutil.rmtree(small_disk / "sys")
+    assert outcomes == {"published", "refused"}  # the sweep crossed the point where it fits
+
+
+@pytest.mark.parametrize("failing", ["open", "link"])
+def test_publish_is_all_or_nothing_when_any_write_fails(tmp_path: Path, monkeypatch, failing: str) -> None:
+    """The same class of fault without a small filesystem: OSError(ENOSPC) injected into the n-th call of
+    `open` (record and log writes) or `os.link` (placing the record, then the log), for every n."""
+    real = {"open": open, "link": os.link}
+    for n in range(1, 4):
+        folder = tmp_path / str(n) / "sys" / "gpt3"
+        folder.mkdir(parents=True)
+        staging = _staged(folder)
+        calls: list = []
+
+        def failing_call(*args, n=n, calls=calls, **kwargs):
+            calls.append(args)
+            if len(calls) == n:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(args[0]))
+            return real[failing](*args, **kwargs)
+
+        monkeypatch.setattr("builtins.open" if failing == "open" else "os.link", failing_call)
+        try:
+            results.publish(folder, staging, {"status": "success"})
+        except results.PublishError as e:
+            assert "No space left on device" in str(e)
+        finally:
+            monkeypatch.undo()
+        assert not staging.exists()
+        _assert_readable(folder)
+
+
+def test_a_refused_run_leaves_no_empty_folders(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    with pytest.raises(UserError), results.result_folder(root, "sys", "gpt3"):
+        raise UserError("refused after the folder was opened")
+    assert not root.exists()
+    (root / "sys").mkdir(parents=True)  # what was there before stays
+    with results.result_folder(root, "sys", "gpt3") as folder:
+        (folder / ".slurm").mkdir()  # a job folder's parent, its job refused
+    assert [p.name for p in root.iterdir()] == ["sys"] and not list((root / "sys").iterdir())
+
+
+def test_an_unwritable_results_folder_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="is not writable"), results.result_folder(tmp_path / "file", "s", "b"):
+        pass
+    with pytest.raises(UserError, match="cannot name a folder"), results.result_folder(tmp_path, "../x", "b"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_staging_folders_of_dead_runs_on_this_host_are_removed(tmp_path: Path) -> None:
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "import sys, tempfile; from mlbench import results; "
+                             f"print(results.stage(__import__('pathlib').Path({str(folder)!r})))"],
+                            stdout=subprocess.PIPE, text=True)
+    dead_staging = Path(dead.communicate()[0].strip())
+    assert dead_staging.is_dir()  # its owner exited without publishing (as after kill -9)
+    live = results.stage(folder)
+    elsewhere = folder / f"{results.STAGING}{dead.pid}-123-{socket.gethostname()}x-abcd"  # another host's
+    elsewhere.mkdir()
+    unrelated = folder / f"{results.STAGING}manual"
+    unrelated.mkdir()
+    with results.result_folder(tmp_path, "sys", "gpt3"):
+        pass
+    assert not dead_staging.exists()
+    assert live.is_dir() and elsewhere.is_dir() and unrelated.is_dir()
