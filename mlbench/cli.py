@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -10,11 +9,14 @@ import click
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mlbench import registry
+from mlbench.cli_options import layout_options
 from mlbench.errors import UserError
+from mlbench.preflight import LayoutRequest, check_new_folder
 
-console = Console()
+console = Console(soft_wrap=not sys.stdout.isatty())  # without a terminal: full lines, never cut at 80 columns
 
 
 def _params_vs_published(params: int, b) -> str:
@@ -52,7 +54,10 @@ def list_cmd() -> None:
     t.add_column("quality target", min_width=len("masked_lm_accuracy"))
     for col in ("ruleset", "runs", "tiny"):  # tiny: the tiny variant's target
         t.add_column(col)
-    for name in registry.names():
+    names = registry.names()
+    if not names:
+        raise UserError(f"no benchmark files (<name>.yaml) in {registry.BENCHMARKS_DIR}")
+    for name in names:
         b = registry.load(name)
         tiny = registry.load(name, tiny=True) if _has_tiny(name) else None
         op = "<=" if b.quality.direction == "min" else ">="
@@ -72,13 +77,27 @@ def _has_tiny(name: str) -> bool:
 @cli.command()
 @click.argument("name")
 @click.option("--tiny", is_flag=True, help="The tiny variant that converges on a CPU.")
-def show(name: str, tiny: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="The resolved definition as one JSON object: the benchmark file's sections with every expression "
+                   "evaluated at its global batch, with params_total (params_active for mixture of experts) and "
+                   "flops_per_sample.")
+def show(name: str, tiny: bool, as_json: bool) -> None:
     """A benchmark's definition, parameter count and model FLOPs."""
     from mlbench import flops
 
     b = registry.load(name, tiny=tiny)
     m, o = b.model, b.optimizer
     params = flops.param_count(m)
+    if as_json:
+        import json
+
+        from mlbench.spec import resolved
+
+        counts = {"params_total": params, "flops_per_sample": flops.flops_per_sample(m)}
+        if getattr(m, "num_experts", None):
+            counts["params_active"] = flops.active_param_count(m)
+        click.echo(json.dumps(resolved(b) | counts, indent=1, allow_nan=False))
+        return
     t = Table(title=f"{b.title}{' (tiny variant)' if tiny else ''}", show_header=False)
     t.add_column("key", style="bold")
     t.add_column("value")
@@ -114,15 +133,8 @@ def show(name: str, tiny: bool) -> None:
 @cli.command()
 @click.argument("name")
 @click.option("--tiny", is_flag=True, help="The tiny variant: converges on a CPU in seconds.")
-@click.option("--nodes", default=1, show_default=True, type=int)
-@click.option("--nproc-per-node", default=1, show_default=True, type=int, help="Processes (devices) per node.")
-@click.option("--tp", type=int, help="Tensor parallel size.")
-@click.option("--pp", type=int, help="Pipeline parallel size.")
-@click.option("--vp", type=int, help="Virtual pipeline stages per rank (interleaved schedule).")
-@click.option("--cp", type=int, help="Context parallel size.")
-@click.option("--micro-batch-size", type=int)
-@click.option("--global-batch-size", type=int)
-@click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i. Default: random.")
+@layout_options
+@click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i (0 to 2**32 - 1). Default: random.")
 @click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed.")
 @click.option("--results", "results_root", default="results", show_default=True, type=click.Path(path_type=Path),
               help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
@@ -156,99 +168,12 @@ def show(name: str, tiny: bool) -> None:
 @click.option("--ignore-closed-rules", is_flag=True,
               help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
                    "then fails the checker). Without it such a run is refused before launch.")
-def run(name: str, tiny: bool, nodes: int, nproc_per_node: int, tp, pp, vp, cp, micro_batch_size,
-        global_batch_size, seed, runs: int, results_root: Path, system, launcher: str, rdzv_endpoint,
-        node_rank: int, hang_timeout: float, partition, account, time_limit: str, sbatch_args, container_image,
-        container_mounts, master_addr, gpus_per_node: int, threads: int, dry_run: bool, data_path: str | None,
-        eval_data_path: str | None, init_checkpoint: Path | None, save_checkpoint: Path | None,
-        ignore_closed_rules: bool) -> None:
+def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
-    import dataclasses
+    from mlbench import launch, preflight
 
-    from mlbench import layout as layout_lib
-    from mlbench import runner
-    from mlbench.train import data as data_lib
-
-    bench = registry.load(name, tiny=tiny)
-    overrides = {k: v for k, v in (("path", data_path), ("eval_path", eval_data_path)) if v is not None}
-    if overrides:  # into the benchmark itself, so the plan and the run record carry them
-        bench = dataclasses.replace(bench, data=dataclasses.replace(bench.data, **overrides))
-    if runs < 1:
-        raise UserError(f"--runs must be at least 1, got {runs}")
-    if launcher == "torchrun" and not rdzv_endpoint:
-        raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    if launcher == "local" and nodes > 1 and not dry_run:
-        raise UserError(f"--launcher local runs on this machine only; for --nodes {nodes} use --launcher torchrun "
-                        f"(one invocation per node)")
-    if not 0 <= node_rank < nodes:
-        raise UserError(f"--node-rank {node_rank} must be between 0 and --nodes - 1 = {nodes - 1}")
-    data_lib.check(bench, nodes, dry_run=dry_run, overridden=bool(overrides))
-    _check_checkpoints(bench, name, init_checkpoint, save_checkpoint, runs, dry_run)
-    layout = layout_lib.resolve(bench, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size, global_batch_size)
-    system = system or runner.default_system()
-    if bench.variant != "tiny" and not dry_run and not ignore_closed_rules:
-        _check_closed_rules(bench, layout, system)
-    opts = runner.RunOptions(results=results_root, system=system, runs=runs, seed=seed,
-                             hang_timeout=hang_timeout, node_rank=node_rank,
-                             rdzv_endpoint=rdzv_endpoint if launcher == "torchrun" else None, threads=threads,
-                             init_checkpoint=str(init_checkpoint.resolve()) if init_checkpoint else "",
-                             save_checkpoint=str(save_checkpoint.resolve()) if save_checkpoint else "")
-    from mlbench import launch
-
-    slurm_opts = None
-    if launcher == "slurm":
-        from mlbench.launch import slurm
-
-        slurm_opts = slurm.SlurmOptions(partition=partition, account=account, time_limit=time_limit,
-                                        sbatch_args=list(sbatch_args), container_image=container_image,
-                                        container_mounts=container_mounts.split(",") if container_mounts else [],
-                                        master_addr=master_addr, gpus_per_node=gpus_per_node)
-    sys.exit(launch.start(bench, layout, opts, slurm_opts, console, dry_run=dry_run))
-
-
-def _check_closed_rules(bench, layout, system: str) -> None:
-    """A full-size run whose log the closed rules would reject is refused before anything is launched: on a
-    cluster that is hours of devices for a result that cannot be submitted."""
-    from mlbench import compliance
-    from mlbench.dry_run import closed_rule_problems
-
-    problems = closed_rule_problems(bench, layout, system)
-    if problems:
-        listed = "; ".join(compliance.summary(p) for p in problems)
-        raise UserError(f"the closed {bench.mlperf.benchmark} rules (training {bench.mlperf.ruleset}) reject this "
-                        f"run's hyperparameters at global batch {layout.global_batch_size}, so its log would fail "
-                        f"the official checker: {listed}. Choose a layout they accept (--dry-run shows the "
-                        f"checker's verdict), or pass --ignore-closed-rules to run it anyway")
-
-
-def _check_checkpoints(bench, name: str, init: Path | None, save: Path | None, runs: int, dry_run: bool) -> None:
-    if bench.train.init_checkpoint and not init and not dry_run:
-        # A run from random weights would not be the MLPerf benchmark, whatever its log says.
-        raise UserError(f"{name} starts from a checkpoint: pass --init-checkpoint DIR, the "
-                        f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
-                        f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
-    if init:
-        from mlbench.train import checkpoint  # imports torch: only when there is a checkpoint to read
-
-        try:
-            checkpoint.check_readable(init)
-        except checkpoint.CheckpointError as e:
-            raise UserError(str(e)) from None
-    if save:
-        if runs != 1:
-            raise UserError(f"--save-checkpoint saves one run's state; got --runs {runs}")
-        _check_new_folder("--save-checkpoint", save)
-
-
-def _check_new_folder(what: str, path: Path) -> None:
-    """A checkpoint folder about to be written: new, and creatable."""
-    if path.exists():
-        raise UserError(f"{what} {path}: exists; a checkpoint is never overwritten")
-    parent = path.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UserError(f"{what} {path}: {parent} is not a writable folder")
+    p = preflight.prepare(preflight.RunRequest(name=name, tiny=tiny, layout=layout, **options), console)
+    sys.exit(launch.start(p.bench, p.layout, p.opts, p.slurm_opts, console, dry_run=p.dry_run))
 
 
 @cli.command("convert-checkpoint")
@@ -272,12 +197,13 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     if bench.model.family != "bert" or bench.model.norm_position != "post":
         raise UserError(f"{name}: no conversion needed or provided; its reference checkpoint loads directly with "
                         f"--init-checkpoint when it is a megatron-core torch_dist checkpoint (docs/checkpoints.md)")
-    _check_new_folder("DEST", dest)
+    check_new_folder("DEST", dest)
     with tempfile.TemporaryDirectory(prefix="mlbench-convert-") as tmp:
         spec = Path(tmp) / "benchmark.json"
         spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
         try:
-            r = helper_process.run_json("mlbench.train.convert_bert", str(spec), str(src), str(dest), prefix=f"{src}: ")
+            r = helper_process.run_json("mlbench.train.checkpoint.convert_bert", str(spec), str(src), str(dest),
+                                        prefix=f"{src}: ")
         except helper_process.HelperFailed as e:
             console.print("[red]error:[/red] conversion failed: ", end="")
             console.print(str(e), markup=False, highlight=False, soft_wrap=True)
@@ -294,36 +220,54 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")
 def check(path: Path, ruleset: str | None, rules: str) -> None:
     """The official compliance checker's verdict on a result file or a folder of them."""
-    from mlbench import checking
+    from mlbench import compliance
 
-    ok = checking.check_paths(path, ruleset, rules, console)
+    ok = compliance.check_paths(path, ruleset, rules, console)
     sys.exit(0 if ok else 1)
 
 
-def _add_analysis_commands() -> None:
-    try:
-        from mlbench.analysis import commands
-    except ImportError:
-        return
-    for name in ("score", "compare", "scaling"):
-        if hasattr(commands, name):
-            cli.add_command(getattr(commands, name))
+# Commands of packages that may be absent from an installation (or not written yet): registered where present.
+OPTIONAL_COMMANDS = {"mlbench.analysis.commands": ("score", "compare", "scaling"),
+                     "mlbench.planner.commands": ("plan",)}
 
 
-_add_analysis_commands()
+def _add_optional_commands() -> None:
+    import importlib
+
+    for module, names in OPTIONAL_COMMANDS.items():
+        try:
+            commands = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or not module.startswith(e.name):  # the module is there but broken: say so
+                raise
+            continue
+        for name in names:
+            if isinstance(getattr(commands, name, None), click.Command):
+                cli.add_command(getattr(commands, name))
+
+
+_add_optional_commands()
+
+
+def _error(message: str) -> None:
+    """One line: 'error:' and the message, printed as it is (no markup read into it)."""
+    console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
 
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="mlbench", standalone_mode=False)
     except UserError as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        _error(str(e))
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         console.print("aborted")
         sys.exit(130)
+    except click.UsageError as e:  # an unknown option, a bad choice: one line, and where to read more
+        _error(f"{e.format_message()} (see '{e.ctx.command_path if e.ctx else 'mlbench'} -h')")
+        sys.exit(2)
     except click.ClickException as e:
-        e.show()
+        _error(e.format_message())
         sys.exit(2)
     except SystemExit:
         raise

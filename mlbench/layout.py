@@ -144,10 +144,11 @@ def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: 
     pp = pp if pp is not None else (ref.pp if ref else 1)
     vp = vp if vp is not None else (ref.vp if ref else 1)
     cp = cp if cp is not None else (ref.cp if ref else 1)
-    mbs = micro_batch_size or (ref.micro_batch_size if ref and ref.micro_batch_size else None)
-    mbs = mbs or bench.train.micro_batch_size
-    gbs = global_batch_size or (ref.global_batch_size if ref and ref.global_batch_size else None)
-    gbs = gbs or bench.train.global_batch_size
+    # `is None`, not `or`: a 0 the user typed is refused below, never replaced by a default.
+    mbs = micro_batch_size if micro_batch_size is not None else (ref.micro_batch_size if ref else None)
+    mbs = mbs if mbs is not None else bench.train.micro_batch_size
+    gbs = global_batch_size if global_batch_size is not None else (ref.global_batch_size if ref else None)
+    gbs = gbs if gbs is not None else bench.train.global_batch_size
     if user:
         source = "flags"
     elif ref and (exact or ref.devices == 0):
@@ -157,8 +158,8 @@ def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: 
     else:
         source = "defaults"
     m = bench.model
-    for name, v in (("--tp", tp), ("--pp", pp), ("--vp", vp), ("--cp", cp), ("micro batch", mbs),
-                    ("global batch", gbs)):
+    for name, v in (("--tp", tp), ("--pp", pp), ("--vp", vp), ("--cp", cp), ("--micro-batch-size", mbs),
+                    ("--global-batch-size", gbs)):
         if v < 1:
             raise UserError(f"{name} must be at least 1, got {v}")
 

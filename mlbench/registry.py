@@ -84,6 +84,12 @@ def _validate(b: Benchmark, path: Path) -> None:
                         f"({m.num_attention_heads}), or set model.kv_channels")
     if b.train.global_batch_size <= 0 or b.train.micro_batch_size <= 0:
         raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
+    for i, ly in enumerate(b.layouts):
+        sizes = {k: getattr(ly, k) for k in ("tp", "pp", "vp", "cp", "ep", "micro_batch_size", "global_batch_size")}
+        bad = next((k for k, v in sizes.items() if v is not None and v < 1), None)
+        if bad or ly.devices < 0:
+            key, value = (bad, sizes[bad]) if bad else ("devices", ly.devices)
+            raise UserError(f"{where}: layouts[{i}].{key} is {value}; sizes are at least 1 (devices: 0 for any)")
     # Every expression, where it is used and at the smallest batch: a bad one fails here, naming its key.
     batches = {1, b.train.global_batch_size} | {ly.global_batch_size for ly in b.layouts if ly.global_batch_size}
     check_expressions(b, where, batches)

@@ -1,0 +1,367 @@
+"""Everything checked before a run starts: the request's values, the benchmark, its data, the parallel layout and
+its features against the model and the device, the checkpoints, the results folder and the closed rules.
+
+`prepare(RunRequest) -> PreparedRun` is what `mlbench run` calls after parsing its options; a test (or a script)
+calls it without the CLI. Bad input raises `UserError` (one line, exit 2) before anything is written; the cheap
+checks come first, the ones that start a helper process (checkpoint, closed rules) last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from mlbench import registry
+from mlbench.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from mlbench.launch.slurm import SlurmOptions
+    from mlbench.layout import Layout
+    from mlbench.runner import RunOptions
+    from mlbench.spec import Benchmark
+
+# numpy's legacy seeding takes 0 .. 2**32 - 1 and every library a run seeds accepts that range; run i of a set
+# uses seed + i, so the last run's seed must fit too.
+SEED_MAX = 2**32 - 1
+# Names that become folders (--system, the benchmark): portable, never hidden, never a path.
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+# FP8 tensor cores: compute capability 8.9 (Ada) and newer (Hopper 9.0, Blackwell 10.0); what Transformer
+# Engine's FP8 recipes require.
+FP8_COMPUTE_CAPABILITY = 8.9
+
+
+@dataclass(frozen=True)
+class LayoutRequest:
+    """The layout options as the user gave them; None (or absent from `features`) means the benchmark's own."""
+
+    nodes: int = 1
+    nproc_per_node: int = 1
+    tp: int | None = None
+    pp: int | None = None
+    vp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None
+    precision: Literal["bf16", "fp8"] | None = None
+    features: dict = field(default_factory=dict)  # FeaturesSpec fields the user set
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`mlbench run`'s options, unchecked."""
+
+    name: str
+    tiny: bool = False
+    layout: LayoutRequest = LayoutRequest()
+    seed: int | None = None
+    runs: int = 1
+    results_root: Path = Path("results")
+    system: str | None = None
+    launcher: Literal["local", "torchrun", "slurm"] = "local"
+    rdzv_endpoint: str | None = None
+    node_rank: int = 0
+    hang_timeout: float = 300.0
+    threads: int = 1
+    dry_run: bool = False
+    data_path: str | None = None
+    eval_data_path: str | None = None
+    init_checkpoint: Path | None = None
+    save_checkpoint: Path | None = None
+    ignore_closed_rules: bool = False
+    # slurm launcher
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str = "02:00:00"
+    sbatch_args: tuple[str, ...] = ()
+    container_image: str | None = None
+    container_mounts: str | None = None
+    master_addr: str | None = None
+    gpus_per_node: int = 0
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A checked request: what the launcher takes."""
+
+    bench: Benchmark
+    layout: Layout
+    opts: RunOptions
+    slurm_opts: SlurmOptions | None
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the precision check needs to know of the device a run trains on."""
+
+    name: str
+    gpu: bool
+    fp8: bool | None  # None: not known (a GPU nvidia-smi could not describe)
+
+
+def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
+    """Checks the request and resolves it into a benchmark, a layout and the launcher's options. `console`: where
+    the checkpoint check reports what it found (nothing is printed without one)."""
+    from mlbench import runner
+
+    _check_options(req)
+    system = req.system if req.system is not None else runner.default_system()
+    check_name("--system" if req.system is not None else "this host's name (the default --system)", system)
+    bench = _benchmark(req)
+    _check_data(bench, req)
+    _check_checkpoint_flags(bench, req)
+    layout = resolve_layout(bench, req.layout)
+    if not req.dry_run and req.launcher != "slurm":  # a dry run or a SLURM job trains elsewhere
+        check_precision(layout.precision, req.layout.precision is not None, local_device())
+    check_results_folder(req.results_root, system, bench.name)
+    opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
+                             hang_timeout=req.hang_timeout, node_rank=req.node_rank,
+                             rdzv_endpoint=req.rdzv_endpoint if req.launcher == "torchrun" else None,
+                             threads=req.threads,
+                             init_checkpoint=str(req.init_checkpoint.resolve()) if req.init_checkpoint else "",
+                             save_checkpoint=str(req.save_checkpoint.resolve()) if req.save_checkpoint else "")
+    if opts.init_checkpoint and not req.dry_run:  # the dry run checks it itself, and prints what it found
+        check_checkpoint_fits(bench, layout, opts, console)
+    if bench.variant != "tiny" and not req.dry_run and not req.ignore_closed_rules:
+        check_closed_rules(bench, layout, system)
+    return PreparedRun(bench=bench, layout=layout, opts=opts, slurm_opts=_slurm_options(req), dry_run=req.dry_run)
+
+
+# ---- the request's own values ---------------------------------------------------------------------------
+
+
+def _check_options(req: RunRequest) -> None:
+    """Values wrong whatever the benchmark: refused first, each naming its flag and the range it takes."""
+    if req.runs < 1:
+        raise UserError(f"--runs must be at least 1, got {req.runs}")
+    if req.seed is not None and not 0 <= req.seed <= SEED_MAX - (req.runs - 1):
+        last = f" (run i uses seed + i: with --runs {req.runs}, at most {SEED_MAX - req.runs + 1})" if req.runs > 1 \
+            else ""
+        raise UserError(f"--seed {req.seed} is out of range: seeds are 0 to {SEED_MAX}{last}")
+    if not req.hang_timeout > 0:  # also NaN
+        raise UserError(f"--hang-timeout must be a positive number of seconds, got {req.hang_timeout}")
+    if req.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {req.threads}")
+    if req.gpus_per_node < 0:
+        raise UserError(f"--gpus-per-node must be 0 or more, got {req.gpus_per_node}")
+    ly = req.layout
+    for flag, value in (("--nodes", ly.nodes), ("--nproc-per-node", ly.nproc_per_node)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    if not 0 <= req.node_rank < ly.nodes:
+        raise UserError(f"--node-rank {req.node_rank} must be between 0 and --nodes - 1 = {ly.nodes - 1}")
+    if req.launcher == "torchrun":
+        if not req.rdzv_endpoint:
+            raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        host, _, port = req.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535")
+    if req.launcher == "local" and ly.nodes > 1 and not req.dry_run:
+        raise UserError(f"--launcher local runs on this machine only; for --nodes {ly.nodes} use --launcher "
+                        f"torchrun (one invocation per node)")
+    if req.save_checkpoint and req.runs != 1:
+        raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
+
+
+def check_name(what: str, value: str) -> None:
+    """A name that becomes a folder: letters, digits, '-', '_' and '.', not starting with '.', at most 100."""
+    if not _NAME.fullmatch(value):
+        raise UserError(f"{what} {value!r} cannot name a folder: use letters, digits, '-', '_' or '.' (not first), "
+                        f"at most 100 characters")
+
+
+def check_results_folder(root: Path, system: str, benchmark: str) -> None:
+    """The folder results will go to can be created and written, without creating it (a refused run leaves
+    nothing behind)."""
+    folder = Path(root) / system / benchmark
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"results folder {folder} is not writable ({existing} is not a folder this user can write); "
+                        f"pass --results DIR with a folder you can write")
+
+
+# ---- benchmark, data and checkpoints --------------------------------------------------------------------
+
+
+def _benchmark(req: RunRequest) -> Benchmark:
+    """The benchmark, with --data-path / --eval-data-path in it (so the plan and the run record carry them)."""
+    bench = registry.load(req.name, tiny=req.tiny)
+    overrides = {k: v for k, v in (("path", req.data_path), ("eval_path", req.eval_data_path)) if v is not None}
+    return dataclasses.replace(bench, data=dataclasses.replace(bench.data, **overrides)) if overrides else bench
+
+
+def _check_data(bench: Benchmark, req: RunRequest) -> None:
+    from mlbench.train import data
+
+    data.check(bench, req.layout.nodes, dry_run=req.dry_run,
+               overridden=req.data_path is not None or req.eval_data_path is not None)
+
+
+def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
+    """The checkpoint flags on their own: required where the benchmark starts from one, readable, a new folder."""
+    if bench.train.init_checkpoint and not req.init_checkpoint and not req.dry_run:
+        # A run from random weights would not be the MLPerf benchmark, whatever its log says.
+        raise UserError(f"{bench.name} starts from a checkpoint: pass --init-checkpoint DIR, the "
+                        f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
+                        f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
+    if req.init_checkpoint:
+        from mlbench.train.checkpoint import store  # imports torch: only when there is a checkpoint to read
+
+        try:
+            store.check_readable(req.init_checkpoint)
+        except store.CheckpointError as e:
+            raise UserError(str(e)) from None
+    if req.save_checkpoint:
+        check_new_folder("--save-checkpoint", req.save_checkpoint)
+
+
+def check_new_folder(what: str, path: Path) -> None:
+    """A folder about to be written (a checkpoint): new, and creatable."""
+    if path.exists():
+        raise UserError(f"{what} {path}: exists; a checkpoint is never overwritten")
+    parent = path.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"{what} {path}: {parent} is not a writable folder")
+
+
+def check_checkpoint_fits(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console | None) -> None:
+    """The --init-checkpoint against the model this run builds (names and shapes, in a helper process that
+    builds it on the meta device), before launch: a checkpoint that does not fit is bad input, not a run that
+    dies after its log is published."""
+    from rich.console import Console as RichConsole
+
+    from mlbench.dry_run import check_checkpoint
+    from mlbench.run_plan import RunPlan
+
+    plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=0, run_dir="", system=opts.system, dry_run=True,
+                   init_checkpoint=opts.init_checkpoint)
+    check_checkpoint(plan, console or RichConsole(quiet=True))
+
+
+def check_closed_rules(bench: Benchmark, layout: Layout, system: str) -> None:
+    """A full-size run whose log the closed rules would reject is refused before anything is launched: on a
+    cluster that is hours of devices for a result that cannot be submitted."""
+    from mlbench import compliance
+    from mlbench.dry_run import closed_rule_problems
+
+    problems = closed_rule_problems(bench, layout, system)
+    if problems:
+        listed = "; ".join(compliance.summary(p) for p in problems)
+        raise UserError(f"the closed {bench.mlperf.benchmark} rules (training {bench.mlperf.ruleset}) reject this "
+                        f"run's hyperparameters at global batch {layout.global_batch_size}, so its log would fail "
+                        f"the official checker: {listed}. Choose a layout they accept (--dry-run shows the "
+                        f"checker's verdict), or pass --ignore-closed-rules to run it anyway")
+
+
+# ---- layout, features and device ------------------------------------------------------------------------
+
+
+def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
+    """The layout for these options, every rule checked (mlbench.layout), and the flags the model cannot take
+    refused: what `run` and `plan` share."""
+    from mlbench import layout as layout_lib
+    from mlbench.spec import FeaturesSpec, check_expressions
+
+    unknown = set(req.features) - {f.name for f in dataclasses.fields(FeaturesSpec)}
+    if unknown:
+        raise UserError(f"unknown feature {sorted(unknown)[0]!r}; known: "
+                        f"{', '.join(f.name for f in dataclasses.fields(FeaturesSpec))}")
+    experts = getattr(bench.model, "num_experts", None) or 0
+    if req.ep is not None and req.ep > 1:
+        if not experts:
+            raise UserError(f"--ep {req.ep}: {bench.name} is a dense model (no experts), so there is nothing to split "
+                            f"over expert-parallel ranks; expert parallelism needs a mixture-of-experts model")
+        if experts % req.ep:
+            valid = [d for d in range(1, experts + 1) if experts % d == 0]
+            raise UserError(f"--ep {req.ep} must divide the model's {experts} experts; valid ep: "
+                            f"{', '.join(map(str, valid))}")
+    layout = layout_lib.resolve(bench, req.nodes, req.nproc_per_node, req.tp, req.pp, req.vp, req.cp,
+                                req.micro_batch_size, req.global_batch_size, ep=req.ep, features=req.features,
+                                precision=req.precision)
+    # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
+    where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
+    check_expressions(bench, where, [layout.global_batch_size])
+    set_for_full = sorted(k for k in ("recompute_layers", "recompute_method") if k in req.features)
+    if set_for_full and layout.features.recompute != "full":
+        raise UserError(f"--{set_for_full[0].replace('_', '-')} chooses the layers of full recompute; it needs "
+                        f"--recompute full (this run's recompute: {layout.features.recompute})")
+    return layout
+
+
+def check_precision(precision: str, user_set: bool, device: DeviceFacts) -> None:
+    """FP8 only where the device has FP8 tensor cores. On a CPU the benchmark's default FP8 is moot (CPU runs
+    train in fp32), asking for it is refused; on a GPU without FP8 both are."""
+    if precision != "fp8":
+        return
+    why = "--precision fp8" if user_set else "precision fp8 (the benchmark's default)"
+    if not device.gpu:
+        if user_set:
+            raise UserError(f"{why} needs a GPU with FP8 tensor cores (compute capability {FP8_COMPUTE_CAPABILITY} or "
+                            f"newer: Ada, Hopper, Blackwell); {device.name} has none (CPU runs train in fp32): "
+                            f"use --precision bf16")
+        return
+    if device.fp8 is False:
+        raise UserError(f"{why}: {device.name} has no FP8 tensor cores (compute capability "
+                        f"{FP8_COMPUTE_CAPABILITY} or newer: Ada, Hopper, Blackwell): use --precision bf16")
+    if not _importable("transformer_engine"):
+        raise UserError(f"{why} runs through Transformer Engine, which is not installed here: install it "
+                        f"(transformer-engine[pytorch]) or use --precision bf16")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def local_device() -> DeviceFacts:
+    """This machine's first GPU as nvidia-smi describes it, without importing torch (the CLI never does);
+    a CPU where no NVIDIA driver is visible."""
+    cpu = DeviceFacts(name="this machine (CPU only)", gpu=False, fp8=False)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):  # torch sees no GPU either
+        return cpu
+    driver = Path("/proc/driver/nvidia").exists()
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return DeviceFacts(name="this machine's GPU", gpu=True, fp8=None) if driver else cpu
+    try:
+        proc = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        proc = None
+    first = (proc.stdout.strip().splitlines() or [""])[0] if proc and proc.returncode == 0 else ""
+    if not first:  # nvidia-smi without a working driver is a CPU machine
+        return DeviceFacts(name="this machine's GPU", gpu=True, fp8=None) if driver else cpu
+    name, _, cap = first.rpartition(",")
+    try:
+        return DeviceFacts(name=name.strip(), gpu=True, fp8=float(cap) >= FP8_COMPUTE_CAPABILITY)
+    except ValueError:
+        return DeviceFacts(name=name.strip() or first, gpu=True, fp8=None)
+
+
+# ---- launcher options -----------------------------------------------------------------------------------
+
+
+def _slurm_options(req: RunRequest) -> SlurmOptions | None:
+    if req.launcher != "slurm":
+        return None
+    from mlbench.launch import slurm
+
+    return slurm.SlurmOptions(partition=req.partition, account=req.account, time_limit=req.time_limit,
+                              sbatch_args=list(req.sbatch_args), container_image=req.container_image,
+                              container_mounts=req.container_mounts.split(",") if req.container_mounts else [],
+                              master_addr=req.master_addr, gpus_per_node=req.gpus_per_node)
