@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from mlbench.errors import UserError
-from mlbench.spec import Benchmark, evaluate
+from mlbench.spec import Benchmark, OptimizerSpec, evaluate
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,19 @@ class Schedule:
 
 def at(bench: Benchmark, gbs: int) -> Schedule:
     """The schedule at global batch `gbs`; a UserError where the benchmark defines none there."""
-    o = bench.optimizer
-    base = o.base_at(gbs)
-    if base is None:
-        if not o.lr_table:
+    sched = of_optimizer(bench.optimizer, gbs)
+    if sched is None:
+        if not bench.optimizer.lr_table:
             raise UserError(f"{bench.name}: optimizer.lr is not given and optimizer.lr_table is empty: give one")
         raise UserError(outside_table(bench, gbs))
+    return sched
+
+
+def of_optimizer(o: OptimizerSpec, gbs: int) -> Schedule | None:
+    """The schedule of an optimizer definition at global batch `gbs`; None where its tables have no row."""
+    base = o.base_at(gbs)
+    if base is None:
+        return None
     lr, warmup = base
     min_lr = evaluate(o.min_lr, global_batch_size=gbs, lr=lr)
     decay = int(evaluate(o.decay_steps, global_batch_size=gbs, warmup_steps=warmup))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mlbench import rcp_schedule
 from mlbench.models import family
 from mlbench.run_plan import RunPlan
 from mlbench.spec import evaluate
@@ -130,8 +131,9 @@ def optimizer_config(plan: RunPlan, config: Any, features: dict) -> Any:
     from megatron.core.optimizer import OptimizerConfig
 
     o, gbs = plan.benchmark.optimizer, plan.global_batch_size
+    sched = rcp_schedule.at(plan.benchmark, gbs)
     return OptimizerConfig(
-        optimizer="adam", lr=evaluate(o.lr, global_batch_size=gbs), min_lr=evaluate(o.min_lr, global_batch_size=gbs),
+        optimizer="adam", lr=sched.lr, min_lr=sched.min_lr,
         weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps,
         clip_grad=o.clip_grad, bf16=config.bf16, params_dtype=config.params_dtype,
         use_distributed_optimizer=features.get("distributed_optimizer", False))

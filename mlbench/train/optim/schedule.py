@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlbench.spec import OptimizerSpec, evaluate
+from mlbench import rcp_schedule
+from mlbench.spec import OptimizerSpec
 
 
 class PolyWarmupOverlay:
@@ -54,10 +55,11 @@ class PolyWarmupOverlay:
 def build(optimizer: Any, o: OptimizerSpec, global_batch_size: int, init_step: int = 0) -> Any:
     """The scheduler for `optimizer` (a MegatronOptimizer, or anything with `param_groups`), at `init_step`."""
     gbs = global_batch_size
-    lr = float(evaluate(o.lr, global_batch_size=gbs))
-    min_lr = float(evaluate(o.min_lr, global_batch_size=gbs))
-    warmup = int(evaluate(o.warmup_steps, global_batch_size=gbs))
-    decay = int(evaluate(o.decay_steps, global_batch_size=gbs))
+    resolved = rcp_schedule.of_optimizer(o, gbs)  # checked before launch: every planned batch resolves
+    if resolved is None:
+        raise ValueError(f"no learning rate at global batch {gbs}: not in optimizer.lr_table")
+    lr, min_lr = float(resolved.lr), float(resolved.min_lr)
+    warmup, decay = resolved.warmup_steps, resolved.decay_steps
     if o.warmup_overlaps_decay:
         sched: Any = PolyWarmupOverlay(optimizer, max_lr=lr, min_lr=min_lr, warmup_steps=warmup,
                                        total_steps=warmup + decay, power=o.decay_power,
