@@ -1,5 +1,6 @@
-"""Runs that fail end cleanly: a dead rank, a hang and SIGTERM each give run_stop `aborted`, a record saying
-why, and a non-zero exit, with real torchrun processes on this machine."""
+"""Runs that fail end cleanly: a dead rank, a dead launcher, a hang and SIGTERM each give run_stop `aborted`, a
+record saying why, and a non-zero exit; a killed `mlbench run` takes every process of its run with it, and the
+next run removes what it left. Real processes on this machine: torchrun at two ranks, the rank itself at one."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from conftest import MLBENCH, mllog, result_dir
 pytestmark = pytest.mark.slow
 
 
-def _start(tmp_path: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path),
-                             "--seed", "3", "--system", "ci", *extra], stdout=subprocess.PIPE,
+def _start(tmp_path: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
+    return subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nproc-per-node", str(nproc), "--results",
+                             str(tmp_path), "--seed", "3", "--system", "ci", *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200"))
 
 
@@ -33,15 +34,31 @@ def _wait_for_steps(tmp_path: Path, n: int, timeout: float = 120) -> None:
     raise AssertionError(f"no {n} steps within {timeout} s")
 
 
+def _run_pids(tmp_path: Path) -> dict[int, bool]:
+    """The live processes of the run under tmp_path: pid -> whether it is torchrun's agent (else a rank)."""
+    out = subprocess.run(["pgrep", "-f", f"mlbench.train {tmp_path}"], capture_output=True, text=True).stdout
+    pids = {}
+    for pid in map(int, out.split()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # exited, not yet reaped
+        except OSError:
+            continue
+        pids[pid] = b"torch.distributed.run" in cmd
+    return pids
+
+
 def _worker_pids(tmp_path: Path) -> list[int]:
     """The rank processes (not torchrun itself) of the run under tmp_path."""
-    out = subprocess.run(["pgrep", "-f", f"mlbench.train {tmp_path}"], capture_output=True, text=True).stdout
-    pids = []
-    for pid in map(int, out.split()):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if b"torch.distributed.run" not in cmd:
-            pids.append(pid)
-    return sorted(pids)
+    return sorted(pid for pid, agent in _run_pids(tmp_path).items() if not agent)
+
+
+def _wait_gone(tmp_path: Path, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while _run_pids(tmp_path):
+        assert time.monotonic() < deadline, f"left running: {_run_pids(tmp_path)}"
+        time.sleep(0.1)
 
 
 def _assert_aborted(tmp_path: Path, proc: subprocess.Popen, reason_part: str) -> dict:
@@ -72,7 +89,8 @@ def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
 
 
 def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "--hang-timeout", "4")
+    """At one process the rank runs without torchrun, under the same supervision."""
+    proc = _start(tmp_path, "--hang-timeout", "4", nproc=1)
     _wait_for_steps(tmp_path, 3)
     os.kill(_worker_pids(tmp_path)[-1], signal.SIGSTOP)  # a rank that stops making progress
     proc.communicate(timeout=60)
@@ -80,11 +98,41 @@ def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
 
 
 def test_sigterm_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
-    proc = _start(tmp_path)
+    proc = _start(tmp_path, nproc=1)
+    _wait_for_steps(tmp_path, 1)
+    assert not any(_run_pids(tmp_path).values()), "a one-process run starts no torchrun"
     _wait_for_steps(tmp_path, 3)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     _assert_aborted(tmp_path, proc, "received SIGTERM")
+
+
+def test_killed_launcher_aborts_the_run_and_leaves_no_rank(tmp_path: Path) -> None:
+    """kill -9 of torchrun's agent: its ranks die with it (parent-death signal), the run is logged aborted."""
+    proc = _start(tmp_path)
+    _wait_for_steps(tmp_path, 3)
+    (agent,) = [pid for pid, is_agent in _run_pids(tmp_path).items() if is_agent]
+    os.kill(agent, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    _assert_aborted(tmp_path, proc, "")
+
+
+def test_kill_9_of_mlbench_takes_the_run_with_it(tmp_path: Path) -> None:
+    """kill -9 of `mlbench run`: torchrun's agent and the ranks stop (they trained on, unsupervised, before),
+    nothing is published, and the next run in the folder removes the dead run's staging folder."""
+    proc = _start(tmp_path)
+    _wait_for_steps(tmp_path, 3)
+    assert len(_run_pids(tmp_path)) == 3  # the agent and two ranks
+    proc.kill()
+    proc.communicate(timeout=30)
+    _wait_gone(tmp_path)
+    folder = result_dir(tmp_path, "gpt3")
+    (stale,) = folder.glob(".staging-*")
+    assert not list(folder.glob("result_*"))
+    nxt = subprocess.run([*MLBENCH, "run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system",
+                          "ci"], capture_output=True, text=True, timeout=120)
+    assert nxt.returncode == 0, nxt.stdout + nxt.stderr
+    assert not stale.exists()
 
 
 def test_sys_executable_is_used() -> None:
