@@ -22,9 +22,9 @@ from mlbench.planner import devices
 from mlbench.spec import FeaturesSpec, ModelSpec
 
 # NeMo / Megatron-Bridge recipes as NVIDIA's MLPerf configs and performance summaries run them: distributed
-# optimizer, sequence parallel, communication overlapped, no recompute.
+# optimizer with gradients reduced in bf16, sequence parallel, communication overlapped, no recompute.
 MODERN = FeaturesSpec(distributed_optimizer=True, sequence_parallel=True, overlap_grad_reduce=True,
-                      overlap_param_gather=True)
+                      overlap_param_gather=True, grad_reduce_in_fp32=False)
 # Megatron-LM 2021 (Narayanan et al.; MT-NLG's DeepSpeed-Megatron): full activation recompute, gradients
 # all-reduced after the backward pass, no sequence parallelism.
 MEGATRON_2021 = FeaturesSpec(recompute="full")
@@ -40,6 +40,7 @@ class Row:
     step_time_s: float
     time_to_train_min: float | None
     benchmark: str | None  # the mlbench benchmark, for MLPerf rows
+    source: str = ""  # the row's `source` column
 
 
 def _device(gpu_type: str) -> str:
@@ -119,7 +120,7 @@ def load(path: Path) -> list[Row]:
         label = f"{model_name.split(' (')[0]} {r['gpu_type'].split(' (')[0]} x{gpus} {layout.precision} gbs{gbs}"
         ttt = float(r["time_to_train_min"]) if r["time_to_train_min"] else None
         rows.append(Row(index=i, label=label, model=m, layout=layout, device=_device(r["gpu_type"]),
-                        step_time_s=step, time_to_train_min=ttt, benchmark=bench))
+                        step_time_s=step, time_to_train_min=ttt, benchmark=bench, source=r["source"]))
     return rows
 
 

@@ -45,9 +45,12 @@ CONSTANTS = Path(__file__).with_name("constants.yaml")
 
 @dataclass(frozen=True)
 class Constants:
-    gemm_efficiency: float = 0.75  # achieved / peak for large bf16 GEMMs
+    gemm_efficiency: float = 0.75  # achieved / peak for bf16 GEMMs of unbounded size
+    gemm_half_tokens: float = 1000.0  # GEMM rows (tokens per micro-batch on a rank) at which half that is reached
     lowprec_fixed_share: float = 0.3  # share of GEMM time a lower precision (fp8, nvfp4) does not speed up
-    attention_efficiency: float = 0.5  # achieved / bf16 peak on the model-FLOPs count of attention
+    # achieved / bf16 peak on the model-FLOPs count of attention, which counts the full s x s products that causal
+    # kernels halve: up to 2
+    attention_efficiency: float = 0.8
     hbm_efficiency: float = 0.7  # achieved / peak HBM bandwidth for elementwise kernels and the optimizer
     tp_exposed: float = 0.3  # share of tensor-parallel communication not hidden behind GEMMs
 
@@ -119,8 +122,9 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     head_flops = by_op["head"] * mbs / (tp * cp)
     slow = c.lowprec_fixed_share + (1 - c.lowprec_fixed_share) * peak_bf16 / peak  # 1 at bf16
     weight_bytes = 3 * (h * (q + 2 * kv) + q * h + h * fc1 + ffn * h) / tp * _bytes_per_element(prec)
-    gemm = max(gemm_flops / (c.gemm_efficiency * peak_bf16) * slow, weight_bytes / hbm)
-    head = head_flops / (c.gemm_efficiency * peak_bf16) * slow
+    gemm_eff = c.gemm_efficiency * tokens / (tokens + c.gemm_half_tokens)  # GEMM shape: short GEMMs run slower
+    gemm = max(gemm_flops / (gemm_eff * peak_bf16) * slow, weight_bytes / hbm)
+    head = head_flops / (gemm_eff * peak_bf16) * slow
     attention = attn_flops / (c.attention_efficiency * peak_bf16)
     # elementwise traffic per token, forward (x3 with backward): 2 norms (read, write), 2 residual adds (2 reads,
     # a write), the activation (read fc1, write ffn), rotary on q and k; fp8 casts of the 4 GEMM inputs
@@ -153,10 +157,12 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
         gather = share * params * (1.0 if f.fp8_param_gather else 2.0) / link.dp_bw
     else:
         reduce, gather = 2 * share * params * grad_bytes / link.dp_bw, 0.0
+    # overlapped: hidden behind the last micro-batch's backward and the pipeline's cool-down (the reduce), the
+    # first micro-batch's forward and the warm-up (the gather)
     if f.overlap_grad_reduce:
-        reduce = max(0.0, reduce - stage * 2 / 3)
+        reduce = max(0.0, reduce - (stage + bubble) * 2 / 3)
     if f.overlap_param_gather:
-        gather = max(0.0, gather - stage / 3)
+        gather = max(0.0, gather - (stage + bubble) / 3)
     # Adam: read fp32 param, grad, m, v; write param, m, v and the bf16 copy: 30 bytes a parameter
     optimizer = 30 * params / (group if f.distributed_optimizer else 1) / hbm
 
