@@ -1,0 +1,115 @@
+"""The current MLPerf LLM suite (llama31_8b; gpt_oss_20b in test_current_suite_moe.py): definitions against their
+sources, the learning-rate table by RCP batch, dry-run logs the official closed rules accept at every RCP batch,
+and scores of published submissions equal to the official summarizer's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import mlbench
+from test_analysis_score import OFFICIAL
+
+from mlbench import compliance, flops, layout, rcp_schedule, registry
+from mlbench.dry_run import closed_rule_problems
+from mlbench.errors import UserError
+from mlbench.mlperf_log import hyperparameters
+
+RESULTS = Path(__file__).resolve().parent / "data" / "mlperf-results"
+
+
+def _rcps(benchmark: str) -> dict[int, dict]:
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    checker = rcp_checker.RCP_Checker("training", "6.0.0", benchmark, False)
+    return {r["BS"]: r["Hyperparams"] for r in checker.rcp_data.values()}
+
+
+@pytest.mark.parametrize("benchmark", ["llama31_8b"])
+def test_the_table_is_the_rcps_hyperparameters(benchmark: str) -> None:
+    """Learning rate at every RCP batch as the RCP file says; warm-up = its warm-up samples / batch (rounded
+    up: llama31_8b's 16,348 samples at 96 is 170.3 steps)."""
+    bench = registry.load(benchmark)
+    rcps = _rcps(benchmark)
+    assert sorted(bench.optimizer.lr_table) == sorted(rcps) == sorted(bench.optimizer.warmup_table)
+    for gbs, hp in rcps.items():
+        s = rcp_schedule.at(bench, gbs)
+        assert s.lr == hp["opt_base_learning_rate"]
+        assert s.warmup_steps == -(-hp["opt_learning_rate_warmup_samples"] // gbs)
+        assert s.decay_steps == 1_200_000 - s.warmup_steps  # closed rules, exact
+        assert s.min_lr == s.lr / 10  # rules: 0.1 x lr
+
+
+def test_llama31_8b_values_match_the_published_log() -> None:
+    """The hyperparameter lines at batch 32 equal what AMD's v5.1 submission at 32 logged (its lr and warm-up are
+    the RCP's), key by key, for every key both write."""
+    bench = registry.load("llama31_8b")
+    ly = layout.resolve(bench, 1, 8, global_batch_size=32)
+    ours = dict(hyperparameters(bench, ly.as_dict(), seed=1))
+    published = RESULTS / "training_results_v5.1/AMD/results/MI355X_EPYC_9575F_pytorch/llama31_8b/result_0.txt"
+    theirs = {e["key"]: e["value"] for e in map(json.loads, (ln.split(":::MLLOG ", 1)[1] for ln in
+                                                             published.read_text().splitlines() if ":::MLLOG " in ln))}
+    for key in ("global_batch_size", "max_sequence_length", "opt_name", "opt_base_learning_rate",
+                "opt_end_learning_rate", "opt_learning_rate_warmup_steps", "opt_learning_rate_decay_steps",
+                "opt_learning_rate_decay_schedule", "opt_adamw_beta_1", "opt_adamw_beta_2", "opt_adamw_epsilon",
+                "opt_adamw_weight_decay", "opt_gradient_clip_norm", "eval_samples", "max_steps",
+                "init_checkpoint_step"):
+        assert ours[key] == theirs[key], key
+
+
+def test_llama31_8b_parameters_are_meta_s_count() -> None:
+    """Meta's Llama-3.1-8B checkpoint: 8,030,261,248 parameters (32 layers of 218,112,000, two 128,256 x 4096
+    embeddings, the final norm)."""
+    m = registry.load("llama31_8b").model
+    assert flops.param_count(m) == 32 * 218_112_000 + 2 * 128_256 * 4096 + 4096 == 8_030_261_248
+
+
+@pytest.mark.parametrize("benchmark, gbs", [("llama31_8b", 16), ("llama31_8b", 32), ("llama31_8b", 64),
+                                            ("llama31_8b", 96), ("llama31_8b", 128)])
+def test_dry_run_at_every_rcp_batch_passes_the_closed_rules(benchmark: str, gbs: int) -> None:
+    """On one 8-GPU node (the reference layout, gradient accumulation where the batch needs it), the log up to
+    run_start passes the official 6.0.0 closed rules, and the RCP checker will use the RCP at that batch."""
+    bench = registry.load(benchmark)
+    ly = layout.resolve(bench, 1, 8, global_batch_size=gbs)
+    assert closed_rule_problems(bench, ly, "ci") == []
+    assert compliance.rcp_coverage(bench.mlperf.benchmark, bench.mlperf.ruleset, gbs).startswith(
+        f"RCP at global batch {gbs}")
+
+
+def test_a_batch_off_the_table_is_refused_unless_the_schedule_is_given() -> None:
+    bench = registry.load("llama31_8b")
+    with pytest.raises(UserError, match=r"interpolated between global batch 32 and 64.*--lr and --warmup-steps"):
+        rcp_schedule.for_run(bench, 48)
+    with pytest.raises(UserError, match=r"no RCP at or above global batch 256"):
+        rcp_schedule.for_run(bench, 256)
+    with pytest.raises(UserError, match="both"):
+        rcp_schedule.for_run(bench, 48, lr=6e-4)
+    given = rcp_schedule.for_run(bench, 48, lr=6e-4, warmup_steps=100)
+    assert rcp_schedule.at(given, 48) == rcp_schedule.Schedule(6e-4, 6e-4 / 10, 100, 1_199_900)
+    # At an RCP batch one flag is enough: the other comes from the table.
+    assert rcp_schedule.at(rcp_schedule.for_run(bench, 64, lr=1e-3), 64).warmup_steps == 96
+
+
+def test_published_scores_equal_the_official_summarizer() -> None:
+    """Published v5.1 llama31_8b submissions (tests/data, Apache-2.0): AMD MI355X at batch 32 and the University
+    of Florida's 32 DGX B200 nodes at 128, scored by `mlbench score` and by the official result summarizer."""
+    orgs = sorted({p.parent.parent for p in RESULTS.glob("training_results_v*/*/results/*")})
+    proc = subprocess.run([sys.executable, "-c", OFFICIAL, *map(str, orgs)], capture_output=True, text=True,
+                          timeout=300, check=True)
+    official = json.loads(proc.stdout)
+    from mlbench.analysis.score import score_path
+
+    ours = {s.folder: s for s in score_path(RESULTS, jobs=1)}
+    assert set(ours) == set(official) and len(ours) == 2
+    for folder, s in ours.items():
+        assert s.benchmark == "llama31_8b"
+        assert s.score_min == pytest.approx(official[folder], abs=1e-4), folder
+        assert s.rcp.status == "Pass" and all(r.compliant for r in s.runs), folder
+
+
+def test_show_lists_the_current_suite() -> None:
+    proc = mlbench("list")
+    assert proc.returncode == 0 and "llama31_8b" in proc.stdout, proc.stdout + proc.stderr
