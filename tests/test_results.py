@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import mlbench
 
 from mlbench import results
 from mlbench.errors import UserError
@@ -93,21 +94,26 @@ def test_runs_publishing_at_once_claim_distinct_indices(tmp_path: Path) -> None:
     _assert_readable(folder)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A real 512 KiB filesystem (tmpfs): needs root and a kernel that lets this process mount."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str):
+    """A real filesystem of `size` (tmpfs) at `path`: needs root and a kernel that lets this process mount."""
+    path.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
-        yield disk
+        yield path
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    with _tmpfs(tmp_path / "disk", "512k") as disk:
+        yield disk
 
 
 def _fill(disk: Path, leave: int) -> None:
@@ -207,3 +213,24 @@ def test_staging_folders_of_dead_runs_on_this_host_are_removed(tmp_path: Path) -
         pass
     assert not dead_staging.exists()
     assert live.is_dir() and elsewhere.is_dir() and unrelated.is_dir()
+
+
+def test_a_full_disk_before_launch_refuses_the_run(small_disk: Path) -> None:
+    _fill(small_disk, 0)
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(small_disk), "--system", "ci")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cannot write a run's files (No space left on device)" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_training_aborts_cleanly(tmp_path: Path) -> None:
+    """64 KiB fill up while rank 0 writes its log (a run needs about 130 KiB): the rank fails, the log cannot
+    be completed, so the run is not published; no traceback, nothing left, exit 1."""
+    with _tmpfs(tmp_path / "disk", "64k") as disk:
+        proc = mlbench("run", "gpt3", "--tiny", "--results", str(disk), "--system", "ci", "--seed", "3")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "run not published" in proc.stdout and "No space left on device" in proc.stdout, proc.stdout
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert not list(disk.iterdir())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -152,6 +153,30 @@ def _start(cmd: Command) -> subprocess.Popen:
                                 preexec_fn=lifeline.die_with_parent)
 
 
+def _complete_log(log_path: Path, reason: str) -> str:
+    """Ends a log that has run_start but no run_stop with run_stop `aborted`; returns why the log is still
+    incomplete ("" when it is whole: no run_start, or run_stop last, and no line cut off), e.g. a full disk."""
+    raising = logging.raiseExceptions
+    logging.raiseExceptions = False  # a failed write would print a traceback and go on: judged below instead
+    try:
+        finalize_aborted(log_path, reason)
+    except OSError as e:
+        return f"the log could not be completed: {e.strerror or e}"
+    finally:
+        logging.raiseExceptions = raising
+    if not log_path.exists() or log_path.stat().st_size == 0:
+        return ""
+    with open(log_path, "rb") as f:
+        started = stopped = False
+        for line in f:
+            started = started or b'"key": "run_start"' in line
+            stopped = stopped or b'"key": "run_stop"' in line
+        whole = line.endswith(b"\n")
+    if not whole or started and not stopped:
+        return "the log could not be completed (its last line cut off, or no run_stop: is the disk full?)"
+    return ""
+
+
 def supervise(
     cmd: Command,
     *,
@@ -219,11 +244,7 @@ def supervise(
         reason = last.get("reason", "")
     if not reason and code != 0:
         reason = f"launcher exited with code {code} (a rank failed; see the rank logs)"
-    log_error = ""
-    try:
-        finalize_aborted(log_path, reason or "run ended without run_stop")
-    except OSError as e:  # e.g. a full disk: the log stays without run_stop, and is not published
-        log_error = f"the log could not be completed: {e.strerror or e}"
+    log_error = _complete_log(log_path, reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
         failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
