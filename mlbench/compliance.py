@@ -1,20 +1,30 @@
-"""Compliance verdicts from the official checker (`python -m mlperf_logging.compliance_checker`).
+"""Compliance: which rules a result file is judged by, and the official checker's verdict on it.
 
-Run as a subprocess in a scratch folder: the checker keeps module-level state between files and appends
-to `compliance_checker.log` in its working directory.
+The checker runs as `python -m mlperf_logging.compliance_checker`, one process per file, in a scratch folder
+(the one way mlbench calls it: see mlbench/mlperf_tools.py for why not in-process). Several files are checked
+in parallel processes.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
-import sys
 import tempfile
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from rich.console import Console
+
+from mlbench import mlperf_tools, registry
+from mlbench.errors import UserError
+from mlbench.logfile import BadField, LogReader, text
+
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
+_SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
 
 
 @dataclass
@@ -22,68 +32,87 @@ class Verdict:
     path: Path
     ok: bool
     rules: str  # "smoke rules" or "training <ruleset> rules"
-    messages: list[str]
+    messages: list[str] = field(default_factory=list)  # one per checker message (some span lines)
 
 
-def _run_checker(path: Path, ruleset: str, *extra: str) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryDirectory() as scratch:
-        cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-               "--ruleset", ruleset, str(Path(path).resolve()), "--log_output", f"{scratch}/checker.log", *extra]
-        return subprocess.run(cmd, cwd=scratch, capture_output=True, text=True)
+def require_ruleset(ruleset: str) -> str:
+    """A training ruleset the installed checker knows, or UserError listing them."""
+    known = mlperf_tools.rulesets()
+    if ruleset not in known:
+        raise UserError(f"unknown ruleset {ruleset!r}; the installed mlperf-logging knows {', '.join(known)}")
+    return ruleset
 
 
-def check(path: Path, ruleset: str, smoke: bool) -> Verdict:
-    proc = _run_checker(path, ruleset, *(["--config", str(SMOKE_RULES)] if smoke else []))
-    lines = (proc.stdout + proc.stderr).splitlines()
-    messages = [ln for ln in lines if ln.startswith(("ERROR", "WARNING")) and "FAILED" not in ln]
+def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False) -> Verdict:
+    """The official checker's verdict on one file: the closed rules of RULESET, or our smoke rules.
+    quiet: leave out its warnings (as the result summarizer does)."""
+    with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
+        cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
+                                           Path(scratch) / "checker.log", quiet)
+        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace")
+    log, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
+    messages = _messages(log)
+    if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
+        messages.append("the compliance checker crashed: " + trace.strip().splitlines()[-1][:300])
     return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages,
                    rules="smoke rules" if smoke else f"training {ruleset} rules")
+
+
+def check_all(items: list[tuple[Path, str, bool]], quiet: bool = False, jobs: int | None = None) -> list[Verdict]:
+    """Verdicts for (path, ruleset, smoke) items, in order, checked in up to JOBS processes at once (default: the
+    CPU count, at most 8)."""
+    jobs = max(1, min(len(items), os.cpu_count() or 1, 8) if jobs is None else jobs)
+    with ThreadPoolExecutor(max_workers=jobs) as ex:
+        return list(ex.map(lambda it: check(*it, quiet=quiet), items))
+
+
+def _messages(log: str) -> list[str]:
+    """The checker's messages from its log stream, without its INFO lines and the final FAILED."""
+    body = []
+    for ln in log.splitlines():
+        if ln.startswith(("INFO", "ERROR - FAILED", "Traceback")) or ln.startswith("  File "):
+            continue
+        body.append(ln.removeprefix("WARNING - ").removeprefix("ERROR - "))
+    return [m.strip() for m in "\n".join(body).split(_SEPARATOR) if m.strip()]
 
 
 # Events a log that stops at run_start (a dry run's) cannot have: what the checker must miss in it.
 AFTER_RUN_START = {"run_stop", "train_samples", "eval_accuracy", "eval_start", "eval_stop", "block_start", "block_stop",
                    "epoch_start", "epoch_stop"}
-_SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
 
 
 def before_run_start(path: Path, ruleset: str) -> list[str]:
     """What the official closed rules of `ruleset` reject in a log that stops at run_start, leaving out the
     events such a log cannot have: every hyperparameter line is checked, exact float comparisons included."""
-    proc = _run_checker(path, ruleset)
-    lines = (proc.stdout + proc.stderr).splitlines()
-    body = [ln for ln in lines if not ln.startswith(("INFO", "** Logging output", "ERROR - FAILED"))]
-    messages = [m.strip() for m in "\n".join(body).replace("WARNING - ", "", 1).split(_SEPARATOR) if m.strip()]
+    v = check(path, ruleset, smoke=False)
     problems = []
-    for m in messages:
+    for m in v.messages:
         names = set(re.findall(r"'([a-z0-9_]+)'", m.splitlines()[0]))
         if not (m.startswith("Required") and names and names <= AFTER_RUN_START):
             problems.append(m)
-    if proc.returncode != 0 and not messages:  # the checker itself failed: not a verdict
-        problems.append(f"the compliance checker failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
+    if not v.ok and not v.messages:  # the checker itself failed: not a verdict
+        problems.append("the compliance checker failed without a message")
     return problems
 
 
 def rcp_coverage(benchmark: str, ruleset: str, global_batch_size: int) -> str:
-    """How the official RCP checker (mlperf_logging.rcp_checker) will judge a set of runs at this batch: against
-    the RCP at this batch, one interpolated between two, the smallest (only a slower set passes), or none."""
-    from mlperf_logging.rcp_checker import rcp_checker
-
+    """How the official RCP checker will judge a set of runs at this batch: against the RCP at this batch, one
+    interpolated between two, the smallest (only a slower set passes), or none."""
     try:
-        checker = rcp_checker.RCP_Checker("training", ruleset, benchmark, False)
-    except Exception as e:  # a ruleset without RCPs for this benchmark
-        return f"no RCPs for {benchmark} in training {ruleset} ({type(e).__name__})"
+        rcp = mlperf_tools.Rcp(benchmark, ruleset)
+    except ValueError as e:  # a ruleset without RCPs for this benchmark
+        return str(e)
     # The checker's default pass drops RCPs that converge in more samples than a larger batch's ("pruned").
-    used = sorted(r["BS"] for r in checker.pruned_rcp_data.values())
-    if checker._find_rcp(global_batch_size, "pruned_rcps") is not None:
-        return f"RCP at global batch {global_batch_size} (the checker's RCPs: {used})"
-    pruned = (f" (its RCP at {global_batch_size} is pruned by the checker)"
-              if any(r["BS"] == global_batch_size for r in checker.rcp_data.values()) else "")
-    lo = checker._find_top_min_rcp(global_batch_size, "pruned_rcps")
-    hi = checker._find_bottom_max_rcp(global_batch_size, "pruned_rcps")
+    used = rcp.batch_sizes()
+    bs = global_batch_size
+    if rcp.at(bs) is not None:
+        return f"RCP at global batch {bs} (the checker's RCPs: {used})"
+    pruned = f" (its RCP at {bs} is pruned by the checker)" if bs in rcp.batch_sizes(pruned=False) else ""
+    lo, hi = rcp.below(bs), rcp.above(bs)
     if lo is not None and hi is not None:
-        return (f"scored against an RCP interpolated between global batch {lo['BS']} and {hi['BS']}{pruned}")
+        return f"scored against an RCP interpolated between global batch {lo['BS']} and {hi['BS']}{pruned}"
     if lo is not None:
-        return (f"no RCP at or above global batch {global_batch_size} (largest {lo['BS']}){pruned}: the official RCP "
+        return (f"no RCP at or above global batch {bs} (largest {lo['BS']}){pruned}: the official RCP "
                 f"check fails this set ('Missing RCP') until an RCP at this batch is submitted")
     return (f"below the smallest RCP, at global batch {hi['BS']}{pruned}: the official RCP check passes this set only "
             f"if it converges in no fewer samples than that RCP")
@@ -98,3 +127,76 @@ def summary(problem: str) -> str:
     if key and test:
         return f"{key.group(1)} (needs {test})"
     return lines[0].rstrip(":")
+
+
+# --- `mlbench check` ------------------------------------------------------------------------------------------
+
+def is_tiny(result_file: Path) -> bool:
+    """Whether our run record beside a result file says it is a tiny (smoke) run."""
+    try:
+        rec = json.loads(Path(result_file).with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("variant") == "tiny"
+
+
+@dataclass
+class Target:
+    """One file to check and the rules it is judged by."""
+
+    path: Path
+    ruleset: str
+    smoke: bool
+    dry_run: bool  # the log ends at run_start
+
+
+def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
+    """The files under PATH and their rules: smoke rules for tiny runs (as their run record says), else the closed
+    rules of RULESET or of the benchmark the log names. UserError, before any check, for what cannot be decided."""
+    if ruleset is not None:
+        require_ruleset(ruleset)
+    if not path.exists():
+        raise UserError(f"{path}: no such file or folder")
+    files = [path] if path.is_file() else sorted(path.rglob("result_*.txt"))
+    if not files:
+        raise UserError(f"{path}: no result_*.txt files here (a result file, or a folder of them)")
+    return [_target(f, ruleset, rules) for f in files]
+
+
+def _target(f: Path, ruleset: str | None, rules: str) -> Target:
+    benchmark, last = None, None
+    try:
+        for e in LogReader(f):
+            if e.key == "submission_benchmark" and benchmark is None:
+                benchmark = text(f, e, "value", e.value) if ruleset is None else e.value
+            last = e.key
+    except BadField as e:
+        raise UserError(f"{e}: cannot tell the ruleset; pass --ruleset") from None
+    except OSError as e:
+        raise UserError(f"{f}: cannot read ({e.strerror or e})") from None
+    smoke = rules == "smoke" or (rules == "auto" and is_tiny(f))
+    if ruleset is None:
+        if benchmark not in registry.names():
+            raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
+                            f"{', '.join(registry.names())}); pass --ruleset")
+        ruleset = registry.load(benchmark).mlperf.ruleset
+    return Target(f, ruleset, smoke, dry_run=last == "run_start")
+
+
+def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool:
+    """`mlbench check`: print each file's verdict; whether every file passed."""
+    todo = targets(path, ruleset, rules)
+    all_ok = True
+    for t, v in zip(todo, check_all([(t.path, t.ruleset, t.smoke) for t in todo]), strict=True):
+        all_ok &= v.ok
+        mark = "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]"
+        console.print(f"{mark} {t.path} ({v.rules})", highlight=False)
+        for m in v.messages[:20]:
+            console.print("    " + m.replace("\n", "\n    "), highlight=False)
+        if t.dry_run:
+            hp = [m for m in v.messages if "CHECK for" in m]
+            console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "
+                          f"{'no hyperparameter line failed' if not hp else f'{len(hp)} lines failed their rules'}",
+                          highlight=False)
+    return all_ok
+

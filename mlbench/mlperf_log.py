@@ -7,7 +7,6 @@ writes several runs, or finalises a run another process started).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
-from mlbench import rcp_schedule
+from mlbench import logfile, rcp_schedule
 from mlbench.run_plan import RunPlan, max_steps
 from mlbench.spec import Benchmark, evaluate
 
@@ -112,16 +111,8 @@ def hyperparameters(bench: Benchmark, layout: dict, seed: int) -> list[tuple[str
 
 
 def read(path: str | Path) -> list[dict]:
-    """The events of a log, skipping lines that are not MLLOG lines (a parser for our own logs)."""
-    out = []
-    for line in Path(path).read_text(errors="replace").splitlines():
-        _, sep, payload = line.partition(":::MLLOG ")
-        if sep:
-            try:
-                out.append(json.loads(payload))
-            except json.JSONDecodeError:
-                continue
-    return out
+    """The events of a log as logged, skipping lines that are not MLLOG records (mlbench.logfile reads them)."""
+    return logfile.read(path)
 
 
 def finalize_aborted(path: str | Path, reason: str) -> bool:

@@ -17,7 +17,7 @@ from mlbench.errors import UserError
 from mlbench.launch import torchrun
 from mlbench.launch.supervise import Command, Outcome, supervise
 from mlbench.layout import Layout
-from mlbench.mlperf_log import read
+from mlbench.logfile import log_time_to_train
 from mlbench.progress import Progress
 from mlbench.registry import ROOT
 from mlbench.run_plan import RunPlan
@@ -66,10 +66,7 @@ def seeds(first: int | None, runs: int) -> list[int]:
 
 def time_to_train(log: Path) -> float | None:
     """Seconds from the first run_start to the first run_stop, as MLPerf scores it."""
-    events = read(log) if log.exists() else []
-    start = next((e["time_ms"] for e in events if e.get("key") == "run_start"), None)
-    stop = next((e["time_ms"] for e in events if e.get("key") == "run_stop"), None)
-    return (stop - start) / 1000 if start is not None and stop is not None else None
+    return log_time_to_train(log)
 
 
 def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, verdict, ttt: float | None,

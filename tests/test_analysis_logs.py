@@ -117,6 +117,7 @@ def test_compare_and_scaling_on_our_own_runs(tmp_path):
     a = _our_set(tmp_path, "sysA", 8, 1.0, 16)
     b = _our_set(tmp_path, "sysB", 16, 0.55, 16)
     html, md = tmp_path / "cmp.html", tmp_path / "rep" / "cmp.md"
+    md.parent.mkdir()
     res = CliRunner().invoke(compare_cmd, [str(a), str(b), "--no-score", "--html", str(html), "--md", str(md)])
     assert res.exit_code == 0, res.output
     assert "step time median" in res.output and "40.0%" in res.output  # MFU from the run record

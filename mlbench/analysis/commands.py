@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
@@ -10,6 +11,19 @@ from rich.console import Console
 from rich.table import Table
 
 from mlbench.errors import UserError
+
+
+def strict_json(doc: object) -> str:
+    """JSON any parser reads: non-finite numbers (which Python would write as NaN or Infinity) become null."""
+    def clean(v: object) -> object:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(doc), indent=2, default=str, allow_nan=False)
 
 
 def _console() -> Console:
@@ -31,7 +45,8 @@ def _fmt(v: object, nd: int = 4) -> str:
 @click.option("--ruleset", default=None,
               help="Training ruleset to check against (default: from a training_results_vX.Y path, else the "
                    "newest one in mlperf-logging that holds the benchmark).")
-@click.option("--devices", type=int, default=None, help="Device count, where no systems json or run record says.")
+@click.option("--devices", type=click.IntRange(min=1), default=None,
+              help="Device count, where no systems json or run record says.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
 def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
     """Score a benchmark folder of result_*.txt, or every folder in a submission tree, like MLCommons."""
@@ -39,7 +54,7 @@ def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -
 
     sets = score_path(path, ruleset, devices)
     if as_json:
-        click.echo(json.dumps([s.to_json() for s in sets], indent=2, default=str))
+        click.echo(strict_json([s.to_json() for s in sets]))
         return
     console = _console()
     for s in sets:
@@ -83,14 +98,16 @@ def _print_set(console: Console, s) -> None:
 def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
             no_score: bool) -> None:
     """Compare runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
-    from mlbench.analysis.compare import build_comparison, print_comparison
-    from mlbench.analysis.report import write_html, write_markdown
+    from mlbench.analysis.compare import build_comparison, comparison_report, print_comparison
+    from mlbench.analysis.report import check_output
 
+    check_output(html_out, "--html")
+    check_output(md_out, "--md")
     if len(paths) < 2:
         raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
     cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
     print_comparison(_console(), cmp)
-    _write_reports(cmp, html_out, write_html, md_out, write_markdown)
+    _write_reports(comparison_report(cmp), html_out, md_out)
 
 
 @click.command("scaling")
@@ -98,22 +115,26 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 @click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
               help="Write a self-contained HTML report.")
 @click.option("--md", "md_out", type=click.Path(path_type=Path), default=None, help="Write a Markdown report.")
-@click.option("--devices", "devices", multiple=True, type=int,
+@click.option("--devices", "devices", multiple=True, type=click.IntRange(min=1),
               help="Device count per PATH, in order (where no systems json or run record says).")
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""
-    from mlbench.analysis.report import write_scaling_html, write_scaling_markdown
-    from mlbench.analysis.scaling import build_scaling, print_scaling
+    from mlbench.analysis.report import check_output
+    from mlbench.analysis.scaling import build_scaling, print_scaling, scaling_report
 
+    check_output(html_out, "--html")
+    check_output(md_out, "--md")
     if devices and len(devices) != len(paths):
         raise UserError(f"--devices given {len(devices)} times for {len(paths)} PATHs; give one per PATH or none")
     sc = build_scaling(list(paths), list(devices) or None)
     print_scaling(_console(), sc)
-    _write_reports(sc, html_out, write_scaling_html, md_out, write_scaling_markdown)
+    _write_reports(scaling_report(sc), html_out, md_out)
 
 
-def _write_reports(result, html_out: Path | None, write_html, md_out: Path | None, write_md) -> None:
-    for out, write in ((html_out, write_html), (md_out, write_md)):
+def _write_reports(rep, html_out: Path | None, md_out: Path | None) -> None:
+    from mlbench.analysis.report import write_html, write_markdown
+
+    for out, write in ((html_out, write_html), (md_out, write_markdown)):
         if out:
-            write(result, out)
+            write(rep, out)
             click.echo(f"wrote {out}")

@@ -9,8 +9,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from mlbench.analysis import published
-from mlbench.analysis.logs import ResultSet, RunLog, find_sets, run_record
+from mlbench.analysis import published, step_times
+from mlbench.analysis.logs import ResultSet, RunLog, find_sets, record_number
+from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
 from mlbench.errors import UserError
 
@@ -76,13 +77,8 @@ class Entry:
     def step_stats(self) -> dict[str, float | None]:
         if self.published:
             s = self.published.step_time_s
-            return {"median": s, "p90": None, "p99": None, "jitter": None, "mean": s}
-        s = self.step_seconds
-        if len(s) == 0:
-            return {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
-        p10, med, p90, p99 = np.percentile(s, [10, 50, 90, 99])
-        return {"median": float(med), "p90": float(p90), "p99": float(p99),
-                "jitter": float((p90 - p10) / med), "mean": float(s.mean())}
+            return {**step_times.NO_STATS, "median": s, "mean": s}
+        return step_times.step_stats(self.step_seconds)
 
     @property
     def gbs(self) -> int | None:
@@ -128,8 +124,7 @@ class Entry:
 
     def mfu(self) -> float | None:
         """From our run record when it says (published logs do not)."""
-        v = [run_record(r.path).get("mfu") for r in self.runs]
-        v = [float(x) for x in v if isinstance(x, int | float)]
+        v = [x for r in self.runs if (x := record_number(r.path, "mfu")) is not None]
         return float(np.mean(v)) if v else None
 
     def hyperparams(self) -> dict[str, object]:
@@ -253,3 +248,70 @@ def print_comparison(console: Console, cmp: Comparison) -> None:
         console.print("hyperparameters and layout: no differences among the logged ones")
     for n in cmp.notes:
         console.print(f"[cyan]note[/]: {n}", highlight=False)
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+def comparison_report(cmp: Comparison) -> Report:
+    rep = Report("mlbench compare")
+    rep.h("Side by side")
+    rows = cmp.rows()
+    rep.table([""] + [e.label for e in cmp.entries], [[name, *cells] for name, cells in rows])
+    rep.p("Time to train: the MLPerf score (olympic mean x RCP factor) for a scored set, the run's own "
+          "time for a single run, the headline number for a published row. Jitter: (p90 - p10) / median "
+          "of the per-step times. Per-device throughput: global batch x sequence length / median step "
+          "time / devices.")
+    diff = cmp.differing_hyperparams()
+    rep.h("Hyperparameters and layout that differ")
+    if diff:
+        labels = [e.label for e in cmp.entries if e.runs]
+        rep.table(["key", *labels], [[k, *["-" if v is None else str(v) for v in vals]] for k, vals in diff.items()])
+    else:
+        rep.p("No differences among the logged hyperparameters.")
+    rep.h("Plots")
+    fig = _convergence_plot(cmp)
+    if fig is not None:
+        rep.img("convergence", fig, "eval accuracy against samples and minutes since run_start")
+    fig = _step_time_plot(cmp)
+    if fig is not None:
+        rep.img("step_times", fig, "distribution of per-step times")
+    if cmp.notes:
+        rep.h("Notes")
+        rep.ul(cmp.notes)
+    return rep
+
+
+def _convergence_plot(cmp):
+    series = [(e, r) for e in cmp.entries for r in e.runs if r.evals]
+    if not series:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, e in enumerate(cmp.entries):
+        for j, r in enumerate(x for x in e.runs if x.evals):
+            ev = np.array(r.evals)
+            kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
+                  "label": e.label if j == 0 else None}
+            a.plot(ev[:, 0], ev[:, 1], **kw)
+            b.plot(ev[:, 2], ev[:, 1], **kw)
+    a.set_xlabel("samples")
+    b.set_xlabel("minutes since run_start")
+    for ax in (a, b):
+        ax.set_ylabel("eval_accuracy")
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.suptitle("Convergence (each line one run)")
+    return fig
+
+
+def _step_time_plot(cmp):
+    data = [(e.label, e.step_seconds) for e in cmp.entries if len(e.step_seconds)]
+    if not data:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
+    ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
+    ax.set_xticks(range(1, len(data) + 1), [lbl.replace("/", "/\n") for lbl, _ in data], fontsize=7)
+    ax.set_ylabel("seconds per step")
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title("Step-time distribution (box: quartiles, whiskers: p1-p99)")
+    return fig

@@ -1,7 +1,9 @@
-"""Robust reading of MLPerf result logs (`:::MLLOG {json}` lines), ours and published.
+"""MLPerf result logs as the analysis reads them, ours and published, and the folders that hold them.
 
-Nothing here raises on a bad log: every defect (broken JSON, a truncated last line, no run_stop, ...)
-becomes a line in `RunLog.problems`, so one bad file never hides the rest of a set.
+A log is read in one streaming pass (`mlbench.logfile`), keeping only what the analysis uses. Nothing here
+raises on a bad log: a broken line, a missing run_stop or a garbled field (NaN, a list where a number belongs)
+becomes a line in `RunLog.problems` naming the file, line and key, so one bad file never hides the rest of a
+set; a run whose timing, status or batch is garbled is `invalid` and never counts as a success.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
+from mlbench.analysis import step_times as st
 from mlbench.errors import UserError
+from mlbench.logfile import BadField, Event, LogReader, metadata, number, text, time_to_train_s
 
-TOKEN = ":::MLLOG "
 RESULT_GLOB = "result_*.txt"
 
 # Benchmarks whose eval/block counters count tokens (samples x sequence length) rather than samples.
@@ -28,61 +29,29 @@ _NOT_HPARAMS = {
     "submission_division", "submission_status", "submission_benchmark", "submission_poc_name",
     "submission_poc_email", "seed", "tracked_stats", "weights_initialization",
 }
-# Step-time keys in tracked_stats, one place for every variant seen in published logs:
-# ours and NVIDIA llama: "train_step_time"; NVIDIA gpt3 (NeMo 24.09): "train_step_timing in s".
-STEP_TIME_KEYS = ("train_step_time", "train_step_timing in s")
-
-
-@dataclass
-class Event:
-    key: str
-    value: object
-    metadata: dict
-    time_ms: float
-    line: int
-    event_type: str = ""
-
-
-@dataclass
-class StepTimes:
-    """Seconds per optimizer step, one entry per step (block-derived entries repeat the block mean)."""
-
-    seconds: np.ndarray
-    source: str  # "tracked_stats", "blocks" or "none"
-    note: str = ""
-    steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    tokens_per_s: list[float] = field(default_factory=list)
-    tflops_per_device: list[float] = field(default_factory=list)
-
-    def stats(self) -> dict[str, float | None]:
-        s = self.seconds
-        if len(s) == 0:
-            return {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
-        p10, med, p90, p99 = np.percentile(s, [10, 50, 90, 99])
-        # Jitter: the spread of step times, as the p90-p10 range relative to the median.
-        return {
-            "median": float(med), "p90": float(p90), "p99": float(p99),
-            "jitter": float((p90 - p10) / med) if med > 0 else None, "mean": float(s.mean()),
-        }
+_TEXT_KEYS = ("submission_benchmark", "submission_org", "submission_platform", "submission_division")
+_BLOCK_KEYS = ("block_start", "epoch_start", "block_stop", "epoch_stop")
+# What is read after run_start (before it, every line: the hyperparameters).
+_SCORE_KEYS = frozenset({*_TEXT_KEYS, "global_batch_size", "max_sequence_length", "run_start", "run_stop",
+                         "eval_accuracy"})
+_STEP_KEYS = frozenset({*_SCORE_KEYS, "tracked_stats", *_BLOCK_KEYS})
 
 
 @dataclass
 class RunLog:
     path: Path
-    events: list[Event]
-    problems: list[str]
-
-    # --- simple look-ups -------------------------------------------------------------------------
-    def first(self, key: str) -> Event | None:
-        return next((e for e in self.events if e.key == key), None)
-
-    def value(self, key: str, default: object = None) -> object:
-        e = self.first(key)
-        return e.value if e is not None else default
-
-    def _text(self, key: str) -> str | None:
-        v = self.value(key)
-        return str(v) if v is not None else None
+    problems: list[str] = field(default_factory=list)
+    invalid: bool = False  # a field the score rests on is garbled: the run never counts
+    texts: dict[str, str] = field(default_factory=dict)  # first submission_* values
+    gbs: int | None = None
+    seq_len: int | None = None
+    run_start_ms: float | None = None
+    run_stop_ms: float | None = None
+    logged_status: str | None = None
+    hyperparams: dict[str, object] = field(default_factory=dict)  # first value of each key before run_start
+    eval_points: list[tuple[float, float, float]] = field(default_factory=list)  # (count, value, time_ms)
+    tracked: st.Tracked = field(default_factory=st.Tracked)
+    blocks: list[st.Block] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -90,102 +59,59 @@ class RunLog:
 
     @property
     def benchmark(self) -> str | None:
-        return self._text("submission_benchmark")
+        return self.texts.get("submission_benchmark")
 
     @property
     def org(self) -> str | None:
-        return self._text("submission_org")
+        return self.texts.get("submission_org")
 
     @property
     def platform(self) -> str | None:
-        return self._text("submission_platform")
+        return self.texts.get("submission_platform")
 
     @property
     def division(self) -> str | None:
-        return self._text("submission_division")
-
-    @property
-    def run_start_ms(self) -> float | None:
-        e = self.first("run_start")
-        return e.time_ms if e else None
-
-    @property
-    def run_stop(self) -> Event | None:
-        return self.first("run_stop")
+        return self.texts.get("submission_division")
 
     @property
     def status(self) -> str:
-        stop = self.run_stop
+        if self.invalid:
+            return "invalid"
         if self.run_start_ms is None:
             return "no run_start"
-        if stop is None:
+        if self.run_stop_ms is None:
             return "no run_stop"
-        return str(stop.metadata.get("status", "no status"))
+        return self.logged_status or "no status"
 
     @property
     def ttt_min(self) -> float | None:
         """Time to train as the summarizer computes it: first run_stop - first run_start, in minutes."""
-        start, stop = self.run_start_ms, self.run_stop
-        if start is None or stop is None:
-            return None
-        return (float(stop.time_ms) - float(start)) / 60 / 1000
-
-    @property
-    def gbs(self) -> int | None:
-        v = self.value("global_batch_size")
-        return int(v) if isinstance(v, int | float) else None
-
-    @property
-    def seq_len(self) -> int | None:
-        v = self.value("max_sequence_length")
-        return int(v) if isinstance(v, int | float) else None
+        s = None if self.invalid else time_to_train_s(self.run_start_ms, self.run_stop_ms)
+        return s / 60 if s is not None else None
 
     @property
     def counts_tokens(self) -> bool:
         return self.benchmark in TOKEN_COUNTED
 
-    def count_to_samples(self, count: float) -> float:
+    @property
+    def samples_per_count(self) -> float:
         """An eval/block counter in samples (gpt3 counts tokens: samples x 2048)."""
-        if self.counts_tokens:
-            return count / (self.seq_len or 2048)
-        return count
-
-    @cached_property
-    def hyperparams(self) -> dict[str, object]:
-        """Values logged before run_start (hyperparameters and layout), first occurrence of each key."""
-        out: dict[str, object] = {}
-        for e in self.events:
-            if e.key == "run_start":
-                break
-            if e.key in _NOT_HPARAMS or e.key in out or e.event_type.startswith("INTERVAL"):
-                continue
-            out[e.key] = e.value
-        return out
+        return 1 / (self.seq_len or 2048) if self.counts_tokens else 1.0
 
     @cached_property
     def evals(self) -> list[tuple[float, float, float]]:
         """(samples, eval_accuracy, minutes since run_start) for every eval_accuracy."""
         start = self.run_start_ms
-        out = []
-        for e in self.events:
-            if e.key != "eval_accuracy" or not isinstance(e.value, int | float):
-                continue
-            count = e.metadata.get("samples_count", e.metadata.get("epoch_num"))
-            if count is None:
-                continue
-            minutes = (e.time_ms - start) / 60000 if start is not None else math.nan
-            out.append((self.count_to_samples(float(count)), float(e.value), minutes))
-        return out
+        return [(c * self.samples_per_count, v, (t - start) / 60000 if start is not None else math.nan)
+                for c, v, t in self.eval_points]
 
     @property
     def samples_to_converge(self) -> float | None:
         """Samples at the last eval before a successful run_stop (the RCP checker's convergence point)."""
         if self.status != "success":
             return None
-        stop = self.run_stop
-        start = self.run_start_ms or 0.0
-        before = [ev for ev in self.evals if stop is None or ev[2] * 60000 + start <= stop.time_ms]
-        return before[-1][0] if before else None
+        before = [c for c, _, t in self.eval_points if t <= self.run_stop_ms]
+        return before[-1] * self.samples_per_count if before else None
 
     @property
     def steps_to_converge(self) -> float | None:
@@ -193,58 +119,141 @@ class RunLog:
         return s / g if s is not None and g else None
 
     @cached_property
-    def step_times(self) -> StepTimes:
-        return _step_times(self)
+    def step_times(self) -> st.StepTimes:
+        return (st.from_tracked(self.tracked, self.run_start_ms, self.run_stop_ms, self.gbs, self.seq_len)
+                or st.from_blocks(self.blocks, [c for c, _, _ in self.eval_points], self.gbs,
+                                  self.samples_per_count)
+                or st.none())
 
 
 # --- reading ---------------------------------------------------------------------------------------
 
-def read_log(path: Path) -> RunLog:
-    """Parse one result file; never raises for a bad log (problems are collected instead)."""
-    path = Path(path)
-    problems: list[str] = []
-    events: list[Event] = []
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        return RunLog(path, [], [f"cannot read: {e.strerror or e}"])
-    text = raw.decode("utf-8", errors="replace")
-    lines = text.splitlines()
-    broken: list[int] = []
-    for n, line in enumerate(lines, 1):
-        i = line.find(TOKEN)
-        if i < 0:
-            continue
-        payload = line[i + len(TOKEN):].strip()
+class _Pass:
+    """One streaming pass over a log, filling a RunLog; a garbled field is a problem, the first per key shown."""
+
+    def __init__(self, log: RunLog, steps: bool):
+        self.log, self.steps = log, steps
+        self.bad: dict[str, int] = {}
+        self.open_block: tuple[float, dict] | None = None
+
+    def fault(self, e: BadField, key: str, invalidates: bool) -> None:
+        self.bad[key] = self.bad.get(key, 0) + 1
+        if self.bad[key] == 1:
+            self.log.problems.append(str(e) + ("" if not invalidates else ": the run cannot count"))
+        self.log.invalid |= invalidates
+
+    def event(self, e: Event) -> None:
+        log, path, k = self.log, self.log.path, e.key
+        if log.run_start_ms is None and k not in _NOT_HPARAMS and k not in log.hyperparams \
+                and not e.event_type.startswith("INTERVAL"):
+            log.hyperparams[k] = e.value
         try:
-            d = json.loads(payload)
-            if not isinstance(d, dict) or "key" not in d:
-                raise ValueError("not an MLLOG record")
-            events.append(Event(
-                key=str(d["key"]), value=d.get("value"), metadata=d.get("metadata") or {},
-                time_ms=float(d.get("time_ms", math.nan)), line=n, event_type=str(d.get("event_type", "")),
-            ))
-        except (ValueError, TypeError):
-            broken.append(n)
-    if broken:
-        last = len(lines)
-        if broken == [last] and not text.endswith("\n"):
-            problems.append(f"truncated: the last line ({last}) is cut off")
-        else:
-            shown = ", ".join(map(str, broken[:5])) + (" ..." if len(broken) > 5 else "")
-            problems.append(f"{len(broken)} line(s) with broken JSON skipped (line {shown})")
+            if k in _TEXT_KEYS:
+                if k not in log.texts:
+                    log.texts[k] = text(path, e, "value", e.value)
+            elif k == "global_batch_size":
+                if log.gbs is None:
+                    log.gbs = int(number(path, e, "value", e.value, positive=True, integer=True))
+            elif k == "max_sequence_length":
+                if log.seq_len is None:
+                    log.seq_len = int(number(path, e, "value", e.value, positive=True, integer=True))
+            elif k == "run_start":
+                if log.run_start_ms is None:
+                    log.run_start_ms = number(path, e, "time_ms", e.time_ms)
+            elif k == "run_stop":
+                if log.run_stop_ms is None:
+                    t = number(path, e, "time_ms", e.time_ms)
+                    log.logged_status = text(path, e, "status", metadata(path, e).get("status", "no status"))
+                    log.run_stop_ms = t
+            elif k == "eval_accuracy":
+                self.eval(e)
+            elif k == "tracked_stats" and self.steps:
+                self.tracked(e)
+            elif k in _BLOCK_KEYS and self.steps:
+                self.block(e)
+        except BadField as err:
+            self.fault(err, k, invalidates=k not in ("tracked_stats", *_BLOCK_KEYS))
+
+    def eval(self, e: Event) -> None:
+        path, md = self.log.path, metadata(self.log.path, e)
+        name = "samples_count" if "samples_count" in md else "epoch_num"
+        if name not in md:
+            return
+        count = number(path, e, name, md[name])
+        value = number(path, e, "value", e.value)
+        self.log.eval_points.append((count, value, number(path, e, "time_ms", e.time_ms)))
+
+    def tracked(self, e: Event) -> None:
+        if not isinstance(e.value, dict):
+            return  # other statistics NVIDIA logs under this key
+        path = self.log.path
+        name = next((n for n in st.STEP_TIME_KEYS if n in e.value), None)
+        if name is None:
+            return
+        secs = number(path, e, name, e.value[name])
+        md = metadata(path, e)
+        step = number(path, e, "step", md["step"]) if "step" in md else math.nan
+        extra = [number(path, e, n, e.value[n]) if n in e.value else math.nan
+                 for n in ("tokens_per_s", "tflops_per_device")]
+        self.log.tracked.add(step, secs, number(path, e, "time_ms", e.time_ms), *extra)
+
+    def block(self, e: Event) -> None:
+        path, md = self.log.path, metadata(self.log.path, e)
+        t = number(path, e, "time_ms", e.time_ms)
+        if e.key.endswith("_start"):
+            self.open_block = (t, md)
+            return
+        if self.open_block is None:
+            return
+        start, smd = self.open_block
+        self.open_block = None
+        size = smd.get("epoch_count")
+        first = smd.get("first_epoch_num", smd.get("samples_count"))
+        self.log.blocks.append(st.Block(
+            start, t, number(path, e, "epoch_count", size) if size is not None else None,
+            number(path, e, "first_epoch_num", first) if first is not None else None))
+
+    def finish(self) -> None:
+        log = self.log
+        for key, n in self.bad.items():
+            if n > 1:
+                log.problems.append(f"{log.path}: {n - 1} more line(s) with a bad {key} field")
+
+
+def read_log(path: Path, steps: bool = True) -> RunLog:
+    """Read one result file in one streaming pass; never raises for a bad log (problems are collected instead).
+
+    steps=False leaves out the per-step records (tracked_stats, blocks): what scoring needs, and faster."""
+    log = RunLog(Path(path))
+    reader = LogReader(log.path)
+    scan = _Pass(log, steps)
+    events = 0
+    try:
+        for e in reader:
+            events += 1
+            scan.event(e)
+            if log.run_start_ms is not None and reader.keys is None:  # hyperparameters done
+                reader.keys = _STEP_KEYS if steps else _SCORE_KEYS
+    except OSError as e:
+        return RunLog(log.path, [f"cannot read: {e.strerror or e}"])
+    scan.finish()
+    log.problems[:0] = reader.problems()
     if not events:
-        problems.append("no :::MLLOG lines: not an MLPerf result log" if not broken else "no readable records")
-        return RunLog(path, events, problems)
-    log = RunLog(path, events, problems)
+        log.problems.append("no :::MLLOG lines: not an MLPerf result log" if not reader.n_broken
+                            else "no readable records")
+        return log
     if log.run_start_ms is None:
-        problems.append("no run_start: the run never started its timed region")
-    elif log.run_stop is None:
-        problems.append("no run_stop: the run did not finish (crashed or the log is truncated)")
-    elif log.status not in ("success", "aborted"):
-        problems.append(f"run_stop has status {log.status!r}")
+        log.problems.append("no run_start: the run never started its timed region")
+    elif log.run_stop_ms is None:
+        log.problems.append("no run_stop: the run did not finish (crashed or the log is truncated)")
+    elif log.run_stop_ms < log.run_start_ms:
+        log.invalid = True
+        log.problems.append(f"run_stop is {(log.run_start_ms - log.run_stop_ms) / 1000:g} s before run_start: "
+                            "no time to train, the run cannot count")
+    elif log.logged_status not in ("success", "aborted"):
+        log.problems.append(f"run_stop has status {log.logged_status!r}")
     if log.benchmark is None:
-        problems.append("no submission_benchmark")
+        log.problems.append("no submission_benchmark")
     return log
 
 
@@ -256,10 +265,11 @@ class ResultSet:
     files: list[Path]
     system: str
     org_root: Path | None  # the organisation folder when the set sits in a submission tree
+    steps: bool = True  # read per-step records (compare, scaling); scoring does not need them
 
     @cached_property
     def runs(self) -> list[RunLog]:
-        return [read_log(f) for f in self.files]
+        return [read_log(f, self.steps) for f in self.files]
 
     @property
     def label(self) -> str:
@@ -273,9 +283,10 @@ class ResultSet:
             return None
         p = self.org_root / "systems" / f"{self.system}.json"
         try:
-            return json.loads(p.read_text())
+            d = json.loads(p.read_text())
         except (OSError, ValueError):
             return None
+        return d if isinstance(d, dict) else None
 
     @property
     def smoke(self) -> bool:
@@ -287,16 +298,30 @@ class ResultSet:
         if given:
             return given, "given"
         d = self.system_desc
-        if d:
-            try:
-                return int(d["number_of_nodes"]) * max(int(d["accelerators_per_node"]), 1), "systems json"
-            except (KeyError, ValueError, TypeError):
-                pass
+        if isinstance(d, dict):
+            nodes, per_node = (_count(d.get(k)) for k in ("number_of_nodes", "accelerators_per_node"))
+            if nodes:
+                return nodes * (per_node or 1), "systems json"
         for f in self.files:
-            rec = run_record(f)
-            if isinstance(rec.get("devices"), int):
-                return rec["devices"], "run record"
+            n = _count(run_record(f).get("devices"))
+            if n:
+                return n, "run record"
         return None, "unknown"
+
+
+def _count(v: object) -> int | None:
+    """A positive whole count from a JSON value (a number, or a string of digits as systems jsons write)."""
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 1 and v == int(v):
+        return int(v)
+    return None
+
+
+def record_number(result_file: Path, key: str) -> float | None:
+    """A finite number from our run record (None where absent or garbled)."""
+    v = run_record(result_file).get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def run_record(result_file: Path) -> dict:
@@ -309,13 +334,14 @@ def run_record(result_file: Path) -> dict:
         return {}
 
 
-def find_sets(path: Path) -> list[ResultSet]:
-    """Every benchmark folder under PATH: a folder of result_*.txt, a submission tree, or one file."""
+def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
+    """Every benchmark folder under PATH: a folder of result_*.txt, a submission tree, or one file.
+    steps: whether its runs are read with their per-step records."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file or folder")
     if path.is_file():
-        return [_make_set(path.parent, [path])]
+        return [_make_set(path.parent, [path], steps)]
     folders: dict[Path, list[Path]] = {}
     for f in sorted(path.rglob(RESULT_GLOB)):
         if f.is_file():
@@ -323,7 +349,7 @@ def find_sets(path: Path) -> list[ResultSet]:
     if not folders:
         raise UserError(f"{path}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
                         "or a submission tree ORG/results/<system>/<benchmark>/)")
-    return [_make_set(d, _natural(fs)) for d, fs in sorted(folders.items())]
+    return [_make_set(d, _natural(fs), steps) for d, fs in sorted(folders.items())]
 
 
 def _natural(files: list[Path]) -> list[Path]:
@@ -333,120 +359,14 @@ def _natural(files: list[Path]) -> list[Path]:
     return sorted(files, key=key)
 
 
-def _make_set(folder: Path, files: list[Path]) -> ResultSet:
+def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     folder = folder.resolve()
     system = folder.parent.name
     org_root = None
     # ORG/results/<system>/<benchmark>/result_*.txt
     if folder.parent.parent.name == "results" and (folder.parent.parent.parent / "systems").is_dir():
         org_root = folder.parent.parent.parent
-    return ResultSet(folder=folder, files=[f.resolve() for f in files], system=system, org_root=org_root)
+    return ResultSet(folder=folder, files=[f.resolve() for f in files], system=system, org_root=org_root,
+                     steps=steps)
 
 
-# --- per-step times ----------------------------------------------------------------------------------
-
-def _step_times(log: RunLog) -> StepTimes:
-    tracked = _from_tracked_stats(log)
-    if tracked is not None:
-        return tracked
-    blocks = _from_blocks(log)
-    if blocks is not None:
-        return blocks
-    return StepTimes(np.zeros(0), "none", "no tracked step times and no block events with sizes")
-
-
-def _from_tracked_stats(log: RunLog) -> StepTimes | None:
-    recs = []
-    start, stop = log.run_start_ms, log.run_stop
-    for e in log.events:
-        if e.key != "tracked_stats" or not isinstance(e.value, dict):
-            continue
-        if start is not None and e.time_ms < start:
-            continue  # warm-up steps before run_start are not part of the timed run
-        if stop is not None and e.time_ms > stop.time_ms:
-            continue
-        t = next((e.value[k] for k in STEP_TIME_KEYS if isinstance(e.value.get(k), int | float)), None)
-        if t is None:
-            continue
-        step = float(e.metadata.get("step", math.nan))
-        # NVIDIA also logs a per-block summary (mean step time, throughput) with step 0: a step counter
-        # that goes backwards marks such a summary, not a step.
-        last = next((r[0] for r in reversed(recs) if math.isfinite(r[0])), None)
-        if last is not None and math.isfinite(step) and step <= last:
-            continue
-        recs.append((step, float(t), e.time_ms, e.value))
-    # NVIDIA v5.1 logs block summaries without a step: where steps are logged, keep only those records.
-    if any(math.isfinite(r[0]) for r in recs):
-        recs = [r for r in recs if math.isfinite(r[0])]
-    if not recs:
-        return None
-    steps = np.array([r[0] for r in recs])
-    secs = np.array([r[1] for r in recs])
-    times = np.array([r[2] for r in recs])
-    # What does metadata.step count? NVIDIA v5.0 llama: samples; NVIDIA gpt3: tokens; ours and NVIDIA
-    # v5.1: optimizer steps. Decide from the increments between records.
-    unit, per = "steps", 1.0
-    gbs, seq = log.gbs, log.seq_len or 1
-    if len(steps) > 1 and np.all(np.isfinite(steps)):
-        inc = np.diff(steps)
-        inc = inc[inc > 0]
-        if len(inc) and gbs and gbs > 1:
-            d = float(np.median(inc))
-            if np.allclose(inc % (gbs * seq), 0) and d >= gbs * seq and seq > 1:
-                unit, per = "tokens", float(gbs * seq)
-            elif np.allclose(inc % gbs, 0) and d >= gbs:
-                unit, per = "samples", float(gbs)
-    idx = steps / per
-    note = f"tracked_stats; metadata step counts {unit}"
-    # Does one record's time cover one step or all the steps since the previous record? Compare with
-    # the wall-clock gap between records.
-    if len(idx) > 2:
-        k = np.diff(idx)
-        gap = np.diff(times) / 1000
-        multi = k > 1.5
-        if multi.any():
-            ratio = np.median(gap[multi] / secs[1:][multi])
-            kk = np.median(k[multi])
-            if abs(ratio - 1) < abs(ratio - kk):  # the time covers the whole interval
-                secs = secs.copy()
-                secs[1:][multi] = secs[1:][multi] / k[multi]
-                note += f"; each record covers {kk:g} steps, divided"
-            else:
-                note += f"; logged every {kk:g} steps, times are per step"
-    tps = [float(r[3]["tokens_per_s"]) for r in recs if isinstance(r[3].get("tokens_per_s"), int | float)]
-    tfl = [float(r[3]["tflops_per_device"]) for r in recs
-           if isinstance(r[3].get("tflops_per_device"), int | float)]
-    return StepTimes(secs, "tracked_stats", note, idx, tps, tfl)
-
-
-def _from_blocks(log: RunLog) -> StepTimes | None:
-    """Mean step time per block (block_start..block_stop), for logs without per-step statistics."""
-    gbs = log.gbs
-    if not gbs:
-        return None
-    evals = sorted(
-        float(e.metadata.get("samples_count", e.metadata.get("epoch_num")))
-        for e in log.events
-        if e.key == "eval_accuracy" and e.metadata.get("samples_count", e.metadata.get("epoch_num")) is not None
-    )
-    out: list[float] = []
-    open_start: Event | None = None
-    for e in log.events:
-        if e.key in ("block_start", "epoch_start"):
-            open_start = e
-        elif e.key in ("block_stop", "epoch_stop") and open_start is not None:
-            md = open_start.metadata
-            size = md.get("epoch_count")
-            first = md.get("first_epoch_num", md.get("samples_count"))
-            if size is None and first is not None:
-                nxt = [c for c in evals if c > float(first)]
-                size = nxt[0] - float(first) if nxt else None
-            if size:
-                n_steps = log.count_to_samples(float(size)) / gbs
-                dur = (e.time_ms - open_start.time_ms) / 1000
-                if n_steps >= 1 and dur > 0:
-                    out.extend([dur / n_steps] * round(n_steps))
-            open_start = None
-    if not out:
-        return None
-    return StepTimes(np.array(out), "blocks", "block events: block duration / steps in the block (mean per block)")

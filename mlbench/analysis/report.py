@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +15,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: reports are written on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
 from mlbench.errors import UserError  # noqa: E402
 
@@ -101,100 +103,41 @@ def render_markdown(rep: Report, path: Path) -> str:
     return "\n".join(out)
 
 
-def _write(path: Path, text: str) -> None:
+def check_output(path: Path | None, option: str) -> None:
+    """Refuse a report path that cannot be written, before any work: its folder must exist (it is not created)
+    and take a file, and the path must not be a folder."""
+    if path is None:
+        return
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: folder {folder} does not exist (create it first)")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".probe"):
+            pass
     except OSError as e:
+        raise UserError(f"{option} {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomically: a reader sees the old report or the new one, never half of one."""
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                         delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)
+    except OSError as e:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(f.name)
         raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
 
 
-# --- comparison -----------------------------------------------------------------------------------
-
-def comparison_report(cmp) -> Report:
-    rep = Report("mlbench compare")
-    rep.h("Side by side")
-    rows = cmp.rows()
-    rep.table([""] + [e.label for e in cmp.entries], [[name, *cells] for name, cells in rows])
-    rep.p("Time to train: the MLPerf score (olympic mean x RCP factor) for a scored set, the run's own "
-          "time for a single run, the headline number for a published row. Jitter: (p90 - p10) / median "
-          "of the per-step times. Per-device throughput: global batch x sequence length / median step "
-          "time / devices.")
-    diff = cmp.differing_hyperparams()
-    rep.h("Hyperparameters and layout that differ")
-    if diff:
-        labels = [e.label for e in cmp.entries if e.runs]
-        rep.table(["key", *labels], [[k, *["-" if v is None else str(v) for v in vals]] for k, vals in diff.items()])
-    else:
-        rep.p("No differences among the logged hyperparameters.")
-    rep.h("Plots")
-    fig = _convergence_plot(cmp)
-    if fig is not None:
-        rep.img("convergence", fig, "eval accuracy against samples and minutes since run_start")
-    fig = _step_time_plot(cmp)
-    if fig is not None:
-        rep.img("step_times", fig, "distribution of per-step times")
-    if cmp.notes:
-        rep.h("Notes")
-        rep.ul(cmp.notes)
-    return rep
+def write_html(rep: Report, path: Path) -> None:
+    _write(Path(path), render_html(rep))
 
 
-def _convergence_plot(cmp):
-    series = [(e, r) for e in cmp.entries for r in e.runs if r.evals]
-    if not series:
-        return None
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, e in enumerate(cmp.entries):
-        for j, r in enumerate(x for x in e.runs if x.evals):
-            ev = np.array(r.evals)
-            kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
-                  "label": e.label if j == 0 else None}
-            a.plot(ev[:, 0], ev[:, 1], **kw)
-            b.plot(ev[:, 2], ev[:, 1], **kw)
-    a.set_xlabel("samples")
-    b.set_xlabel("minutes since run_start")
-    for ax in (a, b):
-        ax.set_ylabel("eval_accuracy")
-        ax.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    fig.suptitle("Convergence (each line one run)")
-    return fig
-
-
-def _step_time_plot(cmp):
-    data = [(e.label, e.step_seconds) for e in cmp.entries if len(e.step_seconds)]
-    if not data:
-        return None
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
-    ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
-    ax.set_xticks(range(1, len(data) + 1), [lbl.replace("/", "/\n") for lbl, _ in data], fontsize=7)
-    ax.set_ylabel("seconds per step")
-    ax.grid(alpha=0.3, axis="y")
-    ax.set_title("Step-time distribution (box: quartiles, whiskers: p1-p99)")
-    return fig
-
-
-def write_html(cmp, path: Path) -> None:
-    _write(Path(path), render_html(comparison_report(cmp)))
-
-
-def write_markdown(cmp, path: Path) -> None:
+def write_markdown(rep: Report, path: Path) -> None:
     path = Path(path)
-    _write(path, render_markdown(comparison_report(cmp), path))
-
-
-# --- scaling --------------------------------------------------------------------------------------
-
-def write_scaling_html(sc, path: Path) -> None:
-    from mlbench.analysis.scaling import scaling_report
-
-    _write(Path(path), render_html(scaling_report(sc)))
-
-
-def write_scaling_markdown(sc, path: Path) -> None:
-    from mlbench.analysis.scaling import scaling_report
-
-    path = Path(path)
-    _write(path, render_markdown(scaling_report(sc), path))
+    _write(path, render_markdown(rep, path))

@@ -6,14 +6,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
-from mlperf_logging.result_summarizer import result_summarizer as summarizer
 from rich.console import Console
 from rich.table import Table
 
+from mlbench import mlperf_tools
 from mlbench.analysis.logs import ResultSet, find_sets
-from mlbench.analysis.report import Report
+from mlbench.analysis.report import Report, plt
 from mlbench.errors import UserError
 
 DEFINITIONS = [
@@ -80,7 +79,7 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
             notes.append(f"{rs.label}/{r.name}: {p}")
     times = [r.ttt_min for r in ok]
     if len(times) >= 3:
-        ttt = summarizer._compute_olympic_average(list(times), 0, 1)
+        ttt = mlperf_tools.olympic_average(times, 0, 1)
     elif times:
         ttt = float(np.mean(times))
         notes.append(f"{rs.label}: {len(times)} successful run(s), time to train is their plain mean")

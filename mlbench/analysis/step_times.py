@@ -1,0 +1,154 @@
+"""Seconds per optimizer step from a log: tracked per-step statistics where logged, else block events.
+
+Also the one set of step-time statistics (median, p90, p99, jitter) every report shows.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Step-time keys in tracked_stats, one place for every variant seen in published logs:
+# ours and NVIDIA llama: "train_step_time"; NVIDIA gpt3 (NeMo 24.09): "train_step_timing in s".
+STEP_TIME_KEYS = ("train_step_time", "train_step_timing in s")
+NO_STATS = {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
+
+
+def step_stats(seconds: np.ndarray) -> dict[str, float | None]:
+    """Median, p90, p99, mean and jitter of per-step times. Jitter: the spread of step times, as the p90-p10
+    range relative to the median."""
+    if len(seconds) == 0:
+        return dict(NO_STATS)
+    p10, med, p90, p99 = np.percentile(seconds, [10, 50, 90, 99])
+    return {"median": float(med), "p90": float(p90), "p99": float(p99),
+            "jitter": float((p90 - p10) / med) if med > 0 else None, "mean": float(np.mean(seconds))}
+
+
+@dataclass
+class StepTimes:
+    """Seconds per optimizer step, one entry per step (block-derived entries repeat the block mean)."""
+
+    seconds: np.ndarray
+    source: str  # "tracked_stats", "blocks" or "none"
+    note: str = ""
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tokens_per_s: list[float] = field(default_factory=list)
+    tflops_per_device: list[float] = field(default_factory=list)
+
+    def stats(self) -> dict[str, float | None]:
+        return step_stats(self.seconds)
+
+
+@dataclass
+class Tracked:
+    """The tracked_stats records of a log as read, in compact arrays (8 bytes a number; NaN where absent)."""
+
+    step: array = field(default_factory=lambda: array("d"))
+    seconds: array = field(default_factory=lambda: array("d"))
+    time_ms: array = field(default_factory=lambda: array("d"))
+    tokens_per_s: array = field(default_factory=lambda: array("d"))
+    tflops: array = field(default_factory=lambda: array("d"))
+
+    def add(self, step: float, seconds: float, time_ms: float, tokens_per_s: float, tflops: float) -> None:
+        for a, v in ((self.step, step), (self.seconds, seconds), (self.time_ms, time_ms),
+                     (self.tokens_per_s, tokens_per_s), (self.tflops, tflops)):
+            a.append(v)
+
+
+@dataclass
+class Block:
+    start_ms: float
+    stop_ms: float
+    size: float | None  # epoch_count: samples (tokens for gpt3) in the block
+    first: float | None  # first_epoch_num / samples_count at the block's start
+
+
+def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs: int | None,
+                 seq: int | None) -> StepTimes | None:
+    """Per-step times from tracked_stats records inside the timed region (run_start..run_stop)."""
+    step, secs, times = (np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0)
+                         for a in (t.step, t.seconds, t.time_ms))
+    keep = np.ones(len(secs), dtype=bool)
+    if start_ms is not None:
+        keep &= times >= start_ms  # warm-up steps before run_start are not part of the timed run
+    if stop_ms is not None:
+        keep &= times <= stop_ms
+    # NVIDIA also logs a per-block summary (mean step time, throughput) with step 0: a step counter that goes
+    # backwards marks such a summary, not a step.
+    last = math.nan
+    for i in np.flatnonzero(keep):
+        s = step[i]
+        if math.isfinite(s):
+            if math.isfinite(last) and s <= last:
+                keep[i] = False
+            else:
+                last = s
+    # NVIDIA v5.1 logs block summaries without a step: where steps are logged, keep only those records.
+    if np.isfinite(step[keep]).any():
+        keep &= np.isfinite(step)
+    if not keep.any():
+        return None
+    steps, secs, times = step[keep], secs[keep].copy(), times[keep]
+    # What does metadata.step count? NVIDIA v5.0 llama: samples; NVIDIA gpt3: tokens; ours and NVIDIA
+    # v5.1: optimizer steps. Decide from the increments between records.
+    unit, per = "steps", 1.0
+    seq = seq or 1
+    if len(steps) > 1 and np.all(np.isfinite(steps)):
+        inc = np.diff(steps)
+        inc = inc[inc > 0]
+        if len(inc) and gbs and gbs > 1:
+            d = float(np.median(inc))
+            if np.allclose(inc % (gbs * seq), 0) and d >= gbs * seq and seq > 1:
+                unit, per = "tokens", float(gbs * seq)
+            elif np.allclose(inc % gbs, 0) and d >= gbs:
+                unit, per = "samples", float(gbs)
+    idx = steps / per
+    note = f"tracked_stats; metadata step counts {unit}"
+    # Does one record's time cover one step or all the steps since the previous record? Compare with the
+    # wall-clock gap between records.
+    if len(idx) > 2:
+        k = np.diff(idx)
+        gap = np.diff(times) / 1000
+        multi = k > 1.5
+        if multi.any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.median(gap[multi] / secs[1:][multi])
+            kk = np.median(k[multi])
+            if abs(ratio - 1) < abs(ratio - kk):  # the time covers the whole interval
+                secs[1:][multi] = secs[1:][multi] / k[multi]
+                note += f"; each record covers {kk:g} steps, divided"
+            else:
+                note += f"; logged every {kk:g} steps, times are per step"
+    tps = np.frombuffer(t.tokens_per_s, dtype=np.float64)[keep] if len(t.tokens_per_s) else np.zeros(0)
+    tfl = np.frombuffer(t.tflops, dtype=np.float64)[keep] if len(t.tflops) else np.zeros(0)
+    return StepTimes(secs, "tracked_stats", note, idx, tps[np.isfinite(tps)].tolist(),
+                     tfl[np.isfinite(tfl)].tolist())
+
+
+def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
+                samples_per_count: float) -> StepTimes | None:
+    """Mean step time per block (block_start..block_stop), for logs without per-step statistics."""
+    if not gbs:
+        return None
+    evals = sorted(eval_counts)
+    out: list[float] = []
+    for b in blocks:
+        size = b.size
+        if size is None and b.first is not None:
+            nxt = [c for c in evals if c > b.first]
+            size = nxt[0] - b.first if nxt else None
+        if size:
+            n_steps = size * samples_per_count / gbs
+            dur = (b.stop_ms - b.start_ms) / 1000
+            if n_steps >= 1 and dur > 0:
+                out.extend([dur / n_steps] * round(n_steps))
+    if not out:
+        return None
+    return StepTimes(np.array(out), "blocks", "block events: block duration / steps in the block (mean per block)")
+
+
+def none() -> StepTimes:
+    return StepTimes(np.zeros(0), "none", "no tracked step times and no block events with sizes")

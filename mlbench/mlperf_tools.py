@@ -1,0 +1,197 @@
+"""The one place mlbench reaches into mlperf-logging's internals.
+
+MLCommons' tools (the compliance checker, the RCP checker, the result summarizer) offer command lines, not a
+library: scoring exactly as they score means calling their private functions (`_compute_olympic_average`,
+`RCP_Checker._find_rcp`, ...). Every such call is here, behind a function of ours, and the package is pinned
+to the version this was written against (pyproject.toml). An upgrade that renames or drops one of them fails
+with `ToolsChanged` naming the call, and tests/test_mlperf_tools.py checks each call's result on known input.
+
+The compliance checker itself is run as a command (`checker_command`), never in-process: it keeps state at
+module level (`mlp_compliance.enqueued_configs`, left full when a rules file crashes it) and holds the whole
+log in memory (1.8 GB for a 250 MB log), which a process of its own gives back when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import sys
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mlperf_logging import benchmark_meta
+from mlperf_logging.compliance_checker import mlp_compliance
+from mlperf_logging.rcp_checker import rcp_checker
+from mlperf_logging.result_summarizer import result_summarizer
+
+PINNED = "4.1.68"  # the version every call here was written against; pyproject.toml pins it
+USAGE = "training"
+_PKG = Path(mlp_compliance.__file__).parent
+
+
+class ToolsChanged(RuntimeError):
+    """The installed mlperf-logging no longer has an internal mlbench calls."""
+
+
+def _internal(owner: Any, name: str, where: str) -> Any:
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise ToolsChanged(f"mlperf-logging {installed_version()} has no {where}.{name}, which mlbench calls "
+                           f"(written against {PINNED}): update mlbench/mlperf_tools.py") from None
+
+
+def installed_version() -> str:
+    try:
+        return metadata.version("mlperf-logging")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def quiet():
+    """The official tools log to the root logger and warn through numpy; keep that out of our output."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+# --- rulesets and run counts ---------------------------------------------------------------------------------
+
+def rulesets() -> list[str]:
+    """Training rulesets the installed checker knows, oldest first."""
+    found = [d.name.split("_", 1)[1] for d in _PKG.glob(f"{USAGE}_*") if re.fullmatch(r"\d+\.\d+\.\d+", d.name[9:])]
+    return sorted(found, key=lambda r: tuple(int(x) for x in r.split(".")))
+
+
+def rulesets_with(benchmark: str | None) -> list[str]:
+    """Rulesets whose closed rules file for BENCHMARK exists in the installed package, oldest first."""
+    return [r for r in rulesets() if benchmark and (_PKG / f"{USAGE}_{r}" / f"closed_{benchmark}.yaml").exists()]
+
+
+def required_runs(benchmark: str | None) -> int | None:
+    """How many result files MLCommons requires for BENCHMARK (None for one it does not know)."""
+    return benchmark_meta.get_result_file_counts(USAGE).get(benchmark) if benchmark else None
+
+
+# --- the compliance checker, as a command ---------------------------------------------------------------------
+
+def checker_command(path: Path, ruleset: str, config: Path | None, log_output: Path, quiet_: bool = False) -> list[str]:
+    """`python -m mlperf_logging.compliance_checker` on one file (config: a rules file of our own)."""
+    return [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", USAGE, "--ruleset", ruleset,
+            str(Path(path).resolve()), "--log_output", str(log_output),
+            *(["--config", str(config)] if config else []), *(["--quiet"] if quiet_ else [])]
+
+
+# --- the result summarizer's private functions ----------------------------------------------------------------
+
+def olympic_average(times: list[float], dropped: int, max_dropped: int) -> float | None:
+    """result_summarizer._compute_olympic_average: drop the fastest and slowest (less those already dropped)."""
+    f = _internal(result_summarizer, "_compute_olympic_average", "result_summarizer")
+    return f(list(times), dropped, max_dropped)
+
+
+def scaling_factor(folder: Path) -> float | None:
+    """result_summarizer._get_scaling_factor: the review's factor from FOLDER/scaling.json (None: no file).
+    ValueError naming the file when it does not hold a finite positive number."""
+    path = Path(folder) / "scaling.json"
+    if not path.is_file():
+        return None
+    f = _internal(result_summarizer, "_get_scaling_factor", "result_summarizer")
+    try:
+        v = f(str(folder))
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise ValueError(f"{path}: no scaling_factor in it ({type(e).__name__}: {e})") from None
+    if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v < float("inf")):
+        raise ValueError(f"{path}: scaling_factor is {v!r}, expected a finite positive number")
+    return float(v)
+
+
+def max_dropped(benchmark: str | None) -> int:
+    return 4 if benchmark == "unet3d" else 1  # as in result_summarizer._compute_strong_score_standalone
+
+
+# --- the RCP checker ------------------------------------------------------------------------------------------
+
+def rcp_check_directory(folder: Path, ruleset: str) -> tuple[bool, str, float]:
+    """rcp_checker.check_directory with the summarizer's arguments: (pass, message, normalisation factor)."""
+    with quiet():
+        return rcp_checker.check_directory(str(folder), USAGE, ruleset, False, False, rcp_file=None,
+                                           rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+
+
+def read_convergence(path: Path, ruleset: str) -> tuple[bool, float, int]:
+    """rcp_checker.read_submission_file: (converged, samples or epochs to converge (1e9 if not), global batch)."""
+    f = _internal(rcp_checker, "read_submission_file", "rcp_checker")
+    with quiet():
+        not_converged, epochs, bs, _ = f(str(path), ruleset, False)
+    return not bool(not_converged), epochs, bs
+
+
+class Rcp:
+    """The RCP checker's references for one benchmark and ruleset, through its private look-ups.
+    ValueError when the ruleset holds no RCPs for the benchmark."""
+
+    PASS = "pruned_rcps"  # the summarizer's pass: RCPs that converge in more samples than a larger batch's dropped
+
+    def __init__(self, benchmark: str, ruleset: str):
+        try:
+            with quiet():
+                self._c = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
+        except Exception as e:  # the checker raises bare Exception / KeyError / OSError for "none here"
+            raise ValueError(f"no RCPs for {benchmark} in training {ruleset} ({type(e).__name__})") from None
+
+    def _call(self, name: str, *args: Any) -> Any:
+        with quiet():
+            return _internal(self._c, name, "RCP_Checker")(*args)
+
+    def batch_sizes(self, pruned: bool = True) -> list[int]:
+        data = _internal(self._c, "pruned_rcp_data" if pruned else "rcp_data", "RCP_Checker")
+        return sorted(r["BS"] for r in data.values())
+
+    def at(self, bs: int) -> dict | None:
+        return self._call("_find_rcp", bs, self.PASS)
+
+    def below(self, bs: int) -> dict | None:
+        """The largest RCP below BS."""
+        return self._call("_find_top_min_rcp", bs, self.PASS)
+
+    def above(self, bs: int) -> dict | None:
+        """The smallest RCP above BS."""
+        return self._call("_find_bottom_max_rcp", bs, self.PASS)
+
+    def smallest(self) -> dict | None:
+        return self._call("_find_min_rcp", self.PASS)
+
+    def interpolated(self, bs: int, lo: dict, hi: dict) -> dict:
+        return self._call("_create_interp_rcp", bs, lo, hi)[1]
+
+    def judge(self, record: dict, epochs: list[float]) -> tuple[bool, float]:
+        """(pass, normalisation factor) of a set's convergence points against one RCP record."""
+        return self._call("_eval_submission_record", record, epochs, "")
+
+    def dispatch(self, bs: int, epochs: list[float]) -> tuple[bool, str, float]:
+        """check_directory's choice of reference and its verdict, for our own list of convergence points."""
+        rec = self.at(bs)
+        if rec is not None:
+            ok, f = self.judge(rec, epochs)
+            return ok, "RCP found", f
+        lo, hi = self.below(bs), self.above(bs)
+        if lo is not None and hi is not None:
+            ok, f = self.judge(self.interpolated(bs, lo, hi), epochs)
+            return ok, "RCP Interpolation", f
+        if lo is not None:
+            return False, f"Missing RCP, please submit RCP with BS = {bs}", 1.0
+        if hi is not None:
+            ok, f = self.judge(self.smallest(), epochs)
+            return ok, ("RCP not found but slower convergence on smaller batch size" if ok
+                        else f"Missing RCP, please submit RCP with BS = {bs}"), f
+        return False, "Cannot find any RCPs", 1.0
