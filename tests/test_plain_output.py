@@ -1,0 +1,32 @@
+"""Output without a terminal (CI logs, `| tee`, SLURM output files) is plain full lines: a progress line is never
+split at 80 columns, mid-word. The CLI's own console, in a process whose stdout is a pipe and no COLUMNS set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+SHOW_PROGRESS = """
+from mlbench.cli import console
+from mlbench.progress import Progress
+
+with Progress("gpt3 (tiny) run 1/1, seed 3", console) as p:
+    p.on_events([{"event": "start", "budget": 300, "target": 1.04, "metric": "log_perplexity", "direction": "min"},
+                 {"event": "step", "step": 120, "loss": 1.0569, "tokens_per_s": 27362, "tflops_per_device": 0.01},
+                 {"event": "eval", "step": 120, "value": 1.0368}])
+console.print("target reached: log_perplexity 1.0368 (target <= 1.04); time-to-train 7.4 s (0.124 min); "
+              "compliance (ok); /a/long/results/path/ci/gpt3/result_0.txt")
+"""
+
+
+def test_progress_lines_are_not_wrapped_without_a_terminal() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    out = subprocess.run([sys.executable, "-c", SHOW_PROGRESS], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == [
+        "step 120/300  loss 1.0569  27,362 tokens/s  eval log_perplexity 1.0368 (target <= 1.04)",
+        "target reached: log_perplexity 1.0368 (target <= 1.04); time-to-train 7.4 s (0.124 min); compliance (ok); "
+        "/a/long/results/path/ci/gpt3/result_0.txt",
+    ], out.stdout
