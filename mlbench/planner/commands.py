@@ -1,0 +1,220 @@
+"""`mlbench plan`: predictions for a layout on a device, the best layouts at a device count, a scaling curve."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from mlbench.cli_options import layout_options
+from mlbench.preflight import LayoutRequest
+
+_LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "micro_batch_size")
+
+
+class _NodeCounts(click.ParamType):
+    """--nodes N, or N1,N2,... for a predicted scaling curve."""
+
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            counts = tuple(int(v) for v in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r}: give a node count or a comma-separated list of them (8,16,32)", param, ctx)
+        if any(n < 1 for n in counts):
+            self.fail(f"{value!r}: node counts must be at least 1", param, ctx)
+        return counts
+
+
+@click.command()
+@click.argument("name")
+@click.option("--device", "device_name", required=True,
+              help="a100, h100, h200, b200, gb200, gb300 (datasheet figures) or cpu (measured here).")
+@click.option("--tiny", is_flag=True, help="The tiny variant (with --device cpu: what `mlbench run --tiny` trains).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@layout_options
+def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutRequest) -> None:
+    """Predicted memory, step time, throughput, MFU and time-to-train of BENCH on a device: for the layout given,
+    or, with no --tp/--pp/--vp/--cp/--mbs, the best layouts for --nodes x --nproc-per-node; --nodes 8,16,32
+    predicts a scaling curve."""
+    from mlbench import registry
+    from mlbench.planner import devices
+    from mlbench.planner import plan as planner
+
+    device = devices.get(device_name)
+    bench = registry.load(name, tiny=tiny)
+    precision = layout.precision or ("fp32" if device.name == "cpu" else bench.train.precision)
+    device.peak_flops(precision)  # a precision the device lacks: one line, exit 2
+    layout = dataclasses.replace(layout, precision=precision)
+    counts = layout.nodes
+    given = any(getattr(layout, k) is not None for k in _LAYOUT_KEYS)
+    out: dict
+    if len(counts) > 1:
+        points = [_best_or_given(bench, device, dataclasses.replace(layout, nodes=n), given)[0] for n in counts]
+        eff = planner.scaling_efficiencies(points)
+        out = {"benchmark": bench.name, "device": device.name, "scaling": [p | e for p, e in zip(points, eff,
+                                                                                                   strict=True)]}
+    elif given:
+        out = planner.evaluate(bench, _resolve(bench, dataclasses.replace(layout, nodes=counts[0])), device)
+    else:
+        results, stats = _best_or_given(bench, device, dataclasses.replace(layout, nodes=counts[0]), False, all_=True)
+        out = {"benchmark": bench.name, "device": device.name, "search": stats,
+               "layouts": results[:planner.TOP]}
+    if as_json:
+        click.echo(json.dumps(_strict(out), allow_nan=False))
+        return
+    console = Console(highlight=False)
+    if "scaling" in out:
+        _print_scaling(console, out)
+    elif "layouts" in out:
+        _print_search(console, out)
+    else:
+        _print_one(console, out)
+
+
+# The shared options, widened where plan goes beyond run: a list of node counts (a scaling curve), and nvfp4 (a
+# precision plan predicts for Blackwell but run does not train in) and fp32 (the CPU).
+for _param in plan.params:
+    if _param.name == "nodes":
+        _param.type = _NodeCounts()
+    elif _param.name == "precision":
+        _param.type = click.Choice(["bf16", "fp8", "nvfp4", "fp32"])
+
+
+def _resolve(bench, req: LayoutRequest):
+    from mlbench.preflight import resolve_layout
+
+    return resolve_layout(bench, req)
+
+
+def _best_or_given(bench, device, req: LayoutRequest, given: bool, all_: bool = False):
+    from mlbench.planner import plan as planner
+
+    if given:
+        return [planner.evaluate(bench, _resolve(bench, req), device)], {}
+
+    def resolve(tp, pp, vp, cp, mbs, gbs):
+        return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch_size=mbs,
+                                                   global_batch_size=gbs))
+
+    closed = _closed_rules(bench) if bench.variant == "full" else None
+    results, stats = planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve,
+                                    closed)
+    return results, stats
+
+
+def _closed_rules(bench):
+    """Why the benchmark's closed rules reject a global batch (its hyperparameters there), or None."""
+    from mlbench import compliance
+    from mlbench.dry_run import closed_rule_problems
+    from mlbench.layout import resolve
+
+    def check(gbs: int) -> str | None:
+        layout = resolve(bench, 1, 1, 1, 1, 1, 1, None, gbs)  # the hyperparameters depend on the batch only
+        problems = closed_rule_problems(bench, layout, "plan")
+        return "; ".join(compliance.summary(p) for p in problems) or None
+
+    return check
+
+
+def _strict(v):
+    """JSON without NaN or infinity (strict JSON): such numbers become null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_strict(x) for x in v]
+    return v
+
+
+def _features_text(ly: dict) -> str:
+    f = ly["features"]
+    on = [k.replace("_", "-") for k in ("distributed_optimizer", "sequence_parallel", "overlap_grad_reduce",
+                                        "overlap_param_gather") if f[k]]
+    return f"features: {', '.join(on) or 'none'}; recompute {f['recompute']}"
+
+
+def _layout_text(ly: dict, features: bool = True) -> str:
+    text = (f"{ly['nodes']}x{ly['nproc_per_node']} tp{ly['tp']} pp{ly['pp']} vp{ly['vp']} cp{ly['cp']} "
+            f"dp{ly['dp']} mbs{ly['micro_batch_size']} gbs{ly['global_batch_size']} {ly['precision']}")
+    return text + (f" ({_features_text(ly)})" if features else "")
+
+
+def _memory_line(r: dict) -> str:
+    from mlbench.planner.plan import fmt_bytes
+
+    mem = r["memory"]
+    if mem is None:
+        return f"memory plan: not available (device memory {fmt_bytes(r['device_memory_bytes'])})"
+    parts = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in mem.items() if k.endswith("_bytes"))
+    verdict = "fits" if r["fits"] else "does NOT fit"
+    return f"memory per device: {parts}; {verdict} in {fmt_bytes(r['device_memory_bytes'])}"
+
+
+def _print_one(console: Console, r: dict) -> None:
+    console.print(f"[bold]{r['benchmark']}[/] on {r['device']}: {_layout_text(r['layout'])}")
+    console.print(_memory_line(r))
+    t = Table(title="step time, term by term (seconds per optimizer step)", title_justify="left")
+    t.add_column("term")
+    t.add_column("s", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in r["step_terms_s"].items():
+        t.add_row(k, f"{v:.4g}", f"{v / r['step_time_s']:.1%}")
+    t.add_row("[bold]step_time_s[/]", f"{r['step_time_s']:.4g}", "100%")
+    console.print(t)
+    console.print(f"tokens_per_s_per_device {r['tokens_per_s_per_device']:,.1f}   model_tflops_per_device "
+                  f"{r['model_tflops_per_device']:,.1f}   mfu {r['mfu']:.1%} ({r['mfu_basis']})")
+    ttt = r["time_to_train"]
+    if ttt:
+        console.print(f"time_to_train_min {r['time_to_train_min']:,.1f}: {ttt['steps']} steps "
+                      f"({ttt['samples_to_converge']:,.0f} samples to converge, {ttt['rcp']}) and "
+                      f"{ttt['evaluations']} evaluations ({ttt['eval_s']:,.0f} s)")
+
+
+def _print_search(console: Console, out: dict) -> None:
+    from mlbench.planner.plan import fmt_bytes, why_between
+
+    s = out["search"]
+    console.print(f"[bold]{out['benchmark']}[/] on {out['device']}: {s['candidates']} candidate layouts, "
+                  f"{s['invalid']} do not divide, {s['closed_rules']} break the closed rules, {s['does_not_fit']} do "
+                  f"not fit; best {len(out['layouts'])} by predicted time-to-train "
+                  f"({_features_text(out['layouts'][0]['layout'])}):")
+    t = Table(title_justify="left")
+    for h in ("#", "layout", "step s", "TTT min", "MFU", "bubble", "comm", "memory", "vs best"):
+        t.add_column(h, justify="left" if h in ("layout", "vs best") else "right", overflow="fold")
+    best = out["layouts"][0]
+    for i, r in enumerate(out["layouts"], 1):
+        terms = r["step_terms_s"]
+        comm = terms["tp_comm"] + terms["cp_comm"] + terms["dp_comm"]
+        ttt = f"{r['time_to_train_min']:,.1f}" if r["time_to_train_min"] is not None else "-"
+        mem = fmt_bytes(r["memory"]["total_bytes"]) if r["memory"] else "n/a"
+        t.add_row(str(i), _layout_text(r["layout"], features=False), f"{r['step_time_s']:.3g}", ttt, f"{r['mfu']:.1%}",
+                  f"{terms['pipeline_bubble'] / r['step_time_s']:.1%}", f"{comm / r['step_time_s']:.1%}", mem,
+                  why_between(best, r))
+    console.print(t)
+    if best["memory"] is None:
+        console.print("memory plan: not available (no layout was dropped for memory)")
+
+
+def _print_scaling(console: Console, out: dict) -> None:
+    console.print(f"[bold]{out['benchmark']}[/] on {out['device']}, predicted "
+                  f"({_features_text(out['scaling'][0]['layout'])}):")
+    t = Table(title_justify="left")
+    for h in ("devices", "layout", "step s", "tokens/s per device", "TTT min", "strong eff.", "weak eff."):
+        t.add_column(h, justify="left" if h == "layout" else "right", overflow="fold")
+    for p in out["scaling"]:
+        ttt = f"{p['time_to_train_min']:,.1f}" if p["time_to_train_min"] is not None else "-"
+        t.add_row(str(p["devices"]), _layout_text(p["layout"], features=False), f"{p['step_time_s']:.3g}",
+                  f"{p['tokens_per_s_per_device']:,.1f}", ttt, f"{p['strong_efficiency']:.3f}",
+                  f"{p['weak_efficiency']:.3f}")
+    console.print(t)
+    console.print("strong: T_base x N_base / (T_n x N_n), time-to-train (step time where there is none); weak: "
+                  "tokens/s per device at N / at the base (mlbench scaling's definitions)")

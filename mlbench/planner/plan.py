@@ -1,0 +1,183 @@
+"""A layout's predicted memory, step time, throughput, MFU and time-to-train on a device; the search for the best
+layout at a device count; a predicted scaling curve."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from mlbench import flops
+from mlbench.errors import UserError
+from mlbench.layout import Layout
+from mlbench.planner import step_time, time_to_train
+from mlbench.planner.devices import Device
+from mlbench.spec import Benchmark
+
+TOP = 10  # layouts printed by the search
+
+
+def memory_plan(bench: Benchmark, layout: Layout) -> dict | None:
+    """The per-GPU memory plan (mlbench.planner.memory) as a dict, or None where that module is not there."""
+    try:
+        from mlbench.planner import memory
+    except ImportError:
+        return None
+    return memory.estimate(bench, layout).as_dict()
+
+
+def evaluate(bench: Benchmark, layout: Layout, device: Device, with_memory: bool = True) -> dict:
+    """Every prediction for one layout on one device, as one JSON-ready dict."""
+    device.peak_flops(layout.precision)  # a precision the device lacks is bad input
+    m = bench.model
+    st = step_time.predict(m, layout, device)
+    step = st["step_time_s"]
+    gbs = layout.global_batch_size
+    model_flops = flops.flops_per_sample(m) * gbs / step / layout.world_size
+    ttt = time_to_train.predict(bench, gbs, step) if bench.variant == "full" else None
+    mem = memory_plan(bench, layout) if with_memory else None
+    total = mem["total_bytes"] if mem else None
+    return {
+        "benchmark": bench.name, "device": device.name, "layout": _layout_dict(layout),
+        "step_time_s": step, "step_terms_s": st["terms_s"],
+        "tokens_per_s_per_device": gbs * m.seq_length / step / layout.world_size,
+        "model_tflops_per_device": model_flops / 1e12,
+        "mfu": model_flops / device.peak_flops(layout.precision),
+        "mfu_basis": f"dense {layout.precision} peak, {device.peak_flops(layout.precision) / 1e12:g} TFLOP/s",
+        "time_to_train_min": ttt["time_to_train_min"] if ttt else None,
+        "time_to_train": ttt,
+        "memory": mem, "device_memory_bytes": device.memory_bytes,
+        "fits": (total <= device.memory_bytes) if total is not None else None,
+    }
+
+
+def _layout_dict(layout: Layout) -> dict:
+    d = layout.as_dict()
+    d["features"] = dataclasses.asdict(layout.features)
+    return d
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    mbs: int
+    gbs: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) -> list[Candidate]:
+    """Layouts worth predicting: tp inside an NVLink domain and dividing heads and key-value groups; pp and vp
+    splitting the layers; cp of 1, 2, 4, 8; micro-batches of 1, 2, 4; the global batch given, else the batches
+    the RCPs were measured at and the benchmark's own. layout.resolve checks each fully."""
+    m = bench.model
+    groups = m.num_query_groups or m.num_attention_heads
+    domain = max(device.nvlink_domain, 1)
+    tps = [t for t in (1, 2, 4, 8) if groups % t == 0 and t <= domain]
+    pps = [p for p in _divisors(world) if p <= m.num_layers and p <= 64]
+    batches = [gbs] if gbs else _batches(bench)
+    out = []
+    for tp in tps:
+        for pp in pps:
+            vps = [v for v in (1, 2, 3, 4, 6, 8, 12) if pp > 1 or v == 1]
+            for vp in vps:
+                for cp in (1, 2, 4, 8):
+                    if world % (tp * pp * cp):
+                        continue
+                    for mbs in (1, 2, 4):
+                        out += [Candidate(tp, pp, vp, cp, mbs, b) for b in batches]
+    return out
+
+
+def _batches(bench: Benchmark) -> list[int]:
+    if bench.variant != "full":
+        return [bench.train.global_batch_size]
+    return sorted({p.batch for p in time_to_train.rcp_points(bench)} | {bench.train.global_batch_size})
+
+
+def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gbs: int | None, resolve,
+           closed_rules_ok=None) -> tuple[list[dict], dict]:
+    """Every valid candidate layout predicted, those that do not fit dropped, best time-to-train first.
+    `resolve(tp, pp, vp, cp, mbs, gbs) -> Layout` applies the layout rules (raising UserError);
+    `closed_rules_ok(gbs) -> str | None` says why the closed rules reject a batch (None: they accept it)."""
+    world = nodes * nproc_per_node
+    seen: set = set()
+    results, counts = [], {"candidates": 0, "invalid": 0, "closed_rules": 0, "does_not_fit": 0}
+    rejected_batches: dict[int, str | None] = {}
+    for c in candidates(bench, world, device, gbs):
+        counts["candidates"] += 1
+        try:
+            layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs)
+        except UserError:
+            counts["invalid"] += 1
+            continue
+        key = (layout.tp, layout.pp, layout.vp, layout.cp, layout.micro_batch_size, layout.global_batch_size)
+        if key in seen:
+            continue
+        seen.add(key)
+        if closed_rules_ok is not None:
+            if c.gbs not in rejected_batches:
+                rejected_batches[c.gbs] = closed_rules_ok(c.gbs)
+            if rejected_batches[c.gbs]:
+                counts["closed_rules"] += 1
+                continue
+        r = evaluate(bench, layout, device)
+        if r["fits"] is False:
+            counts["does_not_fit"] += 1
+            continue
+        results.append(r)
+    if not results:
+        raise UserError(f"no layout of {bench.name} on {nodes} x {nproc_per_node} {device.name} passes the layout "
+                        f"rules{', the closed rules' if closed_rules_ok else ''} and fits in memory "
+                        f"({counts['candidates']} tried: {counts['invalid']} do not divide, "
+                        f"{counts['closed_rules']} break the closed rules, {counts['does_not_fit']} do not fit)")
+    key = "time_to_train_min" if results[0]["time_to_train_min"] is not None else "step_time_s"
+    results.sort(key=lambda r: r[key] if key == "time_to_train_min" else
+                 r["step_time_s"] / r["layout"]["global_batch_size"])
+    counts["rejected_batches"] = {str(b): why for b, why in rejected_batches.items() if why}
+    return results, counts
+
+
+def why_between(best: dict, other: dict) -> str:
+    """What separates a layout from the best one: the step terms that differ most (per sample), and memory."""
+    def per_sample(r: dict) -> dict:
+        terms = r["step_terms_s"]
+        return {"bubble": terms["pipeline_bubble"],
+                "communication": terms["tp_comm"] + terms["cp_comm"] + terms["dp_comm"],
+                "compute": terms["gemm"] + terms["attention"] + terms["elementwise"] + terms["recompute"],
+                "optimizer": terms["optimizer"]}
+    a, b = per_sample(best), per_sample(other)
+    na, nb = best["layout"]["global_batch_size"], other["layout"]["global_batch_size"]
+    diffs = {k: b[k] / nb - a[k] / na for k in a}
+    k = max(diffs, key=lambda k: abs(diffs[k]))
+    if other is best:
+        return "best"
+    sign = "more" if diffs[k] > 0 else "less"
+    text = f"{k} {sign} ({diffs[k] * 1e3:+.2f} ms/sample)"
+    if best["layout"]["global_batch_size"] != other["layout"]["global_batch_size"]:
+        text += f"; batch {other['layout']['global_batch_size']}"
+    return text
+
+
+def scaling_efficiencies(points: list[dict]) -> list[dict]:
+    """Strong (time-to-train x devices, against the first point) and weak (tokens/s per device, against the first
+    point) efficiency of predicted points, in the form `mlbench scaling` reports measured ones."""
+    base = points[0]
+    n0 = base["layout"]["world_size"]
+    out = []
+    for p in points:
+        n = p["layout"]["world_size"]
+        t0, t = base["time_to_train_min"], p["time_to_train_min"]
+        strong = t0 * n0 / (t * n) if t0 and t else base["step_time_s"] * n0 / (p["step_time_s"] * n)
+        weak = p["tokens_per_s_per_device"] / base["tokens_per_s_per_device"]
+        out.append({"devices": n, "strong_efficiency": strong, "weak_efficiency": weak})
+    return out
+
+
+def fmt_bytes(b: float | None) -> str:
+    return "-" if b is None or (isinstance(b, float) and math.isnan(b)) else f"{b / 1e9:,.1f} GB"
