@@ -121,6 +121,11 @@ def max_dropped(benchmark: str | None) -> int:
 
 # --- the RCP checker ------------------------------------------------------------------------------------------
 
+def rcp_file(benchmark: str, ruleset: str) -> Path:
+    """The RCP checker's data file for a benchmark and ruleset (its reference convergence points, raw)."""
+    return _PKG.parent / "rcp_checker" / f"{USAGE}_{ruleset}" / f"rcps_{benchmark}.json"
+
+
 def rcp_check_directory(folder: Path, ruleset: str) -> tuple[bool, str, float]:
     """rcp_checker.check_directory with the summarizer's arguments: (pass, message, normalisation factor)."""
     with quiet():

@@ -29,9 +29,9 @@ class RCPPoint:
 
 
 def _rcp_file(benchmark: str, ruleset: str) -> Path:
-    import mlperf_logging
+    from mlbench import mlperf_tools
 
-    return Path(mlperf_logging.__file__).parent / "rcp_checker" / f"training_{ruleset}" / f"rcps_{benchmark}.json"
+    return mlperf_tools.rcp_file(benchmark, ruleset)
 
 
 def rcp_points(bench: Benchmark) -> list[RCPPoint]:

@@ -1,0 +1,125 @@
+"""Each call mlbench makes into mlperf-logging's internals (mlbench/mlperf_tools.py), on known input.
+
+An upgrade of the pinned package that renames, drops or changes one of them fails here, naming the call.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlbench import mlperf_tools as tools
+
+
+def _log(path: Path, benchmark: str = "llama31_405b", gbs: int = 1152, samples: int = 46080,
+         status: str = "success", unit: str = "samples_count") -> Path:
+    t0 = 1_700_000_000_000
+    lines = [("submission_benchmark", benchmark, {}), ("global_batch_size", gbs, {}), ("run_start", None, {}),
+             ("eval_accuracy", 5.6, {unit: samples}), ("run_stop", None, {"status": status})]
+    path.write_text("".join(":::MLLOG " + json.dumps({"namespace": "", "time_ms": t0 + i, "event_type": "POINT_IN_TIME",
+                                                      "key": k, "value": v, "metadata": md}) + "\n"
+                            for i, (k, v, md) in enumerate(lines)))
+    return path
+
+
+def _gpt3() -> tools.Rcp:
+    return tools.Rcp("gpt3", "4.1.0")
+
+
+def test_result_summarizer_compute_olympic_average():
+    assert tools.olympic_average([5.0, 1.0, 3.0, 2.0, 4.0], 0, 1) == 3.0, \
+        "result_summarizer._compute_olympic_average changed: olympic mean of 1..5 is no longer 3"
+    assert tools.olympic_average([1.0, 2.0, 3.0], 1, 1) == 2.5, \
+        "result_summarizer._compute_olympic_average changed: with one run dropped, only the fastest is left out"
+
+
+def test_result_summarizer_get_scaling_factor(tmp_path):
+    assert tools.scaling_factor(tmp_path) is None
+    (tmp_path / "scaling.json").write_text('{"scaling_factor": 1.25}')
+    assert tools.scaling_factor(tmp_path) == 1.25, "result_summarizer._get_scaling_factor changed"
+    (tmp_path / "scaling.json").write_text('{"scaling_factor": NaN}')
+    with pytest.raises(ValueError, match="scaling.json: scaling_factor is nan"):
+        tools.scaling_factor(tmp_path)
+
+
+def test_rcp_checker_read_submission_file(tmp_path):
+    assert tools.read_convergence(_log(tmp_path / "result_0.txt"), "5.0.0") == (True, 46080, 1152), \
+        "rcp_checker.read_submission_file changed: (converged, samples, batch) of a plain log"
+    assert tools.read_convergence(_log(tmp_path / "result_1.txt", status="aborted"), "5.0.0")[:2] == (False, 1e9), \
+        "rcp_checker.read_submission_file changed: a non-converged run is no longer marked 1e9"
+
+
+def test_rcp_checker_check_directory(tmp_path):
+    for i in range(3):
+        _log(tmp_path / f"result_{i}.txt", gbs=4096, samples=1_200_000_000, benchmark="gpt3", unit="epoch_num")
+    ok, msg, factor = tools.rcp_check_directory(tmp_path, "4.1.0")
+    assert msg == "RCP found" and isinstance(ok, bool) and factor > 0, f"rcp_checker.check_directory changed: {msg}"
+
+
+def test_rcp_checker_rcp_data_and_pruned_rcp_data():
+    r = _gpt3()
+    assert r.batch_sizes(pruned=False) == [1536, 2048, 3072, 4096, 6144, 8192], "RCP_Checker.rcp_data changed"
+    assert r.batch_sizes() == [2048, 3072, 4096, 6144, 8192], "RCP_Checker.pruned_rcp_data changed"
+
+
+def test_rcp_checker_find_rcp():
+    r = _gpt3()
+    assert r.at(2048)["BS"] == 2048 and r.at(1536) is None, "RCP_Checker._find_rcp changed"
+
+
+def test_rcp_checker_find_top_min_rcp_and_find_bottom_max_rcp():
+    r = _gpt3()
+    assert r.below(3000)["BS"] == 2048, "RCP_Checker._find_top_min_rcp changed"
+    assert r.above(3000)["BS"] == 3072, "RCP_Checker._find_bottom_max_rcp changed"
+
+
+def test_rcp_checker_find_min_rcp():
+    assert _gpt3().smallest()["BS"] == 2048, "RCP_Checker._find_min_rcp changed"
+
+
+def test_rcp_checker_create_interp_rcp():
+    r = _gpt3()
+    lo, hi = r.below(3000), r.above(3000)
+    mid = r.interpolated(3000, lo, hi)
+    assert mid["BS"] == 3000, "RCP_Checker._create_interp_rcp changed"
+    assert min(lo["RCP Mean"], hi["RCP Mean"]) <= mid["RCP Mean"] <= max(lo["RCP Mean"], hi["RCP Mean"]), \
+        "RCP_Checker._create_interp_rcp changed: the interpolated mean is not between its neighbours"
+
+
+def test_rcp_checker_eval_submission_record():
+    r = _gpt3()
+    rec = r.at(2048)
+    assert r.judge(rec, [rec["RCP Mean"] * 1.1] * 3) == (True, 1.0), "RCP_Checker._eval_submission_record changed"
+    ok, factor = r.judge(rec, [rec["RCP Mean"] * 0.5] * 3)
+    assert not ok and factor == pytest.approx(2.0), "RCP_Checker._eval_submission_record changed (too-fast set)"
+
+
+def test_rcp_data_file():
+    assert json.loads(tools.rcp_file("gpt3", "4.1.0").read_text()), "rcp_checker's rcps_<benchmark>.json moved"
+
+
+def test_benchmark_meta_and_ruleset_folders():
+    assert tools.required_runs("gpt3") == 3 and tools.required_runs("llama31_405b") == 3, \
+        "benchmark_meta.get_result_file_counts changed"
+    assert {"4.1.0", "5.0.0", "5.1.0"} <= set(tools.rulesets()), "the checker's training_X.Y.Z folders changed"
+    assert "4.1.0" in tools.rulesets_with("gpt3"), "the checker's closed_<benchmark>.yaml files changed"
+
+
+def test_a_missing_internal_names_the_call(monkeypatch):
+    from mlperf_logging.result_summarizer import result_summarizer
+
+    monkeypatch.delattr(result_summarizer, "_compute_olympic_average")
+    with pytest.raises(tools.ToolsChanged, match=r"result_summarizer\._compute_olympic_average.*mlperf_tools\.py"):
+        tools.olympic_average([1.0, 2.0, 3.0], 0, 1)
+
+
+def test_only_the_adapter_reaches_into_mlperf_logging():
+    """Every mlperf_logging import outside the log writer lives in mlbench/mlperf_tools.py."""
+    root = Path(__file__).resolve().parents[1] / "mlbench"
+    allowed = {root / "mlperf_tools.py", root / "mlperf_log.py"}
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if p not in allowed
+                 and any(ln.lstrip().startswith(("from mlperf_logging", "import mlperf_logging"))
+                         and "mllog" not in ln for ln in p.read_text().splitlines())]
+    assert offenders == []
