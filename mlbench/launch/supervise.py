@@ -208,7 +208,8 @@ def supervise(
     stepping = saving = False
     try:
         while proc.poll() is None:
-            time.sleep(poll_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(poll_s)  # returns as soon as the command exits: no polling delay at the end
             new = tail.poll()
             if new:
                 last_progress = time.monotonic()

@@ -1,0 +1,69 @@
+"""Where a one-process run's start-up and teardown go, with and without torchrun: `python perf/launch_overhead.py
+[PAIRS]`.
+
+Alternates, PAIRS times, the tiny gpt3 run at one process started two ways under the same supervisor
+(mlbench.launch.supervise): the rank itself (what `mlbench run` does for one process) and a standalone torchrun
+with one worker (what it did before). For each run it prints, from the supervisor's clock and the rank's events:
+- start-up: from starting the command to the rank's `start` event (imports, model build, up to run_start);
+- teardown: from the rank's `stopped` event (run_stop written) to the supervisor having the exit status;
+- whole: start to end of the supervised command.
+Then the medians and what the direct start saves. Issue 19 measured torchrun's agent at ~1.5 s of start-up and
+its monitor at ~0.7 s of teardown on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mlbench import registry
+from mlbench.launch import torchrun
+from mlbench.launch.supervise import Command, supervise
+from mlbench.layout import resolve
+from mlbench.run_plan import RunPlan
+
+
+def _one(mode: str, root: Path, seed: int) -> dict[str, float]:
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench, 1, 1, None, None, None, None, None, None)
+    staging = Path(tempfile.mkdtemp(dir=root))
+    plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(staging), system="perf")
+    plan.save(staging / "plan.json")
+    env = dict(os.environ, MLBENCH_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    if mode == "direct":
+        cmd = torchrun.direct(staging / "plan.json", staging / "ranks", env)
+    else:
+        cmd = Command(torchrun.argv(staging / "plan.json", staging / "ranks", nodes=1, nproc_per_node=1), env,
+                      stdout=staging / "launcher.log")
+    t0 = time.time()
+    outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path)
+    t1 = time.time()
+    events = [json.loads(line) for line in plan.events_path.read_text().splitlines()]
+    start = next(e["time"] for e in events if e["event"] == "start")
+    stopped = next(e["time"] for e in events if e["event"] == "stopped")
+    assert outcome.status == "success", outcome.reason
+    return {"start-up": start - t0, "teardown": t1 - stopped, "whole": t1 - t0}
+
+
+def main(pairs: int) -> None:
+    rows: dict[str, list[dict[str, float]]] = {"direct": [], "torchrun": []}
+    with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as tmp:
+        for i in range(pairs):
+            for mode in (("direct", "torchrun") if i % 2 == 0 else ("torchrun", "direct")):
+                r = _one(mode, Path(tmp), seed=1)
+                rows[mode].append(r)
+                print(f"{mode:9s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in r.items()), flush=True)
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in rows.items()}
+    print(f"medians over {pairs} runs each:")
+    for m, values in med.items():
+        print(f"{m:9s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in values.items()))
+    print("saved    " + "  ".join(f"{k} {med['torchrun'][k] - med['direct'][k]:6.2f} s" for k in med["direct"]))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
