@@ -367,7 +367,10 @@ def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -
         for gbs in sorted(batches):
             names = {}
             if key in ("optimizer.min_lr", "optimizer.decay_steps"):  # they may name the resolved lr and warm-up
-                base = b.optimizer.base_at(gbs)
+                try:
+                    base = b.optimizer.base_at(gbs)
+                except UserError:  # lr or warmup_steps itself fails: reported under its own key
+                    continue
                 if base is None:  # a batch the lr table does not cover: nothing is resolved there
                     continue
                 names = {"lr": base[0], "warmup_steps": base[1]}
@@ -379,6 +382,21 @@ def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -
             if value < minimum:
                 raise UserError(f"{where}: {key} = {expr!r} is {value} at global_batch_size = {gbs}; it must be "
                                 f"{'positive' if minimum else 'at least 0'}")
+
+
+def resolved(b: Benchmark, global_batch_size: int | None = None) -> dict:
+    """`b` as plain data with every expression evaluated, at `global_batch_size` (default: the benchmark's)."""
+    gbs = global_batch_size or b.train.global_batch_size
+    data = dataclasses.asdict(b)
+    base = b.optimizer.base_at(gbs)  # (lr, warm-up): from expressions or the RCP tables; None off the tables
+    names = {"lr": base[0], "warmup_steps": base[1]} if base else {}
+    for key, expr in expressions(b).items():
+        section, name = key.split(".")
+        if expr is not None and (base or key not in ("optimizer.min_lr", "optimizer.decay_steps")):
+            data[section][name] = evaluate(expr, global_batch_size=gbs, **names)
+    if base:
+        data["optimizer"]["lr"], data["optimizer"]["warmup_steps"] = base
+    return data
 
 
 # ---- building from plain data --------------------------------------------------------------------------
@@ -467,4 +485,4 @@ def build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-__all__ = ["Benchmark", "build", "check_expressions", "deep_merge", "evaluate", "expressions", "field"]
+__all__ = ["Benchmark", "build", "check_expressions", "deep_merge", "evaluate", "expressions", "field", "resolved"]

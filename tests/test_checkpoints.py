@@ -67,14 +67,13 @@ def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_ch
         assert abs(a["loss"] - b["loss"]) < 1e-4, (a, b)
 
 
-def test_checkpoint_of_another_model_is_refused_before_run_start(llama_checkpoint, tmp_path: Path) -> None:
+def test_checkpoint_of_another_model_is_refused_before_launch(llama_checkpoint, tmp_path: Path) -> None:
+    """A real run checks the checkpoint against its model before launching (as a dry run does): bad input, exit 2,
+    nothing published."""
     ckpt, _ = llama_checkpoint
-    proc = _run(tmp_path, "gpt3", "--init-checkpoint", str(ckpt))
-    assert proc.returncode != 0
-    record = _records(tmp_path, "gpt3")[0]
-    assert record["status"] == "aborted" and "CheckpointError" in record["reason"]
-    assert "not in the checkpoint" in record["reason"] and "embedding.position_embeddings.weight" in record["reason"]
-    assert not record["steps"]
+    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt))
+    _assert_refused(proc, f"--init-checkpoint {ckpt}", "not in the checkpoint", "embedding.position_embeddings.weight")
+    assert not (tmp_path / "results").exists()
 
 
 def _assert_refused(proc, *needles: str) -> None:

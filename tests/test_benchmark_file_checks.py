@@ -1,0 +1,111 @@
+"""A benchmark file is input: every expression is evaluated, bounded, when the file is loaded (not when a run
+first uses it), and values a metric cannot take are refused, each with one line naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import mlbench
+
+from mlbench import flops, registry
+from mlbench.errors import UserError
+from mlbench.preflight import LayoutRequest, resolve_layout
+from mlbench.spec import evaluate, resolved
+
+
+@pytest.mark.parametrize(("name", "old", "new", "needles"), [
+    ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)",
+     "warmup_steps: ceil(265 * 1536 / (global_batch_size - 1536) ** 2)",
+     ["gpt3.yaml: optimizer.warmup_steps", "division by zero", "global_batch_size = 1536"]),
+    ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)", "warmup_steps: 9 ** 9 ** 9 ** 9",
+     ["gpt3.yaml: optimizer.warmup_steps", "beyond the bound"]),
+    ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)", "warmup_steps: 2 ** global_batch_size",
+     ["optimizer.warmup_steps", "2 ** 1536 is beyond the bound"]),
+    ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)", "warmup_steps: 10 % (global_batch_size - 1)",
+     ["optimizer.warmup_steps", "division by zero", "global_batch_size = 1"]),
+    ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)", "warmup_steps: ceil(gbs / 2)",
+     ["optimizer.warmup_steps", "unknown name 'gbs'", "names allowed: global_batch_size"]),
+    ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)", "warmup_steps: 100 - global_batch_size",
+     ["optimizer.warmup_steps", "is -1436 at global_batch_size = 1536", "at least 0"]),
+    ("gpt3", "interval_samples: ceil(24576 / global_batch_size) * global_batch_size",
+     "interval_samples: global_batch_size - global_batch_size", ["eval.interval_samples", "must be positive"]),
+    ("gpt3", "lr: max(2e-5, 3e-5 * min(1, max(0, global_batch_size - 3599)))", "lr: (-1) ** 0.5",
+     ["optimizer.lr", "not a real number"]),
+    ("gpt3", "lr: max(2e-5, 3e-5 * min(1, max(0, global_batch_size - 3599)))", "lr: .inf",
+     ["optimizer.lr", "expected a finite number"]),
+    ("gpt3", "target: 2.69", "target: -2.69", ["gpt3.yaml: quality.target -2.69 is not a positive log perplexity"]),
+    ("gpt3", "direction: min", "direction: max", ["quality.direction for log_perplexity is 'min'"]),
+    ("bert", "target: 0.720", "target: 1.5", ["bert.yaml: quality.target 1.5 is not an accuracy in (0, 1]"]),
+    ("bert", "target: 0.720", "target: -0.72", ["quality.target -0.72 is not an accuracy"]),
+], ids=["div-zero-at-own-batch", "power-tower", "power-of-batch", "mod-zero-at-batch-1", "unknown-name",
+        "negative-steps", "zero-interval", "complex", "infinite", "negative-perplexity", "wrong-direction",
+        "accuracy-above-1", "negative-accuracy"])
+def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
+                                               needles: list[str]) -> None:
+    f = benchmarks_copy / f"{name}.yaml"
+    text = f.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+    for tiny in (False, True):  # the tiny variant inherits the full definition, so both refuse it
+        with pytest.raises(UserError) as e:
+            registry.load(name, tiny=tiny, directory=benchmarks_copy)
+        assert "\n" not in str(e.value)
+        for n in needles:
+            assert n in str(e.value), str(e.value)
+
+
+def test_an_expression_is_checked_at_the_batch_a_run_uses(benchmarks_copy: Path) -> None:
+    """Fine at the file's batches, a division by zero at the one the user asked for: refused before launch."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("warmup_steps: ceil(265 * 1536 / global_batch_size)",
+                                       "warmup_steps: ceil(265 * 1536 / (global_batch_size - 3072) ** 2)", 1))
+    bench = registry.load("gpt3", directory=benchmarks_copy)
+    with pytest.raises(UserError, match=r"gpt3.yaml: optimizer.warmup_steps: .* division by zero"):
+        resolve_layout(bench, LayoutRequest(nodes=64, nproc_per_node=8, tp=8, pp=8, global_batch_size=3072))
+
+
+def test_the_evaluator_is_bounded_and_exact() -> None:
+    assert evaluate("2 ** 62", global_batch_size=1) == 2**62
+    assert evaluate("1152 * 8e-5 / 1152", global_batch_size=1) == 1152 * 8e-5 / 1152
+    assert evaluate("-global_batch_size % 7 + +1", global_batch_size=3) == -3 % 7 + 1
+    for bad, reason in (("2 ** 63", "beyond the bound"), ("0 ** -1", "division by zero"),
+                        ("min()", "unsupported"), ("max(1, key=2)", "unsupported"), ("1e400", "the result is inf"),
+                        ("9" * 30, "beyond the bound"), ("(" * 5000 + "1" + ")" * 5000, "longer than"),
+                        ("lambda: 1", "unsupported"), ("global_batch_size.real", "unsupported")):
+        with pytest.raises(UserError, match=reason):
+            evaluate(bad, global_batch_size=1)
+
+
+@pytest.mark.parametrize("name", ["gpt3", "llama31_405b", "bert"])
+def test_show_json_is_the_resolved_definition(name: str) -> None:
+    proc = mlbench("show", name, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    bench = registry.load(name)
+    gbs = bench.train.global_batch_size
+    assert data["params_total"] == flops.param_count(bench.model)
+    assert data["flops_per_sample"] == flops.flops_per_sample(bench.model)
+    o = bench.optimizer
+    assert data["optimizer"]["lr"] == evaluate(o.lr, global_batch_size=gbs)
+    assert data["optimizer"]["warmup_steps"] == evaluate(o.warmup_steps, global_batch_size=gbs)
+    for section in ("model", "optimizer", "train", "eval", "quality", "data", "mlperf", "features"):
+        assert section in data
+        for key, value in data[section].items():
+            assert not isinstance(value, str) or key not in ("lr", "min_lr", "warmup_steps", "decay_steps",
+                                                            "max_steps", "interval_samples", "start_samples"), key
+    assert data == json.loads(json.dumps(resolved(bench) | {k: data[k] for k in ("params_total", "flops_per_sample")}))
+
+
+def test_show_json_values_match_the_sources() -> None:
+    """Values the MLPerf rules state at the reference batch (gpt3 at 1536, llama31_405b at 1152)."""
+    gpt3 = json.loads(mlbench("show", "gpt3", "--json").stdout)
+    assert (gpt3["optimizer"]["warmup_steps"], gpt3["train"]["init_checkpoint_step"]) == (265, 4000)
+    assert gpt3["eval"]["interval_samples"] == 24576
+    llama = json.loads(mlbench("show", "llama31_405b", "--json").stdout)
+    assert llama["optimizer"]["lr"] == 8e-5 and llama["optimizer"]["warmup_steps"] == 8000
+    assert llama["eval"]["start_samples"] == (math.floor(0.0026 * 1152 + 12) + 1) * 18432
+    tiny = json.loads(mlbench("show", "gpt3", "--tiny", "--json").stdout)
+    assert tiny["variant"] == "tiny" and tiny["train"]["global_batch_size"] == 16

@@ -1,0 +1,188 @@
+"""The preflight without the CLI: `preflight.prepare(RunRequest)` resolves a run or refuses it with one line, and
+nothing is written for a refused one. In-process and fast (no training, no helper processes)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from mlbench import preflight, registry
+from mlbench.cli import cli
+from mlbench.cli_options import layout_options
+from mlbench.errors import UserError
+from mlbench.preflight import DeviceFacts, LayoutRequest, RunRequest, prepare
+
+CPU = DeviceFacts(name="this machine (CPU only)", gpu=False, fp8=False)
+A100 = DeviceFacts(name="NVIDIA A100-SXM4-80GB", gpu=True, fp8=False)
+H100 = DeviceFacts(name="NVIDIA H100 80GB HBM3", gpu=True, fp8=True)
+
+
+def _request(tmp_path: Path, **kw) -> RunRequest:
+    layout = LayoutRequest(**kw.pop("layout", {}))
+    return RunRequest(name=kw.pop("name", "gpt3"), tiny=kw.pop("tiny", True), layout=layout,
+                      results_root=tmp_path / "results", system=kw.pop("system", "ci"), **kw)
+
+
+def _refused(tmp_path: Path, match: str, **kw) -> None:
+    with pytest.raises(UserError, match=match) as e:
+        prepare(_request(tmp_path, **kw))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "results").exists()  # a refused run writes nothing
+
+
+def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> None:
+    p = prepare(_request(tmp_path, layout={"nproc_per_node": 2, "tp": 2, "global_batch_size": 32,
+                                           "features": {"sequence_parallel": True, "recompute": "selective"}},
+                         seed=7, runs=2))
+    assert (p.layout.tp, p.layout.dp, p.layout.global_batch_size) == (2, 1, 32)
+    assert p.layout.features.sequence_parallel and p.layout.features.recompute == "selective"
+    assert p.layout.precision == p.bench.train.precision  # unset: the benchmark's
+    assert (p.opts.system, p.opts.seed, p.opts.runs, p.slurm_opts, p.dry_run) == ("ci", 7, 2, None, False)
+    assert not (tmp_path / "results").exists()  # checked writable, created only at launch
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"seed": -1}, r"--seed -1 is out of range: seeds are 0 to 4294967295"),
+    ({"seed": 2**32}, r"--seed 4294967296 is out of range"),
+    ({"seed": 2**32 - 2, "runs": 3}, r"with --runs 3, at most 4294967293"),
+    ({"runs": 0}, r"--runs must be at least 1"),
+    ({"hang_timeout": -5.0}, r"--hang-timeout must be a positive number"),
+    ({"hang_timeout": float("nan")}, r"--hang-timeout must be a positive number"),
+    ({"threads": 0}, r"--threads must be at least 1"),
+    ({"layout": {"nodes": 0}}, r"--nodes must be at least 1, got 0"),  # not "--node-rank"
+    ({"layout": {"nproc_per_node": 0}}, r"--nproc-per-node must be at least 1"),
+    ({"layout": {"nodes": 2}, "node_rank": 2, "launcher": "torchrun", "rdzv_endpoint": "h:1"}, r"--node-rank 2"),
+    ({"launcher": "torchrun", "rdzv_endpoint": "host"}, r"--rdzv-endpoint 'host' must be HOST:PORT"),
+    ({"layout": {"global_batch_size": 0}}, r"--global-batch-size must be at least 1, got 0"),
+    ({"layout": {"micro_batch_size": 0}}, r"--micro-batch-size must be at least 1, got 0"),
+    ({"layout": {"ep": 2, "nproc_per_node": 2}}, r"--ep 2: gpt3 is a dense model"),
+    ({"layout": {"features": {"sequence_parallel": True}}}, r"--sequence-parallel .* needs --tp > 1"),
+    ({"layout": {"features": {"overlap_param_gather": True, "distributed_optimizer": False}}},
+     r"--overlap-param-gather .* needs --distributed-optimizer"),
+    ({"layout": {"features": {"recompute_layers": 2}}}, r"--recompute-layers .* needs --recompute full"),
+    ({"layout": {"cp": 3, "nproc_per_node": 3}}, r"sequence length 64 must divide by 2 x cp = 6"),
+    ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* use --precision bf16"),
+], ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
+    if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
+        pytest.skip("this machine has a GPU: FP8 on CPU is tested through check_precision below")
+    _refused(tmp_path, match, **kw)
+
+
+@pytest.mark.parametrize("name", [" ", "", "a b", "two\nlines", "tab\there", "bell\x07", ".hidden", "a/b", "..",
+                                  "x" * 101])
+def test_system_names_that_cannot_be_folders(tmp_path: Path, name: str) -> None:
+    _refused(tmp_path, r"--system .* cannot name a folder: use letters, digits", system=name)
+
+
+def test_system_names_that_can(tmp_path: Path) -> None:
+    for name in ("dgx-h100_8x8", "node.01", "A"):
+        preflight.check_name("--system", name)
+
+
+def test_results_folder_under_a_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match="is not writable.*--results DIR"):
+        preflight.check_results_folder(blocker / "deeper", "ci", "gpt3")
+    assert blocker.read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_read_only_results_folder_is_refused(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    with pytest.raises(UserError, match="not writable"):
+        preflight.check_results_folder(ro, "ci", "gpt3")
+
+
+def test_fp8_needs_a_gpu_with_fp8() -> None:
+    with pytest.raises(UserError, match=r"--precision fp8 needs a GPU .* use --precision bf16"):
+        preflight.check_precision("fp8", True, CPU)
+    preflight.check_precision("fp8", False, CPU)  # the benchmark's default on a CPU: CPU runs train in fp32
+    for user_set, why in ((True, "--precision fp8"), (False, r"precision fp8 \(the benchmark's default\)")):
+        with pytest.raises(UserError, match=f"{why}: NVIDIA A100-SXM4-80GB has no FP8 .* use --precision bf16"):
+            preflight.check_precision("fp8", user_set, A100)
+    preflight.check_precision("bf16", True, A100)
+    if not preflight._importable("transformer_engine"):
+        with pytest.raises(UserError, match="Transformer Engine, which is not installed.*--precision bf16"):
+            preflight.check_precision("fp8", True, H100)
+
+
+def _fake_nvidia_smi(tmp_path: Path, line: str) -> str:
+    """No GPU here: a stand-in nvidia-smi that prints what the real one prints for --query-gpu=name,compute_cap."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{line}'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize(("line", "fp8"), [("NVIDIA A100-SXM4-80GB, 8.0", False),
+                                           ("NVIDIA H100 80GB HBM3, 9.0", True), ("NVIDIA L4, 8.9", True),
+                                           ("NVIDIA B200, 10.0", True), ("NVIDIA Mystery, [N/A]", None)])
+def test_local_device_from_nvidia_smi(tmp_path: Path, monkeypatch, line: str, fp8: bool | None) -> None:
+    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, line))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    d = preflight.local_device()
+    assert d.gpu and d.fp8 is fp8 and d.name == line.split(",")[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch would see no GPU either
+    assert not preflight.local_device().gpu
+
+
+def test_cpu_machine_without_nvidia_smi(monkeypatch, tmp_path: Path) -> None:
+    if Path("/proc/driver/nvidia").exists():
+        pytest.skip("an NVIDIA driver is loaded here")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert preflight.local_device() == CPU
+
+
+def test_layout_options_are_one_declaration_for_every_command() -> None:
+    """`plan` takes exactly run's layout options: a command built with the decorator gets the same request."""
+    seen = {}
+
+    @click.command()
+    @layout_options
+    def probe(layout: LayoutRequest) -> None:
+        seen["layout"] = layout
+
+    args = ["--nodes", "2", "--nproc-per-node", "4", "--tp", "2", "--ep", "2", "--mbs", "1", "--gbs", "64",
+            "--precision", "bf16", "--no-distributed-optimizer", "--sequence-parallel", "--recompute", "full",
+            "--recompute-layers", "2", "--recompute-method", "block", "--overlap-grad-reduce",
+            "--no-overlap-param-gather"]
+    result = CliRunner().invoke(probe, args)
+    assert result.exit_code == 0, result.output
+    assert seen["layout"] == LayoutRequest(
+        nodes=2, nproc_per_node=4, tp=2, ep=2, micro_batch_size=1, global_batch_size=64, precision="bf16",
+        features={"distributed_optimizer": False, "sequence_parallel": True, "recompute": "full",
+                  "recompute_layers": 2, "recompute_method": "block", "overlap_grad_reduce": True,
+                  "overlap_param_gather": False})
+    CliRunner().invoke(probe, [])
+    assert seen["layout"] == LayoutRequest()  # unset flags: nothing overrides the benchmark file
+    run_options = {o.name for o in cli.commands["run"].params}
+    probe_options = {o.name for o in probe.params}
+    assert probe_options <= run_options
+    if "plan" in cli.commands:
+        assert probe_options <= {o.name for o in cli.commands["plan"].params}
+
+
+def test_optional_commands_are_registered() -> None:
+    for name in ("score", "compare", "scaling"):
+        assert name in cli.commands
+    try:
+        import mlbench.planner.commands  # noqa: F401
+    except ModuleNotFoundError:
+        return
+    assert "plan" in cli.commands
+
+
+def test_benchmark_folder_that_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=f"benchmark folder {tmp_path / 'nope'} is not a folder"):
+        registry.names(tmp_path / "nope")
