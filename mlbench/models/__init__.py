@@ -39,12 +39,14 @@ class Family:
     converter: Callable[[ModelSpec], str | None] = lambda m: None
     # Parameters active per token where that differs from the total (mixture of experts); None otherwise.
     active_param_count: Callable[[ModelSpec, int], int] | None = None
+    # TransformerConfig fields the family adds (mixture of experts: the router and dispatcher settings).
+    config: Callable[[ModelSpec], dict] = lambda m: {}
 
 
 def _families() -> dict[str, Family]:
-    from mlbench.models import bert, gpt
+    from mlbench.models import bert, gpt, moe
 
-    return {f.name: f for f in (gpt.FAMILY, bert.FAMILY)}
+    return {f.name: f for f in (gpt.FAMILY, bert.FAMILY, moe.FAMILY)}
 
 
 def family(name: str) -> Family:

@@ -86,7 +86,8 @@ def build(plan: RunPlan, device: Device) -> Parts:
     config = transformer_config(
         bench.model, tp=tp, pp=pp, vp=vp, cp=cp, bf16=bf16, features=features,
         account_for_embedding_in_pipeline_split=layout.get("account_for_embedding_in_pipeline_split", False),
-        account_for_loss_in_pipeline_split=layout.get("account_for_loss_in_pipeline_split", False))
+        account_for_loss_in_pipeline_split=layout.get("account_for_loss_in_pipeline_split", False),
+        ep=layout.get("ep", 1))
     chunks = [build_chunk(bench.model, config, vp_stage=i if vp > 1 else None) for i in range(vp)]
     if not device.on_cpu:
         # As megatron-LM places a model: megatron's parallel layers are built on the GPU, but torch norms and

@@ -105,6 +105,51 @@ def _patch_cuda_namespace() -> None:
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
+# ---- mixture of experts: three more CUDA assumptions in megatron-core 0.16's MoE layer -------------------------
+
+
+class _NoStream:
+    """A CUDA stream or event stand-in: on CPU every operation is already ordered, so waiting is a no-op."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def record_event(self, *a: Any) -> _NoStream:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+_DEFAULT_STREAM = _NoStream()
+
+
+def _moe_on_cpu() -> None:
+    """1. Without Transformer Engine, moe_utils never defines `te_general_gemm`, which the router's GEMM tests
+    first (NameError on every router call): None sends it to its torch path. 2. The all-to-all dispatcher
+    creates a CUDA stream for its device-to-host copies and waits on it: stand-ins. 3. Its split sizes reach
+    all_to_all_single as numpy arrays only when they were CUDA tensors (`maybe_move_tensor_to_cpu` converts only
+    those); on CPU they stay tensors, which the binding refuses: converted here as well."""
+    import contextlib
+
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    torch.cuda.Stream = lambda *a, **k: _NoStream()  # type: ignore[assignment,misc]
+    torch.cuda.current_stream = lambda *a, **k: _DEFAULT_STREAM  # type: ignore[assignment]
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
+
+    def maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if torch.is_tensor(tensor):
+            tensor = tensor.cpu()
+            return tensor.numpy() if as_numpy else tensor
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
 def enable() -> bool:
     """Activate the layer for the rest of the process if there is no CUDA. Returns whether it is active."""
     global _active
@@ -112,6 +157,7 @@ def enable() -> bool:
         return False
     if not _active:
         _patch_cuda_namespace()
+        _moe_on_cpu()
         _skip_all_reduce_over_one_process()
         _CudaToCpu().__enter__()  # process-wide: every rank's training runs inside it
         _active = True

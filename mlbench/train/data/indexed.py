@@ -120,7 +120,8 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
     n_train, n_eval = steps * global_batch, bench.eval.samples
     keep_partial = bench.eval.keep_partial_sequence
     tokenizer = DefinitionTokenizer(bench.model.vocab_size,
-                                    # unused (no EOD-based masks or position resets): one past the vocabulary
+                                    # EOD tokens leave the loss where data.eod_mask_loss; no position or
+                                    # attention resets. Without an eod_id: one past the vocabulary (no token)
                                     d.eod_id if d.eod_id is not None else bench.model.vocab_size)
     train_blend = parse_blend(d.path)
     eval_blend = parse_blend(d.eval_path) if d.eval_path.strip() else None
@@ -128,7 +129,7 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
 
     def build(random_seed: int, which: int, size: int) -> Any:
         common = dict(random_seed=random_seed, sequence_length=seq, path_to_cache=str(cache), tokenizer=tokenizer,
-                      reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                      reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=d.eod_mask_loss,
                       create_attention_mask=False, drop_last_partial_validation_sequence=not keep_partial,
                       add_extra_token_to_sequence=d.add_extra_token_to_sequence)
         if eval_blend is None:  # one prefix, megatron's document split

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from mlbench.models import family
 from mlbench.spec import ModelSpec
 
 
@@ -39,7 +40,7 @@ def activation(m: ModelSpec, fused: bool = False) -> Callable:
 
 def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16: bool, features: dict | None = None,
                        account_for_embedding_in_pipeline_split: bool = False,
-                       account_for_loss_in_pipeline_split: bool = False) -> TransformerConfig:
+                       account_for_loss_in_pipeline_split: bool = False, ep: int = 1) -> TransformerConfig:
     """The TransformerConfig of `m` under a layout; the two pipeline-split flags come from the layout (Megatron's
     asymmetric split: the embedding / the loss count as a layer of the first / last pipeline stage), and
     `features` (FeaturesSpec fields) its sequence parallelism and activation recompute."""
@@ -88,7 +89,12 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         # sends to the previous and next stage in an order the peer does not receive in, which at pp 2 (where
         # both are the same peer) swaps the interleaved schedule's activations and gradients.
         batch_p2p_comm=on_gpu,
-        init_method_std=0.02,
+        init_method_std=m.init_method_std,
+        qk_layernorm=m.qk_layernorm,
+        window_size=(m.window_size, 0) if m.window_size else None,
+        window_attn_skip_freq=m.window_attn_skip_freq or None,
+        expert_model_parallel_size=ep,
+        **family(m.family).config(m),
     )
 
 
