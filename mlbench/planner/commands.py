@@ -57,7 +57,7 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     given = any(getattr(layout, k) is not None for k in _LAYOUT_KEYS)
     out: dict
     if len(counts) > 1:
-        points = [_best_or_given(bench, device, dataclasses.replace(layout, nodes=n), given)[0] for n in counts]
+        points = [_best_or_given(bench, device, dataclasses.replace(layout, nodes=n), given)[0][0] for n in counts]
         eff = planner.scaling_efficiencies(points)
         out = {"benchmark": bench.name, "device": device.name, "scaling": [p | e for p, e in zip(points, eff,
                                                                                                    strict=True)]}
