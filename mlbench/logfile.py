@@ -39,7 +39,10 @@ class BadField(ValueError):
     """A field of a log line that is not what MLPerf logs hold: names the file, line and key."""
 
     def __init__(self, path: Path | str, event: Event, name: str, got: object, want: str):
-        shown = repr(got) if not isinstance(got, str) else json.dumps(got)
+        try:
+            shown = json.dumps(got)  # as the log holds it: NaN, Infinity, ["a"]
+        except (TypeError, ValueError):
+            shown = repr(got)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         where = f"{event.key}" if name == "value" else f"{event.key} {name}"
         super().__init__(f"{path}:{event.line}: {where} is {shown}, expected {want}")

@@ -1,0 +1,162 @@
+"""Logs that parse but hold garbage, and bad command lines, through the real `mlbench` entry point.
+
+Every garbled field analysis reads gets one line naming the file, line and key; no command ends in a traceback;
+`--json` is strict JSON; a run whose time or status is garbled (or whose run_stop precedes run_start) never
+counts as a success. Unknown rulesets and unwritable report paths are refused with exit 2 before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from test_analysis_logs import tiny_log
+
+from mlbench import cli
+
+RULESET = "5.1.0"  # the first with rules for llama31_8b
+
+
+def mlbench(capsys, monkeypatch, *args: str) -> tuple[int, str]:
+    """Run `mlbench ARGS` as the console script does (exit code, stdout + stderr); a traceback fails the test."""
+    monkeypatch.setattr(sys, "argv", ["mlbench", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _garble(text: str, key: str, old: str, new: str) -> tuple[str, int]:
+    """Replace OLD by NEW in the first line of KEY; (new text, that line's number)."""
+    lines = text.splitlines(keepends=True)
+    n = next(i for i, ln in enumerate(lines) if f'"key": "{key}"' in ln)
+    assert old in lines[n], (key, old, lines[n])
+    lines[n] = lines[n].replace(old, new, 1)
+    return "".join(lines), n + 1
+
+
+# (name, key, old, new, the words the reason must hold)
+GARBLES = [
+    ("gbs NaN", "global_batch_size", '"value": 8', '"value": NaN', "global_batch_size is NaN"),
+    ("gbs a list", "global_batch_size", '"value": 8', '"value": [8, 16]', "global_batch_size is [8, 16]"),
+    ("status a list", "run_stop", '"status": "success"', '"status": ["success"]',
+     'run_stop status is ["success"]'),
+    ("metadata a list", "run_stop", '"metadata": {"status": "success"}', '"metadata": ["success"]',
+     'run_stop metadata is ["success"]'),
+    ("epoch_num lots", "eval_accuracy", '"samples_count": 40', '"epoch_num": "lots"',
+     'eval_accuracy epoch_num is "lots"'),
+    ("eval Infinity", "eval_accuracy", '"value": 3.5', '"value": Infinity', "eval_accuracy is Infinity"),
+    ("run_start time NaN", "run_start", '"time_ms": 1700000001000', '"time_ms": NaN', "run_start time_ms is NaN"),
+    ("benchmark a list", "submission_benchmark", '"value": "llama31_8b"', '"value": ["llama31_8b"]',
+     'submission_benchmark is ["llama31_8b"]'),
+    ("step time Infinity", "tracked_stats", '"train_step_time": 0.5', '"train_step_time": Infinity',
+     "tracked_stats train_step_time is Infinity"),
+]
+
+
+def _sets(root: Path, text: str) -> tuple[Path, Path]:
+    """Two sets of three runs of llama31_8b (8 and 16 devices); the first run of the first holds TEXT."""
+    out = []
+    for name, devices in (("sysA", 8), ("sysB", 16)):
+        d = root / name / "llama31_8b"
+        d.mkdir(parents=True)
+        for i in range(3):
+            (d / f"result_{i}.txt").write_text(text if (name, i) == ("sysA", 0) else tiny_log())
+            (d / f"result_{i}.json").write_text(json.dumps({"devices": devices}))
+        out.append(d)
+    return out[0], out[1]
+
+
+def _strict(doc: str) -> object:
+    def refuse(c: str) -> None:
+        raise AssertionError(f"{c} in --json output")
+    return json.loads(doc, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("name,key,old,new,reason", GARBLES, ids=[g[0] for g in GARBLES])
+def test_garbled_field_is_named_in_every_command(tmp_path, capsys, monkeypatch, name, key, old, new, reason):
+    text, line = _garble(tiny_log(), key, old, new)
+    a, b = _sets(tmp_path, text)
+    bad = a / "result_0.txt"
+    where = f"{bad}:{line}: {reason}"
+    invalidates = key != "tracked_stats"
+
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET)
+    assert code == 0, out
+    # Scoring reads no per-step records (tracked_stats): their garbage is not its business.
+    assert (where in " ".join(out.split())) is invalidates, out
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    assert code == 0, out
+    run0 = _strict(out)[0]["runs"][0]
+    if invalidates:
+        assert any(where in p for p in run0["problems"]), run0
+        assert run0["status"] == "invalid" and not run0["counted"], run0
+
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    assert code == 0 and where in " ".join(out.split()), out
+    code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b))
+    assert code == 0 and where in " ".join(out.split()), out
+
+    code, out = mlbench(capsys, monkeypatch, "check", str(bad))
+    if key == "submission_benchmark":  # which rules judge it cannot be told: bad input
+        assert code == 2 and len(out.strip().splitlines()) == 1 and f"{bad}:{line}" in out, out
+    else:
+        assert code in (0, 1), out
+
+
+def test_negative_time_to_train_is_not_a_success(tmp_path, capsys, monkeypatch):
+    text = tiny_log()
+    text, _ = _garble(text, "run_stop", '"time_ms": 1700000003510', '"time_ms": 1700000000000')
+    a, _b = _sets(tmp_path, text)
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    run0 = _strict(out)[0]["runs"][0]
+    assert run0["status"] == "invalid" and run0["ttt_min"] is None and not run0["counted"], run0
+    assert any("run_stop is 1 s before run_start" in p for p in run0["problems"])
+    from mlbench.logfile import log_time_to_train, time_to_train_s
+
+    assert time_to_train_s(2000.0, 1000.0) is None and log_time_to_train(a / "result_0.txt") is None
+
+
+def test_json_output_maps_non_finite_numbers_to_null():
+    from mlbench.analysis.commands import strict_json
+
+    doc = json.loads(strict_json({"a": math.nan, "b": [math.inf, 1.5], "c": {"d": -math.inf}}))
+    assert doc == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+def test_scaling_json_with_garbage_is_a_note_not_a_crash(tmp_path, capsys, monkeypatch):
+    a, _b = _sets(tmp_path, tiny_log())
+    (a / "scaling.json").write_text('{"scaling_factor": Infinity}')
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    assert code == 0, out
+    s = _strict(out)[0]
+    assert s["score_min"] is None and any("scaling_factor is inf" in n for n in s["notes"])
+
+
+def test_unknown_ruleset_is_bad_input_for_check_and_score(tmp_path, capsys, monkeypatch):
+    a, _b = _sets(tmp_path, tiny_log())
+    for cmd in ("check", "score"):
+        code, out = mlbench(capsys, monkeypatch, cmd, str(a), "--ruleset", "9.9.9")
+        assert code == 2, (cmd, out)
+        assert len(out.strip().splitlines()) == 1 and "unknown ruleset '9.9.9'" in out and "5.0.0" in out, (cmd, out)
+
+
+def test_report_paths_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    a, b = _sets(tmp_path, tiny_log())
+    missing = tmp_path / "no" / "such"
+    cases = [("--html", missing / "r.html", "does not exist"), ("--md", missing / "r.md", "does not exist"),
+             ("--md", Path("/proc/mlbench-report.md"), "cannot write in /proc"),
+             ("--html", a / "result_0.txt" / "r.html", "does not exist"), ("--md", tmp_path, "is a folder")]
+    for cmd in ("compare", "scaling"):
+        for option, path, why in cases:
+            # A PATH that does not exist either: the report path is judged first, before any log is read.
+            code, out = mlbench(capsys, monkeypatch, cmd, str(a), str(b), str(tmp_path / "nope"), option, str(path))
+            assert code == 2, (cmd, option, out)
+            assert len(out.strip().splitlines()) == 1 and str(path) in out and why in out, (cmd, option, out)
+    assert not (tmp_path / "no").exists()
