@@ -6,6 +6,7 @@ job's output, and reports the runs it produced.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -65,20 +66,24 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
 def prepare(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions,
             folder: Path) -> tuple[Path, str]:
     """Write the job folder (spec for the driver, the sbatch script); returns (folder, script text)."""
-    (folder / ".slurm").mkdir(exist_ok=True)
-    # unique even for two launches in the same second
-    job_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=folder / ".slurm"))
-    spec = {"benchmark": dataclasses.asdict(bench), "layout": dataclasses.asdict(layout),
-            "run": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(run_opts).items()},
-            "slurm": dataclasses.asdict(opts)}
-    (job_dir / "job.json").write_text(json.dumps(spec, indent=1))
-    driver = [sys.executable, "-m", "mlbench.launch.slurm_job", str(job_dir / "job.json")]
+    job_dir = None
     try:
+        (folder / ".slurm").mkdir(exist_ok=True)
+        # unique even for two launches in the same second
+        job_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=folder / ".slurm"))
+        spec = {"benchmark": dataclasses.asdict(bench), "layout": dataclasses.asdict(layout),
+                "run": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(run_opts).items()},
+                "slurm": dataclasses.asdict(opts)}
+        (job_dir / "job.json").write_text(json.dumps(spec, indent=1))
+        driver = [sys.executable, "-m", "mlbench.launch.slurm_job", str(job_dir / "job.json")]
         script = render(job_for(layout, opts, bench.name, job_dir, driver))
-    except ValueError as e:
-        shutil.rmtree(job_dir)
-        raise UserError(f"cannot write the SLURM job: {e}") from None
-    (job_dir / "job.sbatch").write_text(script)
+        (job_dir / "job.sbatch").write_text(script)
+    except (ValueError, OSError) as e:
+        if job_dir:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        what = e.strerror if isinstance(e, OSError) else e
+        raise UserError(f"cannot write the SLURM job{f' in {folder}' if isinstance(e, OSError) else ''}: "
+                        f"{what}") from None
     return job_dir, script
 
 
@@ -116,9 +121,11 @@ def submit(job_dir: Path, console: Console) -> int:
         subprocess.run(argv, capture_output=True)
 
     previous = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
+    shown = ""
     try:
         while proc.poll() is None:
-            time.sleep(1.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1.0)
             if out.exists():
                 with open(out) as f:
                     f.seek(pos)
@@ -126,8 +133,13 @@ def submit(job_dir: Path, console: Console) -> int:
                     pos = f.tell()
                 if chunk:
                     console.out(chunk, end="", highlight=False)
-            state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r", timeout=30).stdout.split()
-            if len(state) == 2 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
+            state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r %N", timeout=30).stdout.split()
+            if state and " ".join(state) != shown:  # the job's state as it changes: pending (why), running (where)
+                shown = " ".join(state)
+                where = f" on {state[2]}" if state[0] == "RUNNING" and len(state) > 2 else ""
+                why = f" ({state[1]})" if state[0] == "PENDING" and len(state) > 1 else ""
+                console.print(f"SLURM job {job_id}: {state[0]}{why}{where}", highlight=False)
+            if len(state) >= 2 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
                 subprocess.run(["scancel", job_id], capture_output=True)
                 proc.wait()
                 raise UserError(f"SLURM job {job_id} cannot start ({state[1]}); cancelled it. Check --nodes, "
@@ -139,7 +151,21 @@ def submit(job_dir: Path, console: Console) -> int:
         with open(out) as f:
             f.seek(pos)
             console.out(f.read(), end="", highlight=False)
+    console.print(f"SLURM job {job_id}: {final_state(job_id) or 'ended'} (sbatch exit code {proc.returncode})",
+                  highlight=False)
     return proc.returncode
+
+
+def final_state(job_id: str) -> str:
+    """The ended job's state and exit code as SLURM records them (e.g. "COMPLETED, exit code 0:0"), or ""."""
+    try:
+        text = _slurm("scontrol", "show", "job", "-o", job_id, timeout=30).stdout
+    except (UserError, subprocess.TimeoutExpired):
+        return ""
+    fields = dict(w.split("=", 1) for w in text.split() if "=" in w)
+    if "JobState" not in fields:
+        return ""
+    return f"{fields['JobState']}, exit code {fields.get('ExitCode', '?')}"
 
 
 def launch(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions, console: Console,
@@ -159,7 +185,11 @@ def launch(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOp
     job_dir, _ = prepare(bench, layout, run_opts, opts, folder)
     code = submit(job_dir, console)
     summary = job_dir / "summary.json"
-    runs = json.loads(summary.read_text()) if summary.exists() else []
+    ended = json.loads(summary.read_text()) if summary.exists() else {}
+    runs = ended.get("runs", [])
+    if ended.get("error"):
+        console.print(f"[red]error:[/red] {ended['error']}", highlight=False, soft_wrap=True)
+        return 1
     for r in runs:
         mark = "[green]success[/green]" if r["status"] == "success" else "[red]aborted[/red]"
         console.print(f"{mark} {r['result']}" + (f" ({r['reason']})" if r["reason"] else ""), highlight=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -18,6 +20,17 @@ from mlbench.results import result_folder
 from mlbench.run_plan import benchmark_from_dict
 
 
+def rendezvous_problem(addr: str) -> str:
+    """Why the nodes could not meet at `addr` (the rendezvous host, MASTER_ADDR), or "" if it resolves here."""
+    try:
+        socket.getaddrinfo(addr, None)
+    except (socket.gaierror, UnicodeError) as e:
+        return (f"the rendezvous address {addr!r} does not resolve on {socket.gethostname()} "
+                f"({getattr(e, 'strerror', None) or e}); pass --master-addr with a name or address every node "
+                f"resolves")
+    return ""
+
+
 def main(spec_path: str) -> int:
     job_dir = Path(spec_path).parent
     spec = json.loads(Path(spec_path).read_text())
@@ -25,6 +38,12 @@ def main(spec_path: str) -> int:
     layout = Layout(**spec["layout"])
     opts = runner.RunOptions(**{**spec["run"], "results": Path(spec["run"]["results"])})
     slurm = SlurmOptions(**spec["slurm"])
+
+    problem = rendezvous_problem(os.environ.get("MASTER_ADDR", ""))
+    if problem:  # fail at once: torch would retry the address until its 30-minute init timeout
+        print(f"error: {problem}", flush=True)
+        (job_dir / "summary.json").write_text(json.dumps({"runs": [], "error": problem}, indent=1))
+        return 1
 
     def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
         # A fresh port per run: the batch step runs on the first node, where the static rendezvous lives.
@@ -37,7 +56,7 @@ def main(spec_path: str) -> int:
     with result_folder(opts.results, opts.system, bench.name) as folder:
         results = runner.run_set(bench, layout, opts, Console(soft_wrap=True), folder, command_for)
     summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason} for r in results]
-    (job_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (job_dir / "summary.json").write_text(json.dumps({"runs": summary}, indent=1))
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -1,0 +1,121 @@
+"""Launchers without training: what a one-process run starts (the rank itself, as torchrun would start it), SLURM
+job folders that never collide, a rendezvous address that does not resolve, the lifeline of a rank, and the
+supervisor's prompt end. Real processes where a process is the point."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import mlbench
+
+from mlbench import registry
+from mlbench.launch import lifeline, ports, slurm
+from mlbench.launch.slurm_job import rendezvous_problem
+from mlbench.launch.supervise import Command, _alive, supervise
+from mlbench.layout import resolve
+from mlbench.runner import RunOptions, local_commands
+
+
+def _layout(nodes: int = 1, nproc: int = 1):
+    return resolve(registry.load("gpt3", tiny=True), nodes, nproc, None, None, None, None, None, None)
+
+
+def test_a_one_process_run_starts_the_rank_without_torchrun(tmp_path: Path) -> None:
+    opts = RunOptions(results=tmp_path, system="s")
+    one = local_commands(_layout(), opts)(tmp_path / "plan.json", tmp_path, 0, {"X": "1"})
+    assert one.argv == [sys.executable, "-m", "mlbench.train", str(tmp_path / "plan.json")]
+    env = one.env
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["X"]) == (
+        "0", "0", "1", "1", "1")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
+    # where torchrun's --log-dir/--redirects would put them: <ranks>/<run>/attempt_0/<local rank>/std*.log
+    assert one.stdout == tmp_path / "ranks" / "direct" / "attempt_0" / "0" / "stdout.log"
+    assert one.stderr == one.stdout.with_name("stderr.log")
+    two = local_commands(_layout(nproc=2), opts)(tmp_path / "plan.json", tmp_path, 0, {})
+    assert "torch.distributed.run" in two.argv and f"--log-dir={tmp_path / 'ranks'}" in two.argv
+
+
+def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
+    one = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system", "s")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert f"each run starts: {sys.executable} -m mlbench.train PLAN.json" in one.stdout
+    two = mlbench("run", "gpt3", "--tiny", "--dry-run", "--nproc-per-node", "2", "--results", str(tmp_path),
+                  "--system", "s")
+    assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=2" in two.stdout
+
+
+def test_two_slurm_jobs_prepared_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:
+    bench = registry.load("gpt3", tiny=True)
+    opts = RunOptions(results=tmp_path, system="s")
+    dirs = {slurm.prepare(bench, _layout(2), opts, slurm.SlurmOptions(), tmp_path)[0] for _ in range(5)}
+    assert len(dirs) == 5 and all((d / "job.sbatch").is_file() for d in dirs)
+
+
+def test_an_unresolvable_rendezvous_address_is_named() -> None:
+    assert rendezvous_problem("127.0.0.1") == ""
+    problem = rendezvous_problem("no-such-host.invalid")
+    assert "'no-such-host.invalid' does not resolve" in problem and "--master-addr" in problem
+
+
+def test_free_ports_are_distinct() -> None:
+    assert len(set(ports.free_ports(8, "127.0.0.1"))) == 8
+
+
+RANK = """
+import sys, time
+from mlbench.launch import lifeline
+lifeline.install_pdeathsig(SIG)
+print("armed", flush=True)
+while SIG or lifeline.parent_alive():  # with a signal armed, only the signal can end it
+    time.sleep(0.05)
+sys.exit(lifeline.ORPHANED_EXIT)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, 0], ids=["parent-death-signal", "parent-check-alone"])
+def test_a_rank_dies_with_its_launcher(sig: int) -> None:
+    """A launcher (here a shell) starts a rank that arms its lifeline; SIGKILL of the launcher ends the rank at
+    once: by the parent-death signal, or (0: no signal, as off Linux) by the check of its parent."""
+    rank_code = RANK.replace("SIG", str(int(sig)))
+    launcher = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{rank_code}' & wait"], stdout=subprocess.PIPE,
+                                text=True)
+    assert launcher.stdout.readline().strip() == "armed"
+    rank = int(subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()[0])
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 5
+    while _alive(rank):  # a zombie (exited, not yet reaped) counts as dead
+        assert time.monotonic() < deadline, "the rank outlived its launcher"
+        time.sleep(0.02)
+    assert lifeline.parent_alive()  # in this process nothing was armed: always true
+
+
+def test_the_supervisor_returns_as_soon_as_the_command_exits(tmp_path: Path) -> None:
+    cmd = Command([sys.executable, "-c", "pass"], dict(os.environ), stdout=tmp_path / "out.log")
+    t0 = time.monotonic()
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl", poll_s=5)
+    assert time.monotonic() - t0 < 2.5, "waited for a poll interval after the command had exited"
+    assert outcome.exit_code == 0 and outcome.status == "aborted"  # no run_stop: nothing ran
+
+
+def test_orphans_of_a_dead_launcher_are_stopped_before_the_run_is_judged(tmp_path: Path) -> None:
+    """A launcher that exits leaving a child (a rank) behind: the supervisor (a subreaper) kills and reaps it."""
+    pidfile = tmp_path / "orphan.pid"
+    script = f"sleep 300 & echo $! > {pidfile}"
+    cmd = Command(["bash", "-c", script], dict(os.environ), stdout=tmp_path / "out.log")
+    supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    orphan = int(pidfile.read_text())
+    try:
+        os.kill(orphan, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    if alive:
+        os.kill(orphan, signal.SIGKILL)
+    assert not alive, "the launcher's orphan was left running"
