@@ -39,6 +39,10 @@ def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path,
     proc = _run(cluster, root, *flags)
     assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
     assert "submitted SLURM job" in proc.stdout and "target reached" in proc.stdout
+    job_id = proc.stdout.split("submitted SLURM job ")[1].split(";")[0]
+    # live: the job's state as it changes, each run's progress as rank 0 reports it, the state at its end
+    assert f"SLURM job {job_id}: RUNNING on " in proc.stdout and "step 20/" in proc.stdout, proc.stdout
+    assert f"SLURM job {job_id}: COMPLETED, exit code 0:0" in proc.stdout, proc.stdout
     folder = result_dir(root, "gpt3")
     stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
     assert stops[0]["metadata"]["status"] == "success"
@@ -83,6 +87,20 @@ def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_pat
     assert record["status"] == "aborted" and "SIGTERM" in record["reason"]
 
 
+def test_an_unresolvable_rendezvous_address_fails_fast_with_the_reason(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """It hung until the 30-minute init timeout, the user seeing only "submitted SLURM job N"."""
+    start = time.monotonic()
+    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
+                   "--master-addr", "no-such-host.invalid", "--time", "00:08:00", "--results", str(tmp_path),
+                   "--system", "ci", env=cluster.env, timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "'no-such-host.invalid' does not resolve" in proc.stdout, proc.stdout
+    assert time.monotonic() - start < 90
+    job_id = proc.stdout.split("submitted SLURM job ")[1].split(";")[0]
+    assert f"SLURM job {job_id}: FAILED, exit code 1:0" in proc.stdout, proc.stdout  # the job's state at its end
+    assert not list((tmp_path / "ci" / "gpt3").glob("result_*"))
+
+
 def test_too_many_nodes_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None:
     start = time.monotonic()
     proc = mlbench("run", "gpt3", "--tiny", "--nodes", "4", "--nproc-per-node", "1", "--micro-batch-size", "4",
@@ -97,3 +115,4 @@ def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None
                    "--partition", "nosuch", "--results", str(tmp_path), env=cluster.env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "SLURM cannot run this job" in proc.stdout
+    assert not list(tmp_path.iterdir()), "a refused run leaves no folders"
