@@ -9,6 +9,7 @@ checks come first, the ones that start a helper process (checkpoint, closed rule
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -147,7 +148,7 @@ def _check_options(req: RunRequest) -> None:
         last = f" (run i uses seed + i: with --runs {req.runs}, at most {SEED_MAX - req.runs + 1})" if req.runs > 1 \
             else ""
         raise UserError(f"--seed {req.seed} is out of range: seeds are 0 to {SEED_MAX}{last}")
-    if not req.hang_timeout > 0:  # also NaN
+    if not 0 < req.hang_timeout < math.inf:  # also NaN
         raise UserError(f"--hang-timeout must be a positive number of seconds, got {req.hang_timeout}")
     if req.threads < 1:
         raise UserError(f"--threads must be at least 1, got {req.threads}")

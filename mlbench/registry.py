@@ -45,7 +45,7 @@ def _read(path: Path) -> dict:
 def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchmark:
     """The named benchmark, full size or its tiny variant, validated."""
     path = _dir(directory) / f"{name}.yaml"
-    if not path.is_file():
+    if Path(name).name != name or name.startswith(".") or not path.is_file():  # a name, never a path
         known = names(directory)
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"

@@ -53,6 +53,8 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"runs": 0}, r"--runs must be at least 1"),
     ({"hang_timeout": -5.0}, r"--hang-timeout must be a positive number"),
     ({"hang_timeout": float("nan")}, r"--hang-timeout must be a positive number"),
+    ({"hang_timeout": float("inf")}, r"--hang-timeout must be a positive number"),
+    ({"name": "../benchmarks/gpt3"}, r"unknown benchmark '../benchmarks/gpt3'"),
     ({"threads": 0}, r"--threads must be at least 1"),
     ({"layout": {"nodes": 0}}, r"--nodes must be at least 1, got 0"),  # not "--node-rank"
     ({"layout": {"nproc_per_node": 0}}, r"--nproc-per-node must be at least 1"),
