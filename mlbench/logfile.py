@@ -9,7 +9,6 @@ with its file, line and key, never a traceback.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 TOKEN = ":::MLLOG "
 # The key of a record without parsing the record: lines of keys a caller does not read are skipped unparsed
 # (a 250 MB log is mostly per-step lines that scoring never reads). A line this does not match is parsed.
-_KEY = re.compile(r'"key"\s*:\s*"([^"\\]*)"')
+_KEY = re.compile(rb'"key"\s*:\s*"([^"\\]*)"')
 
 
 @dataclass(slots=True)
@@ -64,6 +63,8 @@ class LogReader:
     lines: int = 0
 
     def __iter__(self) -> Iterator[Event]:
+        start = len(TOKEN)
+        keys, wanted = None, None
         with open(self.path, "rb") as f:
             n = 0
             for raw in f:
@@ -71,20 +72,21 @@ class LogReader:
                 i = raw.find(b":::MLLOG ")
                 if i < 0:
                     continue
-                payload = raw[i + len(TOKEN):].decode("utf-8", errors="replace")
-                keys = self.keys  # a caller may narrow it while reading (after the preamble)
-                if keys is not None:
+                if self.keys is not keys:  # a caller may narrow the keys while reading (after the preamble)
+                    keys = self.keys
+                    wanted = None if keys is None else {k.encode() for k in keys}
+                payload = raw[i + start:]
+                if wanted is not None:
                     m = _KEY.search(payload)
-                    if m is not None and m.group(1) not in keys:
+                    if m is not None and m.group(1) not in wanted:
                         continue
                 event = _event(payload, n)
                 if event is None:
                     self.n_broken += 1
                     if len(self.broken) < 20:
                         self.broken.append(n)
-                    self.truncated = not raw.endswith(b"\n")
+                    self.truncated = not raw.endswith(b"\n")  # only a file's last line can end without one
                     continue
-                self.truncated = False
                 if keys is None or event.key in keys:
                     yield event
             self.lines = n
@@ -100,9 +102,11 @@ class LogReader:
         return [f"{self.n_broken} line(s) with broken JSON skipped (line {shown})"]
 
 
-def _event(payload: str, line: int) -> Event | None:
+def _event(payload: bytes, line: int) -> Event | None:
     try:
         d = json.loads(payload)
+    except UnicodeDecodeError:
+        return _event(payload.decode("utf-8", errors="replace").encode(), line)
     except ValueError:
         return None
     if not isinstance(d, dict) or not isinstance(d.get("key"), str):
@@ -122,7 +126,7 @@ def read(path: Path | str) -> list[dict]:
 def number(path: Path | str, event: Event, name: str, value: object, *, positive: bool = False,
            integer: bool = False) -> float:
     """A finite number (int or float, not bool) from a log field, or BadField naming file, line and key."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and -1e300 < value < 1e300  # finite
     if ok and positive:
         ok = value > 0
     if ok and integer:

@@ -144,35 +144,61 @@ class _Pass:
 
     def event(self, e: Event) -> None:
         log, path, k = self.log, self.log.path, e.key
+        if k == "tracked_stats" and self.steps and log.run_start_ms is not None:
+            if not self.fast_step(e):
+                self.checked(self.tracked, e)
+            return
         if log.run_start_ms is None and k not in _NOT_HPARAMS and k not in log.hyperparams \
                 and not e.event_type.startswith("INTERVAL"):
             log.hyperparams[k] = e.value
+        if k in _TEXT_KEYS:
+            if k not in log.texts:
+                self.checked(lambda e: log.texts.__setitem__(k, text(path, e, "value", e.value)), e)
+        elif k == "global_batch_size":
+            if log.gbs is None:
+                self.checked(lambda e: setattr(log, "gbs", _whole(path, e)), e)
+        elif k == "max_sequence_length":
+            if log.seq_len is None:
+                self.checked(lambda e: setattr(log, "seq_len", _whole(path, e)), e)
+        elif k == "run_start":
+            if log.run_start_ms is None:
+                self.checked(lambda e: setattr(log, "run_start_ms", number(path, e, "time_ms", e.time_ms)), e)
+        elif k == "run_stop":
+            if log.run_stop_ms is None:
+                self.checked(self.stop, e)
+        elif k == "eval_accuracy":
+            self.checked(self.eval, e)
+        elif k == "tracked_stats" and self.steps:
+            self.checked(self.tracked, e)
+        elif k in _BLOCK_KEYS and self.steps:
+            self.checked(self.block, e)
+
+    def checked(self, read, e: Event) -> None:
+        """Run READ on the event; a garbled field becomes a problem (the run invalid where the score rests on it)."""
         try:
-            if k in _TEXT_KEYS:
-                if k not in log.texts:
-                    log.texts[k] = text(path, e, "value", e.value)
-            elif k == "global_batch_size":
-                if log.gbs is None:
-                    log.gbs = int(number(path, e, "value", e.value, positive=True, integer=True))
-            elif k == "max_sequence_length":
-                if log.seq_len is None:
-                    log.seq_len = int(number(path, e, "value", e.value, positive=True, integer=True))
-            elif k == "run_start":
-                if log.run_start_ms is None:
-                    log.run_start_ms = number(path, e, "time_ms", e.time_ms)
-            elif k == "run_stop":
-                if log.run_stop_ms is None:
-                    t = number(path, e, "time_ms", e.time_ms)
-                    log.logged_status = text(path, e, "status", metadata(path, e).get("status", "no status"))
-                    log.run_stop_ms = t
-            elif k == "eval_accuracy":
-                self.eval(e)
-            elif k == "tracked_stats" and self.steps:
-                self.tracked(e)
-            elif k in _BLOCK_KEYS and self.steps:
-                self.block(e)
+            read(e)
         except BadField as err:
-            self.fault(err, k, invalidates=k not in ("tracked_stats", *_BLOCK_KEYS))
+            self.fault(err, e.key, invalidates=e.key not in ("tracked_stats", *_BLOCK_KEYS))
+
+    def fast_step(self, e: Event) -> bool:
+        """A well-formed per-step record, taken without the checks' overhead (most lines of a big log); False
+        for anything else, which `tracked` then reads field by field."""
+        v, md, t = e.value, e.metadata, e.time_ms
+        if type(v) is not dict or type(md) is not dict:
+            return False
+        secs, step = v.get("train_step_time"), md.get("step")
+        tps, tfl = v.get("tokens_per_s", _NAN), v.get("tflops_per_device", _NAN)
+        if not (_finite(secs) and _finite(step) and _finite(t) and (tps is _NAN or _finite(tps))
+                and (tfl is _NAN or _finite(tfl))):
+            return False
+        self.log.tracked.add(step, secs, t, tps, tfl)
+        return True
+
+    def stop(self, e: Event) -> None:
+        log, path = self.log, self.log.path
+        t = number(path, e, "time_ms", e.time_ms)
+        log.logged_status = text(path, e, "status", metadata(path, e).get("status", "no status"))
+        log.run_stop_ms = t
 
     def eval(self, e: Event) -> None:
         path, md = self.log.path, metadata(self.log.path, e)
@@ -218,6 +244,18 @@ class _Pass:
         for key, n in self.bad.items():
             if n > 1:
                 log.problems.append(f"{log.path}: {n - 1} more line(s) with a bad {key} field")
+
+
+_NAN = math.nan
+
+
+def _finite(v: object) -> bool:
+    """An int or a finite float, fast (not bool: True is an int to Python, not a number in a log)."""
+    return (type(v) is float and v - v == 0.0) or (type(v) is int and -1e300 < v < 1e300)
+
+
+def _whole(path: Path, e: Event) -> int:
+    return int(number(path, e, "value", e.value, positive=True, integer=True))
 
 
 def read_log(path: Path, steps: bool = True) -> RunLog:

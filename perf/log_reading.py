@@ -1,0 +1,148 @@
+"""How fast and in how much memory mlbench reads a big MLPerf log, against a plain read and the official checker.
+
+    python perf/log_reading.py [SIZE_MB] [--checkout DIR]
+
+Writes a llama31_8b log of SIZE_MB (default 250; closed division, a tracked_stats line per step as NVIDIA logs
+them, an eval every 100 steps) to a temp folder, then runs each of these in a child process and prints its wall
+time and peak resident memory (the child's own, and its own children's, e.g. the checker it starts):
+
+  plain read            every line of the file read and dropped (the floor for any reader)
+  mlbench read_log      mlbench's own streaming pass (mlbench.analysis.logs.read_log), per-step records included
+  checker alone         python -m mlperf_logging.compliance_checker on the file
+  score                 mlbench score (compliance by the checker in a process of its own, the RCP check, the score)
+  compare --no-score    mlbench compare of the big set and a small one
+  scaling               mlbench scaling of the same two
+
+--checkout DIR runs the mlbench commands from another checkout of the code (e.g. a `git worktree` of an older
+commit) for a before/after comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RULESET = "5.1.0"
+T0 = 1_750_000_000_000
+
+
+def _line(t: int, key: str, value: object, md: dict, event_type: str = "POINT_IN_TIME") -> str:
+    md = {"file": "/workspace/llm/custom_callbacks.py", "lineno": 263, **md}
+    return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": t, "event_type": event_type, "key": key,
+                                     "value": value, "metadata": md}) + "\n"
+
+
+def write_log(path: Path, size_mb: float, gbs: int = 32, seq: int = 8192) -> int:
+    """A llama31_8b result log of about SIZE_MB; returns the number of steps in it."""
+    head = [("cache_clear", True), ("submission_org", "mlbench"), ("submission_platform", "perf"),
+            ("submission_division", "closed"), ("submission_status", "onprem"), ("submission_benchmark", "llama31_8b"),
+            ("seed", 1), ("global_batch_size", gbs), ("max_sequence_length", seq), ("gradient_accumulation_steps", 1),
+            ("opt_name", "adamw"), ("opt_base_learning_rate", 0.001), ("opt_learning_rate_warmup_samples", 0),
+            ("opt_learning_rate_decay_steps", 1_200_000), ("opt_end_learning_rate", 0.0001),
+            ("opt_adamw_beta_1", 0.9), ("opt_adamw_beta_2", 0.95), ("opt_adamw_epsilon", 1e-5),
+            ("opt_adamw_weight_decay", 0.1), ("opt_gradient_clip_norm", 1.0), ("eval_samples", 1024),
+            ("train_samples", 0), ("init_checkpoint_step", 0), ("tensor_parallelism", 1)]
+    limit = size_mb * 1e6
+    with open(path, "w") as f:
+        t = T0
+        for k, v in head:
+            f.write(_line(t, k, v, {}))
+        f.write(_line(t, "init_start", None, {}, "INTERVAL_START"))
+        f.write(_line(t + 1000, "init_stop", None, {}, "INTERVAL_END"))
+        t += 2000
+        f.write(_line(t, "run_start", None, {}, "INTERVAL_START"))
+        step, eval_every = 0, 100
+        while f.tell() < limit:
+            if step % eval_every == 0:
+                f.write(_line(t, "block_start", None, {"samples_count": step * gbs, "epoch_count": eval_every * gbs},
+                              "INTERVAL_START"))
+            step += 1
+            t += 1500
+            f.write(_line(t, "tracked_stats", {"train_step_time": 1.5, "train_loss": 3.1, "lr": 0.001,
+                                               "tokens_per_s": gbs * seq / 1.5, "tflops_per_device": 400.0},
+                          {"step": step}))
+            if step % eval_every == 0:
+                samples = step * gbs
+                f.write(_line(t, "block_stop", None, {"samples_count": samples}, "INTERVAL_END"))
+                f.write(_line(t, "eval_start", None, {"samples_count": samples}, "INTERVAL_START"))
+                f.write(_line(t + 10, "eval_accuracy", 4.0 - step / 1e6, {"samples_count": samples}))
+                f.write(_line(t + 10, "eval_stop", None, {"samples_count": samples}, "INTERVAL_END"))
+        f.write(_line(t + 20, "train_samples", step * gbs, {}))
+        f.write(_line(t + 20, "run_stop", None, {"status": "success"}, "INTERVAL_END"))
+    return step
+
+
+# Runs CODE (which may call mlbench), then writes its own and its children's peak RSS (MiB) to argv[1].
+_MEASURED = r"""
+import contextlib, io, json, resource, sys
+out = sys.argv.pop(1)
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+{code}
+    except SystemExit:
+        pass
+peak = lambda who: resource.getrusage(who).ru_maxrss / 1024
+json.dump({{"self": peak(resource.RUSAGE_SELF), "children": peak(resource.RUSAGE_CHILDREN)}}, open(out, "w"))
+"""
+
+
+def measure(code: str, env: dict, scratch: Path) -> tuple[float, float, float]:
+    """(seconds, peak MiB of the process, peak MiB of its largest child) for CODE in a fresh interpreter."""
+    body = "\n".join("        " + ln for ln in code.strip().splitlines())
+    out = scratch / "peak.json"
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", _MEASURED.format(code=body), str(out)], env=env, check=True,
+                   stderr=subprocess.DEVNULL)
+    seconds = time.perf_counter() - t
+    peak = json.loads(out.read_text())
+    return seconds, peak["self"], peak["children"]
+
+
+def _mlbench(*args: str) -> str:
+    return f"import sys\nsys.argv = {['mlbench', *args]!r}\nfrom mlbench.cli import main\nmain()"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("size_mb", nargs="?", type=float, default=250.0)
+    ap.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1],
+                    help="the mlbench checkout whose code runs the mlbench commands")
+    args = ap.parse_args()
+    env = dict(os.environ, PYTHONPATH=str(args.checkout.resolve()), PYTHONWARNINGS="ignore")
+    with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as td:
+        td = Path(td)
+        big, small = td / "perf-a" / "llama31_8b", td / "perf-b" / "llama31_8b"
+        big.mkdir(parents=True)
+        small.mkdir(parents=True)
+        log = big / "result_0.txt"
+        t = time.perf_counter()
+        steps = write_log(log, args.size_mb)
+        write_log(small / "result_0.txt", 0.2)
+        print(f"log: {log.stat().st_size / 1e6:.0f} MB, {steps:,} steps, written in {time.perf_counter() - t:.1f} s; "
+              f"mlbench from {args.checkout}")
+        cases = [
+            ("plain read", f"for _ in open({str(log)!r}, 'rb'):\n    pass"),
+            ("mlbench read_log", f"from mlbench.analysis.logs import read_log\nread_log({str(log)!r}).step_times"),
+            ("checker alone", f"import runpy\nsys.argv = ['x', '--usage', 'training', '--ruleset', {RULESET!r}, "
+                              f"{str(log)!r}, '--log_output', {str(td / 'checker.log')!r}]\n"
+                              "runpy.run_module('mlperf_logging.compliance_checker', run_name='__main__')"),
+            ("score", _mlbench("score", str(big), "--ruleset", RULESET)),
+            ("compare --no-score", _mlbench("compare", str(big), str(small), "--no-score")),
+            ("scaling", _mlbench("scaling", str(big), str(small), "--devices", "8", "--devices", "16")),
+        ]
+        print(f"{'':20} {'seconds':>8} {'peak MiB':>9} {'child peak MiB':>15}")
+        for name, code in cases:
+            if name.startswith("checker"):
+                code = "import sys\n" + code
+            s, own, child = measure(code, env, td)
+            print(f"{name:20} {s:8.1f} {own:9.0f} {child:15.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
