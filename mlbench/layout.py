@@ -49,7 +49,9 @@ class Layout:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, by trial division up to its square root (n may come from a hostile file)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _fmt(values: list[int], limit: int = 8) -> str:

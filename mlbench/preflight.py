@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 SEED_MAX = 2**32 - 1
 # Names that become folders (--system, the benchmark): portable, never hidden, never a path.
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+# Devices in one run: 2**20, ten times the largest training clusters built so far (and a bound on the layout's
+# divisor searches).
+MAX_DEVICES = 2**20
 # FP8 tensor cores: compute capability 8.9 (Ada) and newer (Hopper 9.0, Blackwell 10.0); what Transformer
 # Engine's FP8 recipes require.
 FP8_COMPUTE_CAPABILITY = 8.9
@@ -276,6 +279,9 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     from mlbench import layout as layout_lib
     from mlbench.spec import FeaturesSpec, check_expressions
 
+    if req.nodes * req.nproc_per_node > MAX_DEVICES:
+        raise UserError(f"--nodes {req.nodes} x --nproc-per-node {req.nproc_per_node} = "
+                        f"{req.nodes * req.nproc_per_node:,} devices; at most {MAX_DEVICES:,}")
     unknown = set(req.features) - {f.name for f in dataclasses.fields(FeaturesSpec)}
     if unknown:
         raise UserError(f"unknown feature {sorted(unknown)[0]!r}; known: "

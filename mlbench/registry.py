@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from pathlib import Path
@@ -12,6 +13,9 @@ from mlbench.errors import UserError
 from mlbench.spec import Benchmark, build, check_expressions, deep_merge
 
 ROOT = Path(__file__).resolve().parent.parent
+# Bound on every integer of a model definition: 2**24 (16.7M) is past any layer count, width, vocabulary or
+# sequence a benchmark has (the largest today: Llama's 128,256-token vocabulary, 131,072-token context).
+MAX_MODEL_SIZE = 2**24
 # MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's).
 BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS", ROOT / "benchmarks"))
 
@@ -75,6 +79,10 @@ def _validate(b: Benchmark, path: Path) -> None:
                 "seq_length"):
         if getattr(m, key) <= 0:
             raise UserError(f"{where}: model.{key} must be positive, got {getattr(m, key)}")
+    for f in dataclasses.fields(m):  # every size at most MAX_MODEL_SIZE: what a model has, not what hangs a loop
+        value = getattr(m, f.name)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MODEL_SIZE:
+            raise UserError(f"{where}: model.{f.name} is {value}; model sizes are at most {MAX_MODEL_SIZE:,}")
     groups = m.num_query_groups or m.num_attention_heads
     if m.num_attention_heads % groups:
         raise UserError(f"{where}: model.num_attention_heads ({m.num_attention_heads}) must be a multiple "

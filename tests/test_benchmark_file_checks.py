@@ -42,9 +42,11 @@ from mlbench.spec import evaluate, resolved
     ("gpt3", "direction: min", "direction: max", ["quality.direction for log_perplexity is 'min'"]),
     ("bert", "target: 0.720", "target: 1.5", ["bert.yaml: quality.target 1.5 is not an accuracy in (0, 1]"]),
     ("bert", "target: 0.720", "target: -0.72", ["quality.target -0.72 is not an accuracy"]),
+    ("gpt3", "num_layers: 96", "num_layers: 100000000000000000000", ["model.num_layers is 100000000000000000000",
+                                                                     "at most 16,777,216"]),
 ], ids=["div-zero-at-own-batch", "power-tower", "power-of-batch", "mod-zero-at-batch-1", "unknown-name",
         "negative-steps", "zero-interval", "complex", "infinite", "negative-perplexity", "wrong-direction",
-        "accuracy-above-1", "negative-accuracy"])
+        "accuracy-above-1", "negative-accuracy", "huge-size"])
 def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                needles: list[str]) -> None:
     f = benchmarks_copy / f"{name}.yaml"
@@ -67,6 +69,17 @@ def test_an_expression_is_checked_at_the_batch_a_run_uses(benchmarks_copy: Path)
     bench = registry.load("gpt3", directory=benchmarks_copy)
     with pytest.raises(UserError, match=r"gpt3.yaml: optimizer.warmup_steps: .* division by zero"):
         resolve_layout(bench, LayoutRequest(nodes=64, nproc_per_node=8, tp=8, pp=8, global_batch_size=3072))
+
+
+def test_layout_errors_at_the_largest_sizes_answer_at_once(benchmarks_copy: Path) -> None:
+    """A layout error lists valid values: the divisor search is bounded by the sizes' bounds, not a long loop."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("num_layers: 96", "num_layers: 16777213", 1))  # a prime
+    bench = registry.load("gpt3", directory=benchmarks_copy)
+    with pytest.raises(UserError, match=r"16777213 layers .* one of 1, 16777213"):
+        resolve_layout(bench, LayoutRequest(nodes=1024, nproc_per_node=1024, tp=8, pp=2))
+    with pytest.raises(UserError, match=r"1,048,577 devices; at most 1,048,576"):
+        resolve_layout(bench, LayoutRequest(nodes=1048577))
 
 
 def test_the_evaluator_is_bounded_and_exact() -> None:
