@@ -9,7 +9,7 @@ STAMP    := $(VENV)/.installed
 TORCH    ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test lint slurm-deps clean
+.PHONY: install run test lint slurm-deps browser-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +30,16 @@ slurm-deps:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; }; \
 	else echo "slurm-deps: not root or no apt-get; SLURM tests will skip"; fi
 
+# A headless browser for the HTML report tests: Debian's chromium, installed only where we are root.
+browser-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  command -v chromium >/dev/null || { apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; \
+	else echo "browser-deps: not root or no apt-get; the HTML report browser tests will skip"; fi
+
 # Two workers: most tests train one rank on one core. --dist loadfile keeps each file in one worker, so the
 # runs of a set stay together and a file's SLURM cluster tests run one after another.
-test: install slurm-deps
+test: install slurm-deps browser-deps
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 lint: install
