@@ -59,19 +59,11 @@ def list_cmd() -> None:
         raise UserError(f"no benchmark files (<name>.yaml) in {registry.BENCHMARKS_DIR}")
     for name in names:
         b = registry.load(name)
-        tiny = registry.load(name, tiny=True) if _has_tiny(name) else None
+        tiny = registry.load(name, tiny=True) if registry.has_tiny(name) else None
         op = "<=" if b.quality.direction == "min" else ">="
         t.add_row(name, b.title.split(" (")[0], b.size, f"{b.quality.metric} {op} {b.quality.target}",
                   b.mlperf.ruleset, str(b.mlperf.runs_required), f"{op} {tiny.quality.target}" if tiny else "-")
     console.print(t)
-
-
-def _has_tiny(name: str) -> bool:
-    try:
-        registry.load(name, tiny=True)
-    except UserError:
-        return False
-    return True
 
 
 @cli.command()

@@ -36,7 +36,9 @@ def names(directory: Path | None = None) -> list[str]:
 
 def _read(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the benchmark file ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -44,6 +46,12 @@ def _read(path: Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of benchmark fields, got {type(data).__name__}")
     return data
+
+
+def has_tiny(name: str, directory: Path | None = None) -> bool:
+    """Whether the benchmark file has a tiny section (a malformed one still fails when loaded)."""
+    load(name, directory=directory)
+    return "tiny" in _read(_dir(directory) / f"{name}.yaml")
 
 
 def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchmark:

@@ -131,3 +131,24 @@ def test_show_json_values_match_the_sources() -> None:
         # OpenAI's gpt-oss-20b: 21B parameters, 3.6B active; MLPerf's model is not the released one (its file).
         moe = json.loads(mlbench("show", "gpt_oss_20b", "--json").stdout)
         assert 19e9 < moe["params_total"] < 22e9 and 3e9 < moe["params_active"] < 4e9
+
+
+def test_unreadable_benchmark_file(benchmarks_copy: Path) -> None:
+    (benchmarks_copy / "gpt3.yaml").write_bytes(b"name: gpt3\ntitle: \xff\xfe\n")
+    with pytest.raises(UserError, match=r"gpt3.yaml: cannot read the benchmark file"):
+        registry.load("gpt3", directory=benchmarks_copy)
+
+
+def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path) -> None:
+    """`list` shows a benchmark's tiny target: a broken tiny section is an error there, not a silent '-'."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("vocab_size: 128,", "vocab_size: lots,", 1))
+    assert registry.load("gpt3", directory=benchmarks_copy)  # the full definition is fine
+    assert registry.has_tiny("gpt3", directory=benchmarks_copy)
+    with pytest.raises(UserError, match=r"gpt3.yaml \(tiny\).model.vocab_size"):
+        registry.load("gpt3", tiny=True, directory=benchmarks_copy)
+    proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    assert proc.returncode == 2 and "model.vocab_size" in proc.stdout + proc.stderr
+    (benchmarks_copy / "bert.yaml").write_text("\n".join(ln for ln in (benchmarks_copy / "bert.yaml").read_text()
+                                                         .split("\ntiny:")[0].splitlines()))
+    assert not registry.has_tiny("bert", directory=benchmarks_copy)
