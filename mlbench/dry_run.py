@@ -1,10 +1,9 @@
-"""`mlbench run --dry-run`: the resolved layout, the commands, and the MLPerf log up to run_start."""
+"""`mlbench run --dry-run`: the resolved layout, the commands, and the MLPerf log up to run_start; the checks of a
+log up to run_start and of a checkpoint that the preflight shares."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shlex
 import tempfile
 from pathlib import Path
 
@@ -13,10 +12,11 @@ from rich.table import Table
 
 from mlbench import compliance, helper_process, results
 from mlbench.errors import UserError
+from mlbench.launch import Launcher
 from mlbench.layout import Layout
 from mlbench.mlperf_log import write_preamble
 from mlbench.run_plan import RunPlan
-from mlbench.runner import RunOptions, local_commands, seeds
+from mlbench.runner import RunOptions, seeds
 from mlbench.spec import Benchmark
 
 
@@ -65,44 +65,58 @@ def closed_rule_problems(bench: Benchmark, layout: Layout, system: str) -> list[
         return compliance.before_run_start(_log_to_run_start(bench, layout, 0, system, tmp), bench.mlperf.ruleset)
 
 
-def run(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, folder: Path,
-        command: str | None = None) -> int:
-    """Writes the log up to run_start and checks it against the benchmark's closed rules; returns the exit code
-    (1 when those rules reject a hyperparameter line). `command`: what each run starts (default: the torchrun
-    line of the local/torchrun launchers)."""
-    seed = seeds(opts.seed, 1)[0]
-    if opts.init_checkpoint:
-        check_checkpoint(RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir="", system=opts.system,
-                                 dry_run=True, init_checkpoint=opts.init_checkpoint), console)
-    console.print(layout_table(bench, layout))
-    console.print(f"layout from: {layout.source}", highlight=False, soft_wrap=True)
-    staging = results.stage(folder)
-    try:
-        dest = folder / "dry-run.txt"  # not result_*.txt: scorers never mistake it for a run
-        os.replace(_log_to_run_start(bench, layout, seed, opts.system, str(staging)), dest)
-    except OSError as e:
-        raise UserError(f"results folder {folder}: cannot write {dest.name} ({e.strerror or e})") from None
-    finally:
-        results.discard(staging)
-    if command is None:
-        # On several nodes: one torchrun per node at a common rendezvous (the torchrun launcher's command).
-        endpoint = opts.rdzv_endpoint or ("HOST:PORT" if layout.nodes > 1 else None)
-        local = local_commands(layout, dataclasses.replace(opts, rdzv_endpoint=endpoint))
-        command = shlex.join(local(Path("PLAN.json"), Path("STAGING"), 0, {}).argv)
-    console.print("each run starts:", command, highlight=False, soft_wrap=True)
-    console.print(f"MLPerf log up to run_start: {dest}", highlight=False)
-    if bench.variant == "tiny":  # its hyperparameters are not the benchmark's: the smoke rules check its runs
-        console.print("closed rules: not applied to a tiny variant", highlight=False)
-        return 0
-    rules = f"closed {bench.mlperf.benchmark} rules ({bench.mlperf.ruleset})"
-    console.print("RCP: " + compliance.rcp_coverage(bench.mlperf.benchmark, bench.mlperf.ruleset,
-                                                     layout.global_batch_size), highlight=False, soft_wrap=True)
-    problems = compliance.before_run_start(dest, bench.mlperf.ruleset)
-    if not problems:
-        console.print(f"[green]{rules} accept every hyperparameter line[/green]", highlight=False)
-        return 0
-    console.print(f"[red]{rules} reject this log[/red] (a real run at this layout would fail the checker):",
-                  highlight=False)
-    for p in problems:
-        console.print(f"  {p}", highlight=False, markup=False, soft_wrap=True)
-    return 1
+class DryRun:
+    """The launcher that starts nothing (mlbench.launch's contract): prepare writes the log a run would write up
+    to run_start (and checks an --init-checkpoint against the model); collect shows the layout, what the chosen
+    launcher would start, and the closed rules' verdict on that log. Exit code 1 when they reject a line."""
+
+    def __init__(self, bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, launcher: Launcher):
+        self.bench, self.layout, self.opts, self.console, self.launcher = bench, layout, opts, console, launcher
+
+    def prepare(self, folder: Path) -> None:
+        bench, layout, opts, console = self.bench, self.layout, self.opts, self.console
+        seed = seeds(opts.seed, 1)[0]
+        if opts.init_checkpoint:
+            check_checkpoint(RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir="",
+                                     system=opts.system, dry_run=True, init_checkpoint=opts.init_checkpoint), console)
+        self.folder, self.dest = folder, folder / "dry-run.txt"  # not result_*.txt: scorers never take it for a run
+        staging = results.stage(folder)
+        try:
+            os.replace(_log_to_run_start(bench, layout, seed, opts.system, str(staging)), self.dest)
+        except OSError as e:
+            raise UserError(f"results folder {folder}: cannot write {self.dest.name} ({e.strerror or e})") from None
+        finally:
+            results.discard(staging)
+
+    def start(self) -> None:
+        """Nothing: a dry run trains nothing."""
+
+    def supervise(self) -> None:
+        """Nothing started, nothing to follow."""
+
+    def collect(self) -> int:
+        bench, layout, console = self.bench, self.layout, self.console
+        console.print(layout_table(bench, layout))
+        console.print(f"layout from: {layout.source}", highlight=False, soft_wrap=True)
+        for what, text in self.launcher.describe(self.folder):
+            if "\n" in text:
+                console.print(f"{what}:", highlight=False)
+                console.out(text, highlight=False)
+            else:
+                console.print(f"{what}: {text}", highlight=False, soft_wrap=True)
+        console.print(f"MLPerf log up to run_start: {self.dest}", highlight=False, soft_wrap=True)
+        if bench.variant == "tiny":  # its hyperparameters are not the benchmark's: the smoke rules check its runs
+            console.print("closed rules: not applied to a tiny variant", highlight=False)
+            return 0
+        rules = f"closed {bench.mlperf.benchmark} rules ({bench.mlperf.ruleset})"
+        console.print("RCP: " + compliance.rcp_coverage(bench.mlperf.benchmark, bench.mlperf.ruleset,
+                                                         layout.global_batch_size), highlight=False, soft_wrap=True)
+        problems = compliance.before_run_start(self.dest, bench.mlperf.ruleset)
+        if not problems:
+            console.print(f"[green]{rules} accept every hyperparameter line[/green]", highlight=False)
+            return 0
+        console.print(f"[red]{rules} reject this log[/red] (a real run at this layout would fail the checker):",
+                      highlight=False)
+        for p in problems:
+            console.print(f"  {p}", highlight=False, markup=False, soft_wrap=True)
+        return 1

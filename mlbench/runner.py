@@ -1,10 +1,12 @@
-"""A set of runs of one benchmark: plan, launch, supervise, check and publish each, one after another."""
+"""A set of runs of one benchmark on this machine or node: plan, start, supervise, check and publish each, one after
+another; what a run record holds."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import secrets
+import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,50 +145,74 @@ def _staged_plan(folder: Path, plan_for: Callable[[Path], RunPlan]) -> tuple[Pat
     return staging, plan
 
 
-def run_set(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console, folder: Path,
-            command_for: CommandFor) -> list[RunResult]:
-    """Runs the set one run after another, each supervised, checked and published; stops early only when a
-    run cannot be published (then the disk is full, and so would the next run's be)."""
-    env_info = environment.collect(ROOT)
-    env = dict(os.environ, MLBENCH_THREADS=str(opts.threads), OMP_NUM_THREADS=str(opts.threads),
-               PYTHONWARNINGS="ignore")
-    out: list[RunResult] = []
-    run_seeds = seeds(opts.seed, opts.runs)
-    for i, seed in enumerate(run_seeds):
-        staging, plan = _staged_plan(folder, lambda d, seed=seed: RunPlan(
+class RunSet:
+    """The local and torchrun launchers, and the driver inside a SLURM job: the runs one after another on this
+    machine or node, each started with `command_for`, supervised, checked and published (the launcher contract
+    of mlbench.launch). A set shares its devices, so each run starts once the one before it is published: start()
+    starts nothing ahead, supervise() starts and follows each in turn. It stops early only when a run cannot be
+    published (the disk is full, and the next run's would not fit either)."""
+
+    def __init__(self, bench: Benchmark, layout: Layout, opts: RunOptions, console: Console,
+                 command_for: CommandFor):
+        self.bench, self.layout, self.opts, self.console, self.command_for = bench, layout, opts, console, command_for
+        self.results: list[RunResult] = []
+
+    def describe(self, folder: Path) -> list[tuple[str, str]]:
+        return [("each run starts", shlex.join(self.command_for(Path("PLAN.json"), Path("STAGING"), 0, {}).argv))]
+
+    def prepare(self, folder: Path) -> None:
+        self.folder = folder
+        self.seeds = seeds(self.opts.seed, self.opts.runs)
+        self.env_info = environment.collect(ROOT)
+
+    def start(self) -> None:
+        """Nothing ahead of time: see the class."""
+
+    def supervise(self) -> None:
+        env = dict(os.environ, MLBENCH_THREADS=str(self.opts.threads), OMP_NUM_THREADS=str(self.opts.threads),
+                   PYTHONWARNINGS="ignore")
+        for i, seed in enumerate(self.seeds):
+            result = self._run(i, seed, env)
+            self.results.append(result)
+            if not result.published:
+                break
+
+    def collect(self) -> int:
+        return 0 if self.results and all(r.ok for r in self.results) else 1
+
+    def _run(self, i: int, seed: int, env: dict) -> RunResult:
+        bench, layout, opts, folder, console = self.bench, self.layout, self.opts, self.folder, self.console
+        staging, plan = _staged_plan(folder, lambda d: RunPlan(
             benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(d), system=opts.system,
             init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint))
-        cmd = command_for(staging / "plan.json", staging, i, env)
+        cmd = self.command_for(staging / "plan.json", staging, i, env)
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
         with Progress(label, console) as progress:
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,
                                 hang_timeout=opts.hang_timeout, on_events=progress.on_events)
         # The node that hosted global rank 0 has the log and publishes the run. With a c10d rendezvous that
         # need not be --node-rank 0: ranks are assigned in rendezvous order.
-        leader = plan.log_path.exists() or layout.nodes == 1
-        if not leader:  # another node publishes the run; this one keeps its rank logs
+        if not plan.log_path.exists() and layout.nodes > 1:  # another node publishes it; this one keeps its logs
             logs = results.keep_node_logs(folder, staging, opts.node_rank, seed)
             console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}; rank logs in {logs}")
             status = "success" if outcome.exit_code == 0 else "aborted"
-            out.append(RunResult(logs or folder, status, None, None, True, outcome.reason))
-            continue
+            return RunResult(logs or folder, status, None, None, True, outcome.reason)
         try:
             if outcome.log_error:
                 results.discard(staging)
                 raise results.PublishError(f"run not published: {outcome.log_error}")
             ttt = time_to_train(plan.log_path)
             verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
-            rec = record(bench, layout, plan, outcome, verdict, ttt, env_info)
+            rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
             console.print(f"[red]{e}[/red] (the run ended: {outcome.status}"
                           f"{', ' + outcome.reason if outcome.reason else ''})", highlight=False, soft_wrap=True)
-            out.append(RunResult(folder, "aborted", None, None, False, str(e), published=False))
-            break
-        out.append(RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
-                             outcome.checkpoint_error))
-        _summary(console, bench, out[-1])
-    return out
+            return RunResult(folder, "aborted", None, None, False, str(e), published=False)
+        result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
+                           outcome.checkpoint_error)
+        _summary(console, bench, result)
+        return result
 
 
 def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:

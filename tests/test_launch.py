@@ -53,7 +53,7 @@ def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
 def test_two_slurm_jobs_prepared_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:
     bench = registry.load("gpt3", tiny=True)
     opts = RunOptions(results=tmp_path, system="s")
-    dirs = {slurm.prepare(bench, _layout(2), opts, slurm.SlurmOptions(), tmp_path)[0] for _ in range(5)}
+    dirs = {slurm.write_job(bench, _layout(2), opts, slurm.SlurmOptions(), tmp_path) for _ in range(5)}
     assert len(dirs) == 5 and all((d / "job.sbatch").is_file() for d in dirs)
 
 

@@ -63,9 +63,13 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
         torchrun_args=[f"--log-dir={ranks_dir}", "--redirects=3"] if ranks_dir else (), driver=driver)
 
 
-def prepare(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions,
-            folder: Path) -> tuple[Path, str]:
-    """Write the job folder (spec for the driver, the sbatch script); returns (folder, script text)."""
+def _script(bench: Benchmark, layout: Layout, opts: SlurmOptions, job_dir: Path) -> str:
+    driver = [sys.executable, "-m", "mlbench.launch.slurm_job", str(job_dir / "job.json")]
+    return render(job_for(layout, opts, bench.name, job_dir, driver))
+
+
+def write_job(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions, folder: Path) -> Path:
+    """Writes the job folder (the spec for the driver, the sbatch script) under `folder`/.slurm; returns it."""
     job_dir = None
     try:
         (folder / ".slurm").mkdir(exist_ok=True)
@@ -75,16 +79,14 @@ def prepare(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmO
                 "run": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(run_opts).items()},
                 "slurm": dataclasses.asdict(opts)}
         (job_dir / "job.json").write_text(json.dumps(spec, indent=1))
-        driver = [sys.executable, "-m", "mlbench.launch.slurm_job", str(job_dir / "job.json")]
-        script = render(job_for(layout, opts, bench.name, job_dir, driver))
-        (job_dir / "job.sbatch").write_text(script)
+        (job_dir / "job.sbatch").write_text(_script(bench, layout, opts, job_dir))
     except (ValueError, OSError) as e:
         if job_dir:
             shutil.rmtree(job_dir, ignore_errors=True)
         what = e.strerror if isinstance(e, OSError) else e
         raise UserError(f"cannot write the SLURM job{f' in {folder}' if isinstance(e, OSError) else ''}: "
                         f"{what}") from None
-    return job_dir, script
+    return job_dir
 
 
 def _slurm(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -93,24 +95,68 @@ def _slurm(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
 
 
-def submit(job_dir: Path, console: Console) -> int:
-    """Check, submit and follow the job; returns the job's exit code. Bad requests fail before submitting."""
-    script = job_dir / "job.sbatch"
-    test = _slurm("sbatch", "--test-only", str(script))
-    if test.returncode != 0:
-        shutil.rmtree(job_dir, ignore_errors=True)
-        msg = " ".join(test.stderr.split()) or "sbatch --test-only refused the job"
-        raise UserError(f"SLURM cannot run this job: {msg} (check --nodes, --partition, --account, --time)")
-    proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    job_id = proc.stdout.readline().strip().split(";")[0]
-    if not job_id:
-        proc.wait()
-        raise UserError(f"sbatch did not submit the job: {' '.join(proc.stderr.read().split())}")
-    console.print(f"submitted SLURM job {job_id}; output {job_dir / 'job.out'}", highlight=False)
-    (job_dir / "job_id").write_text(job_id + "\n")
-    out, pos = job_dir / "job.out", 0
+class SlurmLauncher:
+    """`--launcher slurm` (mlbench.launch's contract): prepare writes the job and has SLURM check it
+    (`sbatch --test-only`: a request it cannot run is refused before submitting); start submits it; supervise
+    follows it (its state as it changes, the driver's output with each run's progress, a pending reason that
+    means it never starts); collect reports the runs it published."""
 
+    def __init__(self, bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions, console: Console):
+        self.bench, self.layout, self.run_opts, self.opts, self.console = bench, layout, run_opts, opts, console
+
+    def describe(self, folder: Path) -> list[tuple[str, str]]:
+        per_run = job_for(self.layout, self.opts, self.bench.name, folder / ".slurm" / "JOB", driver=None,
+                          command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("STAGING/ranks"))
+        try:
+            script = _script(self.bench, self.layout, self.opts, folder / ".slurm" / "JOB")
+        except ValueError as e:
+            raise UserError(f"cannot write the SLURM job: {e}") from None
+        return [("each run starts (in the job)", shlex.join(srun_argv(per_run))),
+                ("sbatch script (not submitted)", script)]
+
+    def prepare(self, folder: Path) -> None:
+        self.job_dir = write_job(self.bench, self.layout, self.run_opts, self.opts, folder)
+        test = _slurm("sbatch", "--test-only", str(self.job_dir / "job.sbatch"))
+        if test.returncode != 0:
+            shutil.rmtree(self.job_dir, ignore_errors=True)
+            msg = " ".join(test.stderr.split()) or "sbatch --test-only refused the job"
+            raise UserError(f"SLURM cannot run this job: {msg} (check --nodes, --partition, --account, --time)")
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(self.job_dir / "job.sbatch")],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.job_id = self.proc.stdout.readline().strip().split(";")[0]
+        if not self.job_id:
+            self.proc.wait()
+            raise UserError(f"sbatch did not submit the job: {' '.join(self.proc.stderr.read().split())}")
+        self.console.print(f"submitted SLURM job {self.job_id}; output {self.job_dir / 'job.out'}", highlight=False)
+        (self.job_dir / "job_id").write_text(self.job_id + "\n")
+
+    def supervise(self) -> None:
+        self.code = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console)
+
+    def collect(self) -> int:
+        console, job_dir = self.console, self.job_dir
+        summary = job_dir / "summary.json"
+        ended = json.loads(summary.read_text()) if summary.exists() else {}
+        runs = ended.get("runs", [])
+        if ended.get("error"):
+            console.print(f"[red]error:[/red] {ended['error']}", highlight=False, soft_wrap=True)
+            return 1
+        for r in runs:
+            mark = "[green]success[/green]" if r["status"] == "success" else "[red]aborted[/red]"
+            console.print(f"{mark} {r['result']}" + (f" ({r['reason']})" if r["reason"] else ""), highlight=False)
+        if not runs:
+            console.print(f"[red]the job ended (exit code {self.code}) without recording a run; see "
+                          f"{job_dir / 'job.out'}[/red]")
+            return 1
+        return 0 if self.code == 0 and all(r["status"] == "success" for r in runs) else 1
+
+
+def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console) -> int:
+    """Follows a submitted job to its end (`sbatch --wait` in `proc`); returns its exit code. SIGTERM/SIGINT
+    stop it: the first through the driver (the run logged aborted and published), a second outright."""
+    pos = 0
     cancels: list[int] = []
 
     def cancel(signum, frame):
@@ -166,34 +212,3 @@ def final_state(job_id: str) -> str:
     if "JobState" not in fields:
         return ""
     return f"{fields['JobState']}, exit code {fields.get('ExitCode', '?')}"
-
-
-def launch(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: SlurmOptions, console: Console,
-           folder: Path, dry_run: bool = False) -> int:
-    """`mlbench run --launcher slurm`: returns the exit code (0 when every run reached its target)."""
-    from mlbench import dry_run as dry
-
-    if dry_run:
-        job_dir, script = prepare(bench, layout, run_opts, opts, folder)
-        shutil.rmtree(job_dir)
-        per_run = job_for(layout, opts, bench.name, job_dir, driver=None,
-                          command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("RANKS"))
-        code = dry.run(bench, layout, run_opts, console, folder, command=shlex.join(srun_argv(per_run)))
-        console.print("sbatch script (not submitted):", highlight=False)
-        console.out(script, highlight=False)
-        return code
-    job_dir, _ = prepare(bench, layout, run_opts, opts, folder)
-    code = submit(job_dir, console)
-    summary = job_dir / "summary.json"
-    ended = json.loads(summary.read_text()) if summary.exists() else {}
-    runs = ended.get("runs", [])
-    if ended.get("error"):
-        console.print(f"[red]error:[/red] {ended['error']}", highlight=False, soft_wrap=True)
-        return 1
-    for r in runs:
-        mark = "[green]success[/green]" if r["status"] == "success" else "[red]aborted[/red]"
-        console.print(f"{mark} {r['result']}" + (f" ({r['reason']})" if r["reason"] else ""), highlight=False)
-    if not runs:
-        console.print(f"[red]the job ended (exit code {code}) without recording a run; see {job_dir / 'job.out'}[/red]")
-        return 1
-    return 0 if code == 0 and all(r["status"] == "success" for r in runs) else 1

@@ -53,11 +53,15 @@ def main(spec_path: str) -> int:
         # srun passes the port on to every node
         return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log")
 
+    run_set = runner.RunSet(bench, layout, opts, Console(soft_wrap=True), command_for)
     with result_folder(opts.results, opts.system, bench.name) as folder:
-        results = runner.run_set(bench, layout, opts, Console(soft_wrap=True), folder, command_for)
-    summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason} for r in results]
+        run_set.prepare(folder)
+        run_set.start()
+        run_set.supervise()
+    summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason}
+               for r in run_set.results]
     (job_dir / "summary.json").write_text(json.dumps({"runs": summary}, indent=1))
-    return 0 if all(r.ok for r in results) else 1
+    return run_set.collect()
 
 
 if __name__ == "__main__":
