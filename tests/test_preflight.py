@@ -188,3 +188,15 @@ def test_optional_commands_are_registered() -> None:
 def test_benchmark_folder_that_is_not_there(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=f"benchmark folder {tmp_path / 'nope'} is not a folder"):
         registry.names(tmp_path / "nope")
+
+
+def test_expert_parallel_on_a_mixture_of_experts_model() -> None:
+    moe = [n for n in registry.names() if getattr(registry.load(n, tiny=True).model, "num_experts", 0)]
+    if not moe:
+        pytest.skip("no mixture-of-experts benchmark defined")
+    bench = registry.load(moe[0], tiny=True)
+    experts = bench.model.num_experts
+    assert preflight.resolve_layout(bench, LayoutRequest(nproc_per_node=2, ep=2)).ep == 2
+    bad = next(e for e in range(3, 2 * experts + 2) if experts % e)
+    with pytest.raises(UserError, match=f"--ep {bad} must divide the model's {experts} experts; valid ep: 1"):
+        preflight.resolve_layout(bench, LayoutRequest(nproc_per_node=bad, ep=bad))
