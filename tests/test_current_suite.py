@@ -113,3 +113,13 @@ def test_published_scores_equal_the_official_summarizer() -> None:
 def test_show_lists_the_current_suite() -> None:
     proc = mlbench("list")
     assert proc.returncode == 0 and "llama31_8b" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", ["llama31_8b", "gpt_oss_20b"])
+def test_tiny_targets_are_the_floor_plus_the_stated_margin(name: str) -> None:
+    from mlbench.train.data.source import markov_source
+
+    b = registry.load(name, tiny=True)
+    floor = markov_source(b).entropy_rate
+    assert f"{floor:.3f} nats per token" in b.quality.note and "floor + 0.15" in b.quality.note
+    assert b.quality.target == pytest.approx(floor + 0.15, abs=0.01)
