@@ -86,7 +86,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
         from mlbench.spec import resolved
 
         counts = {"params_total": params, "flops_per_sample": flops.flops_per_sample(m)}
-        if getattr(m, "num_experts", None):
+        if m.num_experts:
             counts["params_active"] = flops.active_param_count(m)
         click.echo(json.dumps(resolved(b) | counts, indent=1, allow_nan=False))
         return

@@ -286,7 +286,7 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     if unknown:
         raise UserError(f"unknown feature {sorted(unknown)[0]!r}; known: "
                         f"{', '.join(f.name for f in dataclasses.fields(FeaturesSpec))}")
-    experts = getattr(bench.model, "num_experts", None) or 0
+    experts = bench.model.num_experts
     if req.ep is not None and req.ep > 1:
         if not experts:
             raise UserError(f"--ep {req.ep}: {bench.name} is a dense model (no experts), so there is nothing to split "

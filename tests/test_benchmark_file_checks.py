@@ -103,7 +103,7 @@ def test_show_json_is_the_resolved_definition(name: str) -> None:
     gbs = bench.train.global_batch_size
     assert data["params_total"] == flops.param_count(bench.model)
     assert data["flops_per_sample"] == flops.flops_per_sample(bench.model)
-    if getattr(bench.model, "num_experts", 0):  # mixture of experts: the parameters a token passes through
+    if bench.model.num_experts:  # mixture of experts: the parameters a token passes through
         assert data["params_active"] == flops.active_param_count(bench.model) < data["params_total"]
     else:
         assert "params_active" not in data
