@@ -80,7 +80,7 @@ def test_collectives_use_nvlink_inside_a_domain_and_the_network_beyond() -> None
 def test_operation_split_adds_up_to_the_projects_model_flops() -> None:
     for name in ("gpt3", "llama31_405b", "bert"):
         m = registry.load(name).model
-        by = step_time._flops_by_op(m, 1)
+        by = step_time.flops_by_op(m, 1)
         assert m.num_layers * (by["layer_gemm"] + by["layer_attention"]) + by["head"] == pytest.approx(
             flops.flops_per_sample(m))
 

@@ -1,5 +1,11 @@
-"""The CPU as a planner device: its fp32 GEMM rate and memory bandwidth, measured once on this machine with one
-thread (as each tiny-run rank uses) and cached in ~/.cache/mlbench/cpu-device.json, keyed by the processor."""
+"""The CPU as a planner device: measured once on this machine with one thread a process (as each tiny-run rank
+uses) and cached in ~/.cache/mlbench/cpu-device.json, keyed by the processor.
+
+Measured: the fp32 GEMM rate at the tiny models' shapes; memory copy bandwidth; megatron-core's forward and
+backward of one micro-batch of the tiny gpt3 model, per transformer layer and for the rest (at tiny sizes a step
+is mostly eager-mode dispatch, not arithmetic: these times, not the FLOPs, predict it); the optimizer's time per
+parameter tensor; and the latency of one gloo all-reduce between two processes on this host.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,129 @@ import dataclasses
 import json
 import os
 import platform
+import socket
+import statistics
 import time
 from pathlib import Path
 
 CACHE = Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "cpu-device.json"
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
+VERSION = 5  # of what is measured: an older cache is measured again
 
 
 def _key() -> str:
-    return f"{platform.machine()} {platform.processor()} {os.cpu_count()} cpus"
+    return f"v{VERSION} {platform.machine()} {platform.processor()} {os.cpu_count()} cpus"
+
+
+def _rate(fn, seconds: float) -> float:
+    """Seconds per call of fn, the median of 5 timed rounds after a warm-up."""
+    fn()
+    rounds = []
+    for _ in range(5):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 5:
+            fn()
+            n += 1
+        rounds.append((time.perf_counter() - t0) / n)
+    return statistics.median(rounds)
+
+
+def _optimizer_per_tensor(seconds: float) -> float:
+    """Seconds per parameter tensor of an optimizer step at the tiny shapes: gradient-norm clip, Adam, zero_grad."""
+    import torch
+
+    shapes = [(192, 64), (192,), (64, 64), (64,), (256, 64), (256,), (64, 256), (64,), (64,), (64,), (64,), (64,)]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    adam = torch.optim.Adam(params)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        adam.step()
+        for p in params:
+            p.grad.zero_()
+
+    return _rate(step, seconds) / len(params)
+
+
+MEGATRON_PROBE = """
+import dataclasses, json, time, torch
+torch.set_num_threads(1)
+from mlbench.train import one_process_world
+one_process_world.init()
+from mlbench import registry
+from mlbench.planner.cpu import _rate
+from mlbench.planner.step_time import flops_by_op
+from mlbench.train.model.build import build
+from mlbench.train.model.config import transformer_config
+tiny = registry.load("gpt3", tiny=True)
+def per_micro_batch(layers):
+    m = dataclasses.replace(tiny.model, num_layers=layers)
+    model = build(m, transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False))
+    mbs = tiny.train.micro_batch_size
+    tokens = torch.randint(0, m.vocab_size, (mbs, m.seq_length))
+    positions = torch.arange(m.seq_length).expand(mbs, -1)
+    return _rate(lambda: model(tokens, positions, None, labels=tokens).float().mean().backward(), 1.0)
+one, two = per_micro_batch(1), per_micro_batch(2)
+by_op = flops_by_op(tiny.model, 1)
+print(json.dumps({"layer_s": two - one, "head_s": 2 * one - two,
+                  "layer_flops": (by_op["layer_gemm"] + by_op["layer_attention"]) * tiny.train.micro_batch_size}))
+"""
+
+
+def _megatron_costs() -> dict:
+    """megatron-core's own forward + backward of one micro-batch of the tiny gpt3 model on this CPU, one thread:
+    per transformer layer and for the rest (embedding, logits, loss), from models of one and two layers. In a
+    child process: it sets up a one-process megatron world."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", MEGATRON_PROBE], capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        raise RuntimeError(f"measuring megatron-core on this CPU failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _collective_worker(rank: int, port: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    t = torch.randn(512 * 64)  # a tiny micro-batch's activations
+    times = []
+    for i in range(60):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        if i >= 10:
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def _collective_latency() -> float:
+    """Median seconds of a gloo all-reduce of a tiny micro-batch's activations between two processes here."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_collective_worker, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    latency = out.get(timeout=120)
+    for p in procs:
+        p.join(30)
+    return latency
 
 
 def measure(seconds: float = 2.0) -> dict:
-    """fp32 GEMM FLOP/s at the tiny shapes (forward and the two backward products) and copy bandwidth, 1 thread."""
     import torch
 
     threads = torch.get_num_threads()
@@ -28,23 +143,18 @@ def measure(seconds: float = 2.0) -> dict:
     try:
         mats = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in SHAPES]
         flops_each = sum(2 * m * k * n for m, k, n in SHAPES)
-        for a, b in mats:  # warm up
-            a @ b
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds / 2:
-            for a, b in mats:
-                a @ b
-            reps += 1
-        gemm = reps * flops_each / (time.perf_counter() - t0)
+        gemm = flops_each / _rate(lambda: [a @ b for a, b in mats], seconds / 2)
         src, dst = torch.randn(8 << 20), torch.empty(8 << 20)  # 32 MiB each: beyond the caches
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds / 2:
-            dst.copy_(src)
-            reps += 1
-        bandwidth = reps * 2 * src.numel() * 4 / (time.perf_counter() - t0)  # read + write
+        bandwidth = 2 * src.numel() * 4 / _rate(lambda: dst.copy_(src), seconds / 4)  # read + write
+        optimizer = _optimizer_per_tensor(seconds / 4)
     finally:
         torch.set_num_threads(threads)
-    return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth, "measured_at": time.strftime("%FT%TZ")}
+    costs = _megatron_costs()
+    return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth, "optimizer_s_per_tensor": optimizer,
+            "megatron_layer_s": costs["layer_s"], "megatron_head_s": costs["head_s"],
+            "megatron_probe_layer_flops": costs["layer_flops"],
+            "megatron_shapes": "tiny gpt3: micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocabulary 128",
+            "collective_latency_s": _collective_latency(), "measured_at": time.strftime("%FT%TZ", time.gmtime())}
 
 
 def measured() -> dict:
@@ -61,7 +171,7 @@ def measured() -> dict:
     return data
 
 
-def device(entry) -> object:
+def device(entry):
     """The `cpu` entry of devices.yaml filled with this machine's measured figures."""
     import psutil
 
@@ -69,4 +179,5 @@ def device(entry) -> object:
     return dataclasses.replace(entry, peaks={"fp32": m["gemm_flops"]},
                                memory_bytes=float(psutil.virtual_memory().total),
                                hbm_bytes_per_s=m["bytes_per_s"], nvlink_bytes_per_s=m["bytes_per_s"],
-                               scaleout_bytes_per_s=m["bytes_per_s"] / 2, extra={"measured": m})
+                               scaleout_bytes_per_s=m["bytes_per_s"] / 2,
+                               collective_latency_s=m["collective_latency_s"], extra={"measured": m})
