@@ -256,6 +256,9 @@ def main() -> None:
         console.print("aborted")
         sys.exit(130)
     except click.UsageError as e:  # an unknown option, a bad choice: one line, and where to read more
+        if type(e).__name__ == "NoArgsIsHelpError":  # `mlbench` alone (click >= 8.2): the help, as click gives it
+            click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            sys.exit(2)
         _error(f"{e.format_message()} (see '{e.ctx.command_path if e.ctx else 'mlbench'} -h')")
         sys.exit(2)
     except click.ClickException as e:
