@@ -101,8 +101,8 @@ class Entry:
         return gbs / med / self.devices
 
     def tflops_per_device(self) -> float | None:
-        v = [x for r in self.runs for x in r.step_times.tflops_per_device]
-        return float(np.median(v)) if v else None
+        v = np.concatenate([np.zeros(0), *(r.step_times.tflops_per_device for r in self.runs)])
+        return float(np.median(v)) if len(v) else None
 
     def model_tflops_per_device(self) -> float | None:
         """Model TFLOP/s per device from the benchmark definition's FLOPs per sample (attention included) and the

@@ -35,8 +35,8 @@ class StepTimes:
     source: str  # "tracked_stats", "blocks" or "none"
     note: str = ""
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    tokens_per_s: list[float] = field(default_factory=list)
-    tflops_per_device: list[float] = field(default_factory=list)
+    tokens_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, where logged
+    tflops_per_device: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def stats(self) -> dict[str, float | None]:
         return step_stats(self.seconds)
@@ -124,8 +124,7 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
                 note += f"; logged every {kk:g} steps, times are per step"
     tps = np.frombuffer(t.tokens_per_s, dtype=np.float64)[keep] if len(t.tokens_per_s) else np.zeros(0)
     tfl = np.frombuffer(t.tflops, dtype=np.float64)[keep] if len(t.tflops) else np.zeros(0)
-    return StepTimes(secs, "tracked_stats", note, idx, tps[np.isfinite(tps)].tolist(),
-                     tfl[np.isfinite(tfl)].tolist())
+    return StepTimes(secs, "tracked_stats", note, idx, tps[np.isfinite(tps)], tfl[np.isfinite(tfl)])
 
 
 def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
