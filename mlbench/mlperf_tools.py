@@ -24,12 +24,22 @@ from typing import Any
 
 from mlperf_logging import benchmark_meta
 from mlperf_logging.compliance_checker import mlp_compliance
-from mlperf_logging.rcp_checker import rcp_checker
-from mlperf_logging.result_summarizer import result_summarizer
 
 PINNED = "4.1.68"  # the version every call here was written against; pyproject.toml pins it
 USAGE = "training"
 _PKG = Path(mlp_compliance.__file__).parent
+
+
+def _rcp_checker() -> Any:
+    from mlperf_logging.rcp_checker import rcp_checker  # imports scipy: only where used (seconds a process)
+
+    return rcp_checker
+
+
+def _result_summarizer() -> Any:
+    from mlperf_logging.result_summarizer import result_summarizer  # imports pandas: only where used
+
+    return result_summarizer
 
 
 class ToolsChanged(RuntimeError):
@@ -95,7 +105,7 @@ def checker_command(path: Path, ruleset: str, config: Path | None, log_output: P
 
 def olympic_average(times: list[float], dropped: int, max_dropped: int) -> float | None:
     """result_summarizer._compute_olympic_average: drop the fastest and slowest (less those already dropped)."""
-    f = _internal(result_summarizer, "_compute_olympic_average", "result_summarizer")
+    f = _internal(_result_summarizer(), "_compute_olympic_average", "result_summarizer")
     return f(list(times), dropped, max_dropped)
 
 
@@ -105,7 +115,7 @@ def scaling_factor(folder: Path) -> float | None:
     path = Path(folder) / "scaling.json"
     if not path.is_file():
         return None
-    f = _internal(result_summarizer, "_get_scaling_factor", "result_summarizer")
+    f = _internal(_result_summarizer(), "_get_scaling_factor", "result_summarizer")
     try:
         v = f(str(folder))
     except (ValueError, KeyError, TypeError, OSError) as e:
@@ -129,13 +139,13 @@ def rcp_file(benchmark: str, ruleset: str) -> Path:
 def rcp_check_directory(folder: Path, ruleset: str) -> tuple[bool, str, float]:
     """rcp_checker.check_directory with the summarizer's arguments: (pass, message, normalisation factor)."""
     with quiet():
-        return rcp_checker.check_directory(str(folder), USAGE, ruleset, False, False, rcp_file=None,
-                                           rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+        return _rcp_checker().check_directory(str(folder), USAGE, ruleset, False, False, rcp_file=None,
+                                               rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
 
 
 def read_convergence(path: Path, ruleset: str) -> tuple[bool, float, int]:
     """rcp_checker.read_submission_file: (converged, samples or epochs to converge (1e9 if not), global batch)."""
-    f = _internal(rcp_checker, "read_submission_file", "rcp_checker")
+    f = _internal(_rcp_checker(), "read_submission_file", "rcp_checker")
     with quiet():
         not_converged, epochs, bs, _ = f(str(path), ruleset, False)
     return not bool(not_converged), epochs, bs
@@ -150,7 +160,7 @@ class Rcp:
     def __init__(self, benchmark: str, ruleset: str):
         try:
             with quiet():
-                self._c = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
+                self._c = _rcp_checker().RCP_Checker(USAGE, ruleset, benchmark, False)
         except Exception as e:  # the checker raises bare Exception / KeyError / OSError for "none here"
             raise ValueError(f"no RCPs for {benchmark} in training {ruleset} ({type(e).__name__})") from None
 
