@@ -165,8 +165,8 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
 
 def _target(f: Path, ruleset: str | None, rules: str) -> Target:
     benchmark, last = None, None
-    try:
-        for e in LogReader(f):
+    try:  # the keys that tell the benchmark and whether the log ends at run_start; other lines are skipped unparsed
+        for e in LogReader(f, keys=frozenset({"submission_benchmark", "run_start", *AFTER_RUN_START})):
             if e.key == "submission_benchmark" and benchmark is None:
                 benchmark = text(f, e, "value", e.value) if ruleset is None else e.value
             last = e.key

@@ -51,3 +51,25 @@ def test_tiny_log_fails_the_closed_rules(tmp_path: Path) -> None:
     v = compliance.check(_log(tmp_path, finish=True), "4.1.0", smoke=False)
     assert not v.ok
     _ = MLPerfLog
+
+
+def test_check_notes_a_dry_run_log_and_prints_whole_messages(tmp_path: Path) -> None:
+    """`mlbench check` on a log that ends at run_start says so; each checker message is printed whole."""
+    import io
+
+    from rich.console import Console
+
+    bench = load("gpt3", tiny=True)
+    from mlbench.layout import resolve
+
+    plan = RunPlan(benchmark=bench, layout=resolve(bench).as_dict(), seed=3, run_dir=str(tmp_path), system="t")
+    log = write_preamble(plan)
+    log.end("init_stop")
+    log.start("run_start")
+    log.close()
+    out = io.StringIO()
+    ok = compliance.check_paths(plan.log_path, "4.1.0", "smoke", Console(file=out, width=200))
+    text = out.getvalue()
+    assert not ok and "FAIL" in text and "(smoke rules)" in text
+    assert "note: a dry-run log (it ends at run_start)" in text
+    assert "Required EXACTLY_ONE occurrence of 'run_stop'" in text
