@@ -124,6 +124,10 @@ def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep:
         if overrides.get("sequence_parallel"):
             raise UserError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
         f = dataclasses.replace(f, sequence_parallel=False)
+    if bench.model.num_experts and layout.tp > 1 and not f.sequence_parallel:
+        # megatron-core's MoELayer refuses to train split over tensor-parallel ranks without it (moe_layer.py)
+        raise UserError(f"{bench.name} is a mixture of experts: megatron-core trains its expert layers at --tp "
+                        f"{layout.tp} only with sequence parallelism; add --sequence-parallel, or use --tp 1")
     if f.overlap_param_gather and not f.distributed_optimizer:
         if overrides.get("overlap_param_gather"):
             raise UserError("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it "

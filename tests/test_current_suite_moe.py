@@ -16,6 +16,7 @@ from conftest import assert_tiny_converges, mlbench, mllog
 
 from mlbench import compliance, flops, layout, rcp_schedule, registry
 from mlbench.dry_run import closed_rule_problems
+from mlbench.errors import UserError
 from mlbench.models import family, moe
 
 # Built in a subprocess (megatron-core needs a process group): each benchmark's model with ONE layer at full
@@ -157,6 +158,17 @@ def test_ep_that_does_not_divide_the_experts_is_refused(tmp_path: Path) -> None:
     said = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and "must divide the model's 4 experts" in said, said
     assert len(said.splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_moe_at_tensor_parallel_needs_sequence_parallel() -> None:
+    """megatron-core's MoELayer refuses to train at TP > 1 without sequence parallelism: refused before launch.
+    The full definition turns it on (dropped at TP 1); the tiny one off (megatron's torch norms refuse it)."""
+    tiny = registry.load("gpt_oss_20b", tiny=True)
+    with pytest.raises(UserError, match=r"--tp 2 only with sequence parallelism; add --sequence-parallel"):
+        layout.resolve(tiny, 1, 2, tp=2)
+    full = registry.load("gpt_oss_20b")
+    assert layout.resolve(full, 128, 4).features.sequence_parallel  # NVIDIA's TP 2 layout
+    assert not layout.resolve(full, 1, 8).features.sequence_parallel  # the reference's TP 1
 
 
 @pytest.mark.slow
