@@ -124,7 +124,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     _check_data(bench, req)
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
-    if not req.dry_run and req.launcher != "slurm":  # a dry run or a SLURM job trains elsewhere
+    # FP8 against this machine's GPU; a dry run or a SLURM job trains elsewhere.
+    if layout.precision == "fp8" and not req.dry_run and req.launcher != "slurm":
         check_precision(layout.precision, req.layout.precision is not None, local_device())
     check_results_folder(req.results_root, system, bench.name)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
