@@ -7,6 +7,7 @@ import dataclasses
 import os
 import secrets
 import shlex
+import shutil
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,6 +198,8 @@ class RunSet:
             console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}; rank logs in {logs}")
             status = "success" if outcome.exit_code == 0 else "aborted"
             return RunResult(logs or folder, status, None, None, True, outcome.reason)
+        if outcome.checkpoint_error:
+            _remove_partial_checkpoint(Path(opts.save_checkpoint))
         try:
             if outcome.log_error:
                 results.discard(staging)
@@ -213,6 +216,15 @@ class RunSet:
                            outcome.checkpoint_error)
         _summary(console, bench, result)
         return result
+
+
+def _remove_partial_checkpoint(dest: Path) -> None:
+    """A save that failed (a full disk) or was stopped leaves its staging folder beside the destination
+    (`.NAME.partial-PID`, PID rank 0's): removed once that process is gone, as every process of the run is by now."""
+    for partial in dest.parent.glob(f".{dest.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:

@@ -234,3 +234,23 @@ def test_a_full_disk_while_training_aborts_cleanly(tmp_path: Path) -> None:
         assert "run not published" in proc.stdout and "No space left on device" in proc.stdout, proc.stdout
         assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
         assert not list(disk.iterdir())
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_the_checkpoint_leaves_no_partial_checkpoint(tmp_path: Path) -> None:
+    """The run's result stands (published whole, target reached) but the command fails saying the checkpoint was
+    not saved, and the half-written checkpoint folder (megatron-core fails with no room) is gone."""
+    with _tmpfs(tmp_path / "disk", "256k") as disk:
+        root = tmp_path / "results"
+        proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--system", "ci", "--seed", "3",
+                       "--save-checkpoint", str(disk / "ckpt"))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "checkpoint not saved" in proc.stdout, proc.stdout
+        record = json.loads((root / "ci" / "gpt3" / "result_0.json").read_text())
+        assert record["status"] == "success" and record["checkpoint_error"]
+        _assert_readable_run(root / "ci" / "gpt3")
+        assert not list(disk.iterdir()), list(disk.iterdir())
+
+
+def _assert_readable_run(folder: Path) -> None:
+    assert sorted(p.name for p in folder.iterdir()) == ["logs", "result_0.json", "result_0.txt"]
