@@ -203,12 +203,18 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console) -> 
 
 
 def final_state(job_id: str) -> str:
-    """The ended job's state and exit code as SLURM records them (e.g. "COMPLETED, exit code 0:0"), or ""."""
-    try:
-        text = _slurm("scontrol", "show", "job", "-o", job_id, timeout=30).stdout
-    except (UserError, subprocess.TimeoutExpired):
-        return ""
-    fields = dict(w.split("=", 1) for w in text.split() if "=" in w)
-    if "JobState" not in fields:
-        return ""
-    return f"{fields['JobState']}, exit code {fields.get('ExitCode', '?')}"
+    """The ended job's state and exit code as SLURM records them (e.g. "COMPLETED, exit code 0:0"), or "": from
+    slurmctld while it still holds the job (MinJobAge), then from accounting, then from the job completion log."""
+    with contextlib.suppress(UserError, subprocess.TimeoutExpired):
+        shown = _slurm("scontrol", "show", "job", "-o", job_id, timeout=30).stdout
+        fields = dict(w.split("=", 1) for w in shown.split() if "=" in w)
+        if "JobState" in fields:
+            return f"{fields['JobState']}, exit code {fields.get('ExitCode', '?')}"
+    for extra in ([], ["--completion"]):
+        with contextlib.suppress(UserError, subprocess.TimeoutExpired):
+            out = _slurm("sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode", timeout=30)
+            line = out.stdout.strip().splitlines()[:1]
+            if out.returncode == 0 and line and "|" in line[0]:
+                state, code = line[0].split("|", 1)
+                return f"{state.split()[0]}, exit code {code}"
+    return ""
