@@ -128,6 +128,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     if layout.precision == "fp8" and not req.dry_run and req.launcher != "slurm":
         check_precision(layout.precision, req.layout.precision is not None, local_device())
     check_results_folder(req.results_root, system, bench.name)
+    slurm_opts = _slurm_options(req, bench, layout)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
                              hang_timeout=req.hang_timeout, node_rank=req.node_rank,
                              rdzv_endpoint=req.rdzv_endpoint if req.launcher == "torchrun" else None,
@@ -138,7 +139,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_checkpoint_fits(bench, layout, opts, console)
     if bench.variant != "tiny" and not req.dry_run and not req.ignore_closed_rules:
         check_closed_rules(bench, layout, system)
-    return PreparedRun(bench=bench, layout=layout, opts=opts, slurm_opts=_slurm_options(req), dry_run=req.dry_run)
+    return PreparedRun(bench=bench, layout=layout, opts=opts, slurm_opts=slurm_opts, dry_run=req.dry_run)
 
 
 # ---- the request's own values ---------------------------------------------------------------------------
@@ -364,12 +365,19 @@ def local_device() -> DeviceFacts:
 # ---- launcher options -----------------------------------------------------------------------------------
 
 
-def _slurm_options(req: RunRequest) -> SlurmOptions | None:
+def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOptions | None:
+    """The SLURM launcher's options, checked by the rules the job script is written under (SlurmJob.validate)
+    before anything is written: a bad --time or --sbatch-arg is bad input, not a half-made job folder."""
     if req.launcher != "slurm":
         return None
     from mlbench.launch import slurm
 
-    return slurm.SlurmOptions(partition=req.partition, account=req.account, time_limit=req.time_limit,
+    opts = slurm.SlurmOptions(partition=req.partition, account=req.account, time_limit=req.time_limit,
                               sbatch_args=list(req.sbatch_args), container_image=req.container_image,
                               container_mounts=req.container_mounts.split(",") if req.container_mounts else [],
                               master_addr=req.master_addr, gpus_per_node=req.gpus_per_node)
+    try:
+        slurm.job_for(layout, opts, bench.name, Path("JOB"), driver=None).validate()
+    except ValueError as e:
+        raise UserError(f"cannot write the SLURM job: {e}") from None
+    return opts

@@ -69,6 +69,8 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"layout": {"features": {"recompute_layers": 2}}}, r"--recompute-layers .* needs --recompute full"),
     ({"layout": {"cp": 3, "nproc_per_node": 3}}, r"sequence length 64 must divide by 2 x cp = 6"),
     ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* use --precision bf16"),
+    ({"launcher": "slurm", "layout": {"nodes": 2}, "time_limit": "2h", "dry_run": True},
+     r"cannot write the SLURM job: time_limit must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
