@@ -15,6 +15,7 @@ matmul: OpenAI's convention for gpt-oss's "3.6B active"). Model FLOPs count the 
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from mlbench.models import Family, gpt, transformer
@@ -34,7 +35,9 @@ def config(m: ModelSpec) -> dict:
         moe_router_load_balancing_type="none",
         moe_aux_loss_coeff=0.0,
         moe_token_dispatcher_type="alltoall",
-        moe_grouped_gemm=False,  # grouped GEMMs need Transformer Engine or the grouped_gemm CUDA package
+        # Transformer Engine's grouped GEMM where it is installed (the "te" layer spec builds TEGroupedMLP);
+        # without it megatron's SequentialMLP, one GEMM pair per expert
+        moe_grouped_gemm=importlib.util.find_spec("transformer_engine") is not None,
         moe_router_dtype="fp32",  # the reference's AMD config
     )
 
