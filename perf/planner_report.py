@@ -1,0 +1,85 @@
+"""The planner's answers to issue 16's two questions: `python perf/planner_report.py`.
+
+1. The best layouts it proposes for gpt3 and llama31_405b on 64 x 8 H100, beside the layout NVIDIA used there.
+2. A predicted scaling curve for llama31_405b on GB200 NVL72 (4 GPUs a node) from 512 to 8,192 GPUs.
+
+Features as NVIDIA's NeMo configs set them (distributed optimizer, sequence parallel, overlapped communication,
+bf16 gradient reduction: `calibration.MODERN`), fp8, so the figures compare with the runs the model was fitted on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from mlbench import registry
+from mlbench.errors import UserError
+from mlbench.layout import resolve
+from mlbench.planner import calibration, devices
+from mlbench.planner import plan as planner
+
+FEATURES = {f.name: getattr(calibration.MODERN, f.name) for f in dataclasses.fields(calibration.MODERN)}
+# NVIDIA's 64 x 8 H100 layouts: gpt3 v4.1 eos_n64 (tp4 pp8 vp6 mbs2 gbs2048, published-runs.csv row 11) and
+# llama31_405b v5.0 eos-dfw_n64 (tp8 pp8 vp8 cp2 mbs1 gbs1152, row 14), with their measured step times.
+NVIDIA = {"gpt3": ((4, 8, 6, 1, 2, 2048), 9.4963, 51.028), "llama31_405b": ((8, 8, 8, 2, 1, 1152), 55.143, 230.687)}
+
+
+def _resolve(bench, nodes, per_node, tp, pp, vp, cp, mbs, gbs):
+    return resolve(bench, nodes, per_node, tp, pp, vp, cp, mbs, gbs, features=FEATURES, precision="fp8")
+
+
+def _line(r: dict) -> str:
+    ly, t = r["layout"], r["step_terms_s"]
+    comm = t["tp_comm"] + t["cp_comm"] + t["dp_comm"]
+    mem = f"{r['memory']['total_bytes'] / 1e9:.0f} GB" if r["memory"] else "memory n/a"
+    return (f"tp{ly['tp']} pp{ly['pp']} vp{ly['vp']} cp{ly['cp']} dp{ly['dp']} mbs{ly['micro_batch_size']} "
+            f"gbs{ly['global_batch_size']}: step {r['step_time_s']:.2f} s, TTT {r['time_to_train_min']:.1f} min, "
+            f"MFU {r['mfu']:.1%}, bubble {t['pipeline_bubble'] / r['step_time_s']:.1%}, "
+            f"comm {comm / r['step_time_s']:.1%}, {mem}")
+
+
+def best_layouts() -> None:
+    h100 = devices.get("h100")
+    for name, (shape, step, ttt) in NVIDIA.items():
+        bench = registry.load(name)
+        nvidia = planner.evaluate(bench, _resolve(bench, 64, 8, *shape), h100)
+        print(f"\n{name} on 64 x 8 H100, fp8")
+        print(f"  NVIDIA's layout   {_line(nvidia)}  (measured: step {step} s, TTT {ttt} min)")
+        results, stats = planner.search(bench, h100, 64, 8, None,
+                                         lambda tp, pp, vp, cp, mbs, gbs, b=bench: _resolve(b, 64, 8, tp, pp, vp,
+                                                                                           cp, mbs, gbs))
+        print(f"  searched {stats['candidates']} candidates ({stats['invalid']} do not divide, "
+              f"{stats['does_not_fit']} do not fit)")
+        for i, r in enumerate(results[:5], 1):
+            print(f"  #{i:<2} {_line(r)}")
+
+
+def gb200_curve() -> None:
+    """tp 4, pp 8, vp 8, cp 2 (NVIDIA's Blackwell layout for this model), the global batch the smallest at or
+    above 1152 that the interleaved schedule takes at each data-parallel size."""
+    gb200, bench = devices.get("gb200"), registry.load("llama31_405b")
+    print("\nllama31_405b on GB200 NVL72, fp8, tp4 pp8 vp8 cp2 mbs1 (predicted)")
+    points = []
+    for gpus in (512, 1024, 2048, 4096, 8192):
+        dp = gpus // 64
+        gbs = -(-1152 // (8 * dp)) * 8 * dp
+        try:
+            points.append(planner.evaluate(bench, _resolve(bench, gpus // 4, 4, 4, 8, 8, 2, 1, gbs), gb200))
+        except UserError as e:
+            print(f"  {gpus}: {e}")
+    for p, e in zip(points, planner.scaling_efficiencies(points), strict=True):
+        t = p["step_terms_s"]
+        print(f"  {e['devices']:>5} GPUs gbs {p['layout']['global_batch_size']:>5}: step {p['step_time_s']:6.2f} s, "
+              f"{p['time_to_train']['steps']} steps, TTT {p['time_to_train_min']:6.1f} min, MFU {p['mfu']:.1%}, "
+              f"dp_comm {t['dp_comm']:.2f} s, strong eff. {e['strong_efficiency']:.2f}, "
+              f"weak eff. {e['weak_efficiency']:.2f}")
+
+
+def main() -> int:
+    best_layouts()
+    gb200_curve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
