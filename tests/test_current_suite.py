@@ -123,3 +123,16 @@ def test_tiny_targets_are_the_floor_plus_the_stated_margin(name: str) -> None:
     floor = markov_source(b).entropy_rate
     assert f"{floor:.3f} nats per token" in b.quality.note and "floor + 0.15" in b.quality.note
     assert b.quality.target == pytest.approx(floor + 0.15, abs=0.01)
+
+
+def test_the_table_survives_the_run_plan(tmp_path) -> None:
+    """Ranks read the benchmark from the plan's JSON, whose mapping keys are strings: the table's batches come
+    back as integers and resolve the same schedule."""
+    from mlbench.run_plan import RunPlan
+
+    bench = registry.load("llama31_8b")
+    ly = layout.resolve(bench, 1, 8, global_batch_size=64)
+    RunPlan(benchmark=bench, layout=ly.as_dict(), seed=1, run_dir=str(tmp_path), system="ci").save(tmp_path / "p.json")
+    back = RunPlan.load(tmp_path / "p.json").benchmark
+    assert back.optimizer.lr_table == bench.optimizer.lr_table
+    assert rcp_schedule.at(back, 64) == rcp_schedule.at(bench, 64)
