@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlbench import registry
+from mlbench import rcp_schedule, registry
 from mlbench.errors import UserError
 
 if TYPE_CHECKING:
@@ -81,6 +81,9 @@ class RunRequest:
     init_checkpoint: Path | None = None
     save_checkpoint: Path | None = None
     ignore_closed_rules: bool = False
+    # the learning rate and warm-up steps, over the benchmark's (needed at a batch off an RCP table)
+    lr: float | None = None
+    warmup_steps: int | None = None
     # slurm launcher
     partition: str | None = None
     account: str | None = None
@@ -124,6 +127,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     _check_data(bench, req)
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
+    bench = rcp_schedule.for_run(bench, layout.global_batch_size, req.lr, req.warmup_steps)
     # FP8 against this machine's GPU; a dry run or a SLURM job trains elsewhere.
     if layout.precision == "fp8" and not req.dry_run and req.launcher != "slurm":
         check_precision(layout.precision, req.layout.precision is not None, local_device())
