@@ -76,14 +76,14 @@ def list_cmd() -> None:
 def show(name: str, tiny: bool, as_json: bool) -> None:
     """A benchmark's definition, parameter count and model FLOPs."""
     from mlbench import flops
+    from mlbench.models import family
+    from mlbench.spec import resolved
 
     b = registry.load(name, tiny=tiny)
     m, o = b.model, b.optimizer
     params = flops.param_count(m)
     if as_json:
         import json
-
-        from mlbench.spec import resolved
 
         counts = {"params_total": params, "flops_per_sample": flops.flops_per_sample(m)}
         if m.num_experts:
@@ -94,17 +94,27 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
     t.add_column("key", style="bold")
     t.add_column("value")
     t.add_row("parameters", f"{params:,}" if tiny else _params_vs_published(params, b))
+    if m.num_experts:
+        t.add_row("active parameters", f"{flops.active_param_count(m):,} per token (top-{m.moe_router_topk} of "
+                                       f"{m.num_experts} experts)")
     t.add_row("model FLOPs per sample", f"{flops.flops_per_sample(m):.4g} (training: 3 x forward)")
-    t.add_row("architecture", f"{m.family}: {m.num_layers} layers, hidden {m.hidden_size}, "
-                              f"{m.num_attention_heads} heads ({m.num_query_groups or m.num_attention_heads} "
-                              f"kv groups), ffn {m.ffn_hidden_size}, {m.activation}, "
-                              f"{m.norm_position}-{m.normalization}, "
-                              f"{m.position_embedding} positions, vocab {m.vocab_size}, sequence {m.seq_length}")
-    t.add_row("optimizer", f"{o.name}: lr {o.lr}, min lr {o.min_lr}, betas ({o.beta1}, {o.beta2}), eps {o.eps}, "
-                           f"weight decay {o.weight_decay}, clip {o.clip_grad}")
-    t.add_row("schedule", f"warm-up {o.warmup_steps} steps, {o.decay_style} decay {o.decay_steps} steps")
+    t.add_row("architecture", f"{m.family}: {family(m.family).describe(m)}")  # the family says what it has
+    r = resolved(b)  # every value at the benchmark's global batch; an expression follows its value
+
+    def value(section: str, key: str) -> str:
+        written, v = getattr(getattr(b, section), key), r[section][key]
+        text = f"{v:,}" if isinstance(v, int) else f"{v:g}"
+        if written is None and key in ("lr", "warmup_steps"):
+            return f"{text} (its RCP table's, at global batch {b.train.global_batch_size})"
+        return text + (f" (= {written})" if isinstance(written, str) else "")
+
+    t.add_row("optimizer", f"{o.name}: lr {value('optimizer', 'lr')}, min lr {value('optimizer', 'min_lr')}, "
+                           f"betas ({o.beta1}, {o.beta2}), eps {o.eps}, weight decay {o.weight_decay}, "
+                           f"clip {o.clip_grad}")
+    t.add_row("schedule", f"warm-up {value('optimizer', 'warmup_steps')} steps, {o.decay_style} decay "
+                          f"{value('optimizer', 'decay_steps')} steps")
     t.add_row("batch", f"global {b.train.global_batch_size}, micro {b.train.micro_batch_size}")
-    t.add_row("eval", f"every {b.eval.interval_samples} samples on {b.eval.samples} samples")
+    t.add_row("eval", f"every {value('eval', 'interval_samples')} samples on {b.eval.samples} samples")
     op = "<=" if b.quality.direction == "min" else ">="
     t.add_row("quality target", f"{b.quality.metric} {op} {b.quality.target}")
     if b.quality.note:
@@ -157,6 +167,9 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
                    "Required for full-size runs of benchmarks that start from one.")
 @click.option("--save-checkpoint", type=click.Path(path_type=Path),
               help="Save model and optimizer state here when the run stops (a new folder; one run only).")
+@click.option("--lr", type=float, help="Peak learning rate over the benchmark's (llama31_8b and gpt_oss_20b define "
+                                       "one only at their RCP batch sizes; see docs/benchmarks.md).")
+@click.option("--warmup-steps", type=int, help="Learning-rate warm-up steps over the benchmark's.")
 @click.option("--ignore-closed-rules", is_flag=True,
               help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
                    "then fails the checker). Without it such a run is refused before launch.")
@@ -184,9 +197,11 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     import tempfile
 
     from mlbench import helper_process
+    from mlbench.models import family
 
     bench = registry.load(name, tiny=tiny)
-    if bench.model.family != "bert" or bench.model.norm_position != "post":
+    converter = family(bench.model.family).converter(bench.model)  # the helper module, if the family has one
+    if converter is None:
         raise UserError(f"{name}: no conversion needed or provided; its reference checkpoint loads directly with "
                         f"--init-checkpoint when it is a megatron-core torch_dist checkpoint (docs/checkpoints.md)")
     check_new_folder("DEST", dest)
@@ -194,8 +209,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
         spec = Path(tmp) / "benchmark.json"
         spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
         try:
-            r = helper_process.run_json("mlbench.train.checkpoint.convert_bert", str(spec), str(src), str(dest),
-                                        prefix=f"{src}: ")
+            r = helper_process.run_json(converter, str(spec), str(src), str(dest), prefix=f"{src}: ")
         except helper_process.HelperFailed as e:
             console.print("[red]error:[/red] conversion failed: ", end="")
             console.print(str(e), markup=False, highlight=False, soft_wrap=True)

@@ -39,3 +39,18 @@ def test_show_gives_the_parameter_count_against_the_published_size(name: str, pu
     assert f"training {ROWS[name][3]}, {ROWS[name][4]} runs" in proc.stdout
     tiny = mlbench("show", name, "--tiny")
     assert tiny.returncode == 0 and "(tiny variant)" in tiny.stdout, tiny.stderr
+
+
+def test_show_gives_values_with_the_expression_they_come_from() -> None:
+    from click.testing import CliRunner
+
+    from mlbench import registry
+    from mlbench.cli import cli
+
+    out = " ".join(CliRunner(env={"COLUMNS": "300"}).invoke(cli, ["show", "gpt3"]).output.split())
+    assert "warm-up 265 (= ceil(265 * 1536 / global_batch_size)) steps" in out
+    assert "lr 2e-05 (= max(2e-5, " in out
+    moe = [n for n in registry.names() if registry.load(n).model.num_experts]
+    for name in moe:  # mixture of experts: the parameters a token passes through, beside the total
+        out = " ".join(CliRunner(env={"COLUMNS": "300"}).invoke(cli, ["show", name]).output.split())
+        assert re.search(r"active parameters │ [\d,]+ per token \(top-\d+ of \d+ experts\)", out), out
