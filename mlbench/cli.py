@@ -167,9 +167,9 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
                    "Required for full-size runs of benchmarks that start from one.")
 @click.option("--save-checkpoint", type=click.Path(path_type=Path),
               help="Save model and optimizer state here when the run stops (a new folder; one run only).")
-@click.option("--lr", type=float, help="Peak learning rate over the benchmark's (llama31_8b and gpt_oss_20b define "
-                                       "one only at their RCP batch sizes; see docs/benchmarks.md).")
-@click.option("--warmup-steps", type=int, help="Learning-rate warm-up steps over the benchmark's.")
+@click.option("--lr", type=float, help="Peak learning rate, over the benchmark's: needed at a global batch its "
+                                      "RCP table (llama31_8b, gpt_oss_20b) has no row for.")
+@click.option("--warmup-steps", type=int, help="Warm-up steps, over the benchmark's (as --lr).")
 @click.option("--ignore-closed-rules", is_flag=True,
               help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
                    "then fails the checker). Without it such a run is refused before launch.")
