@@ -159,6 +159,8 @@ def _check_options(req: RunRequest) -> None:
         raise UserError(f"--seed {req.seed} is out of range: seeds are 0 to {SEED_MAX}{last}")
     if not 0 < req.hang_timeout < math.inf:  # also NaN
         raise UserError(f"--hang-timeout must be a positive number of seconds, got {req.hang_timeout}")
+    if req.lr is not None and not 0 < req.lr < math.inf:
+        raise UserError(f"--lr must be a positive number, got {req.lr}")
     if req.threads < 1:
         raise UserError(f"--threads must be at least 1, got {req.threads}")
     if req.gpus_per_node < 0:

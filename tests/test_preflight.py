@@ -69,6 +69,7 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"layout": {"features": {"recompute_layers": 2}}}, r"--recompute-layers .* needs --recompute full"),
     ({"layout": {"cp": 3, "nproc_per_node": 3}}, r"sequence length 64 must divide by 2 x cp = 6"),
     ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* use --precision bf16"),
+    ({"lr": float("nan")}, r"--lr must be a positive number, got nan"),
     ({"launcher": "slurm", "layout": {"nodes": 2}, "time_limit": "2h", "dry_run": True},
      r"cannot write the SLURM job: time_limit must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
@@ -202,3 +203,15 @@ def test_expert_parallel_on_a_mixture_of_experts_model() -> None:
     bad = next(e for e in range(3, 2 * experts + 2) if experts % e)
     with pytest.raises(UserError, match=f"--ep {bad} must divide the model's {experts} experts; valid ep: 1"):
         preflight.resolve_layout(bench, LayoutRequest(nproc_per_node=bad, ep=bad))
+
+
+def test_lr_and_warmup_flags_give_a_schedule_off_the_rcp_table(tmp_path: Path) -> None:
+    """llama31_8b's learning rate is a table by RCP batch: between its rows the flags state the schedule."""
+    if "llama31_8b" not in registry.names():
+        pytest.skip("llama31_8b not defined")
+    at_48 = {"name": "llama31_8b", "tiny": False, "dry_run": True,
+             "layout": {"nproc_per_node": 8, "global_batch_size": 48}}
+    _refused(tmp_path, r"only at its RCP global batches .* --lr and --warmup-steps", **at_48)
+    p = prepare(_request(tmp_path, lr=6e-4, warmup_steps=100, **at_48))
+    assert (p.bench.optimizer.lr, p.bench.optimizer.warmup_steps) == (6e-4, 100)
+    assert {"lr", "warmup_steps"} <= {o.name for o in cli.commands["run"].params}
