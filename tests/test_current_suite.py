@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import mlbench
+from conftest import mlbench, mllog
 from test_analysis_score import OFFICIAL
 
 from mlbench import compliance, flops, layout, rcp_schedule, registry
@@ -145,3 +145,12 @@ def test_a_batch_off_the_table_is_refused_before_launch(tmp_path) -> None:
     assert proc.returncode == 2 and len(said.splitlines()) == 1, said
     assert "interpolated between global batch 32 and 64" in said and "--lr and --warmup-steps" in said
     assert not any(tmp_path.iterdir())
+
+
+def test_the_user_s_schedule_off_the_table_is_logged(tmp_path) -> None:
+    proc = mlbench("run", "llama31_8b", "--dry-run", "--nproc-per-node", "8", "--gbs", "48", "--lr", "6e-4",
+                   "--warmup-steps", "100", "--results", str(tmp_path), "--system", "ci")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logged = {e["key"]: e["value"] for e in mllog(tmp_path / "ci" / "llama31_8b" / "dry-run.txt")}
+    assert (logged["opt_base_learning_rate"], logged["opt_learning_rate_warmup_steps"]) == (6e-4, 100)
+    assert logged["opt_learning_rate_decay_steps"] == 1_199_900
