@@ -171,7 +171,9 @@ def test_layout_options_are_one_declaration_for_every_command() -> None:
                   "overlap_param_gather": False})
     CliRunner().invoke(probe, [])
     assert seen["layout"] == LayoutRequest()  # unset flags: nothing overrides the benchmark file
-    run_options = {o.name for o in cli.commands["run"].params}
+    names = [o.name for o in cli.commands["run"].params]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)  # one option each
+    run_options = set(names)
     probe_options = {o.name for o in probe.params}
     assert probe_options <= run_options
     if "plan" in cli.commands:
