@@ -96,8 +96,9 @@ def forward_flops(m: ModelSpec, tp: int = 1) -> float:
 
 
 def describe(m: ModelSpec) -> str:
-    full = f", every {m.window_attn_skip_freq}th layer full" if m.window_attn_skip_freq else ""
-    window = f", sliding window {m.window_size}{full}" if m.window_size else ""
+    k = m.window_attn_skip_freq
+    where = " on alternate layers" if k == 2 else f", full attention every {k} layers" if k else " on every layer"
+    window = f", sliding window {m.window_size}{where}" if m.window_size else ""
     qk = ", q/k norm" if m.qk_layernorm else ""
     return (f"{transformer.describe(m)}; {m.num_experts} experts of ffn {m.moe_ffn_hidden_size or m.ffn_hidden_size}, "
             f"top-{m.moe_router_topk}{window}{qk}")
