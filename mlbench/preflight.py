@@ -175,7 +175,7 @@ def _check_options(req: RunRequest) -> None:
         if not req.rdzv_endpoint:
             raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
         host, _, port = req.rdzv_endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535")
     if req.launcher == "local" and ly.nodes > 1 and not req.dry_run:
         raise UserError(f"--launcher local runs on this machine only; for --nodes {ly.nodes} use --launcher "

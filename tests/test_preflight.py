@@ -60,6 +60,8 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"layout": {"nproc_per_node": 0}}, r"--nproc-per-node must be at least 1"),
     ({"layout": {"nodes": 2}, "node_rank": 2, "launcher": "torchrun", "rdzv_endpoint": "h:1"}, r"--node-rank 2"),
     ({"launcher": "torchrun", "rdzv_endpoint": "host"}, r"--rdzv-endpoint 'host' must be HOST:PORT"),
+    ({"launcher": "torchrun", "rdzv_endpoint": "host:\u00b2"}, r"must be HOST:PORT with a port 1-65535"),
+    ({"launcher": "torchrun", "rdzv_endpoint": "host:70000"}, r"must be HOST:PORT with a port 1-65535"),
     ({"layout": {"global_batch_size": 0}}, r"--global-batch-size must be at least 1, got 0"),
     ({"layout": {"micro_batch_size": 0}}, r"--micro-batch-size must be at least 1, got 0"),
     ({"layout": {"ep": 2, "nproc_per_node": 2}}, r"--ep 2: gpt3 is a dense model"),
