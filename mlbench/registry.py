@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -109,6 +110,7 @@ def _validate(b: Benchmark, path: Path) -> None:
     # Every expression, where it is used and at the smallest batch: a bad one fails here, naming its key.
     batches = {1, b.train.global_batch_size} | {ly.global_batch_size for ly in b.layouts if ly.global_batch_size}
     check_expressions(b, where, batches)
+    _validate_ranges(b, where)
     _validate_quality(b, where)
     if b.variant == "tiny" and not b.quality.note:
         raise UserError(f"{where}: a tiny variant must say how its target was chosen (quality.note)")
@@ -122,6 +124,34 @@ def _validate(b: Benchmark, path: Path) -> None:
                         f"norm_position: pre")
     if b.variant == "tiny" and b.data.source != "markov":
         raise UserError(f"{where}: a tiny variant trains on the synthetic source (data.source: markov)")
+
+
+# Values with a range of their own: what torch's optimizers and the sources accept, refused at load rather than
+# when a rank builds its optimizer after the run has started.
+_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "optimizer.beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "optimizer.beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "optimizer.eps": (lambda v: v > 0, "positive"),
+    "optimizer.weight_decay": (lambda v: v >= 0, "at least 0"),
+    "optimizer.clip_grad": (lambda v: v >= 0, "at least 0 (0: no clipping)"),
+    "optimizer.decay_power": (lambda v: v > 0, "positive"),
+    "model.dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "model.norm_epsilon": (lambda v: v > 0, "positive"),
+    "eval.samples": (lambda v: v > 0, "positive"),
+    "data.mask_prob": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "data.branching": (lambda v: v >= 1, "at least 1"),
+    "data.concentration": (lambda v: v > 0, "positive"),
+    "mlperf.runs_required": (lambda v: v >= 1, "at least 1"),
+    "features.recompute_layers": (lambda v: v >= 1, "at least 1"),
+}
+
+
+def _validate_ranges(b: Benchmark, where: str) -> None:
+    for key, (ok, what) in _RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(b, section), name)
+        if not ok(value):
+            raise UserError(f"{where}: {key} is {value}; it must be {what}")
 
 
 def _validate_quality(b: Benchmark, where: str) -> None:

@@ -44,9 +44,11 @@ from mlbench.spec import evaluate, resolved
     ("bert", "target: 0.720", "target: -0.72", ["quality.target -0.72 is not an accuracy"]),
     ("gpt3", "num_layers: 96", "num_layers: 100000000000000000000", ["model.num_layers is 100000000000000000000",
                                                                      "at most 16,777,216"]),
+    ("gpt3", "beta1: 0.9", "beta1: 1.5", ["gpt3.yaml: optimizer.beta1 is 1.5; it must be in [0, 1)"]),
+    ("gpt3", "eps: 1.0e-8", "eps: -1.0e-8", ["optimizer.eps is -1e-08; it must be positive"]),
 ], ids=["div-zero-at-own-batch", "power-tower", "power-of-batch", "mod-zero-at-batch-1", "unknown-name",
         "negative-steps", "zero-interval", "complex", "infinite", "negative-perplexity", "wrong-direction",
-        "accuracy-above-1", "negative-accuracy", "huge-size"])
+        "accuracy-above-1", "negative-accuracy", "huge-size", "beta-above-1", "negative-eps"])
 def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                needles: list[str]) -> None:
     f = benchmarks_copy / f"{name}.yaml"
