@@ -46,7 +46,9 @@ CONSTANTS = Path(__file__).with_name("constants.yaml")
 @dataclass(frozen=True)
 class Constants:
     gemm_efficiency: float = 0.75  # achieved / peak for bf16 GEMMs of unbounded size
-    gemm_half_tokens: float = 1000.0  # GEMM rows (tokens per micro-batch on a rank) at which half that is reached
+    # GEMM shape: efficiency x size / (size + gemm_half_size), size = 1 / (1/M + 1/N + 1/K) of the GEMM on a rank
+    # (its arithmetic intensity, in elements): a short, narrow or thin GEMM runs slower
+    gemm_half_size: float = 500.0
     lowprec_fixed_share: float = 0.3  # share of GEMM time a lower precision (fp8, nvfp4) does not speed up
     # achieved / bf16 peak on the model-FLOPs count of attention, which counts the full s x s products that causal
     # kernels halve: up to 2
@@ -72,7 +74,7 @@ def _bytes_per_element(precision: str) -> float:
 
 @dataclass(frozen=True)
 class Placement:
-    """Which link each parallel group's collectives cross: one-way bytes/s per GPU."""
+    """The bandwidth each parallel group's collectives get: effective one-way bytes/s per GPU."""
 
     tp_bw: float
     cp_bw: float
@@ -81,14 +83,24 @@ class Placement:
 
 def placement(layout: Layout, device: Device) -> Placement:
     """Megatron orders ranks tp, cp, dp, pp (tp fastest): a group of `size` ranks `stride` apart stays inside one
-    NVLink domain when stride x size fits in it. An 8-GPU node is a domain; NVL72 racks span nodes."""
+    NVLink domain when stride x size fits in it (an 8-GPU node is a domain; NVL72 racks span nodes). A group that
+    spans domains crosses the scale-out network, where NCCL's rings and trees send each domain's share once: with
+    k of the group's ranks in a domain, each GPU's network link carries 1/k of the data (k NICs share it)."""
     domain = device.nvlink_domain if device.nvlink_domain > 8 else min(device.nvlink_domain, layout.nproc_per_node)
     nvlink = device.nvlink_bytes_per_s / 2
 
     def bw(stride: int, size: int) -> float:
-        return nvlink if stride * size <= domain else device.scaleout_bytes_per_s
+        if stride * size <= domain:
+            return nvlink
+        k = max(1, min(size, domain // stride))  # the group's ranks in one domain
+        return min(nvlink, device.scaleout_bytes_per_s * k)
 
     return Placement(tp_bw=bw(1, layout.tp), cp_bw=bw(layout.tp, layout.cp), dp_bw=bw(layout.tp, layout.cp * layout.dp))
+
+
+def _gemm_efficiency(c: Constants, rows: float, inner: float, out: float) -> float:
+    size = 1 / (1 / rows + 1 / inner + 1 / out)
+    return c.gemm_efficiency * size / (size + c.gemm_half_size)
 
 
 def _widths(m: ModelSpec) -> tuple[int, int, int, int, int]:
@@ -124,9 +136,13 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     head_flops = by_op["head"] * mbs / (tp * cp)
     slow = c.lowprec_fixed_share + (1 - c.lowprec_fixed_share) * peak_bf16 / peak  # 1 at bf16
     weight_bytes = 3 * (h * (q + 2 * kv) + q * h + h * fc1 + ffn * h) / tp * _bytes_per_element(prec)
-    gemm_eff = c.gemm_efficiency * tokens / (tokens + c.gemm_half_tokens)  # GEMM shape: short GEMMs run slower
-    gemm = max(gemm_flops / (gemm_eff * peak_bf16) * slow, weight_bytes / hbm)
-    head = head_flops / (gemm_eff * peak_bf16) * slow
+    # the layer's four GEMMs (rows, inner, out) on this rank: QKV, output projection, fc1, fc2
+    shapes = [(tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, fc1 / tp), (tokens, ffn / tp, h)]
+    work = [mm * kk * nn for mm, kk, nn in shapes]
+    inverse_eff = sum(w / _gemm_efficiency(c, *shape) for w, shape in zip(work, shapes, strict=True)) / sum(work)
+    gemm = max(gemm_flops * inverse_eff / peak_bf16 * slow, weight_bytes / hbm)
+    head_eff = _gemm_efficiency(c, tokens, h, flops.padded_vocab(m, tp) / tp)
+    head = head_flops / (head_eff * peak_bf16) * slow
     attention = attn_flops / (c.attention_efficiency * peak_bf16)
     # elementwise traffic per token, forward (x3 with backward): 2 norms (read, write), 2 residual adds (2 reads,
     # a write), the activation (read fc1, write ffn), rotary on q and k; fp8 casts of the 4 GEMM inputs
