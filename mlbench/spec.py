@@ -275,15 +275,20 @@ def _bounded(value: Any) -> Any:
     return value
 
 
+def _paren(x: Any) -> str:
+    return f"({x})" if x < 0 else str(x)
+
+
 def _power(base: Any, exp: Any) -> Any:
-    # Bound the result before computing it: an int power's digits grow with the exponent.
-    if abs(base) > 1 and abs(exp) * math.log2(abs(base)) >= math.log2(MAX_MAGNITUDE):
-        raise ValueError(f"{base} ** {exp} is beyond the bound {MAX_MAGNITUDE:.3g}")
+    # Bound the result before computing it: an int power's digits grow with the exponent (a float power overflows
+    # at once, and a negative exponent shrinks it).
+    if exp > 0 and abs(base) > 1 and exp * math.log2(abs(base)) >= math.log2(MAX_MAGNITUDE):
+        raise ValueError(f"{_paren(base)} ** {exp} is beyond the bound {MAX_MAGNITUDE:.3g}")
     if base == 0 and exp < 0:
         raise ZeroDivisionError("0 to a negative power")
     result = base**exp
     if isinstance(result, complex):
-        raise ValueError(f"({base}) ** {exp} is not a real number")
+        raise ValueError(f"{_paren(base)} ** {exp} is not a real number")
     return result
 
 
@@ -326,6 +331,9 @@ def evaluate(expr: int | float | str, **names: float) -> Any:
                         f"{allowed})") from None
     except ZeroDivisionError:
         raise UserError(f"cannot evaluate {expr!r} at {_at(names)}: division by zero") from None
+    except OverflowError:
+        raise UserError(f"cannot evaluate {expr!r} at {_at(names)}: a value overflows (beyond the bound "
+                        f"{MAX_MAGNITUDE:.3g})") from None
     except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError) as e:
         raise UserError(f"cannot evaluate {expr!r} at {_at(names)}: {e} (names allowed: {allowed}; functions: "
                         f"{', '.join(_FUNCS)})") from None

@@ -88,10 +88,14 @@ def test_the_evaluator_is_bounded_and_exact() -> None:
     assert evaluate("2 ** 62", global_batch_size=1) == 2**62
     assert evaluate("1152 * 8e-5 / 1152", global_batch_size=1) == 1152 * 8e-5 / 1152
     assert evaluate("-global_batch_size % 7 + +1", global_batch_size=3) == -3 % 7 + 1
+    assert evaluate("2 ** -100", global_batch_size=1) == 2**-100  # a negative exponent shrinks: no bound hit
     for bad, reason in (("2 ** 63", "beyond the bound"), ("0 ** -1", "division by zero"),
                         ("min()", "unsupported"), ("max(1, key=2)", "unsupported"), ("1e400", "the result is inf"),
                         ("9" * 30, "beyond the bound"), ("(" * 5000 + "1" + ")" * 5000, "longer than"),
-                        ("lambda: 1", "unsupported"), ("global_batch_size.real", "unsupported")):
+                        ("lambda: 1", "unsupported"), ("global_batch_size.real", "unsupported"),
+                        ("0.5 ** -10000", "overflows"), ("(-2) ** 0.5", r"\(-2\) \*\* 0.5 is not a real number"),
+                        ("min(global_batch_size)", "not iterable"), ("1 < 2", "unsupported"),
+                        ("True + 1", "unsupported"), ("'a' * 3", "unsupported")):
         with pytest.raises(UserError, match=reason):
             evaluate(bad, global_batch_size=1)
 
