@@ -136,11 +136,31 @@ def rcp_file(benchmark: str, ruleset: str) -> Path:
     return _PKG.parent / "rcp_checker" / f"{USAGE}_{ruleset}" / f"rcps_{benchmark}.json"
 
 
-def rcp_check_directory(folder: Path, ruleset: str) -> tuple[bool, str, float]:
-    """rcp_checker.check_directory with the summarizer's arguments: (pass, message, normalisation factor)."""
+# What rcp_checker.read_submission_file acts on: a line holding none of these strings changes nothing it returns.
+_RCP_READS = (b"global_batch_size", b"submission_benchmark", b"eval_accuracy", b"eval_error", b"train_samples",
+              b"run_stop")
+
+
+def rcp_relevant_copy(src: Path, dst: Path) -> None:
+    """DST: the lines of SRC that the RCP checker's reader acts on, byte for byte. It reads a whole file with
+    readlines and a regular expression a line (about a minute for 50 MB); on this copy it returns the same."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        for raw in fin:
+            if b":::MLLOG" in raw and any(k in raw for k in _RCP_READS):
+                fout.write(raw)
+
+
+def rcp_check_files(files: list[Path], ruleset: str, scratch: Path) -> tuple[bool, str, float, list[tuple]]:
+    """rcp_checker.check_directory on FILES with the summarizer's arguments (pruned RCPs, nothing written beside the
+    logs), on copies in SCRATCH that hold only the lines its reader acts on: (pass, message, normalisation factor,
+    per file (converged, samples or epochs to converge (1e9 if not), global batch))."""
+    copies = [Path(scratch) / f"result_{i}.txt" for i in range(len(files))]
+    for f, copy in zip(files, copies, strict=True):
+        rcp_relevant_copy(f, copy)
     with quiet():
-        return _rcp_checker().check_directory(str(folder), USAGE, ruleset, False, False, rcp_file=None,
-                                               rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+        verdict = _rcp_checker().check_directory(str(scratch), USAGE, ruleset, False, False, rcp_file=None,
+                                                 rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+    return (*verdict, [read_convergence(c, ruleset) for c in copies])
 
 
 def read_convergence(path: Path, ruleset: str) -> tuple[bool, float, int]:

@@ -52,10 +52,32 @@ def test_rcp_checker_read_submission_file(tmp_path):
 
 
 def test_rcp_checker_check_directory(tmp_path):
-    for i in range(3):
-        _log(tmp_path / f"result_{i}.txt", gbs=4096, samples=1_200_000_000, benchmark="gpt3", unit="epoch_num")
-    ok, msg, factor = tools.rcp_check_directory(tmp_path, "4.1.0")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    files = [_log(logs / f"result_{i}.txt", gbs=4096, samples=1_200_000_000, benchmark="gpt3", unit="epoch_num")
+             for i in range(3)]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    ok, msg, factor, per_file = tools.rcp_check_files(files, "4.1.0", scratch)
     assert msg == "RCP found" and isinstance(ok, bool) and factor > 0, f"rcp_checker.check_directory changed: {msg}"
+    assert per_file == [(True, 1_200_000_000, 4096)] * 3
+
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mlperf-results"
+
+
+def test_rcp_reader_sees_the_same_in_the_relevant_lines(tmp_path):
+    """rcp_checker.read_submission_file acts only on lines holding the strings the adapter keeps: on the copy it
+    returns what it returns on the whole log (published logs where present, and a run that did not converge)."""
+    logs = sorted(SHARED.glob("training_results_v*/*/results/*/*/result_0.txt"))[:6]
+    logs.append(_log(tmp_path / "aborted.txt", status="aborted"))
+    for i, log in enumerate(logs):
+        ruleset = next((f"{p.name[18:]}.0" for p in log.parents if p.name.startswith("training_results_v")), "5.0.0")
+        copy = tmp_path / f"copy_{i}.txt"
+        tools.rcp_relevant_copy(log, copy)
+        assert copy.stat().st_size < log.stat().st_size or log.name == "aborted.txt"
+        assert tools.read_convergence(copy, ruleset) == tools.read_convergence(log, ruleset), \
+            f"rcp_checker.read_submission_file reads lines the adapter leaves out ({log})"
 
 
 def test_rcp_checker_rcp_data_and_pruned_rcp_data():

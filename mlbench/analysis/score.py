@@ -105,14 +105,10 @@ def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,
 
 
 def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str]) -> tuple[bool, str, float]:
-    """The official RCP check on exactly FILES (linked into a temp folder, so nothing is written beside them)."""
+    """The official RCP check on exactly FILES (copied into a temp folder, so nothing is written beside them)."""
     with tempfile.TemporaryDirectory(prefix="mlbench-rcp-") as td:
-        links = [Path(td) / f"result_{i}.txt" for i in range(len(files))]
-        for f, link in zip(files, links, strict=True):
-            os.symlink(f, link)
         try:
-            ok, msg, factor = mlperf_tools.rcp_check_directory(Path(td), ruleset)
-            per_file = [mlperf_tools.read_convergence(link, ruleset) for link in links]
+            ok, msg, factor, per_file = mlperf_tools.rcp_check_files(files, ruleset, Path(td))
         except mlperf_tools.ToolsChanged:
             raise
         except Exception as e:  # the RCP checker on input it does not expect (it validates nothing)
