@@ -135,6 +135,7 @@ class _Pass:
         self.log, self.steps = log, steps
         self.bad: dict[str, int] = {}
         self.open_block: tuple[float, dict] | None = None
+        self.started = False  # past the first run_start line (whether or not its time is usable)
 
     def fault(self, e: BadField, key: str, invalidates: bool) -> None:
         self.bad[key] = self.bad.get(key, 0) + 1
@@ -144,11 +145,12 @@ class _Pass:
 
     def event(self, e: Event) -> None:
         log, path, k = self.log, self.log.path, e.key
-        if k == "tracked_stats" and self.steps and log.run_start_ms is not None:
+        self.started |= k == "run_start"
+        if k == "tracked_stats" and self.steps and self.started:
             if not self.fast_step(e):
                 self.checked(self.tracked, e)
             return
-        if log.run_start_ms is None and k not in _NOT_HPARAMS and k not in log.hyperparams \
+        if not self.started and k not in _NOT_HPARAMS and k not in log.hyperparams \
                 and not e.event_type.startswith("INTERVAL"):
             log.hyperparams[k] = e.value
         if k in _TEXT_KEYS:
@@ -270,7 +272,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
         for e in reader:
             events += 1
             scan.event(e)
-            if log.run_start_ms is not None and reader.keys is None:  # hyperparameters done
+            if scan.started and reader.keys is None:  # hyperparameters done
                 reader.keys = _STEP_KEYS if steps else _SCORE_KEYS
     except OSError as e:
         return RunLog(log.path, [f"cannot read: {e.strerror or e}"])
