@@ -160,3 +160,21 @@ def test_report_paths_are_refused_before_any_work(tmp_path, capsys, monkeypatch)
             assert code == 2, (cmd, option, out)
             assert len(out.strip().splitlines()) == 1 and str(path) in out and why in out, (cmd, option, out)
     assert not (tmp_path / "no").exists()
+
+
+def test_a_garbled_published_table_is_one_line(tmp_path):
+    from mlbench.analysis import published
+    from mlbench.errors import UserError
+
+    good = published.TABLE.read_text().splitlines()
+    bad = tmp_path / "t.csv"
+    header = good[0].split(",")
+    row = dict(zip(header, ["x"] * len(header), strict=True))
+    row.update(id="r1", devices="lots", time_to_train_min="1.5", step_time_s="")
+    bad.write_text(",".join(header) + "\n" + ",".join(row[h] for h in header) + "\n")
+    with pytest.raises(UserError, match=r"t.csv:2: devices: 'lots' is not a positive whole number"):
+        published.load(bad)
+    row.update(devices="8", time_to_train_min="nan")
+    bad.write_text(",".join(header) + "\n" + ",".join(row[h] for h in header) + "\n")
+    with pytest.raises(UserError, match=r"t.csv:2: time_to_train_min: 'nan' is not a positive number"):
+        published.load(bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +34,17 @@ class PublishedRow:
         return f"{self.submitter} {self.system} ({self.round}, published)"
 
 
-def _num(s: str, kind: type) -> float | int | None:
+def _num(s: str, kind: type, where: str) -> float | int | None:
     s = (s or "").strip().replace(",", "")
-    return kind(s) if s else None
+    if not s:
+        return None
+    try:
+        v = kind(s)
+    except ValueError:
+        v = None
+    if v is None or not math.isfinite(v) or v <= 0:
+        raise UserError(f"{where}: {s!r} is not a positive {'whole number' if kind is int else 'number'}")
+    return v
 
 
 def load(table: Path = TABLE) -> list[PublishedRow]:
@@ -45,13 +54,18 @@ def load(table: Path = TABLE) -> list[PublishedRow]:
     except OSError as e:
         raise UserError(f"{table}: cannot read the published results table ({e.strerror})") from None
     out = []
-    for r in rows:
-        out.append(PublishedRow(
-            id=r["id"], round=r["round"], submitter=r["submitter"], system=r["system"],
-            benchmark=r["benchmark"], accelerator=r["accelerator"], devices=_num(r["devices"], int),
-            time_to_train_min=_num(r["time_to_train_min"], float), step_time_s=_num(r["step_time_s"], float),
-            verified=r.get("verified", ""), source=r["source"], note=r.get("note", ""),
-        ))
+    for n, r in enumerate(rows, 2):  # line 1 is the header
+        try:
+            out.append(PublishedRow(
+                id=r["id"], round=r["round"], submitter=r["submitter"], system=r["system"],
+                benchmark=r["benchmark"], accelerator=r["accelerator"],
+                devices=_num(r["devices"], int, f"{table}:{n}: devices"),
+                time_to_train_min=_num(r["time_to_train_min"], float, f"{table}:{n}: time_to_train_min"),
+                step_time_s=_num(r["step_time_s"], float, f"{table}:{n}: step_time_s"),
+                verified=r.get("verified") or "", source=r["source"], note=r.get("note") or "",
+            ))
+        except KeyError as e:
+            raise UserError(f"{table}: no column {e} (line {n})") from None
     return out
 
 
