@@ -43,7 +43,7 @@ def result_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Pat
     _check_name("system", system)
     _check_name("benchmark", benchmark)
     folder = Path(root) / system / benchmark
-    created = [p for p in (folder, folder.parent, folder.parent.parent) if not p.exists()]
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):  # unnamed on Linux: nothing to leave behind if killed

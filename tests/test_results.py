@@ -177,10 +177,10 @@ def test_publish_is_all_or_nothing_when_any_write_fails(tmp_path: Path, monkeypa
 
 
 def test_a_refused_run_leaves_no_empty_folders(tmp_path: Path) -> None:
-    root = tmp_path / "results"
+    root = tmp_path / "a" / "b" / "results"
     with pytest.raises(UserError), results.result_folder(root, "sys", "gpt3"):
         raise UserError("refused after the folder was opened")
-    assert not root.exists()
+    assert not (tmp_path / "a").exists()
     (root / "sys").mkdir(parents=True)  # what was there before stays
     with results.result_folder(root, "sys", "gpt3") as folder:
         (folder / ".slurm").mkdir()  # a job folder's parent, its job refused
