@@ -119,3 +119,11 @@ def test_orphans_of_a_dead_launcher_are_stopped_before_the_run_is_judged(tmp_pat
     if alive:
         os.kill(orphan, signal.SIGKILL)
     assert not alive, "the launcher's orphan was left running"
+
+
+def test_a_command_killed_by_a_signal_is_named_in_the_reason(tmp_path: Path) -> None:
+    cmd = Command(["bash", "-c", "kill -9 $$"], dict(os.environ), stdout=tmp_path / "out.log",
+                  what="rank 0 (the only rank)")
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    assert outcome.status == "aborted" and outcome.exit_code == -9
+    assert outcome.reason == "rank 0 (the only rank) killed by SIGKILL (see the rank logs)"

@@ -49,6 +49,7 @@ class Command:
     env: dict[str, str]
     stdout: Path
     stderr: Path | None = None
+    what: str = "launcher"  # what it is, in the reason a run ended: "launcher", "rank 0 (the only rank)"
 
 
 class EventTail:
@@ -153,6 +154,12 @@ def _start(cmd: Command) -> subprocess.Popen:
                                 preexec_fn=lifeline.die_with_parent)
 
 
+def _exit_reason(what: str, code: int) -> str:
+    if code < 0:  # killed by a signal (the OOM killer, kill -9)
+        return f"{what} killed by {signal.Signals(-code).name} (see the rank logs)"
+    return f"{what} exited with code {code} (a rank failed; see the rank logs)"
+
+
 def _complete_log(log_path: Path, reason: str) -> str:
     """Ends a log that has run_start but no run_stop with run_stop `aborted`; returns why the log is still
     incomplete ("" when it is whole: no run_start, or run_stop last, and no line cut off), e.g. a full disk."""
@@ -244,12 +251,12 @@ def supervise(
     if not reason and last is not None:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = f"launcher exited with code {code} (a rank failed; see the rank logs)"
+        reason = _exit_reason(cmd.what, code)
     log_error = _complete_log(log_path, reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
         failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
-        checkpoint_error = failed["reason"] if failed else reason or f"launcher exited with code {code}"
+        checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd.what, code)
     # Once a checkpoint save began, run_stop was written: the run's status is the log's, whatever the save did.
     if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
         return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error,

@@ -43,4 +43,4 @@ def direct(plan_path: Path, ranks_dir: Path, env: dict[str, str]) -> Command:
                     MASTER_PORT=str(free_port("127.0.0.1")))
     logs = ranks_dir / "direct" / "attempt_0" / "0"
     return Command([sys.executable, *RANK_MODULE, str(plan_path)], rank_env, stdout=logs / "stdout.log",
-                   stderr=logs / "stderr.log")
+                   stderr=logs / "stderr.log", what="rank 0 (the only rank)")
