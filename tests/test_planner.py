@@ -183,3 +183,24 @@ def test_plan_bad_input_is_one_line_and_exit_2(args, message) -> None:
     p = _plan("gpt3", *args)
     assert p.returncode == 2 and message in p.stdout + p.stderr
     assert len((p.stdout + p.stderr).strip().splitlines()) == 1
+
+
+def test_cpu_step_composes_the_measured_costs_by_layout() -> None:
+    """The CPU's figures (measured once per machine; fixed numbers here, no measuring) composed by layout: data
+    parallel halves each rank's micro-batches, tensor parallel adds its collectives' latency."""
+    measured = {"gemm_flops": 1e11, "megatron_layer_s": 0.005, "megatron_head_s": 0.004, "optimizer_s_per_tensor": 1e-4,
+                "megatron_probe_layer_flops": 1.8e8, "megatron_probe_head_flops": 1e8, "collective_latency_s": 3e-4}
+    cpu = dataclasses.replace(devices.get("h100"), name="cpu", peaks={"fp32": 1e11}, collective_latency_s=3e-4,
+                              extra={"measured": measured})
+    bench = registry.load("gpt3", tiny=True)
+
+    def step(nproc: int, tp: int) -> dict:
+        layout = resolve(bench, 1, nproc, tp, 1, 1, 1, 8, 16, precision="fp32")
+        return step_time.predict(bench.model, layout, cpu)
+
+    one, dp2, tp2 = step(1, 1), step(2, 1), step(2, 2)
+    layers = bench.model.num_layers
+    assert one["terms_s"]["framework"] == pytest.approx(2 * (layers * 0.005 + 0.004))  # 2 micro-batches of 8
+    assert dp2["terms_s"]["framework"] == pytest.approx(one["terms_s"]["framework"] / 2)
+    assert tp2["terms_s"]["tp_comm"] == pytest.approx(2 * (4 * layers + 4) * 3e-4)
+    assert one["step_time_s"] == pytest.approx(sum(one["terms_s"].values()))

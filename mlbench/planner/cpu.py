@@ -4,7 +4,8 @@ uses) and cached in ~/.cache/mlbench/cpu-device.json, keyed by the processor.
 Measured: the fp32 GEMM rate at the tiny models' shapes; memory copy bandwidth; megatron-core's forward and
 backward of one micro-batch of the tiny gpt3 model, per transformer layer and for the rest (at tiny sizes a step
 is mostly eager-mode dispatch, not arithmetic: these times, not the FLOPs, predict it); the optimizer's time per
-parameter tensor; and the latency of one gloo all-reduce between two processes on this host.
+parameter tensor (megatron-core's DDP and optimizer); and the latency of one gloo all-reduce between two
+processes on this host.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "cpu-device.json"
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
-VERSION = 5  # of what is measured: an older cache is measured again
+VERSION = 7  # of what is measured: an older cache is measured again
 
 
 def _key() -> str:
@@ -41,54 +42,49 @@ def _rate(fn, seconds: float) -> float:
     return statistics.median(rounds)
 
 
-def _optimizer_per_tensor(seconds: float) -> float:
-    """Seconds per parameter tensor of an optimizer step at the tiny shapes: gradient-norm clip, Adam, zero_grad."""
-    import torch
-
-    shapes = [(192, 64), (192,), (64, 64), (64,), (256, 64), (256,), (64, 256), (64,), (64,), (64,), (64,), (64,)]
-    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    adam = torch.optim.Adam(params)
-
-    def step() -> None:
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        adam.step()
-        for p in params:
-            p.grad.zero_()
-
-    return _rate(step, seconds) / len(params)
-
-
 MEGATRON_PROBE = """
-import dataclasses, json, time, torch
+import dataclasses, json, torch
 torch.set_num_threads(1)
 from mlbench.train import one_process_world
 one_process_world.init()
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from mlbench import registry
 from mlbench.planner.cpu import _rate
 from mlbench.planner.step_time import flops_by_op
 from mlbench.train.model.build import build
 from mlbench.train.model.config import transformer_config
 tiny = registry.load("gpt3", tiny=True)
-def per_micro_batch(layers):
+mbs = tiny.train.micro_batch_size
+def measure(layers):
     m = dataclasses.replace(tiny.model, num_layers=layers)
-    model = build(m, transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False))
-    mbs = tiny.train.micro_batch_size
+    config = transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=build(m, config))
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=1.0), [model])
     tokens = torch.randint(0, m.vocab_size, (mbs, m.seq_length))
     positions = torch.arange(m.seq_length).expand(mbs, -1)
-    return _rate(lambda: model(tokens, positions, None, labels=tokens).float().mean().backward(), 1.0)
-one, two = per_micro_batch(1), per_micro_batch(2)
+    def forward_backward():
+        model.zero_grad_buffer()
+        model(tokens, positions, None, labels=tokens).float().mean().backward()
+    def step():
+        forward_backward()
+        finalize_model_grads([model])
+        optimizer.step()
+    fb = _rate(forward_backward, 1.0)
+    return fb, (_rate(step, 1.0) - fb) / sum(1 for _ in model.parameters())
+(one, _), (two, per_tensor) = measure(1), measure(2)
 by_op = flops_by_op(tiny.model, 1)
-print(json.dumps({"layer_s": two - one, "head_s": 2 * one - two,
-                  "layer_flops": (by_op["layer_gemm"] + by_op["layer_attention"]) * tiny.train.micro_batch_size}))
+print(json.dumps({"layer_s": two - one, "head_s": 2 * one - two, "optimizer_s_per_tensor": max(0.0, per_tensor),
+                  "layer_flops": (by_op["layer_gemm"] + by_op["layer_attention"]) * mbs,
+                  "head_flops": by_op["head"] * mbs}))
 """
 
 
 def _megatron_costs() -> dict:
     """megatron-core's own forward + backward of one micro-batch of the tiny gpt3 model on this CPU, one thread:
-    per transformer layer and for the rest (embedding, logits, loss), from models of one and two layers. In a
-    child process: it sets up a one-process megatron world."""
+    per transformer layer and for the rest (embedding, logits, loss), from models of one and two layers; and its
+    DistributedDataParallel gradient finish and optimizer step, per parameter tensor. In a child process: it sets
+    up a one-process megatron world."""
     import subprocess
     import sys
 
@@ -146,13 +142,13 @@ def measure(seconds: float = 2.0) -> dict:
         gemm = flops_each / _rate(lambda: [a @ b for a, b in mats], seconds / 2)
         src, dst = torch.randn(8 << 20), torch.empty(8 << 20)  # 32 MiB each: beyond the caches
         bandwidth = 2 * src.numel() * 4 / _rate(lambda: dst.copy_(src), seconds / 4)  # read + write
-        optimizer = _optimizer_per_tensor(seconds / 4)
     finally:
         torch.set_num_threads(threads)
     costs = _megatron_costs()
-    return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth, "optimizer_s_per_tensor": optimizer,
+    return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth,
+            "optimizer_s_per_tensor": costs["optimizer_s_per_tensor"],
             "megatron_layer_s": costs["layer_s"], "megatron_head_s": costs["head_s"],
-            "megatron_probe_layer_flops": costs["layer_flops"],
+            "megatron_probe_layer_flops": costs["layer_flops"], "megatron_probe_head_flops": costs["head_flops"],
             "megatron_shapes": "tiny gpt3: micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocabulary 128",
             "collective_latency_s": _collective_latency(), "measured_at": time.strftime("%FT%TZ", time.gmtime())}
 

@@ -218,9 +218,11 @@ def _predict_cpu(m: ModelSpec, layout: Layout, device: Device) -> dict:
     by_op = flops_by_op(m, tp)
     per_micro = layout.micro_batch_size / (tp * cp)
     layer_flops = (by_op["layer_gemm"] + by_op["layer_attention"]) * per_micro
-    probe = cost["megatron_probe_layer_flops"]
-    layer = cost["megatron_layer_s"] + max(0.0, layer_flops - probe) / rate
-    head = cost["megatron_head_s"] + by_op["head"] * per_micro / rate
+    # the probe's times hold its own arithmetic: only what this model does beyond it is added, at the GEMM rate
+    layer_extra = max(0.0, layer_flops - cost["megatron_probe_layer_flops"]) / rate
+    head_extra = max(0.0, by_op["head"] * per_micro - cost["megatron_probe_head_flops"]) / rate
+    layer = cost["megatron_layer_s"] + layer_extra
+    head = cost["megatron_head_s"] + head_extra
     tp_comm = (4 * m.num_layers / pp + 4 / pp) * latency if tp > 1 else 0.0
     stage = m.num_layers / pp * layer + head / pp + tp_comm
     bubble = (pp - 1) / vp * (stage + 2 * latency)
@@ -228,9 +230,9 @@ def _predict_cpu(m: ModelSpec, layout: Layout, device: Device) -> dict:
     params = flops.param_count(m, tp) / (tp * pp)
     dp_comm = latency + 2 * params * 4 / device.scaleout_bytes_per_s if dp * cp > 1 else 0.0
     tensors = 12 * m.num_layers / pp + 4  # parameter tensors a rank updates: ~12 a layer, embeddings and norms
-    terms = {"gemm": micro * m.num_layers / pp * (layer - cost["megatron_layer_s"]), "attention": 0.0,
+    terms = {"gemm": micro * (m.num_layers * layer_extra + head_extra) / pp, "attention": 0.0,
              "elementwise": 0.0, "tp_comm": micro * tp_comm, "cp_comm": 0.0, "recompute": 0.0,
-             "framework": micro * (m.num_layers / pp * cost["megatron_layer_s"] + head / pp) + pp_comm,
+             "framework": micro * (m.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"]) / pp + pp_comm,
              "pipeline_bubble": bubble, "dp_comm": dp_comm, "optimizer": tensors * cost["optimizer_s_per_tensor"]}
     return {"step_time_s": sum(terms.values()), "terms_s": terms,
             "links_bytes_per_s": {"collective_latency_s": latency}}
