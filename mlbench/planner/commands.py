@@ -162,7 +162,7 @@ def _memory_line(r: dict) -> str:
 def _print_one(console: Console, r: dict) -> None:
     console.print(f"[bold]{r['benchmark']}[/] on {r['device']}: {_layout_text(r['layout'])}")
     console.print(_memory_line(r))
-    t = Table(title="step time, term by term (seconds per optimizer step)", title_justify="left")
+    t = Table(title="step time, term by term", title_justify="left")
     t.add_column("term")
     t.add_column("s", justify="right")
     t.add_column("share", justify="right")
@@ -170,8 +170,9 @@ def _print_one(console: Console, r: dict) -> None:
         t.add_row(k, f"{v:.4g}", f"{v / r['step_time_s']:.1%}")
     t.add_row("[bold]step_time_s[/]", f"{r['step_time_s']:.4g}", "100%")
     console.print(t)
+    mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
     console.print(f"tokens_per_s_per_device {r['tokens_per_s_per_device']:,.1f}   model_tflops_per_device "
-                  f"{r['model_tflops_per_device']:,.1f}   mfu {r['mfu']:.1%} ({r['mfu_basis']})")
+                  f"{r['model_tflops_per_device']:,.4g}   mfu {mfu} ({r['mfu_basis']})")
     ttt = r["time_to_train"]
     if ttt:
         console.print(f"time_to_train_min {r['time_to_train_min']:,.1f}: {ttt['steps']} steps "
@@ -196,7 +197,8 @@ def _print_search(console: Console, out: dict) -> None:
         comm = terms["tp_comm"] + terms["cp_comm"] + terms["dp_comm"]
         ttt = f"{r['time_to_train_min']:,.1f}" if r["time_to_train_min"] is not None else "-"
         mem = fmt_bytes(r["memory"]["total_bytes"]) if r["memory"] else "n/a"
-        t.add_row(str(i), _layout_text(r["layout"], features=False), f"{r['step_time_s']:.3g}", ttt, f"{r['mfu']:.1%}",
+        t.add_row(str(i), _layout_text(r["layout"], features=False), f"{r['step_time_s']:.3g}", ttt,
+                  f"{r['mfu']:.1%}" if r["mfu"] is not None else "-",
                   f"{terms['pipeline_bubble'] / r['step_time_s']:.1%}", f"{comm / r['step_time_s']:.1%}", mem,
                   why_between(best, r))
     console.print(t)

@@ -29,6 +29,7 @@ def memory_plan(bench: Benchmark, layout: Layout) -> dict | None:
 def evaluate(bench: Benchmark, layout: Layout, device: Device, with_memory: bool = True) -> dict:
     """Every prediction for one layout on one device, as one JSON-ready dict."""
     device.peak_flops(layout.precision)  # a precision the device lacks is bad input
+    measured = "measured" in device.extra
     m = bench.model
     st = step_time.predict(m, layout, device)
     step = st["step_time_s"]
@@ -42,8 +43,10 @@ def evaluate(bench: Benchmark, layout: Layout, device: Device, with_memory: bool
         "step_time_s": step, "step_terms_s": st["terms_s"],
         "tokens_per_s_per_device": gbs * m.seq_length / step / layout.world_size,
         "model_tflops_per_device": model_flops / 1e12,
-        "mfu": model_flops / device.peak_flops(layout.precision),
-        "mfu_basis": f"dense {layout.precision} peak, {device.peak_flops(layout.precision) / 1e12:g} TFLOP/s",
+        # as during runs (mlbench.hardware): against the datasheet's dense peak; not defined on the CPU
+        "mfu": None if measured else model_flops / device.peak_flops(layout.precision),
+        "mfu_basis": "not defined on CPU (no datasheet peak)" if measured else
+        f"dense {layout.precision} peak, {device.peak_flops(layout.precision) / 1e12:g} TFLOP/s",
         "time_to_train_min": ttt["time_to_train_min"] if ttt else None,
         "time_to_train": ttt,
         "memory": mem, "device_memory_bytes": device.memory_bytes,
@@ -73,7 +76,8 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) -> list[Candidate]:
     """Layouts worth predicting: tp inside an NVLink domain and dividing heads and key-value groups; pp and vp
-    splitting the layers; cp of 1, 2, 4, 8; micro-batches of 1, 2, 4; the global batch given, else the batches
+    splitting the layers; cp of 1, 2, 4, 8; micro-batches of 1, 2, 4 and the benchmark's own; the global batch given,
+    else the batches
     the RCPs were measured at and the benchmark's own. layout.resolve checks each fully."""
     m = bench.model
     groups = m.num_query_groups or m.num_attention_heads
@@ -89,7 +93,7 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) ->
                 for cp in (1, 2, 4, 8):
                     if world % (tp * pp * cp):
                         continue
-                    for mbs in (1, 2, 4):
+                    for mbs in sorted({1, 2, 4, bench.train.micro_batch_size}):
                         out += [Candidate(tp, pp, vp, cp, mbs, b) for b in batches]
     return out
 
@@ -144,21 +148,21 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
 
 
 def why_between(best: dict, other: dict) -> str:
-    """What separates a layout from the best one: the step terms that differ most (per sample), and memory."""
-    def per_sample(r: dict) -> dict:
-        terms = r["step_terms_s"]
-        return {"bubble": terms["pipeline_bubble"],
-                "communication": terms["tp_comm"] + terms["cp_comm"] + terms["dp_comm"],
-                "compute": terms["gemm"] + terms["attention"] + terms["elementwise"] + terms["recompute"],
-                "optimizer": terms["optimizer"]}
-    a, b = per_sample(best), per_sample(other)
-    na, nb = best["layout"]["global_batch_size"], other["layout"]["global_batch_size"]
-    diffs = {k: b[k] / nb - a[k] / na for k in a}
-    k = max(diffs, key=lambda k: abs(diffs[k]))
+    """What separates a layout from the best one: the class of step terms (per sample) that differs most."""
     if other is best:
         return "best"
-    sign = "more" if diffs[k] > 0 else "less"
-    text = f"{k} {sign} ({diffs[k] * 1e3:+.2f} ms/sample)"
+
+    def per_sample(r: dict) -> dict:
+        t = r["step_terms_s"]
+        comm = t["tp_comm"] + t["cp_comm"] + t["dp_comm"]
+        out = {"bubble": t["pipeline_bubble"], "communication": comm, "optimizer": t["optimizer"]}
+        out["compute"] = sum(t.values()) - sum(out.values())
+        return {k: v / r["layout"]["global_batch_size"] for k, v in out.items()}
+
+    a, b = per_sample(best), per_sample(other)
+    diffs = {k: b[k] - a[k] for k in a}
+    k = max(diffs, key=lambda k: abs(diffs[k]))
+    text = f"{k} {'more' if diffs[k] > 0 else 'less'} ({diffs[k] * 1e3:+.3g} ms/sample)"
     if best["layout"]["global_batch_size"] != other["layout"]["global_batch_size"]:
         text += f"; batch {other['layout']['global_batch_size']}"
     return text
