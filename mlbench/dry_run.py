@@ -80,13 +80,19 @@ class DryRun:
             check_checkpoint(RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir="",
                                      system=opts.system, dry_run=True, init_checkpoint=opts.init_checkpoint), console)
         self.folder, self.dest = folder, folder / "dry-run.txt"  # not result_*.txt: scorers never take it for a run
-        staging = results.stage(folder)
+        staging = None
         try:
-            os.replace(_log_to_run_start(bench, layout, seed, opts.system, str(staging)), self.dest)
+            staging = results.stage(folder)
+            with results.log_write_errors_silenced():
+                log = _log_to_run_start(bench, layout, seed, opts.system, str(staging))
+            if problem := results.log_problem(log, "run_start"):
+                raise UserError(f"results folder {folder}: cannot write {self.dest.name}: {problem}")
+            os.replace(log, self.dest)
         except OSError as e:
             raise UserError(f"results folder {folder}: cannot write {self.dest.name} ({e.strerror or e})") from None
         finally:
-            results.discard(staging)
+            if staging:
+                results.discard(staging)
 
     def start(self) -> None:
         """Nothing: a dry run trains nothing."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -25,6 +26,35 @@ from pathlib import Path
 from mlbench.errors import UserError
 
 STAGING = ".staging-"
+
+
+@contextlib.contextmanager
+def log_write_errors_silenced() -> Iterator[None]:
+    """While an MLPerf log is written here: Python's logging reports a failed write (a full disk) by printing a
+    traceback and going on; the caller judges the file with `log_problem` instead."""
+    raising = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = raising
+
+
+def log_problem(path: Path, last_key: str) -> str:
+    """Why the MLPerf log at `path` is not whole ("" when it is): its last line cut off, or, once it has
+    run_start, no `last_key` line (run_stop for a run; run_start for a log that stops there)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return "" if last_key == "run_stop" else "it is empty"
+    started = ended = False
+    with open(path, "rb") as f:
+        for line in f:
+            started = started or b'"key": "run_start"' in line
+            ended = ended or f'"key": "{last_key}"'.encode() in line
+    if not line.endswith(b"\n"):
+        return "its last line is cut off (is the disk full?)"
+    if (started or last_key == "run_start") and not ended:
+        return f"it has no {last_key} (is the disk full?)"
+    return ""
 
 
 class PublishError(Exception):

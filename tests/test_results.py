@@ -224,6 +224,18 @@ def test_a_full_disk_before_launch_refuses_the_run(small_disk: Path) -> None:
     assert [p.name for p in small_disk.iterdir()] == ["filler"]
 
 
+def test_a_full_disk_refuses_a_dry_run_in_one_line(small_disk: Path) -> None:
+    """The log up to run_start is written through Python's logging, which reports a failed write by printing a
+    traceback and going on: the dry run judges the file instead."""
+    _fill(small_disk, 0)
+    proc = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(small_disk), "--system", "ci")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        f"error: results folder {small_disk}/ci/gpt3: cannot write dry-run.txt (No space left on device)"]
+    assert not proc.stderr.strip(), proc.stderr
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+
+
 @pytest.mark.slow
 def test_a_full_disk_while_training_aborts_cleanly(tmp_path: Path) -> None:
     """64 KiB fill up while rank 0 writes its log (a run needs about 130 KiB): the rank fails, the log cannot

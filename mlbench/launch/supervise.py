@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlbench import results
 from mlbench.launch import lifeline
 from mlbench.mlperf_log import finalize_aborted
 
@@ -161,27 +161,15 @@ def _exit_reason(what: str, code: int) -> str:
 
 
 def _complete_log(log_path: Path, reason: str) -> str:
-    """Ends a log that has run_start but no run_stop with run_stop `aborted`; returns why the log is still
-    incomplete ("" when it is whole: no run_start, or run_stop last, and no line cut off), e.g. a full disk."""
-    raising = logging.raiseExceptions
-    logging.raiseExceptions = False  # a failed write would print a traceback and go on: judged below instead
+    """Ends a log that has run_start but no run_stop with run_stop `aborted`; returns why the log is still not
+    whole ("" when it is), e.g. a full disk."""
     try:
-        finalize_aborted(log_path, reason)
+        with results.log_write_errors_silenced():
+            finalize_aborted(log_path, reason)
     except OSError as e:
         return f"the log could not be completed: {e.strerror or e}"
-    finally:
-        logging.raiseExceptions = raising
-    if not log_path.exists() or log_path.stat().st_size == 0:
-        return ""
-    with open(log_path, "rb") as f:
-        started = stopped = False
-        for line in f:
-            started = started or b'"key": "run_start"' in line
-            stopped = stopped or b'"key": "run_stop"' in line
-        whole = line.endswith(b"\n")
-    if not whole or started and not stopped:
-        return "the log could not be completed (its last line cut off, or no run_stop: is the disk full?)"
-    return ""
+    problem = results.log_problem(log_path, "run_stop")
+    return f"the log could not be completed: {problem}" if problem else ""
 
 
 def supervise(
