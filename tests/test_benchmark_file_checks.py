@@ -123,19 +123,25 @@ def test_show_json_is_the_resolved_definition(name: str) -> None:
                                                                                                        "flops_"))}))
 
 
+def _show_json(*args: str) -> dict:
+    result = CliRunner().invoke(cli, ["show", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
 def test_show_json_values_match_the_sources() -> None:
     """Values the MLPerf rules state at the reference batch (gpt3 at 1536, llama31_405b at 1152)."""
-    gpt3 = json.loads(mlbench("show", "gpt3", "--json").stdout)
+    gpt3 = json.loads(mlbench("show", "gpt3", "--json").stdout)  # as a script runs it: stdout is the JSON alone
     assert (gpt3["optimizer"]["warmup_steps"], gpt3["train"]["init_checkpoint_step"]) == (265, 4000)
     assert gpt3["eval"]["interval_samples"] == 24576
-    llama = json.loads(mlbench("show", "llama31_405b", "--json").stdout)
+    llama = _show_json("llama31_405b")
     assert llama["optimizer"]["lr"] == 8e-5 and llama["optimizer"]["warmup_steps"] == 8000
     assert llama["eval"]["start_samples"] == (math.floor(0.0026 * 1152 + 12) + 1) * 18432
-    tiny = json.loads(mlbench("show", "gpt3", "--tiny", "--json").stdout)
+    tiny = _show_json("gpt3", "--tiny")
     assert tiny["variant"] == "tiny" and tiny["train"]["global_batch_size"] == 16
     if "gpt_oss_20b" in registry.names():
         # OpenAI's gpt-oss-20b: 21B parameters, 3.6B active; MLPerf's model is not the released one (its file).
-        moe = json.loads(mlbench("show", "gpt_oss_20b", "--json").stdout)
+        moe = _show_json("gpt_oss_20b")
         assert 19e9 < moe["params_total"] < 22e9 and 3e9 < moe["params_active"] < 4e9
 
 
