@@ -55,18 +55,23 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     layout = dataclasses.replace(layout, precision=precision)
     counts = layout.nodes
     given = any(getattr(layout, k) is not None for k in _LAYOUT_KEYS)
+
+    def best(req: LayoutRequest) -> tuple[list[dict], dict]:
+        if given:
+            return [planner.evaluate(bench, _resolve(bench, req), device)], {}
+        return _search(bench, device, req)
+
     out: dict
     if len(counts) > 1:
-        points = [_best_or_given(bench, device, dataclasses.replace(layout, nodes=n), given)[0][0] for n in counts]
+        points = [best(dataclasses.replace(layout, nodes=n))[0][0] for n in counts]
         eff = planner.scaling_efficiencies(points)
-        out = {"benchmark": bench.name, "device": device.name, "scaling": [p | e for p, e in zip(points, eff,
-                                                                                                   strict=True)]}
+        out = {"benchmark": bench.name, "device": device.name,
+               "scaling": [p | e for p, e in zip(points, eff, strict=True)]}
     elif given:
-        out = planner.evaluate(bench, _resolve(bench, dataclasses.replace(layout, nodes=counts[0])), device)
+        out = best(dataclasses.replace(layout, nodes=counts[0]))[0][0]
     else:
-        results, stats = _best_or_given(bench, device, dataclasses.replace(layout, nodes=counts[0]), False, all_=True)
-        out = {"benchmark": bench.name, "device": device.name, "search": stats,
-               "layouts": results[:planner.TOP]}
+        results, stats = best(dataclasses.replace(layout, nodes=counts[0]))
+        out = {"benchmark": bench.name, "device": device.name, "search": stats, "layouts": results[:planner.TOP]}
     if as_json:
         click.echo(json.dumps(_strict(out), allow_nan=False))
         return
@@ -94,20 +99,15 @@ def _resolve(bench, req: LayoutRequest):
     return resolve_layout(bench, req)
 
 
-def _best_or_given(bench, device, req: LayoutRequest, given: bool, all_: bool = False):
+def _search(bench, device, req: LayoutRequest) -> tuple[list[dict], dict]:
     from mlbench.planner import plan as planner
-
-    if given:
-        return [planner.evaluate(bench, _resolve(bench, req), device)], {}
 
     def resolve(tp, pp, vp, cp, mbs, gbs):
         return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch_size=mbs,
                                                    global_batch_size=gbs))
 
     closed = _closed_rules(bench) if bench.variant == "full" else None
-    results, stats = planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve,
-                                    closed)
-    return results, stats
+    return planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve, closed)
 
 
 def _closed_rules(bench):
