@@ -5,15 +5,16 @@ One optimizer step on one rank of the slowest pipeline stage:
   step = (micro-batches + bubble) x per-micro-batch stage time + exposed data-parallel communication + optimizer
 
 - per-micro-batch stage time: the stage's share of the model's layers (and of the logit layer), each layer
-  - GEMMs: the layer's model FLOPs (`mlbench.flops`) / (tp x cp) at the device's dense peak for the precision,
-    times the GEMM efficiency; a lower precision speeds up all but a fitted share of the GEMM time (casts,
-    scaling, what the low-precision kernels do not reach); each GEMM is at least its operands' HBM traffic;
+  - GEMMs: the layer's model FLOPs (`mlbench.flops`) / (tp x cp) at the device's bf16 dense peak, times an
+    efficiency that falls with each GEMM's shape on the rank (short, narrow or thin GEMMs run slower); a lower
+    precision speeds up all but a fitted share of the GEMM time by its peak ratio (casts, scaling, what the
+    low-precision kernels do not reach); never faster than reading the weights from HBM;
   - attention (the s^2 products): at the bf16 peak with its own efficiency (attention kernels run in bf16);
   - elementwise work (norms, residual adds, activation, rotary embedding, fp8 casts): bytes moved / HBM bandwidth
     with a fitted efficiency; with sequence parallelism the hidden-sized tensors are split over tp;
   - tensor/sequence-parallel collectives: 8 x (tp-1)/tp x a micro-batch's activations per layer (4 forward, 4
     backward) over NVLink when the tp group is inside one NVLink domain (72 GPUs on NVL72), else the
-    scale-out network; a fitted share of it is exposed (the rest overlaps the GEMMs);
+    scale-out network (`placement`); a fitted share of it is exposed (the rest overlaps the GEMMs);
   - context-parallel ring exchange of keys and values (3 x forward volume), overlapped with attention;
   - recompute: full recompute repeats the layer's forward (a third of its compute and half its collectives),
     selective the attention's forward.
