@@ -13,13 +13,14 @@ import torch
 
 from mlbench.run_plan import RunPlan
 from mlbench.train import checkpoint, one_process_world
-from mlbench.train import model as model_lib
 
 
 def check(plan: RunPlan) -> dict:
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
-    one_process_world.init()
+    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
+    from mlbench.train import model as model_lib
+
     m = plan.benchmark.model
     # Global shapes do not depend on the layout, except the vocabulary padding, which may differ anyway.
     config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)

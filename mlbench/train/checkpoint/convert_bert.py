@@ -24,7 +24,6 @@ import torch
 from mlbench.run_plan import benchmark_from_dict
 from mlbench.spec import Benchmark, ModelSpec
 from mlbench.train import checkpoint, one_process_world
-from mlbench.train import model as model_lib
 
 CheckpointError = checkpoint.CheckpointError
 
@@ -131,7 +130,9 @@ def convert(bench: Benchmark, src: str | Path, dest: str | Path) -> dict:
     start = time.perf_counter()
     m = bench.model
     ref = reference_state(src)
-    one_process_world.init()
+    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
+    from mlbench.train import model as model_lib
+
     config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
     config.perform_initialization = False  # every weight is overwritten
     model = model_lib.build(m, config, backend="local")
