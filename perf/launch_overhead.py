@@ -9,6 +9,9 @@ with one worker (what it did before). For each run it prints, from the superviso
 - whole: start to end of the supervised command.
 Then the medians and what the direct start saves. Issue 19 measured torchrun's agent at ~1.5 s of start-up and
 its monitor at ~0.7 s of teardown on a loaded 2-core machine.
+
+`--agent`: torchrun's own cost instead, whole wall time of a standalone torchrun running two no-op workers
+(`python -m site`), at the monitor interval the launcher used (0.5 s) and the one it uses (0.1 s), alternating.
 """
 
 from __future__ import annotations
@@ -65,5 +68,22 @@ def main(pairs: int) -> None:
     print("saved    " + "  ".join(f"{k} {med['torchrun'][k] - med['direct'][k]:6.2f} s" for k in med["direct"]))
 
 
+def agent(pairs: int) -> None:
+    import subprocess
+
+    times: dict[str, list[float]] = {"0.5": [], "0.1": []}
+    for _ in range(pairs):
+        for interval in times:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                            "--nproc-per-node=2", f"--monitor-interval={interval}", "-m", "site"],
+                           capture_output=True, check=True)
+            times[interval].append(time.perf_counter() - t0)
+    for interval, ts in times.items():
+        print(f"monitor interval {interval} s: median {statistics.median(ts):.2f} s, min {min(ts):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in ts)})")
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    args = [a for a in sys.argv[1:] if a != "--agent"]
+    (agent if "--agent" in sys.argv else main)(int(args[0]) if args else 3)

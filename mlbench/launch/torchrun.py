@@ -26,7 +26,11 @@ def argv(
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
            f"--nproc-per-node={nproc_per_node}",
            # per-rank stdout/stderr files under ranks_dir, gathered with the result
-           f"--log-dir={ranks_dir}", "--redirects=3", "--monitor-interval=0.5"]
+           f"--log-dir={ranks_dir}", "--redirects=3",
+           # how often the agent looks at its workers: a dead rank, and the run's end, are noticed this much
+           # sooner than at 0.5 s (whole torchrun of a no-op worker pair: median 2.8 s against 3.2 s,
+           # perf/launch_overhead.py --agent)
+           "--monitor-interval=0.1"]
     if rdzv_endpoint:
         cmd += [f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id={rdzv_id}"]
