@@ -127,3 +127,10 @@ def test_a_command_killed_by_a_signal_is_named_in_the_reason(tmp_path: Path) -> 
     outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
     assert outcome.status == "aborted" and outcome.exit_code == -9
     assert outcome.reason == "rank 0 (the only rank) killed by SIGKILL (see the rank logs)"
+
+
+def test_a_command_that_cannot_start_ends_the_run_with_the_reason(tmp_path: Path) -> None:
+    cmd = Command([str(tmp_path / "no-such-launcher")], dict(os.environ), stdout=tmp_path / "out.log")
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    assert outcome.status == "aborted" and outcome.exit_code == 127
+    assert outcome.reason.startswith("the run could not start: No such file or directory"), outcome.reason

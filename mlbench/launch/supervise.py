@@ -192,6 +192,11 @@ def supervise(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         proc = _start(cmd)
+    except OSError as e:  # a full disk (its output files), a missing program: the run never started
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        return Outcome(status="aborted", exit_code=127,
+                       reason=f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})")
     except BaseException:
         for s, handler in previous.items():
             signal.signal(s, handler)
