@@ -205,7 +205,7 @@ class RunSet:
                 results.discard(staging)
                 raise results.PublishError(f"run not published: {outcome.log_error}")
             ttt = time_to_train(plan.log_path)
-            verdict = compliance.check(plan.log_path, bench.mlperf.ruleset, smoke=bench.variant == "tiny")
+            verdict = _verdict(plan.log_path, bench)
             rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
@@ -216,6 +216,16 @@ class RunSet:
                            outcome.checkpoint_error)
         _summary(console, bench, result)
         return result
+
+
+def _verdict(log: Path, bench: Benchmark) -> compliance.Verdict:
+    smoke = bench.variant == "tiny"
+    try:
+        return compliance.check(log, bench.mlperf.ruleset, smoke=smoke)
+    except OSError as e:  # the checker's scratch folder (a full /tmp): the run is recorded, its verdict says why
+        return compliance.Verdict(path=log, ok=False, rules="smoke rules" if smoke else
+                                  f"training {bench.mlperf.ruleset} rules",
+                                  messages=[f"the compliance checker could not run: {e.strerror or e}"])
 
 
 def _remove_partial_checkpoint(dest: Path) -> None:

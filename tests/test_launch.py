@@ -134,3 +134,16 @@ def test_a_command_that_cannot_start_ends_the_run_with_the_reason(tmp_path: Path
     outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
     assert outcome.status == "aborted" and outcome.exit_code == 127
     assert outcome.reason.startswith("the run could not start: No such file or directory"), outcome.reason
+
+
+def test_a_checker_that_cannot_run_gives_a_failed_verdict_saying_why(tmp_path: Path, monkeypatch) -> None:
+    """A full /tmp (the checker's scratch folder): the run is still recorded; its verdict says why it failed.
+    OSError injected into the checker's call."""
+    from mlbench import compliance, runner
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compliance, "check", no_space)
+    verdict = runner._verdict(tmp_path / "mlperf.log", registry.load("gpt3", tiny=True))
+    assert not verdict.ok and verdict.messages == ["the compliance checker could not run: No space left on device"]

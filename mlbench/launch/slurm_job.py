@@ -60,7 +60,10 @@ def main(spec_path: str) -> int:
         run_set.supervise()
     summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason}
                for r in run_set.results]
-    (job_dir / "summary.json").write_text(json.dumps({"runs": summary}, indent=1))
+    try:
+        (job_dir / "summary.json").write_text(json.dumps({"runs": summary}, indent=1))
+    except OSError as e:  # the submitting side then says the job recorded no run, and points here
+        print(f"error: cannot write {job_dir / 'summary.json'} ({e.strerror or e}); the runs: {summary}", flush=True)
     return run_set.collect()
 
 
