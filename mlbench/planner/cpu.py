@@ -74,7 +74,9 @@ def measure(layers):
     return fb, (_rate(step, 1.0) - fb) / sum(1 for _ in model.parameters())
 (one, _), (two, per_tensor) = measure(1), measure(2)
 by_op = flops_by_op(tiny.model, 1)
-print(json.dumps({"layer_s": two - one, "head_s": 2 * one - two, "optimizer_s_per_tensor": max(0.0, per_tensor),
+# the difference of two timings: a busy machine can push either below zero
+print(json.dumps({"layer_s": max(0.0, two - one), "head_s": max(0.0, 2 * one - two),
+                  "optimizer_s_per_tensor": max(0.0, per_tensor),
                   "layer_flops": (by_op["layer_gemm"] + by_op["layer_attention"]) * mbs,
                   "head_flops": by_op["head"] * mbs}))
 """
