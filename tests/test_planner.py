@@ -204,3 +204,13 @@ def test_cpu_step_composes_the_measured_costs_by_layout() -> None:
     assert dp2["terms_s"]["framework"] == pytest.approx(one["terms_s"]["framework"] / 2)
     assert tp2["terms_s"]["tp_comm"] == pytest.approx(2 * (4 * layers + 4) * 3e-4)
     assert one["step_time_s"] == pytest.approx(sum(one["terms_s"].values()))
+
+
+def test_plan_table_names_every_term_and_the_memory_plan() -> None:
+    p = _plan("gpt3", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
+              "--vp", "6", "--mbs", "2", "--gbs", "2048", "--precision", "fp8")
+    assert p.returncode == 0, p.stderr
+    for term in ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "recompute", "pipeline_bubble", "dp_comm",
+                 "optimizer", "step_time_s", "time_to_train_min", "mfu"):
+        assert term in p.stdout, term
+    assert "memory plan: not available" in p.stdout or "memory per device" in p.stdout
