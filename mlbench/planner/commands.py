@@ -56,10 +56,12 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     counts = layout.nodes
     given = any(getattr(layout, k) is not None for k in _LAYOUT_KEYS)
 
+    closed = _closed_rules(bench) if bench.variant == "full" and not given else None
+
     def best(req: LayoutRequest) -> tuple[list[dict], dict]:
         if given:
             return [planner.evaluate(bench, _resolve(bench, req), device)], {}
-        return _search(bench, device, req)
+        return _search(bench, device, req, closed)
 
     out: dict
     if len(counts) > 1:
@@ -99,23 +101,26 @@ def _resolve(bench, req: LayoutRequest):
     return resolve_layout(bench, req)
 
 
-def _search(bench, device, req: LayoutRequest) -> tuple[list[dict], dict]:
+def _search(bench, device, req: LayoutRequest, closed) -> tuple[list[dict], dict]:
     from mlbench.planner import plan as planner
 
     def resolve(tp, pp, vp, cp, mbs, gbs):
         return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch_size=mbs,
                                                    global_batch_size=gbs))
 
-    closed = _closed_rules(bench) if bench.variant == "full" else None
     return planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve, closed)
 
 
 def _closed_rules(bench):
-    """Why the benchmark's closed rules reject a global batch (its hyperparameters there), or None."""
+    """Why the benchmark's closed rules reject a global batch (its hyperparameters there), or None; each batch
+    checked once (the official checker, a few seconds) however many node counts ask."""
+    import functools
+
     from mlbench import compliance
     from mlbench.dry_run import closed_rule_problems
     from mlbench.layout import resolve
 
+    @functools.cache
     def check(gbs: int) -> str | None:
         layout = resolve(bench, 1, 1, 1, 1, 1, 1, None, gbs)  # the hyperparameters depend on the batch only
         problems = closed_rule_problems(bench, layout, "plan")
