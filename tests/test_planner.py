@@ -214,3 +214,9 @@ def test_plan_table_names_every_term_and_the_memory_plan() -> None:
                  "optimizer", "step_time_s", "time_to_train_min", "mfu"):
         assert term in p.stdout, term
     assert "memory plan: not available" in p.stdout or "memory per device" in p.stdout
+
+
+def test_plan_search_drops_batches_the_closed_rules_reject() -> None:
+    """llama31_405b's learning rate passes the checker's exact rule at 1152 but at no float for 1160."""
+    p = _plan("llama31_405b", "--device", "h100", "--nodes", "8", "--nproc-per-node", "8", "--gbs", "1160")
+    assert p.returncode == 2 and "closed rules reject opt_base_learning_rate" in p.stdout + p.stderr

@@ -136,10 +136,11 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
             continue
         results.append(r)
     if not results:
+        why = next((f"; at global batch {b} the closed rules reject {w}" for b, w in rejected_batches.items() if w), "")
         raise UserError(f"no layout of {bench.name} on {nodes} x {nproc_per_node} {device.name} passes the layout "
                         f"rules{', the closed rules' if closed_rules_ok else ''} and fits in memory "
                         f"({counts['candidates']} tried: {counts['invalid']} do not divide, "
-                        f"{counts['closed_rules']} break the closed rules, {counts['does_not_fit']} do not fit)")
+                        f"{counts['closed_rules']} break the closed rules, {counts['does_not_fit']} do not fit){why}")
     key = "time_to_train_min" if results[0]["time_to_train_min"] is not None else "step_time_s"
     results.sort(key=lambda r: r[key] if key == "time_to_train_min" else
                  r["step_time_s"] / r["layout"]["global_batch_size"])
