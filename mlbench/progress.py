@@ -9,6 +9,11 @@ from rich.live import Live
 from rich.table import Table
 
 
+def is_progress_line(line: str) -> bool:
+    """A line Progress prints without a terminal (what its live panel shows on one)."""
+    return line.startswith(("step ", "training on "))
+
+
 class Progress:
     def __init__(self, title: str, console: Console | None = None):
         self.console = console or Console()

@@ -3,6 +3,7 @@ another; what a run record holds."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -154,8 +155,10 @@ class RunSet:
     published (the disk is full, and the next run's would not fit either)."""
 
     def __init__(self, bench: Benchmark, layout: Layout, opts: RunOptions, console: Console,
-                 command_for: CommandFor):
+                 command_for: CommandFor, announce: Path | None = None):
+        """`announce`: a file that names the staging folder of the run in progress (for a SLURM job's submitter)."""
         self.bench, self.layout, self.opts, self.console, self.command_for = bench, layout, opts, console, command_for
+        self.announce = announce
         self.results: list[RunResult] = []
 
     def describe(self, folder: Path) -> list[tuple[str, str]]:
@@ -187,6 +190,9 @@ class RunSet:
             benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(d), system=opts.system,
             init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint))
         cmd = self.command_for(staging / "plan.json", staging, i, env)
+        if self.announce:
+            with contextlib.suppress(OSError):  # only a display follows it
+                self.announce.write_text(f"{staging}\n")
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
         with Progress(label, console) as progress:
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,

@@ -5,6 +5,7 @@ supervisor's prompt end. Real processes where a process is the point."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,3 +148,35 @@ def test_a_checker_that_cannot_run_gives_a_failed_verdict_saying_why(tmp_path: P
     monkeypatch.setattr(compliance, "check", no_space)
     verdict = runner._verdict(tmp_path / "mlperf.log", registry.load("gpt3", tiny=True))
     assert not verdict.ok and verdict.messages == ["the compliance checker could not run: No space left on device"]
+
+
+def test_a_slurm_run_on_a_terminal_gets_the_live_panel_of_a_local_run(tmp_path: Path) -> None:
+    """The submitting side follows the staging folder the job's driver names, with the panel a local run shows
+    (a forced terminal writing to a buffer), and closes it when the run is published."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from mlbench.progress import is_progress_line
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    staging = tmp_path / ".staging-1"
+    staging.mkdir()
+    current = tmp_path / "current_run"
+    current.write_text(f"{staging}\n")
+    runs = slurm.StagedRuns(current, "gpt3 (tiny) (SLURM job 7)", console)
+    runs.poll()
+    events = [{"event": "start", "budget": 300, "target": 1.04, "metric": "log_perplexity", "direction": "min"},
+              {"event": "step", "step": 20, "loss": 3.1778, "tokens_per_s": 15234, "tflops_per_device": 0.01},
+              {"event": "eval", "step": 20, "value": 3.0543}]
+    (staging / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    runs.poll()
+    assert runs.current is not None and runs.current[2].state["eval"] == 3.0543
+    shutil.rmtree(staging)  # published
+    runs.poll()
+    assert runs.current is None
+    shown = screen.getvalue()
+    assert "gpt3 (tiny) (SLURM job 7), run 1" in shown and "3.0543 at step 20" in shown
+    assert is_progress_line("step 20/300  loss 3.1778 ...") and not is_progress_line("target reached: ...")

@@ -23,13 +23,18 @@ from rich.console import Console
 
 from mlbench.errors import UserError
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
+from mlbench.launch.supervise import EventTail
 from mlbench.layout import Layout
+from mlbench.progress import Progress, is_progress_line
 from mlbench.runner import RunOptions
 from mlbench.spec import Benchmark
 
 # A job pending for one of these reasons will never start: fail instead of waiting forever.
 NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "ReqNodeNotAvail", "BadConstraints", "InvalidAccount",
                 "InvalidQOS", "PartitionTimeLimit", "AccountNotAllowed", "QOSMaxNodePerJobLimit")
+
+
+CURRENT_RUN = "current_run"  # in the job folder: the staging folder of the run the driver is training
 
 
 @dataclass
@@ -134,7 +139,11 @@ class SlurmLauncher:
             (self.job_dir / "job_id").write_text(self.job_id + "\n")
 
     def supervise(self) -> None:
-        self.code = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console)
+        runs = None
+        if self.console.is_terminal:
+            label = f"{self.bench.name}{' (tiny)' if self.bench.variant == 'tiny' else ''} (SLURM job {self.job_id})"
+            runs = StagedRuns(self.job_dir / CURRENT_RUN, label, self.console)
+        self.code = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console, runs)
 
     def collect(self) -> int:
         console, job_dir = self.console, self.job_dir
@@ -154,9 +163,45 @@ class SlurmLauncher:
         return 0 if self.code == 0 and all(r["status"] == "success" for r in runs) else 1
 
 
-def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console) -> int:
-    """Follows a submitted job to its end (`sbatch --wait` in `proc`); returns its exit code. SIGTERM/SIGINT
-    stop it: the first through the driver (the run logged aborted and published), a second outright."""
+class StagedRuns:
+    """On a terminal, the live panel of each run the job trains, as a local run shows it: rank 0's events from
+    the staging folder the driver names in `current` (results folders are shared by every node and this host),
+    until the run is published."""
+
+    def __init__(self, current: Path, label: str, console: Console):
+        self.current_file, self.label, self.console = current, label, console
+        self.runs = 0
+        self.current: tuple[Path, EventTail, Progress] | None = None
+
+    def poll(self) -> None:
+        try:
+            named = Path(self.current_file.read_text().strip())
+        except OSError:
+            named = None
+        if self.current is not None and self.current[0] != named:
+            self.close()
+        if self.current is None and named is not None and named.is_dir():
+            self.runs += 1
+            self.current = (named, EventTail(named / "events.jsonl"),
+                            Progress(f"{self.label}, run {self.runs}", self.console).__enter__())
+        if self.current is not None:
+            staging, tail, progress = self.current
+            if new := tail.poll():
+                progress.on_events(new)
+            if not staging.exists():  # published (or dropped)
+                self.close()
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current[2].__exit__(None, None, None)
+            self.current = None
+
+
+def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None) -> int:
+    """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
+    with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns the job's
+    exit code. SIGTERM/SIGINT stop it: the first through the driver (the run logged aborted and published), a
+    second outright."""
     pos = 0
     cancels: list[int] = []
 
@@ -178,8 +223,12 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console) -> 
                     f.seek(pos)
                     chunk = f.read()
                     pos = f.tell()
+                if runs is not None:  # the panel shows what these lines say
+                    chunk = "".join(ln for ln in chunk.splitlines(keepends=True) if not is_progress_line(ln))
                 if chunk:
                     console.out(chunk, end="", highlight=False)
+            if runs is not None:
+                runs.poll()
             state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r %N", timeout=30).stdout.split()
             if state and " ".join(state) != shown:  # the job's state as it changes: pending (why), running (where)
                 shown = " ".join(state)
@@ -194,6 +243,8 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console) -> 
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if runs is not None:
+            runs.close()
     if out.exists():
         with open(out) as f:
             f.seek(pos)

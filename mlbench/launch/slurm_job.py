@@ -12,7 +12,7 @@ from rich.console import Console
 
 from mlbench import runner
 from mlbench.launch.ports import free_port
-from mlbench.launch.slurm import SlurmOptions, job_for
+from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import Command
 from mlbench.layout import Layout
@@ -53,7 +53,7 @@ def main(spec_path: str) -> int:
         # srun passes the port on to every node
         return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log")
 
-    run_set = runner.RunSet(bench, layout, opts, Console(soft_wrap=True), command_for)
+    run_set = runner.RunSet(bench, layout, opts, Console(soft_wrap=True), command_for, announce=job_dir / CURRENT_RUN)
     with result_folder(opts.results, opts.system, bench.name) as folder:
         run_set.prepare(folder)
         run_set.start()
