@@ -116,10 +116,11 @@ def _stop_tree(proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-def _stop_orphans(launcher_pid: int) -> None:
+def _stop_orphans(launcher_pid: int, before: set[int]) -> None:
     """Kills and reaps what the launcher left (re-parented to this subreaper), e.g. ranks of a launcher that
-    was killed: nothing of the run may go on writing once it is judged."""
-    orphans = [p for p in _descendants(os.getpid()) if p != launcher_pid]
+    was killed: nothing of the run may go on writing once it is judged. `before`: this process's descendants
+    before the launch, not the run's."""
+    orphans = [p for p in _descendants(os.getpid()) if p != launcher_pid and p not in before]
     if not orphans:
         return
     _signal_tree(orphans, signal.SIGKILL)
@@ -190,6 +191,7 @@ def supervise(
         received.append(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    before = set(_descendants(os.getpid()))
     try:
         proc = _start(cmd)
     except OSError as e:  # a full disk (its output files), a missing program: the run never started
@@ -233,7 +235,7 @@ def supervise(
             signal.signal(s, handler)
         if proc.poll() is None:
             _stop_tree(proc)
-        _stop_orphans(proc.pid)
+        _stop_orphans(proc.pid, before)
     new = tail.poll()
     if new and on_events:
         on_events(new)
