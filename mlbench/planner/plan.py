@@ -51,6 +51,7 @@ def evaluate(bench: Benchmark, layout: Layout, device: Device, with_memory: bool
         "time_to_train": ttt,
         "memory": mem, "device_memory_bytes": device.memory_bytes,
         "fits": (total <= device.memory_bytes) if total is not None else None,
+        "model": step_time.provenance() if not measured else {"cpu": device.extra["measured"]},
     }
 
 
@@ -141,9 +142,17 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
                         f"rules{', the closed rules' if closed_rules_ok else ''} and fits in memory "
                         f"({counts['candidates']} tried: {counts['invalid']} do not divide, "
                         f"{counts['closed_rules']} break the closed rules, {counts['does_not_fit']} do not fit){why}")
-    key = "time_to_train_min" if results[0]["time_to_train_min"] is not None else "step_time_s"
-    results.sort(key=lambda r: r[key] if key == "time_to_train_min" else
-                 r["step_time_s"] / r["layout"]["global_batch_size"])
+    def rank(r: dict) -> tuple:
+        """Predicted time-to-train (time per sample where there is none); on a tie, less memory, then fewer
+        model-parallel ranks (less to go wrong)."""
+        ly = r["layout"]
+        time = r["time_to_train_min"]
+        if time is None:
+            time = r["step_time_s"] / ly["global_batch_size"]
+        memory = r["memory"]["total_bytes"] if r["memory"] else 0.0
+        return round(time, 9), memory, ly["tp"] * ly["pp"] * ly["cp"], ly["vp"]
+
+    results.sort(key=rank)
     counts["rejected_batches"] = {str(b): why for b, why in rejected_batches.items() if why}
     return results, counts
 

@@ -69,6 +69,13 @@ def shipped() -> Constants:
     return Constants(**data["constants"])
 
 
+@functools.cache
+def provenance() -> dict:
+    """Which fitted constants predicted: their values, the script that fitted them and when."""
+    data = yaml.safe_load(CONSTANTS.read_text())
+    return {"constants": data["constants"], "fitted_by": data.get("fitted_by"), "date": data.get("date")}
+
+
 def _bytes_per_element(precision: str) -> float:
     return {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}[precision]  # nvfp4: 4 bits + e4m3 scale / 16
 
