@@ -16,6 +16,7 @@ import yaml
 from mlbench import flops, registry
 from mlbench.layout import resolve
 from mlbench.planner import devices, step_time, time_to_train
+from mlbench.planner import plan as planner
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT.parent / "shared" / "data" / "published-runs.csv"
@@ -220,3 +221,12 @@ def test_plan_search_drops_batches_the_closed_rules_reject() -> None:
     """llama31_405b's learning rate passes the checker's exact rule at 1152 but at no float for 1160."""
     p = _plan("llama31_405b", "--device", "h100", "--nodes", "8", "--nproc-per-node", "8", "--gbs", "1160")
     assert p.returncode == 2 and "closed rules reject opt_base_learning_rate" in p.stdout + p.stderr
+
+
+def test_plan_carries_the_memory_plan_where_there_is_one() -> None:
+    pytest.importorskip("mlbench.planner.memory", reason="the memory plan (mlbench/planner/memory.py) is not here yet")
+    bench, layout = _llama()
+    r = planner.evaluate(bench, layout, devices.get("h100"))
+    assert set(r["memory"]) >= {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+                                "total_bytes"}
+    assert r["fits"] == (r["memory"]["total_bytes"] <= 80e9)
