@@ -4,7 +4,6 @@ layout at a device count; a predicted scaling curve."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from mlbench import flops
@@ -26,7 +25,7 @@ def memory_plan(bench: Benchmark, layout: Layout) -> dict | None:
     return memory.estimate(bench, layout).as_dict()
 
 
-def evaluate(bench: Benchmark, layout: Layout, device: Device, with_memory: bool = True) -> dict:
+def evaluate(bench: Benchmark, layout: Layout, device: Device) -> dict:
     """Every prediction for one layout on one device, as one JSON-ready dict."""
     device.peak_flops(layout.precision)  # a precision the device lacks is bad input
     measured = "measured" in device.extra
@@ -36,7 +35,7 @@ def evaluate(bench: Benchmark, layout: Layout, device: Device, with_memory: bool
     gbs = layout.global_batch_size
     model_flops = flops.flops_per_sample(m) * gbs / step / layout.world_size
     ttt = time_to_train.predict(bench, gbs, step) if bench.variant == "full" else None
-    mem = memory_plan(bench, layout) if with_memory else None
+    mem = memory_plan(bench, layout)
     total = mem["total_bytes"] if mem else None
     return {
         "benchmark": bench.name, "device": device.name, "layout": _layout_dict(layout),
@@ -194,4 +193,4 @@ def scaling_efficiencies(points: list[dict]) -> list[dict]:
 
 
 def fmt_bytes(b: float | None) -> str:
-    return "-" if b is None or (isinstance(b, float) and math.isnan(b)) else f"{b / 1e9:,.1f} GB"
+    return "-" if b is None else f"{b / 1e9:,.1f} GB"
