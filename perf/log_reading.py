@@ -92,13 +92,14 @@ json.dump({{"self": peak(resource.RUSAGE_SELF), "children": peak(resource.RUSAGE
 """
 
 
-def measure(code: str, env: dict, scratch: Path) -> tuple[float, float, float]:
+def measure(code: str, env: dict, scratch: Path, cwd: Path) -> tuple[float, float, float]:
     """(seconds, peak MiB of the process, peak MiB of its largest child) for CODE in a fresh interpreter."""
     body = "\n".join("        " + ln for ln in code.strip().splitlines())
     out = scratch / "peak.json"
     t = time.perf_counter()
+    # In CWD: `python -c` puts the working directory first on sys.path, so it picks the checkout imported.
     subprocess.run([sys.executable, "-c", _MEASURED.format(code=body), str(out)], env=env, check=True,
-                   stderr=subprocess.DEVNULL)
+                   stderr=subprocess.DEVNULL, cwd=cwd)
     seconds = time.perf_counter() - t
     peak = json.loads(out.read_text())
     return seconds, peak["self"], peak["children"]
@@ -140,7 +141,7 @@ def main() -> None:
         for name, code in cases:
             if name.startswith("checker"):
                 code = "import sys\n" + code
-            s, own, child = measure(code, env, td)
+            s, own, child = measure(code, env, td, args.checkout)
             print(f"{name:20} {s:8.1f} {own:9.0f} {child:15.0f}", flush=True)
 
 
