@@ -70,7 +70,7 @@ def _messages(log: str) -> list[str]:
     """The checker's messages from its log stream, without its INFO lines and the final FAILED."""
     body = []
     for ln in log.splitlines():
-        if ln.startswith(("INFO", "ERROR - FAILED", "Traceback")) or ln.startswith("  File "):
+        if ln.startswith(("INFO", "ERROR - FAILED")):
             continue
         body.append(ln.removeprefix("WARNING - ").removeprefix("ERROR - "))
     return [m.strip() for m in "\n".join(body).split(_SEPARATOR) if m.strip()]
