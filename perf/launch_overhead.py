@@ -10,8 +10,8 @@ with one worker (what it did before). For each run it prints, from the superviso
 Then the medians and what the direct start saves. Issue 19 measured torchrun's agent at ~1.5 s of start-up and
 its monitor at ~0.7 s of teardown on a loaded 2-core machine.
 
-`--agent`: torchrun's own cost instead, whole wall time of a standalone torchrun running two no-op workers
-(`python -m site`), at the monitor interval the launcher used (0.5 s) and the one it uses (0.1 s), alternating.
+`--agent`: torchrun's own teardown instead: from a one-line worker's last output to the standalone torchrun's
+exit, at the monitor interval the launcher used (0.5 s) and the one it uses (0.1 s), alternating.
 """
 
 from __future__ import annotations
@@ -72,16 +72,18 @@ def agent(pairs: int) -> None:
     import subprocess
 
     times: dict[str, list[float]] = {"0.5": [], "0.1": []}
-    for _ in range(pairs):
-        for interval in times:
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                            "--nproc-per-node=2", f"--monitor-interval={interval}", "-m", "site"],
-                           capture_output=True, check=True)
-            times[interval].append(time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as tmp:
+        worker = Path(tmp) / "worker.py"
+        worker.write_text("import time\nprint(time.time(), flush=True)\n")
+        for _ in range(pairs):
+            for interval in times:
+                out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                                      "--nproc-per-node=1", f"--monitor-interval={interval}", str(worker)],
+                                     capture_output=True, text=True, check=True).stdout
+                times[interval].append(time.time() - float(out.split()[-1]))
     for interval, ts in times.items():
-        print(f"monitor interval {interval} s: median {statistics.median(ts):.2f} s, min {min(ts):.2f} s "
-              f"({', '.join(f'{t:.2f}' for t in ts)})")
+        print(f"monitor interval {interval} s: teardown median {statistics.median(ts):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in sorted(ts))})")
 
 
 if __name__ == "__main__":
