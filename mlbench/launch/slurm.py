@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench.errors import UserError
+from mlbench.launch import lifeline
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
 from mlbench.launch.supervise import EventTail
 from mlbench.layout import Layout
@@ -128,8 +129,10 @@ class SlurmLauncher:
             raise UserError(f"SLURM cannot run this job: {msg} (check --nodes, --partition, --account, --time)")
 
     def start(self) -> None:
+        # The job runs on without this process (its driver supervises it); the waiting sbatch does not.
         self.proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(self.job_dir / "job.sbatch")],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lifeline.die_with_parent)
         self.job_id = self.proc.stdout.readline().strip().split(";")[0]
         if not self.job_id:
             self.proc.wait()
