@@ -10,6 +10,10 @@ with one worker (what it did before). For each run it prints, from the superviso
 Then the medians and what the direct start saves. Issue 19 measured torchrun's agent at ~1.5 s of start-up and
 its monitor at ~0.7 s of teardown on a loaded 2-core machine.
 
+`--cli`: `mlbench run gpt3 --tiny` as a user runs it, N times: whole wall time, from the command's start to the
+log's init_start, and from the log's run_stop to the command's exit (the teardown issue 19 measured at 1.9 s:
+interpreter shutdown 0.8 s, torchrun's monitor 0.7 s).
+
 `--agent`: torchrun's own teardown instead: from a one-line worker's last output to the standalone torchrun's
 exit, at the monitor interval the launcher used (0.5 s) and the one it uses (0.1 s), alternating.
 """
@@ -86,6 +90,24 @@ def agent(pairs: int) -> None:
               f"({', '.join(f'{t:.2f}' for t in sorted(ts))})")
 
 
+def cli(runs: int) -> None:
+    import subprocess
+
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as tmp:
+            t0 = time.time()
+            subprocess.run([sys.executable, "-m", "mlbench.cli", "run", "gpt3", "--tiny", "--seed", "1", "--results",
+                            tmp, "--system", "perf"], capture_output=True, check=True)
+            t1 = time.time()
+            times = {}
+            for line in (Path(tmp) / "perf" / "gpt3" / "result_0.txt").read_text().splitlines():
+                event = json.loads(line.removeprefix(":::MLLOG "))
+                times.setdefault(event["key"], event["time_ms"] / 1000)
+        print(f"whole {t1 - t0:6.2f} s  start to init_start {times['init_start'] - t0:5.2f} s  "
+              f"run_stop to exit {t1 - times['run_stop']:5.2f} s", flush=True)
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--agent"]
-    (agent if "--agent" in sys.argv else main)(int(args[0]) if args else 3)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    mode = {"--agent": agent, "--cli": cli}.get(next((a for a in sys.argv[1:] if a.startswith("--")), ""), main)
+    mode(int(args[0]) if args else 3)
