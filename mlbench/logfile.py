@@ -9,6 +9,7 @@ with its file, line and key, never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -126,7 +127,10 @@ def read(path: Path | str) -> list[dict]:
 def number(path: Path | str, event: Event, name: str, value: object, *, positive: bool = False,
            integer: bool = False) -> float:
     """A finite number (int or float, not bool) from a log field, or BadField naming file, line and key."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and -1e300 < value < 1e300  # finite
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        ok = False
+    else:  # finite: a float that is not inf or nan, an int that a float can hold
+        ok = math.isfinite(value) if isinstance(value, float) else -(2.0**1023) < value < 2.0**1023
     if ok and positive:
         ok = value > 0
     if ok and integer:

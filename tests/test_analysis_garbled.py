@@ -178,3 +178,29 @@ def test_a_garbled_published_table_is_one_line(tmp_path):
     bad.write_text(",".join(header) + "\n" + ",".join(row[h] for h in header) + "\n")
     with pytest.raises(UserError, match=r"t.csv:2: time_to_train_min: 'nan' is not a positive number"):
         published.load(bad)
+
+
+def test_garbled_block_events_are_named_at_their_own_line(tmp_path):
+    """Logs without per-step statistics (Google's) time steps by blocks: a bad block field skips that block."""
+    from test_analysis_logs import _line
+
+    from mlbench.analysis.logs import read_log
+
+    t0 = 1_700_000_000_000
+
+    def log(start_md: dict, eval_count: object = 128) -> str:
+        return "".join([_line("submission_benchmark", t0, "gpt3"), _line("global_batch_size", t0, 8),
+                        _line("max_sequence_length", t0, 16), _line("run_start", t0 + 1000),
+                        _line("block_start", t0 + 1000, None, **start_md), _line("block_stop", t0 + 5000, None),
+                        _line("eval_accuracy", t0 + 5000, 3.0, epoch_num=eval_count),
+                        _line("run_stop", t0 + 5010, None, status="success")])
+
+    f = tmp_path / "result_0.txt"
+    f.write_text(log({"first_epoch_num": 0, "epoch_count": 128}))
+    assert read_log(f).step_times.stats()["median"] == pytest.approx(4.0)  # 128 tokens / 16 / 8 = 1 step in 4 s
+    f.write_text(log({"first_epoch_num": "lots", "epoch_count": 128}))
+    good = read_log(f)
+    assert good.problems == [f'{f}:5: block_start first_epoch_num is "lots", expected a finite number']
+    assert good.status == "success" and good.step_times.source == "none"
+    f.write_text(log({"first_epoch_num": 0, "epoch_count": 1e300}))  # finite, absurd: no block of 1e298 steps
+    assert read_log(f).step_times.source == "none"

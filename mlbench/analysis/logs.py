@@ -134,7 +134,7 @@ class _Pass:
     def __init__(self, log: RunLog, steps: bool):
         self.log, self.steps = log, steps
         self.bad: dict[str, int] = {}
-        self.open_block: tuple[float, dict] | None = None
+        self.open_block: tuple[float, float | None, float | None] | None = None  # time, size, first count
         self.started = False  # past the first run_start line (whether or not its time is usable)
 
     def fault(self, e: BadField, key: str, invalidates: bool) -> None:
@@ -229,17 +229,17 @@ class _Pass:
         path, md = self.log.path, metadata(self.log.path, e)
         t = number(path, e, "time_ms", e.time_ms)
         if e.key.endswith("_start"):
-            self.open_block = (t, md)
+            self.open_block = None
+            size, first = md.get("epoch_count"), md.get("first_epoch_num", md.get("samples_count"))
+            name = "first_epoch_num" if "first_epoch_num" in md else "samples_count"
+            self.open_block = (t, number(path, e, "epoch_count", size) if size is not None else None,
+                               number(path, e, name, first) if first is not None else None)
             return
         if self.open_block is None:
             return
-        start, smd = self.open_block
+        start, size, first = self.open_block
         self.open_block = None
-        size = smd.get("epoch_count")
-        first = smd.get("first_epoch_num", smd.get("samples_count"))
-        self.log.blocks.append(st.Block(
-            start, t, number(path, e, "epoch_count", size) if size is not None else None,
-            number(path, e, "first_epoch_num", first) if first is not None else None))
+        self.log.blocks.append(st.Block(start, t, size, first))
 
     def finish(self) -> None:
         log = self.log
@@ -249,11 +249,12 @@ class _Pass:
 
 
 _NAN = math.nan
+_BIG = 2.0**1023  # an int beyond this cannot become a float
 
 
 def _finite(v: object) -> bool:
     """An int or a finite float, fast (not bool: True is an int to Python, not a number in a log)."""
-    return (type(v) is float and v - v == 0.0) or (type(v) is int and -1e300 < v < 1e300)
+    return (type(v) is float and v - v == 0.0) or (type(v) is int and -_BIG < v < _BIG)
 
 
 def _whole(path: Path, e: Event) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 # Step-time keys in tracked_stats, one place for every variant seen in published logs:
 # ours and NVIDIA llama: "train_step_time"; NVIDIA gpt3 (NeMo 24.09): "train_step_timing in s".
 STEP_TIME_KEYS = ("train_step_time", "train_step_timing in s")
+MAX_BLOCK_STEPS = 1_000_000  # a block claiming more steps than this is garbage, not a block
 NO_STATS = {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
 
 
@@ -66,6 +67,7 @@ class Block:
     first: float | None  # first_epoch_num / samples_count at the block's start
 
 
+@np.errstate(all="ignore")  # absurd but finite logged numbers overflow to inf here, and are shown as such
 def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs: int | None,
                  seq: int | None) -> StepTimes | None:
     """Per-step times from tracked_stats records inside the timed region (run_start..run_stop)."""
@@ -114,8 +116,7 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
         gap = np.diff(times) / 1000
         multi = k > 1.5
         if multi.any():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.median(gap[multi] / secs[1:][multi])
+            ratio = np.median(gap[multi] / secs[1:][multi])
             kk = np.median(k[multi])
             if abs(ratio - 1) < abs(ratio - kk):  # the time covers the whole interval
                 secs[1:][multi] = secs[1:][multi] / k[multi]
@@ -142,7 +143,7 @@ def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
         if size:
             n_steps = size * samples_per_count / gbs
             dur = (b.stop_ms - b.start_ms) / 1000
-            if n_steps >= 1 and dur > 0:
+            if 1 <= n_steps <= MAX_BLOCK_STEPS and dur > 0:
                 out.extend([dur / n_steps] * round(n_steps))
     if not out:
         return None
