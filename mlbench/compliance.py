@@ -157,7 +157,7 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
         require_ruleset(ruleset)
     if not path.exists():
         raise UserError(f"{path}: no such file or folder")
-    files = [path] if path.is_file() else sorted(path.rglob("result_*.txt"))
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("result_*.txt") if p.is_file())
     if not files:
         raise UserError(f"{path}: no result_*.txt files here (a result file, or a folder of them)")
     return [_target(f, ruleset, rules) for f in files]
