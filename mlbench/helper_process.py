@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from mlbench.errors import UserError
+from mlbench.launch import lifeline
 
 
 class HelperFailed(Exception):
@@ -19,7 +20,7 @@ class HelperFailed(Exception):
 def run_json(module: str, *args: str, prefix: str = "") -> dict:
     """The helper's JSON answer. Exit 2: UserError with its reason (after `prefix`); other failures: HelperFailed."""
     proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"), preexec_fn=lifeline.die_with_parent)
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     if proc.returncode == 2:
         raise UserError(f"{prefix}{last}")
