@@ -128,6 +128,9 @@ def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep:
         # megatron-core's MoELayer refuses to train split over tensor-parallel ranks without it (moe_layer.py)
         raise UserError(f"{bench.name} is a mixture of experts: megatron-core trains its expert layers at --tp "
                         f"{layout.tp} only with sequence parallelism; add --sequence-parallel, or use --tp 1")
+    if f.distributed_optimizer and bench.optimizer.name == "lamb":  # LAMB's trust ratio needs whole parameters
+        raise UserError(f"{bench.name} trains with LAMB, whose trust ratio needs whole parameters on every "
+                        "data-parallel rank: use --no-distributed-optimizer")
     if f.overlap_param_gather and not f.distributed_optimizer:
         if overrides.get("overlap_param_gather"):
             raise UserError("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it "
