@@ -106,8 +106,7 @@ def build(plan: RunPlan, device: Device) -> Parts:
                                init_step=int(evaluate(bench.train.init_checkpoint_step, global_batch_size=gbs)))
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
-    if features.get("overlap_grad_reduce"):  # megatron's schedules start each chunk's reduce when its grads are done
-        config.no_sync_func = [c.no_sync for c in model] if len(model) > 1 else model[0].no_sync
+    sync_funcs(config, model, features)
     loaded = None
     if plan.init_checkpoint:  # untimed: MLPerf loads the starting checkpoint before run_start
         loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size,
@@ -115,6 +114,22 @@ def build(plan: RunPlan, device: Device) -> Parts:
     return Parts(model=model, optimizer=optimizer, scheduler=scheduler, config=config,
                  objective=family(bench.model.family).objective(bench), source=build_source(bench, plan),
                  loaded=loaded)
+
+
+def sync_funcs(config: Any, model: list, features: dict) -> None:
+    """The schedules' communication hooks, as Megatron-LM's training.py sets them: with overlapped gradient
+    reduction the schedule holds every chunk's reduce (no_sync) until its last micro-batch's backward and then
+    starts it (grad_sync_func, Megatron-LM's default align_grad_reduce); with overlapped parameter gathering the
+    interleaved schedule starts the next chunk's all-gather ahead of its forward (param_sync_func)."""
+
+    def one_or_list(fns: list) -> Any:
+        return fns[0] if len(fns) == 1 else fns
+
+    if features.get("overlap_grad_reduce"):
+        config.no_sync_func = one_or_list([c.no_sync for c in model])
+        config.grad_sync_func = one_or_list([c.start_grad_sync for c in model])
+    if features.get("overlap_param_gather"):
+        config.param_sync_func = one_or_list([c.start_param_sync for c in model])
 
 
 def ddp_config(features: dict) -> Any:

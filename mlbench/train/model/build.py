@@ -11,7 +11,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from mlbench.models import family
 from mlbench.models.transformer import padded_vocab
 from mlbench.spec import ModelSpec
-from mlbench.train.model import layernorm1p
+from mlbench.train.model import layernorm1p, sequence_parallel
 from mlbench.train.model.config import attention_backend
 from mlbench.train.model.post_norm import post_norm_model, post_norm_spec
 
@@ -37,9 +37,14 @@ def build(m: ModelSpec, config: TransformerConfig, vp_stage: int | None = None,
         position_embedding_type=m.position_embedding,
         vp_stage=vp_stage,
     )
-    model = family(m.family).build_model(m, config, spec, common)
+    # Local specs under sequence parallelism: megatron's torch norms refuse it, ours take it (sequence_parallel.py).
+    local_sp = config.sequence_parallel and (backend or attention_backend()) != "te"
+    block = sequence_parallel.block_spec(spec, config, vp_stage) if local_sp else spec
+    model = family(m.family).build_model(m, config, block, common)
     if m.norm_position == "post":
         post_norm_model(model, config, spec)
     if m.zero_centered_gamma and not config.layernorm_zero_centered_gamma:
         layernorm1p.final_norm(model, config)
+    if local_sp:
+        sequence_parallel.mark_norms(model)
     return model
