@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from mlbench.launch.lifeline import exit_if_orphaned
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps
 from mlbench.train.reporter import Reporter
 
@@ -90,6 +91,7 @@ def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
         first, last = step, min(next_eval(step), budget)
         report.block_start(first, last)
         while step < last:
+            exit_if_orphaned()  # a rank whose launcher died writes nothing more
             r = stepper.train_step(step)
             step += 1
             tflops = flops_per_step / r.seconds / devices / 1e12
