@@ -175,10 +175,11 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
                    "then fails the checker). Without it such a run is refused before launch.")
 def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
-    from mlbench import launch, preflight
+    from mlbench import preflight
+    from mlbench.launch import launcher
 
     p = preflight.prepare(preflight.RunRequest(name=name, tiny=tiny, layout=layout, **options), console)
-    sys.exit(launch.start(p.bench, p.layout, p.opts, p.slurm_opts, console, dry_run=p.dry_run))
+    sys.exit(launcher.start(p.bench, p.layout, p.opts, p.slurm_opts, console, dry_run=p.dry_run))
 
 
 @cli.command("convert-checkpoint")

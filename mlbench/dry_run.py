@@ -12,7 +12,7 @@ from rich.table import Table
 
 from mlbench import compliance, helper_process, results
 from mlbench.errors import UserError
-from mlbench.launch import Launcher
+from mlbench.launch.contract import Launcher
 from mlbench.layout import Layout
 from mlbench.mlperf_log import write_preamble
 from mlbench.run_plan import RunPlan
