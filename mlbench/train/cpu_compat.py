@@ -105,6 +105,23 @@ def _patch_cuda_namespace() -> None:
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
+def _recompute_under_rewrite() -> None:
+    """Activation recompute re-runs the forward inside autograd's backward, where the process-wide
+    TorchFunctionMode is not active (modes are per thread, and the engine does not carry them into backward):
+    megatron's causal mask would ask for a `cuda` tensor there. Its two checkpoint functions' backward passes
+    run under the rewrite."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    for fn in (mrandom.CheckpointFunction, mrandom.CheckpointWithoutOutputFunction):
+        real = fn.backward
+
+        def backward(ctx: Any, *args: Any, _real: Any = real) -> Any:
+            with _CudaToCpu():
+                return _real(ctx, *args)
+
+        fn.backward = staticmethod(backward)
+
+
 # ---- mixture of experts: three more CUDA assumptions in megatron-core 0.16's MoE layer -------------------------
 
 
@@ -157,6 +174,7 @@ def enable() -> bool:
         return False
     if not _active:
         _patch_cuda_namespace()
+        _recompute_under_rewrite()
         _moe_on_cpu()
         _skip_all_reduce_over_one_process()
         _CudaToCpu().__enter__()  # process-wide: every rank's training runs inside it

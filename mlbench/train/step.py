@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from mlbench.run_plan import RunPlan
 from mlbench.train.build import Parts
+from mlbench.train.model import context_parallel
 
 # An eval micro-batch holds up to this many training micro-batches' rows: a forward pass saves nothing for
 # backward, so it can take more rows at once, and fewer, larger micro-batches cost fewer pipeline and
@@ -39,6 +40,7 @@ class Stepper:
         self.gbs, self.mbs = layout["global_batch_size"], layout["micro_batch_size"]
         self.dp, self.vp, self.pp = layout["dp"], layout["vp"], layout["pp"]
         self.dp_rank = ps.get_data_parallel_rank()
+        self.cp, self.cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
         self.seq = plan.benchmark.model.seq_length
         self._fwd_bwd = get_forward_backward_func()
         bench = plan.benchmark
@@ -68,6 +70,8 @@ class Stepper:
 
     def _forward_step(self, data_iterator, chunk):
         batch = next(data_iterator)
+        if self.cp > 1:  # this rank's load-balanced share of every sequence
+            batch = context_parallel.share(batch, self.cp, self.cp_rank)
         if not self.on_cpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
         return self.parts.objective.forward(chunk, batch, not chunk.training)

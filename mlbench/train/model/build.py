@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from megatron.core import parallel_state
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -13,12 +15,16 @@ from mlbench.models.transformer import padded_vocab
 from mlbench.spec import ModelSpec
 from mlbench.train.model import layernorm1p, sequence_parallel
 from mlbench.train.model.config import attention_backend
+from mlbench.train.model.context_parallel import ContextParallelAttention
 from mlbench.train.model.post_norm import post_norm_model, post_norm_spec
 
 
 def layer_spec(m: ModelSpec, config: TransformerConfig, backend: str | None = None) -> ModuleSpec:
     backend = backend or attention_backend()
     spec = family(m.family).layer_spec(m, backend)
+    if config.context_parallel_size > 1 and backend != "te":  # megatron's local attention refuses CP
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
     if m.zero_centered_gamma and backend != "te":
         spec = layernorm1p.layer_spec(spec)
     return post_norm_spec(spec, config, te=backend == "te") if m.norm_position == "post" else spec
