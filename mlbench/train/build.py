@@ -87,7 +87,7 @@ def build(plan: RunPlan, device: Device) -> Parts:
         bench.model, tp=tp, pp=pp, vp=vp, cp=cp, bf16=bf16, features=features,
         account_for_embedding_in_pipeline_split=layout.get("account_for_embedding_in_pipeline_split", False),
         account_for_loss_in_pipeline_split=layout.get("account_for_loss_in_pipeline_split", False),
-        ep=layout.get("ep", 1))
+        ep=layout.get("ep", 1), fp8=device.precision == "fp8")
     chunks = [build_chunk(bench.model, config, vp_stage=i if vp > 1 else None) for i in range(vp)]
     if not device.on_cpu:
         # As megatron-LM places a model: megatron's parallel layers are built on the GPU, but torch norms and
@@ -98,7 +98,8 @@ def build(plan: RunPlan, device: Device) -> Parts:
         chunks = [c.cuda(torch.cuda.current_device()) for c in chunks]
         if bf16:
             chunks = [Float16Module(config, c) for c in chunks]
-    model = [DistributedDataParallel(config=config, ddp_config=ddp_config(features), module=c) for c in chunks]
+    model = [DistributedDataParallel(config=config, ddp_config=ddp_config(features, device.precision == "fp8"),
+                                     module=c) for c in chunks]
     optimizer = lamb.megatron_optimizer(optimizer_config(plan, config, features), model, bench.optimizer.name,
                                         bench.optimizer.decay_norms_and_biases)
     gbs = layout["global_batch_size"]
@@ -132,7 +133,7 @@ def sync_funcs(config: Any, model: list, features: dict) -> None:
         config.param_sync_func = one_or_list([c.start_param_sync for c in model])
 
 
-def ddp_config(features: dict) -> Any:
+def ddp_config(features: dict, fp8: bool = False) -> Any:
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
@@ -140,7 +141,7 @@ def ddp_config(features: dict) -> Any:
         overlap_grad_reduce=features.get("overlap_grad_reduce", False),
         overlap_param_gather=features.get("overlap_param_gather", False),
         use_distributed_optimizer=features.get("distributed_optimizer", False),
-        fp8_param_gather=features.get("fp8_param_gather", False))
+        fp8_param_gather=fp8 and features.get("fp8_param_gather", False))  # FP8 parameters exist only with FP8
 
 
 def optimizer_config(plan: RunPlan, config: Any, features: dict) -> Any:

@@ -40,10 +40,12 @@ def activation(m: ModelSpec, fused: bool = False) -> Callable:
 
 def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16: bool, features: dict | None = None,
                        account_for_embedding_in_pipeline_split: bool = False,
-                       account_for_loss_in_pipeline_split: bool = False, ep: int = 1) -> TransformerConfig:
+                       account_for_loss_in_pipeline_split: bool = False, ep: int = 1,
+                       fp8: bool = False) -> TransformerConfig:
     """The TransformerConfig of `m` under a layout; the two pipeline-split flags come from the layout (Megatron's
     asymmetric split: the embedding / the loss count as a layer of the first / last pipeline stage), and
-    `features` (FeaturesSpec fields) its sequence parallelism and activation recompute."""
+    `features` (FeaturesSpec fields) its sequence parallelism and activation recompute. `fp8`: the matmuls in
+    FP8 through Transformer Engine (a GPU that has both; refused before launch elsewhere)."""
     on_gpu = torch.cuda.is_available()
     f = features or {}
     recompute = f.get("recompute", "none")
@@ -79,6 +81,11 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         recompute_method=f.get("recompute_method", "uniform") if recompute == "full" else None,
         recompute_num_layers=f.get("recompute_layers", 1) if recompute == "full" else None,
         bf16=bf16,
+        # FP8 as NVIDIA's submissions run it ([nv] gpt3 config_fp8.sh FP8_HYBRID=True): E4M3 forward, E5M2
+        # gradients, Transformer Engine's delayed scaling at megatron-core's amax defaults; the parameters kept
+        # in FP8 where they are also gathered in FP8 (fp8_param_gather, as DistributedDataParallelConfig).
+        fp8="hybrid" if fp8 else None,
+        fp8_param=fp8 and f.get("fp8_param_gather", False),
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_cpu_initialization=not on_gpu,
