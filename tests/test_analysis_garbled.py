@@ -60,13 +60,14 @@ GARBLES = [
 ]
 
 
-def _sets(root: Path, text: str) -> tuple[Path, Path]:
-    """Two sets of three runs of llama31_8b (8 and 16 devices); the first run of the first holds TEXT."""
+def _sets(root: Path, text: str, runs: int = 1) -> tuple[Path, Path]:
+    """Two sets of RUNS runs of llama31_8b (8 and 16 devices); the first run of the first holds TEXT. (One run
+    a set by default: every run costs a compliance checker process.)"""
     out = []
     for name, devices in (("sysA", 8), ("sysB", 16)):
         d = root / name / "llama31_8b"
         d.mkdir(parents=True)
-        for i in range(3):
+        for i in range(runs):
             (d / f"result_{i}.txt").write_text(text if (name, i) == ("sysA", 0) else tiny_log())
             (d / f"result_{i}.json").write_text(json.dumps({"devices": devices}))
         out.append(d)
@@ -204,3 +205,12 @@ def test_garbled_block_events_are_named_at_their_own_line(tmp_path):
     assert good.status == "success" and good.step_times.source == "none"
     f.write_text(log({"first_epoch_num": 0, "epoch_count": 1e300}))  # finite, absurd: no block of 1e298 steps
     assert read_log(f).step_times.source == "none"
+
+
+def test_scaling_report_when_no_configuration_has_a_time(tmp_path, capsys, monkeypatch):
+    """The base configuration's only run is invalid: no efficiency anywhere, and the plot still draws."""
+    text, _ = _garble(tiny_log(), "run_start", '"time_ms": 1700000001000', '"time_ms": NaN')
+    a, b = _sets(tmp_path, text)
+    code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b), "--html", str(tmp_path / "s.html"))
+    assert code == 0, out
+    assert (tmp_path / "s.html").read_text().count("<img") == 1

@@ -107,7 +107,7 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
         raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
     cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
     print_comparison(_console(), cmp)
-    _write_reports(comparison_report(cmp), html_out, md_out)
+    _write_reports(lambda: comparison_report(cmp), html_out, md_out)
 
 
 @click.command("scaling")
@@ -128,12 +128,16 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
         raise UserError(f"--devices given {len(devices)} times for {len(paths)} PATHs; give one per PATH or none")
     sc = build_scaling(list(paths), list(devices) or None)
     print_scaling(_console(), sc)
-    _write_reports(scaling_report(sc), html_out, md_out)
+    _write_reports(lambda: scaling_report(sc), html_out, md_out)
 
 
-def _write_reports(rep, html_out: Path | None, md_out: Path | None) -> None:
+def _write_reports(build, html_out: Path | None, md_out: Path | None) -> None:
+    """Build the report (plots take a while) only when one is asked for."""
     from mlbench.analysis.report import write_html, write_markdown
 
+    if not (html_out or md_out):
+        return
+    rep = build()
     for out, write in ((html_out, write_html), (md_out, write_markdown)):
         if out:
             write(rep, out)

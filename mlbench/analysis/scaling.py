@@ -193,10 +193,11 @@ def efficiency_plot(sc: Scaling):
                 label=f"weak, per-device batch {pdb:g}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
+    ax.set_xlim(min(x) / 1.25, max(x) * 1.25)  # fixed: with no efficiency to draw, autoscaling has no data
     ax.set_xticks(x, [str(v) for v in x], rotation=60, fontsize=8)
     ax.set_xlabel("devices")
     ax.set_ylabel("efficiency")
-    ax.set_ylim(0, max(1.1, *[e for _, e in sc.strong_ttt if e is not None]) * 1.05)
+    ax.set_ylim(0, max([1.1, *(e for _, e in sc.strong_ttt if e is not None)]) * 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"Scaling efficiency, {sc.benchmark}")
