@@ -139,3 +139,15 @@ def test_scaling_rejects_mixed_benchmarks_and_unknown_devices(tmp_path):
     assert isinstance(res.exception, UserError) and "device count unknown" in str(res.exception)
     res = CliRunner().invoke(scaling_cmd, [str(a), str(d), "--devices", "8", "--devices", "16"])
     assert res.exit_code == 0, res.output
+
+
+def test_analysis_never_imports_the_training_code():
+    import subprocess
+    import sys
+
+    code = ("import sys, mlbench.analysis.commands, mlbench.analysis.compare, mlbench.analysis.scaling, "
+            "mlbench.analysis.score, mlbench.compliance, mlbench.logfile; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron') "
+            "or m.startswith('mlbench.train')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
