@@ -58,12 +58,30 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False) -> Verdict
                    rules="smoke rules" if smoke else f"training {ruleset} rules")
 
 
+# The checker holds a whole log in memory: 1,807 MiB for a 250 MB log (perf/log_reading.py), about 7.6 bytes a byte.
+CHECKER_BYTES_PER_LOG_BYTE = 8
+
+
 def check_all(items: list[tuple[Path, str, bool]], quiet: bool = False, jobs: int | None = None) -> list[Verdict]:
     """Verdicts for (path, ruleset, smoke) items, in order, checked in up to JOBS processes at once (default: the
-    CPU count, at most 8)."""
-    jobs = max(1, min(len(items), os.cpu_count() or 1, 8) if jobs is None else jobs)
+    CPU count, at most 8, and no more than half the free memory holds checkers of the largest log)."""
+    jobs = max(1, default_jobs([p for p, _, _ in items]) if jobs is None else jobs)
     with ThreadPoolExecutor(max_workers=jobs) as ex:
         return list(ex.map(lambda it: check(*it, quiet=quiet), items))
+
+
+def default_jobs(paths: list[Path]) -> int:
+    """Checkers to run at once: the CPU count (at most 8), and no more than half the free memory holds."""
+    largest = max((os.path.getsize(p) for p in paths if os.path.isfile(p)), default=0)
+    fit = _free_memory() // 2 // max(1, CHECKER_BYTES_PER_LOG_BYTE * largest)
+    return max(1, min(len(paths), os.cpu_count() or 1, 8, fit))
+
+
+def _free_memory() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume room for one checker at a time
+        return 0
 
 
 def _messages(log: str) -> list[str]:

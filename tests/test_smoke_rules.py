@@ -73,3 +73,18 @@ def test_check_notes_a_dry_run_log_and_prints_whole_messages(tmp_path: Path) -> 
     assert not ok and "FAIL" in text and "(smoke rules)" in text
     assert "note: a dry-run log (it ends at run_start)" in text
     assert "Required EXACTLY_ONE occurrence of 'run_stop'" in text
+
+
+def test_checkers_at_once_fit_in_memory(tmp_path: Path, monkeypatch) -> None:
+    """Each checker holds its whole log (about 8 bytes a byte): big logs are checked fewer at a time."""
+    logs = []
+    for i in range(4):
+        logs.append(tmp_path / f"result_{i}.txt")
+        logs[-1].write_bytes(b"x" * 1_000_000)
+    monkeypatch.setattr(compliance.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(compliance, "_free_memory", lambda: 64_000_000)  # room for 4 checkers of 8 MB
+    assert compliance.default_jobs(logs) == 4
+    monkeypatch.setattr(compliance, "_free_memory", lambda: 20_000_000)  # half of it holds one
+    assert compliance.default_jobs(logs) == 1
+    monkeypatch.setattr(compliance, "_free_memory", lambda: 0)  # unknown: one at a time
+    assert compliance.default_jobs(logs) == 1
