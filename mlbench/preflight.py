@@ -131,6 +131,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     # FP8 against this machine's GPU; a dry run or a SLURM job trains elsewhere.
     if layout.precision == "fp8" and not req.dry_run and req.launcher != "slurm":
         check_precision(layout.precision, req.layout.precision is not None, local_device())
+    if layout.cp > 1 and not req.dry_run and req.launcher != "slurm":
+        check_context_parallel(bench, _importable("transformer_engine"))
     check_results_folder(req.results_root, system, bench.name)
     slurm_opts = _slurm_options(req, bench, layout)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
@@ -334,6 +336,17 @@ def check_precision(precision: str, user_set: bool, device: DeviceFacts) -> None
     if not _importable("transformer_engine"):
         raise UserError(f"{why} runs through Transformer Engine, which is not installed here: install it "
                         f"(transformer-engine[pytorch]) or use --precision bf16")
+
+
+def check_context_parallel(bench: Benchmark, te: bool) -> None:
+    """Without Transformer Engine, context parallelism runs mlbench's attention (mlbench/train/model/
+    context_parallel.py): full causal attention only, no padding masks (BERT) and no sliding windows."""
+    if te:
+        return
+    if bench.model.family == "bert" or bench.model.window_size:
+        what = "BERT's padding-masked attention" if bench.model.family == "bert" else "sliding-window attention"
+        raise UserError(f"--cp > 1 without Transformer Engine runs causal full attention only, and {bench.name} has "
+                        f"{what}: use --cp 1")
 
 
 def _importable(module: str) -> bool:
