@@ -104,6 +104,9 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "saved_checkpoint": next(({"path": e.get("path"), "seconds": e.get("seconds")} for e in outcome.events
                                   if e.get("event") == "checkpoint_saved"), None),
         "checkpoint_error": outcome.checkpoint_error or None,
+        # rank 0: the planner's per-GPU estimate and the bytes measured after run_stop (train/measured_memory.py)
+        "memory": next(({k: e.get(k) for k in ("estimated", "measured")} for e in outcome.events
+                        if e.get("event") == "memory"), None),
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
         "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
                                           "mfu", "lr", "grad_norm")} for e in steps],

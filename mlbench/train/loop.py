@@ -67,7 +67,7 @@ def _reason(e: BaseException) -> str:
 def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
     """Builds, then trains from run_start to run_stop; returns the status and what saves the final state."""
     from mlbench import flops, hardware
-    from mlbench.train import checkpoint
+    from mlbench.train import checkpoint, measured_memory
     from mlbench.train.build import build, init_distributed
     from mlbench.train.step import Stepper
 
@@ -108,6 +108,7 @@ def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
             status = "success"
     report.run_stop(step, status, "" if status == "success" else
                     f"quality target not reached within the step budget ({budget} steps)")
+    report.emit("memory", **measured_memory.record(plan, parts, stepper, device.on_cpu))  # untimed: after run_stop
 
     def save() -> None:
         checkpoint.save(plan.save_checkpoint, parts.model, parts.optimizer,

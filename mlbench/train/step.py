@@ -68,13 +68,27 @@ class Stepper:
             out.append(b)
         return out
 
-    def _forward_step(self, data_iterator, chunk):
-        batch = next(data_iterator)
+    def _as_forward_gets_it(self, batch: dict) -> dict:
         if self.cp > 1:  # this rank's load-balanced share of every sequence
             batch = context_parallel.share(batch, self.cp, self.cp_rank)
         if not self.on_cpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
+        return batch
+
+    def _forward_step(self, data_iterator, chunk):
+        batch = self._as_forward_gets_it(next(data_iterator))
         return self.parts.objective.forward(chunk, batch, not chunk.training)
+
+    def first_micro_batch(self) -> dict | None:
+        """Step 0's first micro-batch on this rank, as the forward step gets it; None outside the first
+        pipeline stage, whose chunks take their input from the stage before."""
+        from megatron.core import parallel_state as ps
+
+        if not ps.is_pipeline_first_stage(ignore_virtual=True):
+            return None
+        rng = np.random.default_rng([self.plan.seed, 0])
+        batch = self._microbatches(self.gbs, self.mbs, partial(self.parts.source.train_batch, 0, rng), rng)[0]
+        return self._as_forward_gets_it(batch)
 
     def _run(self, batches: list[dict], mbs: int, forward_only: bool) -> dict[str, float]:
         model = self.parts.model
