@@ -110,11 +110,11 @@ def _event(payload: bytes, line: int) -> Event | None:
         return _event(payload.decode("utf-8", errors="replace").encode(), line)
     except ValueError:
         return None
-    if not isinstance(d, dict) or not isinstance(d.get("key"), str):
+    if type(d) is not dict or type(key := d.get("key")) is not str:
         return None
-    md = d.get("metadata")
-    return Event(key=d["key"], value=d.get("value"), metadata=md if md is not None else {},
-                 time_ms=d.get("time_ms"), line=line, event_type=str(d.get("event_type", "")))
+    md, kind = d.get("metadata"), d.get("event_type", "")
+    return Event(key, d.get("value"), md if md is not None else {}, d.get("time_ms"), line,
+                 kind if type(kind) is str else str(kind))
 
 
 def read(path: Path | str) -> list[dict]:

@@ -54,9 +54,11 @@ class Tracked:
     tflops: array = field(default_factory=lambda: array("d"))
 
     def add(self, step: float, seconds: float, time_ms: float, tokens_per_s: float, tflops: float) -> None:
-        for a, v in ((self.step, step), (self.seconds, seconds), (self.time_ms, time_ms),
-                     (self.tokens_per_s, tokens_per_s), (self.tflops, tflops)):
-            a.append(v)
+        self.step.append(step)
+        self.seconds.append(seconds)
+        self.time_ms.append(time_ms)
+        self.tokens_per_s.append(tokens_per_s)
+        self.tflops.append(tflops)
 
 
 @dataclass
