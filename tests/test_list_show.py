@@ -41,11 +41,16 @@ def test_show_gives_the_parameter_count_against_the_published_size(name: str, pu
     assert tiny.returncode == 0 and "(tiny variant)" in tiny.stdout, tiny.stderr
 
 
-def test_show_gives_values_with_the_expression_they_come_from() -> None:
+def test_show_gives_values_with_the_expression_they_come_from(monkeypatch) -> None:
     from click.testing import CliRunner
+    from rich.console import Console
 
+    from mlbench import cli as cli_module
     from mlbench import registry
     from mlbench.cli import cli
+
+    # The CLI's console took its width when first imported (80 in a worker without a terminal): a wide one here.
+    monkeypatch.setattr(cli_module, "console", Console(width=300))
 
     out = " ".join(CliRunner(env={"COLUMNS": "300"}).invoke(cli, ["show", "gpt3"]).output.split())
     assert "warm-up 265 (= ceil(265 * 1536 / global_batch_size)) steps" in out
