@@ -9,7 +9,7 @@ STAMP    := $(VENV)/.installed
 TORCH    ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test lint slurm-deps browser-deps clean
+.PHONY: install run test test-fast lint slurm-deps browser-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ browser-deps:
 # runs of a set stay together and a file's SLURM cluster tests run one after another.
 test: install slurm-deps browser-deps
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+
+# The edit-test loop: everything but the tests that train a model or need SLURM (marked slow / slurm), which
+# `make test` still runs.
+test-fast: install
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not slow and not slurm"
 
 lint: install
 	$(VENV)/bin/ruff check mlbench tests
