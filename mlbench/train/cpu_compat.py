@@ -5,8 +5,9 @@ megatron-core 0.16 assumes CUDA in a few places:
 optimizers and gradient clipping, the CUDA RNG tracker, and `tensor.type() == 'torch.cuda.FloatTensor'`
 checks. Rather than fork megatron-core, this layer redirects those few CUDA requests to the CPU:
 
-- a TorchFunctionMode rewrites CUDA `device=` arguments to CPU, passes `Tensor.cuda()` / `.to('cuda')`
-  through, and reports `Tensor.type()` with the `torch.cuda.` prefix megatron-core compares against;
+- a TorchFunctionMode rewrites CUDA `device=` arguments to CPU, passes `Tensor.cuda()` / `.to('cuda')` /
+  pinned memory through, and reports `Tensor.type()` with the `torch.cuda.` prefix megatron-core compares
+  against; activation recompute's backward runs under it too;
 - `torch.cuda.current_device/synchronize/empty_cache` and the RNG-state functions map to CPU equivalents.
 
 Two changes only save time: megatron-core's fused kernels stay uncompiled (its `disable_jit_fuser`, applied
@@ -42,8 +43,10 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = _CPU
+        if kwargs.get("pin_memory"):  # page-locked memory is for copies to a GPU (RoPE's CP split asks for it)
+            kwargs["pin_memory"] = False
         name = getattr(func, "__name__", "")
-        if name == "cuda":  # Tensor.cuda(): the tensor already lives where compute happens
+        if name in ("cuda", "pin_memory"):  # Tensor.cuda(): the tensor already lives where compute happens
             return args[0]
         if name == "to":
             args = tuple(_CPU if _is_cuda(a) else a for a in args)
