@@ -62,3 +62,14 @@ def test_the_record_says_which_features_were_on(records: dict[str, dict]) -> Non
     assert cp["overlap_grad_reduce"] and cp["overlap_param_gather"] and cp["recompute"] == "selective"
     assert records["sequence_parallel"]["layout"]["tp"] == 2 and f["sequence_parallel"]["sequence_parallel"]
     assert f["sequence_parallel"]["recompute"] == "full"
+
+
+def test_every_record_has_rank_0s_measured_memory(records: dict[str, dict]) -> None:
+    mem = {name: r["memory"]["measured"] for name, r in records.items()}
+    ref = mem["reference"]
+    assert ref["params_bytes"] == ref["grads_bytes"] > 0 and ref["optimizer_bytes"] == 2 * ref["params_bytes"]
+    # the distributed optimizer shards Adam's state over the two CP ranks (data x context parallel)
+    assert mem["context_parallel"]["optimizer_bytes"] == ref["optimizer_bytes"] // 2
+    # each CP rank's micro-batch is half the sequence; TP with SP and full recompute saves a fraction
+    assert mem["context_parallel"]["activations_bytes"] < ref["activations_bytes"]
+    assert mem["sequence_parallel"]["activations_bytes"] < ref["activations_bytes"] / 4
