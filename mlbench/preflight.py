@@ -131,8 +131,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     # FP8 against this machine's GPU; a dry run or a SLURM job trains elsewhere.
     if layout.precision == "fp8" and not req.dry_run and req.launcher != "slurm":
         check_precision(layout.precision, req.layout.precision is not None, local_device())
-    if layout.cp > 1 and not req.dry_run and req.launcher != "slurm":
-        check_context_parallel(bench, _importable("transformer_engine"))
+    if (layout.cp > 1 or layout.features.sequence_parallel) and not req.dry_run and req.launcher != "slurm":
+        check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
     if layout.features.distributed_optimizer and (req.save_checkpoint or req.init_checkpoint) and not req.dry_run:
         # megatron-core 0.16 refuses its distributed optimizer's default checkpoint format when saving
         # ("ShardedTensor.flattened_range is not supported"), and cannot describe torch Adam's state for loading
@@ -344,15 +344,20 @@ def check_precision(precision: str, user_set: bool, device: DeviceFacts) -> None
                         f"(transformer-engine[pytorch]) or use --precision bf16")
 
 
-def check_context_parallel(bench: Benchmark, te: bool) -> None:
+def check_without_transformer_engine(bench: Benchmark, layout: Layout, te: bool) -> None:
     """Without Transformer Engine, context parallelism runs mlbench's attention (mlbench/train/model/
-    context_parallel.py): full causal attention only, no padding masks (BERT) and no sliding windows."""
+    context_parallel.py: full causal attention only, no padding masks (BERT) and no sliding windows), and
+    sequence parallelism mlbench's torch norms in GPT-style models (BERT's LM head builds megatron's own norm,
+    which refuses it)."""
     if te:
         return
-    if bench.model.family == "bert" or bench.model.window_size:
+    if layout.cp > 1 and (bench.model.family == "bert" or bench.model.window_size):
         what = "BERT's padding-masked attention" if bench.model.family == "bert" else "sliding-window attention"
         raise UserError(f"--cp > 1 without Transformer Engine runs causal full attention only, and {bench.name} has "
                         f"{what}: use --cp 1")
+    if layout.features.sequence_parallel and bench.model.family == "bert":
+        raise UserError(f"sequence parallel for {bench.name} (BERT) needs Transformer Engine's norms, not installed "
+                        "here: use --no-sequence-parallel")
 
 
 def _importable(module: str) -> bool:

@@ -42,13 +42,17 @@ def _swap(spec: object) -> object:
 
 def block_spec(spec: ModuleSpec, config: TransformerConfig, vp_stage: int | None) -> TransformerBlockSubmodules:
     """The block spec megatron would derive from the layer spec `spec`, with every WrappedTorchNorm (the two
-    per layer, the block's final one) as TorchNorm."""
+    per layer, per-head q/k norms, the block's final one) as TorchNorm."""
     block = _get_block_submodules(config, spec, vp_stage)
     layers = []
     for s in block.layer_specs:
         s = copy.deepcopy(s)
         for name in ("input_layernorm", "pre_mlp_layernorm"):
             setattr(s.submodules, name, _swap(getattr(s.submodules, name)))
+        attention = getattr(s.submodules.self_attention, "submodules", None)
+        for name in ("q_layernorm", "k_layernorm"):  # per-head norms (qk_layernorm): same class, never marked
+            if attention is not None and hasattr(attention, name):
+                setattr(attention, name, _swap(getattr(attention, name)))
         layers.append(s)
     return TransformerBlockSubmodules(layer_specs=layers, layer_norm=_swap(block.layer_norm))
 
