@@ -94,14 +94,13 @@ def measure(parts: Any, batch: dict[str, torch.Tensor] | None) -> dict[str, int]
 
 def record(plan: Any, parts: Any, stepper: Any, on_cpu: bool) -> dict:
     """The run record's memory for rank 0: `measured` (above) and `estimated`, the planner's per-GPU plan for this
-    layout (mlbench.planner.memory.estimate, in the precision the run trained in: fp32 on CPU), where the planner
-    has it."""
+    layout's first pipeline stage, rank 0's (mlbench.planner.memory.estimate, in the precision the run trained in:
+    fp32 on CPU)."""
     measured = measure(parts, stepper.first_micro_batch())
-    try:
-        from mlbench.planner.memory import estimate
-    except ImportError:  # the planner's memory model is not in this checkout
-        return {"estimated": None, "measured": measured}
-    return {"estimated": _as_dict(estimate(plan.benchmark, _layout(plan.layout, on_cpu))), "measured": measured}
+    from mlbench.planner.memory import estimate
+
+    return {"estimated": estimate(plan.benchmark, _layout(plan.layout, on_cpu), stage=0).as_dict(),
+            "measured": measured}
 
 
 def _layout(d: dict, on_cpu: bool) -> Any:
@@ -115,8 +114,3 @@ def _layout(d: dict, on_cpu: bool) -> Any:
     return Layout(**fields | {"features": FeaturesSpec(**d["features"]),
                               "precision": "fp32" if on_cpu else d["precision"]})
 
-
-def _as_dict(x: Any) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else dict(x)
