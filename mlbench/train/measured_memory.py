@@ -81,13 +81,15 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: list[torch.Tensor]) -
 
 def measure(parts: Any, batch: dict[str, torch.Tensor] | None) -> dict[str, int]:
     """This rank's static bytes, and the activations one micro-batch (`batch`, as the forward step gets it)
-    saves through the first model chunk; None for batch on ranks outside rank 0's pipeline stage."""
+    saves through the first model chunk, under the estimate's name for the same quantity (its activations_bytes
+    is that times the micro-batches the schedule keeps in flight, a count, not a measurement); None for batch on
+    ranks outside rank 0's pipeline stage."""
     out = measure_static(parts.model, parts.optimizer)
     if batch is not None:
         chunk = parts.model[0]
         chunk.train()
         with torch.enable_grad():
-            out["activations_bytes"] = saved_activation_bytes(
+            out["activations_per_micro_batch_bytes"] = saved_activation_bytes(
                 lambda: parts.objective.forward(chunk, batch, False)[0], list(chunk.parameters()))
     return out
 
