@@ -15,6 +15,7 @@ from mlbench import registry
 from mlbench.cli_options import layout_options
 from mlbench.errors import UserError
 from mlbench.preflight import LayoutRequest, check_new_folder
+from mlbench.quality import operator
 
 console = Console(soft_wrap=not sys.stdout.isatty())  # without a terminal: full lines, never cut at 80 columns
 
@@ -60,7 +61,7 @@ def list_cmd() -> None:
     for name in names:
         b = registry.load(name)
         tiny = registry.load(name, tiny=True) if registry.has_tiny(name) else None
-        op = "<=" if b.quality.direction == "min" else ">="
+        op = operator(b.quality.direction)
         t.add_row(name, b.title.split(" (")[0], b.size, f"{b.quality.metric} {op} {b.quality.target}",
                   b.mlperf.ruleset, str(b.mlperf.runs_required), f"{op} {tiny.quality.target}" if tiny else "-")
     console.print(t)
@@ -115,7 +116,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
                           f"{value('optimizer', 'decay_steps')} steps")
     t.add_row("batch", f"global {b.train.global_batch_size}, micro {b.train.micro_batch_size}")
     t.add_row("eval", f"every {value('eval', 'interval_samples')} samples on {b.eval.samples} samples")
-    op = "<=" if b.quality.direction == "min" else ">="
+    op = operator(b.quality.direction)
     t.add_row("quality target", f"{b.quality.metric} {op} {b.quality.target}")
     if b.quality.note:
         t.add_row("target chosen", b.quality.note)

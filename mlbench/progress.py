@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from mlbench.quality import operator
+
 
 def is_progress_line(line: str) -> bool:
     """A line Progress prints without a terminal (what its live panel shows on one)."""
@@ -67,7 +69,7 @@ class Progress:
         s = self.state
         return (f"step {s.get('step', 0)}/{s.get('budget', '?')}  loss {s.get('loss', float('nan')):.4f}  "
                 f"{s.get('tokens_per_s', 0):,.0f} tokens/s  eval {s.get('metric', '')} "
-                f"{s.get('eval', float('nan')):.4f} (target {'<=' if s.get('direction') == 'min' else '>='} "
+                f"{s.get('eval', float('nan')):.4f} (target {operator(s.get('direction', 'min'))} "
                 f"{s.get('target', float('nan'))})")
 
     def _render(self) -> Table:
@@ -81,7 +83,7 @@ class Progress:
         mfu = s.get("mfu")
         t.add_row("MFU", f"{100 * mfu:.1f} %" if mfu is not None else s.get("mfu_note") or "not defined")
         if "eval" in s:
-            op = "<=" if s.get("direction") == "min" else ">="
+            op = operator(s.get("direction", "min"))
             t.add_row(f"last eval ({s['metric']})",
                       f"{s['eval']:.4f} at step {s['eval_step']}  (target {op} {s['target']})")
         t.add_row("elapsed", f"{time.monotonic() - self.started:.1f} s")

@@ -23,6 +23,7 @@ from mlbench.launch.supervise import Command, Outcome, supervise
 from mlbench.layout import Layout
 from mlbench.logfile import log_time_to_train
 from mlbench.progress import Progress
+from mlbench.quality import operator
 from mlbench.registry import ROOT
 from mlbench.run_plan import RunPlan
 from mlbench.spec import Benchmark
@@ -247,7 +248,7 @@ def _remove_partial_checkpoint(dest: Path) -> None:
 
 
 def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
-    op = "<=" if bench.quality.direction == "min" else ">="
+    op = operator(bench.quality.direction)
     reached = r.status == "success"
     colour = "green" if reached else "red"
     ttt = f"{r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)" if r.ttt_s is not None else "n/a"

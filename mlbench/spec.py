@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mlbench.errors import UserError
+from mlbench.quality import reached
 
 
 @dataclass(frozen=True)
@@ -246,9 +247,7 @@ class Benchmark:
     path: str = ""
 
     def converged(self, value: float) -> bool:
-        if self.quality.direction == "min":
-            return value <= self.quality.target
-        return value >= self.quality.target
+        return reached(value, self.quality.target, self.quality.direction)
 
 
 # ---- expressions ----------------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ import yaml
 from conftest import mlbench, result_dir
 
 from mlbench import registry
+from mlbench.run_plan import RunPlan
 from mlbench.spec import deep_merge
 from mlbench.train import data as data_lib
 from mlbench.train.data.markov import MarkovSource
-from mlbench.run_plan import RunPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 GBS, STEPS = 16, 300
