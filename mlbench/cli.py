@@ -171,6 +171,9 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--lr", type=float, help="Peak learning rate, over the benchmark's: needed at a global batch its "
                                       "RCP table (llama31_8b, gpt_oss_20b) has no row for.")
 @click.option("--warmup-steps", type=int, help="Warm-up steps, over the benchmark's (as --lr).")
+@click.option("--device", help="The GPU (a100, h100, h200, b200, gb200, gb300) the per-GPU memory plan must fit: "
+                                "a run (or dry run) whose plan does not is refused. Default: this machine's GPU "
+                                "or memory for a local run; none for a dry run or a SLURM job.")
 @click.option("--ignore-closed-rules", is_flag=True,
               help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
                    "then fails the checker). Without it such a run is refused before launch.")

@@ -111,6 +111,7 @@ class DryRun:
             else:
                 console.print(f"{what}: {text}", highlight=False, soft_wrap=True)
         console.print(f"MLPerf log up to run_start: {self.dest}", highlight=False, soft_wrap=True)
+        console.print(memory_line(bench, layout, self.opts.device), highlight=False, soft_wrap=True)
         if bench.variant == "tiny":  # its hyperparameters are not the benchmark's: the smoke rules check its runs
             console.print("closed rules: not applied to a tiny variant", highlight=False)
             return 0
@@ -126,3 +127,18 @@ class DryRun:
         for p in problems:
             console.print(f"  {p}", highlight=False, markup=False, soft_wrap=True)
         return 1
+
+
+def memory_line(bench: Benchmark, layout: Layout, device: str) -> str:
+    """The per-GPU memory plan in one line, with its verdict when a device was named (a plan that does not fit
+    was refused before this point)."""
+    from mlbench.planner.memory import estimate
+
+    def fmt_bytes(b: float) -> str:
+        return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
+
+    plan = estimate(bench, layout)
+    terms = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in plan.as_dict().items()
+                      if k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"))
+    verdict = f"; fits {device}" if device else "; pass --device to check it against a GPU"
+    return f"memory per GPU (worst pipeline stage {plan.stage}): {terms} = {fmt_bytes(plan.total_bytes)}{verdict}"

@@ -81,6 +81,9 @@ class RunRequest:
     init_checkpoint: Path | None = None
     save_checkpoint: Path | None = None
     ignore_closed_rules: bool = False
+    # the device whose memory the plan is checked against (mlbench.planner.devices); None: the local GPU for a
+    # run on this machine, none for a dry run or a SLURM job
+    device: str | None = None
     # the learning rate and warm-up steps, over the benchmark's (needed at a batch off an RCP table)
     lr: float | None = None
     warmup_steps: int | None = None
@@ -139,6 +142,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         # before the first step: neither works with mlbench's checkpoints yet.
         raise UserError("checkpoints (--save-checkpoint, --init-checkpoint) are not supported with the distributed "
                         "optimizer yet: use --no-distributed-optimizer")
+    device = memory_device(req)
+    check_memory(bench, layout, device)
     check_results_folder(req.results_root, system, bench.name)
     slurm_opts = _slurm_options(req, bench, layout)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
@@ -146,7 +151,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
                              rdzv_endpoint=req.rdzv_endpoint if req.launcher == "torchrun" else None,
                              threads=req.threads,
                              init_checkpoint=str(req.init_checkpoint.resolve()) if req.init_checkpoint else "",
-                             save_checkpoint=str(req.save_checkpoint.resolve()) if req.save_checkpoint else "")
+                             save_checkpoint=str(req.save_checkpoint.resolve()) if req.save_checkpoint else "",
+                             device=device[0] if device else "")
     if opts.init_checkpoint and not req.dry_run:  # the dry run checks it itself, and prints what it found
         check_checkpoint_fits(bench, layout, opts, console)
     if bench.variant != "tiny" and not req.dry_run and not req.ignore_closed_rules:
@@ -411,3 +417,48 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
     except ValueError as e:
         raise UserError(f"cannot write the SLURM job: {e}") from None
     return opts
+
+
+# ---- memory ---------------------------------------------------------------------------------------------
+
+
+def memory_device(req: RunRequest) -> tuple[str, float] | None:
+    """(name, memory bytes) of the device the run's memory plan must fit: --device; else, for a run on this
+    machine, its GPU where the device table knows it, or this machine's memory for a CPU run; None where the run
+    trains elsewhere (a dry run, a SLURM job) and no --device is given."""
+    from mlbench.planner import devices
+
+    if req.device is not None:
+        if req.device == "cpu":
+            raise UserError("--device cpu: a CPU run is checked against this machine's memory without it; --device "
+                            f"names a GPU: one of {', '.join(n for n in devices.names() if n != 'cpu')}")
+        d = devices.get(req.device)  # an unknown name: UserError naming the known ones
+        return d.name, d.memory_bytes
+    if req.dry_run or req.launcher == "slurm":
+        return None
+    local = local_device()
+    if local.gpu:
+        d = devices.find(local.name)
+        return (d.name, d.memory_bytes) if d else None
+    import psutil
+
+    return "this machine (CPU)", float(psutil.virtual_memory().total)
+
+
+def check_memory(bench: Benchmark, layout: Layout, device: tuple[str, float] | None) -> None:
+    """A run whose per-GPU memory plan (mlbench.planner.memory) does not fit its device is refused before launch,
+    naming the largest term and what would shrink it."""
+    if device is None:
+        return
+    from mlbench.planner.memory import SHRINK, estimate
+
+    plan = estimate(bench, layout)
+    name, capacity = device
+    if plan.fits(capacity):
+        return
+    term = plan.largest_term()
+    gib = 2**30
+    raise UserError(f"{bench.name} at this layout needs {plan.total_bytes / gib:.1f} GiB on its worst GPU (pipeline "
+                    f"stage {plan.stage}) but {name} has {capacity / gib:.1f} GiB; the largest term is {term} "
+                    f"({getattr(plan, term + '_bytes') / gib:.1f} GiB): {SHRINK[term]} would shrink it "
+                    f"(mlbench plan shows every term)")

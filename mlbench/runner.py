@@ -41,6 +41,7 @@ class RunOptions:
     threads: int = 1  # CPU threads per rank
     init_checkpoint: str = ""  # megatron-core distributed checkpoint every run starts from
     save_checkpoint: str = ""  # where the (single) run saves its final state
+    device: str = ""  # the device the memory plan was checked against ("" for none)
 
 
 @dataclass

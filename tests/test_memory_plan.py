@@ -103,3 +103,21 @@ def test_worst_stage_and_pipeline_in_flight() -> None:
     assert first.activations_bytes == 2 * first.activations_per_micro_batch_bytes
     assert estimate(bench, layout).total_bytes == max(first.total_bytes, last.total_bytes)
     assert dataclasses.asdict(first)["stage"] == 0 and first.as_dict()["total_bytes"] == first.total_bytes
+
+
+def test_dry_run_prints_the_plan_and_a_run_that_does_not_fit_is_refused(tmp_path: Path) -> None:
+    from conftest import mlbench
+
+    results = tmp_path / "results"
+    args = ("run", "llama31_405b", "--dry-run", "--nodes", "64", "--nproc-per-node", "8", "--device", "h100",
+            "--results", str(results))
+    ok = mlbench(*args, "--precision", "fp8")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "memory per GPU (worst pipeline stage" in ok.stdout and "fits h100" in ok.stdout
+    refused = mlbench(*args, "--no-distributed-optimizer", "--no-overlap-param-gather")
+    assert refused.returncode == 2
+    assert "the largest term is optimizer" in refused.stdout and "--distributed-optimizer" in refused.stdout
+    assert len(refused.stdout.strip().splitlines()) == 1
+    unknown = mlbench(*args[:-2], "--device", "tpu", "--results", str(tmp_path / "other"))
+    assert unknown.returncode == 2 and "unknown device 'tpu'" in unknown.stdout
+    assert not (tmp_path / "other").exists()
