@@ -7,17 +7,16 @@ from pathlib import Path
 
 import click
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mlbench import registry
+from mlbench import registry, terminal
 from mlbench.cli_options import layout_options
 from mlbench.errors import UserError
 from mlbench.preflight import LayoutRequest, check_new_folder
 from mlbench.quality import operator
 
-console = Console(soft_wrap=not sys.stdout.isatty())  # without a terminal: full lines, never cut at 80 columns
+console = terminal.console()
 
 
 def _params_vs_published(params: int, b) -> str:

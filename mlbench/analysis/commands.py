@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mlbench import terminal
 from mlbench.errors import UserError
 
 
@@ -27,9 +28,7 @@ def strict_json(doc: object) -> str:
 
 
 def _console() -> Console:
-    """Rich wraps to 80 columns when not on a terminal; the tables need more (long set labels)."""
-    c = Console()
-    return c if c.is_terminal else Console(width=170)
+    return terminal.console()
 
 
 def _fmt(v: object, nd: int = 4) -> str:

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mlbench import terminal
 from mlbench.cli_options import layout_options
 from mlbench.preflight import LayoutRequest
 
@@ -77,7 +78,7 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     if as_json:
         click.echo(json.dumps(_strict(out), allow_nan=False))
         return
-    console = Console(highlight=False)
+    console = terminal.console(highlight=False)
     if "scaling" in out:
         _print_scaling(console, out)
     elif "layouts" in out:
