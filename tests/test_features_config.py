@@ -72,3 +72,21 @@ def test_features_a_run_cannot_take_are_refused_before_launch(tmp_path) -> None:
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         assert len(lines) == 1 and fix in lines[0], lines
     assert not (tmp_path / "r").exists() and not (tmp_path / "ckpt").exists()  # nothing written
+
+
+def test_a_failed_memory_measurement_is_recorded_not_raised(monkeypatch) -> None:
+    """After run_stop the run's result is settled: a measurement or estimate that fails goes into the record."""
+    from types import SimpleNamespace
+
+    from mlbench.planner import memory
+    from mlbench.train import measured_memory
+
+    def fail(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(measured_memory, "measure", fail)
+    monkeypatch.setattr(memory, "estimate", fail)
+    plan = SimpleNamespace(benchmark=None, layout={})
+    out = measured_memory.record(plan, None, SimpleNamespace(first_micro_batch=lambda: None), True)
+    assert out["measured"] == {"error": "RuntimeError: boom"}
+    assert out["estimated"]["error"].startswith(("RuntimeError", "KeyError"))

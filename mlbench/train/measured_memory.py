@@ -98,11 +98,19 @@ def record(plan: Any, parts: Any, stepper: Any, on_cpu: bool) -> dict:
     """The run record's memory for rank 0: `measured` (above) and `estimated`, the planner's per-GPU plan for this
     layout's first pipeline stage, rank 0's (mlbench.planner.memory.estimate, in the precision the run trained in:
     fp32 on CPU)."""
-    measured = measure(parts, stepper.first_micro_batch())
     from mlbench.planner.memory import estimate
 
-    return {"estimated": estimate(plan.benchmark, _layout(plan.layout, on_cpu), stage=0).as_dict(),
-            "measured": measured}
+    # After run_stop the run's result is settled: a measurement that fails is recorded as such, never turned
+    # into a failed run.
+    try:
+        measured = measure(parts, stepper.first_micro_batch())
+    except Exception as e:
+        measured = {"error": f"{type(e).__name__}: {e}"[:300]}
+    try:
+        estimated = estimate(plan.benchmark, _layout(plan.layout, on_cpu), stage=0).as_dict()
+    except Exception as e:
+        estimated = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"estimated": estimated, "measured": measured}
 
 
 def _layout(d: dict, on_cpu: bool) -> Any:
