@@ -105,8 +105,8 @@ def _resolve(bench, req: LayoutRequest):
 def _search(bench, device, req: LayoutRequest, closed) -> tuple[list[dict], dict]:
     from mlbench.planner import plan as planner
 
-    def resolve(tp, pp, vp, cp, mbs, gbs):
-        return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, micro_batch_size=mbs,
+    def resolve(tp, pp, vp, cp, mbs, gbs, ep):
+        return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch_size=mbs,
                                                    global_batch_size=gbs))
 
     return planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve, closed)
@@ -123,7 +123,7 @@ def _closed_rules(bench):
 
     @functools.cache
     def check(gbs: int) -> str | None:
-        layout = resolve(bench, 1, 1, 1, 1, 1, 1, None, gbs)  # the hyperparameters depend on the batch only
+        layout = resolve(bench, 1, 1, 1, 1, 1, 1, None, gbs, ep=1)  # the hyperparameters depend on the batch only
         problems = closed_rule_problems(bench, layout, "plan")
         return "; ".join(compliance.summary(p) for p in problems) or None
 
@@ -149,8 +149,9 @@ def _features_text(ly: dict) -> str:
 
 
 def _layout_text(ly: dict, features: bool = True) -> str:
+    ep = f" ep{ly['ep']}" if ly.get("ep", 1) > 1 else ""
     text = (f"{ly['nodes']}x{ly['nproc_per_node']} tp{ly['tp']} pp{ly['pp']} vp{ly['vp']} cp{ly['cp']} "
-            f"dp{ly['dp']} mbs{ly['micro_batch_size']} gbs{ly['global_batch_size']} {ly['precision']}")
+            f"dp{ly['dp']}{ep} mbs{ly['micro_batch_size']} gbs{ly['global_batch_size']} {ly['precision']}")
     return text + (f" ({_features_text(ly)})" if features else "")
 
 

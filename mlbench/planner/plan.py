@@ -68,6 +68,7 @@ class Candidate:
     cp: int
     mbs: int
     gbs: int
+    ep: int = 1  # expert parallel (mixture of experts)
 
 
 def _divisors(n: int) -> list[int]:
@@ -85,6 +86,8 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) ->
     tps = [t for t in (1, 2, 4, 8) if groups % t == 0 and t <= domain]
     pps = [p for p in _divisors(world) if p <= m.num_layers and p <= 64]
     batches = [gbs] if gbs else _batches(bench)
+    # experts split over ep ranks of the data x context-parallel group: every ep that divides the experts
+    eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if m.num_experts % e == 0 and e <= world] if m.num_experts else [1]
     out = []
     for tp in tps:
         for pp in pps:
@@ -94,7 +97,7 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) ->
                     if world % (tp * pp * cp):
                         continue
                     for mbs in sorted({1, 2, 4, bench.train.micro_batch_size}):
-                        out += [Candidate(tp, pp, vp, cp, mbs, b) for b in batches]
+                        out += [Candidate(tp, pp, vp, cp, mbs, b, ep) for b in batches for ep in eps]
     return out
 
 
@@ -107,7 +110,7 @@ def _batches(bench: Benchmark) -> list[int]:
 def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gbs: int | None, resolve,
            closed_rules_ok=None) -> tuple[list[dict], dict]:
     """Every valid candidate layout predicted, those that do not fit dropped, best time-to-train first.
-    `resolve(tp, pp, vp, cp, mbs, gbs) -> Layout` applies the layout rules (raising UserError);
+    `resolve(tp, pp, vp, cp, mbs, gbs, ep) -> Layout` applies the layout rules (raising UserError);
     `closed_rules_ok(gbs) -> str | None` says why the closed rules reject a batch (None: they accept it)."""
     world = nodes * nproc_per_node
     seen: set = set()
@@ -116,11 +119,12 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
     for c in candidates(bench, world, device, gbs):
         counts["candidates"] += 1
         try:
-            layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs)
+            layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs, c.ep)
         except UserError:
             counts["invalid"] += 1
             continue
-        key = (layout.tp, layout.pp, layout.vp, layout.cp, layout.micro_batch_size, layout.global_batch_size)
+        key = (layout.tp, layout.pp, layout.vp, layout.cp, layout.ep, layout.micro_batch_size,
+               layout.global_batch_size)
         if key in seen:
             continue
         seen.add(key)
