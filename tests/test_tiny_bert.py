@@ -1,4 +1,4 @@
-"""Tiny bert (masked LM on the Markov source, LAMB, BERT's schedule) reaches its target at 1 process and TP 2."""
+"""Tiny bert (masked LM on the Markov source, LAMB, BERT's schedule) reaches its target at TP 2."""
 
 from __future__ import annotations
 
