@@ -49,6 +49,7 @@ print(json.dumps(out))
 
 
 @needs_shared
+@pytest.mark.slow  # the official summarizer over every shared folder: about 40 s, so `make test` only
 def test_scores_equal_official_summarizer_on_every_shared_folder():
     orgs = sorted(p.parent.parent for p in SHARED.glob("training_results_v*/*/results/*"))
     orgs = sorted(set(orgs))
