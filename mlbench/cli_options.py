@@ -42,11 +42,15 @@ _OPTIONS = (
                  help=f"Overlap the gradient reduce(-scatter) with the backward pass. {_DEFAULT}"),
     click.option("--overlap-param-gather/--no-overlap-param-gather", default=None,
                  help=f"Overlap the distributed optimizer's parameter all-gather with the forward pass. {_DEFAULT}"),
+    click.option("--asymmetric-pipeline-split/--no-asymmetric-pipeline-split", "asymmetric_split", default=None,
+                 help="Megatron's asymmetric pipeline split: the embedding and the loss each count as a layer of the "
+                      "first and the last stage (Llama 3.1 405B's 126 layers over pp x vp = 64 or 128). Default: the "
+                      "reference layout's, where its pipeline is the one used."),
     click.option("--precision", type=click.Choice(["bf16", "fp8"]),
                  help=f"What the matmuls run in on a GPU (fp8: Transformer Engine, FP8 GPUs only). {_DEFAULT}"),
 )
 _KEYS = ("nodes", "nproc_per_node", "tp", "pp", "vp", "cp", "ep", "micro_batch_size", "global_batch_size",
-         "precision")
+         "precision", "asymmetric_split")
 
 
 def layout_options(command: Callable) -> Callable:

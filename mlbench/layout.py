@@ -89,6 +89,7 @@ def resolve(
     ep: int | None = None,
     features: dict | None = None,
     precision: str | None = None,
+    asymmetric_split: bool | None = None,
 ) -> Layout:
     """The first reference layout (in order of preference) that, with the user's flags, passes every rule.
     `features`: FeaturesSpec fields the user set (flags), over the benchmark file's defaults."""
@@ -98,7 +99,7 @@ def resolve(
     for ref, exact in reference_layouts(bench, nodes * nproc_per_node):
         try:
             layout = _resolve_from(bench, ref, exact, nodes, nproc_per_node, tp, pp, vp, cp, micro_batch_size,
-                                   global_batch_size)
+                                   global_batch_size, asymmetric_split)
         except UserError as e:
             first_error = first_error or e
             continue
@@ -145,7 +146,7 @@ def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep:
 
 def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: int, nproc_per_node: int,
                   tp: int | None, pp: int | None, vp: int | None, cp: int | None, micro_batch_size: int | None,
-                  global_batch_size: int | None) -> Layout:
+                  global_batch_size: int | None, asymmetric_split: bool | None = None) -> Layout:
     world = nodes * nproc_per_node
     user = any(v is not None for v in (tp, pp, vp, cp))
     # User flags win; then the benchmark's reference layout for this scale; then no parallelism.
@@ -195,6 +196,8 @@ def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: 
     asym = ref is not None and pp == ref.pp and vp == ref.vp
     embed_split = asym and ref.account_for_embedding_in_pipeline_split
     loss_split = asym and ref.account_for_loss_in_pipeline_split
+    if asymmetric_split is not None:  # the user's choice, for any layout
+        embed_split = loss_split = asymmetric_split and pp > 1
     # layers split evenly across pipeline stages and virtual stages (with the embedding and loss when counted)
     split_layers = m.num_layers + int(embed_split) + int(loss_split)
     if split_layers % (pp * vp):

@@ -57,6 +57,7 @@ class LayoutRequest:
     global_batch_size: int | None = None
     precision: Literal["bf16", "fp8"] | None = None
     features: dict = field(default_factory=dict)  # FeaturesSpec fields the user set
+    asymmetric_split: bool | None = None  # embedding and loss counted as pipeline layers; None: the reference's
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,7 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
                             f"{', '.join(map(str, valid))}")
     layout = layout_lib.resolve(bench, req.nodes, req.nproc_per_node, req.tp, req.pp, req.vp, req.cp,
                                 req.micro_batch_size, req.global_batch_size, ep=req.ep, features=req.features,
-                                precision=req.precision)
+                                precision=req.precision, asymmetric_split=req.asymmetric_split)
     # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
     where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
     check_expressions(bench, where, [layout.global_batch_size])
