@@ -149,16 +149,22 @@ def _stage_params(bench: Benchmark, layout: Layout, stage: int) -> tuple[list[in
 
 
 
-def _buffer_numel(sizes: list[int], padded: bool, dp: int) -> int:
+def _buffer_numel(sizes: list[int], padded: bool, dp: int) -> tuple[int, int]:
     """Elements of megatron's contiguous buffer for these parameters (registered in this order; the buffer takes
-    them in reverse). With the distributed optimizer each parameter starts on a 64-element boundary and the
-    buffer's end is padded to lcm(dp, 128), so it shards evenly."""
+    them in reverse), and the most parameter elements one data-parallel shard holds: the distributed optimizer keeps
+    state for the parameters in its shard, never for the padding. With it each parameter starts on a 64-element
+    boundary and the buffer's end is padded to lcm(dp, 128), so it shards evenly."""
     if not padded:
-        return sum(sizes)
-    end = 0
+        return sum(sizes), sum(sizes)
+    ranges, end = [], 0
     for n in reversed(sizes):
-        end = -(-end // 64) * 64 + n
-    return -(-end // math.lcm(dp, 128)) * math.lcm(dp, 128)
+        start = -(-end // 64) * 64
+        ranges.append((start, start + n))
+        end = start + n
+    numel = -(-end // math.lcm(dp, 128)) * math.lcm(dp, 128)
+    shard = numel // dp
+    held = [sum(max(0, min(e, (r + 1) * shard) - max(b, r * shard)) for b, e in ranges) for r in range(dp)]
+    return numel, max(held)
 
 
 # ---- activations --------------------------------------------------------------------------------------------
@@ -210,10 +216,10 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
         if not sizes:
             continue
         padded = f.distributed_optimizer
-        numel = _buffer_numel(sizes, padded, shard)
+        numel, held = _buffer_numel(sizes, padded, shard)
         params += numel * param_b if padded else sum(sizes) * param_b
         grads += numel * grad_b
-        optimizer += state_b * (numel // shard if padded else sum(sizes))
+        optimizer += state_b * held
     fused = not cpu  # on a GPU: Transformer Engine's or PyTorch's fused attention
     act_b = 4 if cpu else 2
     per_layer = _layer_activation_elements(m, layout, fused)
