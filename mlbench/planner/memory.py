@@ -31,6 +31,7 @@ for full recompute, and on a GPU 3 GiB of CUDA context, cuBLAS/NCCL workspaces a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -239,7 +240,7 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
         logits = m.seq_length // layout.cp * layout.micro_batch_size * padded_vocab(m, layout.tp) / layout.tp
         other += 2 * 4 * logits  # fp32 logits and their gradient
     if f.recompute == "full":
-        full = Layout(**{**layout.__dict__, "features": type(f)(**{**f.__dict__, "recompute": "none"})})
+        full = dataclasses.replace(layout, features=dataclasses.replace(f, recompute="none"))
         other += _layer_activation_elements(m, full, fused) * act_b  # one layer recomputed at a time
     if not cpu:
         other += GPU_WORKSPACE_BYTES
