@@ -6,6 +6,7 @@ run's result and fails the command."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,10 +26,11 @@ def _record(root: Path, i: int = 0) -> dict:
 
 
 def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_path: Path,
-                                                                          benchmarks_copy: Path) -> None:
+                                                                          quick_benchmarks: Path) -> None:
+    quick = {"MLBENCH_BENCHMARKS": str(quick_benchmarks)}  # 20 steps a run: loading is the point, not the target
     saved = tmp_path / "saved"
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "a"), "--system", "ci", "--seed", "1",
-                   "--save-checkpoint", str(saved), timeout=600)
+                   "--save-checkpoint", str(saved), env=quick, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rules = registry.load("gpt3", tiny=True).train.checkpoint_names
     assert set(rules) == {"megatron", "nemo"}, "gpt3 names both reference checkpoints' tensors"
@@ -40,7 +42,7 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
                           capture_output=True, text=True, timeout=300)
     assert conv.returncode == 0, conv.stderr[-3000:]
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "z"), "--system", "ci", "--seed", "2",
-                   "--init-checkpoint", str(zarr), timeout=600)
+                   "--init-checkpoint", str(zarr), env=quick, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec, before = _record(tmp_path / "z"), _record(tmp_path / "a")
     loaded = rec["init_checkpoint"]
@@ -60,7 +62,7 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
     assert "decoder.layers.mlp.linear_fc1.weight" not in stored
 
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "b"), "--system", "ci", "--seed", "2",
-                   "--init-checkpoint", str(foreign), timeout=600)
+                   "--init-checkpoint", str(foreign), env=quick, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "fresh optimizer state: the checkpoint has no megatron-core optimizer metadata" in " ".join(
         proc.stdout.split())
@@ -72,11 +74,11 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
 
     # With its optimizer state, under a definition with a third of the learning rate: the moments come from the
     # checkpoint, the learning rates from the definition (what the MLPerf log states), not the saving run's.
-    f = benchmarks_copy / "gpt3.yaml"
+    f = quick_benchmarks / "gpt3.yaml"
     f.write_text(f.read_text().replace("optimizer: {lr: 3.0e-3, min_lr: 3.0e-4,", "optimizer: {lr: 1.0e-3, "
                                                                                   "min_lr: 1.0e-4,"))
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "c"), "--system", "ci", "--seed", "2",
-                   "--init-checkpoint", str(saved), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)}, timeout=600)
+                   "--init-checkpoint", str(saved), env=quick, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     third = _record(tmp_path / "c")
     assert third["init_checkpoint"]["optimizer_state"] is True
@@ -84,12 +86,14 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
         assert a["lr"] == pytest.approx(b["lr"] / 3, rel=1e-6), (a, b)
 
 
-def test_failed_save_after_run_stop_keeps_the_run_and_fails_the_command(tmp_path: Path) -> None:
+def test_failed_save_after_run_stop_keeps_the_run_and_fails_the_command(tmp_path: Path,
+                                                                        quick_benchmarks: Path) -> None:
     """The destination appears while the run trains: the save refuses to replace it, after run_stop."""
     dest = tmp_path / "ckpt"
     proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--results", str(tmp_path / "results"), "--system",
                              "ci", "--seed", "3", "--save-checkpoint", str(dest)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "MLBENCH_BENCHMARKS": str(quick_benchmarks)})
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("results/ci/gpt3/.staging-*/events.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -16,9 +16,9 @@ from mlbench.train.checkpoint import has_optimizer_metadata, resolve_names
 pytestmark = pytest.mark.slow
 
 
-def _run(root: Path, benchmark: str, *flags: str, seed: int = 5):
+def _run(root: Path, benchmark: str, *flags: str, seed: int = 5, env: dict | None = None):
     return mlbench("run", benchmark, "--tiny", "--results", str(root), "--system", "ci", "--seed", str(seed),
-                   *flags, timeout=600)
+                   *flags, env=env, timeout=600)
 
 
 def _records(root: Path, benchmark: str) -> list[dict]:
@@ -28,11 +28,12 @@ def _records(root: Path, benchmark: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def llama_checkpoint(tmp_path_factory) -> tuple[Path, dict]:
-    """A tiny llama31_405b trained to its target at TP 1 and saved: (checkpoint folder, its run record)."""
+def llama_checkpoint(tmp_path_factory, quick_env: dict) -> tuple[Path, dict]:
+    """A tiny llama31_405b trained 20 steps (quick_env's target) at TP 1 and saved: (checkpoint folder, its run
+    record)."""
     root = tmp_path_factory.mktemp("save")
     ckpt = root / "ckpt"
-    proc = _run(root / "results", "llama31_405b", "--save-checkpoint", str(ckpt), seed=1)
+    proc = _run(root / "results", "llama31_405b", "--save-checkpoint", str(ckpt), seed=1, env=quick_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return ckpt, _records(root / "results", "llama31_405b")[0]
 
@@ -46,11 +47,12 @@ def test_saved_checkpoint_is_complete_and_recorded(llama_checkpoint) -> None:
     assert record["steps"][0]["loss"] > 3.0  # from random weights: about ln(vocab)
 
 
-def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_checkpoint, tmp_path: Path) -> None:
+def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_checkpoint, tmp_path: Path,
+                                                                        quick_env: dict) -> None:
     ckpt, saved = llama_checkpoint
     root = tmp_path / "results"
     for flags in ([], ["--nproc-per-node", "2", "--tp", "2"]):
-        proc = _run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *flags)
+        proc = _run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *flags, env=quick_env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         out = " ".join(proc.stdout.split())
         assert "started from checkpoint" in out and "with its optimizer state" in out

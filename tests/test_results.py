@@ -249,13 +249,14 @@ def test_a_full_disk_while_training_aborts_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_full_disk_while_saving_the_checkpoint_leaves_no_partial_checkpoint(tmp_path: Path) -> None:
+def test_a_full_disk_while_saving_the_checkpoint_leaves_no_partial_checkpoint(tmp_path: Path,
+                                                                               quick_benchmarks: Path) -> None:
     """The run's result stands (published whole, target reached) but the command fails saying the checkpoint was
     not saved, and the half-written checkpoint folder (megatron-core fails with no room) is gone."""
     with _tmpfs(tmp_path / "disk", "256k") as disk:
         root = tmp_path / "results"
         proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--system", "ci", "--seed", "3",
-                       "--save-checkpoint", str(disk / "ckpt"))
+                       "--save-checkpoint", str(disk / "ckpt"), env={"MLBENCH_BENCHMARKS": str(quick_benchmarks)})
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "checkpoint not saved" in proc.stdout, proc.stdout
         record = json.loads((root / "ci" / "gpt3" / "result_0.json").read_text())

@@ -25,18 +25,20 @@ def cluster(tmp_path: Path):
         yield c
 
 
-def _run(cluster: SlurmCluster, root: Path, *flags: str):
+def _run(cluster: SlurmCluster, root: Path, *flags: str, quick_env: dict):
+    """20 steps a run (quick_env's target): the launcher is the point here, convergence is test_tiny_gpt3's."""
     return mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
                    "--master-addr", "127.0.0.1", "--time", "00:08:00", "--results", str(root), "--system", "ci",
-                   "--seed", "21", *flags, env=cluster.env, timeout=420)
+                   "--seed", "21", *flags, env={**cluster.env, **quick_env}, timeout=420)
 
 
 @pytest.mark.parametrize("flags", [["--runs", "2"], ["--pp", "2", "--save-checkpoint", "CKPT"]],
                          ids=["dp2-two-runs", "pp2-saves-a-checkpoint"])
-def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path, flags: list[str]) -> None:
+def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path, flags: list[str],
+                                          quick_env: dict) -> None:
     root = tmp_path / "results"
     flags = [str(tmp_path / "ckpt") if f == "CKPT" else f for f in flags]
-    proc = _run(cluster, root, *flags)
+    proc = _run(cluster, root, *flags, quick_env=quick_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
     assert "submitted SLURM job" in proc.stdout and "target reached" in proc.stdout
     job_id = proc.stdout.split("submitted SLURM job ")[1].split(";")[0]

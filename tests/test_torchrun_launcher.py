@@ -15,13 +15,14 @@ from mlbench.launch.ports import free_port
 pytestmark = pytest.mark.slow
 
 
-def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path: Path) -> None:
+def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path: Path, quick_benchmarks: Path) -> None:
+    """20 steps (quick_benchmarks' target): the rendezvous is the point, convergence is test_tiny_gpt3's."""
     endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
     procs = [subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
                                "--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--node-rank", str(r),
                                "--results", str(tmp_path / f"node{r}"), "--system", "ci", "--seed", str(30 + r)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=dict(os.environ, COLUMNS="200"))
+                              env=dict(os.environ, COLUMNS="200", MLBENCH_BENCHMARKS=str(quick_benchmarks)))
              for r in (0, 1)]
     try:
         outs = [p.communicate(timeout=300)[0] for p in procs]
