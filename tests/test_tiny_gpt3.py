@@ -47,30 +47,34 @@ def _assert_converged(root: Path, index: int = 0) -> dict:
     return record
 
 
-def test_one_process_reaches_target(root: Path) -> None:
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "11", "--system", "ci")
+def test_one_process_reaches_target_twice(root: Path) -> None:
+    """Two runs of one command (`--runs 2`), one after the other, each with its own seed and result."""
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "11", "--runs", "2", "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "target reached" in proc.stdout and "time-to-train" in proc.stdout
+    assert proc.stdout.count("target reached") == 2 and "time-to-train" in proc.stdout
     assert "training on cpu" in proc.stdout and "(fp32, local attention)" in proc.stdout
-    record = _assert_converged(root, _index(proc.stdout))
-    assert record["layout"]["world_size"] == 1 and record["seed"] == 11
+    first, second = sorted(int(i) for i in re.findall(r"result_(\d+)\.txt", proc.stdout))
+    for index, seed in ((first, 11), (second, 12)):
+        record = _assert_converged(root, index)
+        assert record["layout"]["world_size"] == 1 and record["seed"] == seed
 
 
-@pytest.mark.parametrize("flags", [["--tp", "2"], ["--pp", "2"]], ids=["tp2", "pp2"])
-def test_two_processes_reach_target(root: Path, flags: list[str]) -> None:
-    proc = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", *flags, "--results", str(root),
-                   "--seed", "5" if flags[0] == "--tp" else "6", "--system", "ci")
+# TP 2 without sequence parallel converges in test_tiny_llama and test_tiny_bert; tiny gpt3 at TP 2 with it, in
+# test_features.
+def test_two_pipeline_stages_reach_target(root: Path) -> None:
+    proc = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", "--pp", "2", "--results", str(root),
+                   "--seed", "6", "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     i = _index(proc.stdout)
     record = _assert_converged(root, i)
-    assert record["layout"]["world_size"] == 2
-    assert record["layout"]["tp" if flags[0] == "--tp" else "pp"] == 2
+    assert record["layout"]["world_size"] == 2 and record["layout"]["pp"] == 2
     ranks = list((result_dir(root, "gpt3") / "logs" / f"result_{i}").rglob("*.log"))
     assert len([p for p in ranks if p.name == "stderr.log"]) == 2  # per-rank logs gathered with the result
 
 
 def test_the_set_scores(root: Path) -> None:
-    """The last step of the path: the three runs above are a set that `mlbench score` scores."""
+    """The last step of the path: the three runs above (two of one process, one of two) are a set that
+    `mlbench score` scores."""
     proc = mlbench("score", str(result_dir(root, "gpt3")), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (doc,) = json.loads(proc.stdout)
