@@ -40,12 +40,12 @@ browser-deps:
 # Two workers: most tests train one rank on one core. --dist loadfile keeps each file in one worker, so the
 # runs of a set stay together and a file's SLURM cluster tests run one after another.
 test: install slurm-deps browser-deps
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: everything but the tests that train a model or need SLURM (marked slow / slurm), which
 # `make test` still runs.
 test-fast: install
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not slow and not slurm"
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not slurm"
 
 lint: install
 	$(VENV)/bin/ruff check mlbench tests
