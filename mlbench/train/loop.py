@@ -62,6 +62,9 @@ def _reason(e: BaseException) -> str:
 
 def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
     """Builds, then trains from run_start to run_stop; returns the status and what saves the final state."""
+    from mlbench.train import cpu_compat
+
+    cpu_compat.enable()  # first, on CPU: megatron-core imported after it skips compiling its fused kernels (2-3 s)
     from mlbench import flops, hardware
     from mlbench.train import checkpoint, measured_memory
     from mlbench.train.build import build, init_distributed

@@ -16,9 +16,9 @@ from mlbench.train import checkpoint, one_process_world
 
 
 def check(plan: RunPlan) -> dict:
+    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
-    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
     from mlbench.train import model as model_lib
 
     m = plan.benchmark.model
