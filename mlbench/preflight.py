@@ -243,11 +243,11 @@ def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
                         f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
                         f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
     if req.init_checkpoint:
-        from mlbench.train.checkpoint import store  # imports torch: only when there is a checkpoint to read
+        from mlbench.train.checkpoint import folder  # no torch: the model-shape check is the dry run's helper
 
         try:
-            store.check_readable(req.init_checkpoint)
-        except store.CheckpointError as e:
+            folder.check_readable(req.init_checkpoint)
+        except folder.CheckpointError as e:
             raise UserError(str(e)) from None
     if req.save_checkpoint:
         check_new_folder("--save-checkpoint", req.save_checkpoint)

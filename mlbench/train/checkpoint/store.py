@@ -14,7 +14,6 @@ a checkpoint is complete or absent, and an existing one is never replaced.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,11 +22,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from mlbench.train.checkpoint.folder import CheckpointError, check_readable
+
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot start this run; the message names what is wrong and what would be right."""
 
 
 def _inner(chunk) -> torch.nn.Module:
@@ -84,30 +81,6 @@ def _drop_absent_objects(state: dict, stored: dict) -> None:
                 del d[k]
 
     walk(state)
-
-
-def check_readable(path: str | Path) -> None:
-    """Fails early, on the launching side, for a path that cannot be a checkpoint to start from."""
-    p = Path(path)
-    if not p.is_dir():
-        raise CheckpointError(f"--init-checkpoint {path}: no such folder (a megatron-core distributed checkpoint "
-                              f"folder, with metadata.json)")
-    meta = p / "metadata.json"
-    if not meta.is_file():
-        hint = (" (this looks like a legacy per-rank Megatron checkpoint: convert it to the torch_dist format with "
-                "Megatron-LM's checkpoint converter)" if any(p.glob("mp_rank_*")) or any(p.glob("iter_*")) else "")
-        raise CheckpointError(f"--init-checkpoint {path}: not a megatron-core distributed checkpoint "
-                              f"(no metadata.json){hint}")
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"--init-checkpoint {path}: cannot read metadata.json ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not a JSON object")
-    backend = data.get("sharded_backend")
-    if backend not in ("torch_dist", "zarr"):
-        raise CheckpointError(f"--init-checkpoint {path}: sharded backend {backend!r}; readable: 'torch_dist' "
-                              f"(megatron-core's) and 'zarr' (the MLPerf GPT-3 reference checkpoint's)")
 
 
 def _find_prefix(needed: list[str], stored: dict) -> str | None:
