@@ -10,12 +10,15 @@ import sys
 
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing
-from megatron.core.dist_checkpointing import ShardedTensor
-from megatron.core.dist_checkpointing.serialization import load_plain_tensors
 
 from mlbench.train import cpu_compat
-from mlbench.train.checkpoint import renamer
+
+cpu_compat.enable()  # before megatron-core's import: its fused kernels stay uncompiled (2-3 s)
+from megatron.core import dist_checkpointing  # noqa: E402
+from megatron.core.dist_checkpointing import ShardedTensor  # noqa: E402
+from megatron.core.dist_checkpointing.serialization import load_plain_tensors  # noqa: E402
+
+from mlbench.train.checkpoint import renamer  # noqa: E402
 
 OPTIMIZER = "optimizer.state."
 

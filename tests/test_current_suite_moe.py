@@ -172,8 +172,11 @@ def test_moe_at_tensor_parallel_needs_sequence_parallel() -> None:
 
 
 @pytest.mark.slow
-def test_tiny_gpt_oss_converges_at_expert_parallel_2(tmp_path: Path) -> None:
-    assert_tiny_converges("gpt_oss_20b", ["--nproc-per-node", "2", "--ep", "2"], tmp_path)
+@pytest.mark.parametrize("ep", [1, 2], ids=["1proc", "ep2"])
+def test_tiny_gpt_oss_converges(tmp_path: Path, ep: int) -> None:
+    """At 1 process (every expert on the rank) and at --nproc-per-node 2 --ep 2 (two experts a rank, tokens
+    dispatched all-to-all); the log and the record say the expert-parallel size."""
+    assert_tiny_converges("gpt_oss_20b", ["--nproc-per-node", str(ep), "--ep", str(ep)], tmp_path)
     result = tmp_path / "ci" / "gpt_oss_20b" / "result_0.txt"
-    assert [e["value"] for e in mllog(result) if e["key"] == "expert_parallelism"] == [2]
-    assert json.loads(result.with_suffix(".json").read_text())["layout"]["ep"] == 2
+    assert [e["value"] for e in mllog(result) if e["key"] == "expert_parallelism"] == [ep]
+    assert json.loads(result.with_suffix(".json").read_text())["layout"]["ep"] == ep

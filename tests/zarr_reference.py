@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core.dist_checkpointing.serialization import load_plain_tensors
 
 from mlbench.train import cpu_compat
+
+cpu_compat.enable()  # before megatron-core's import: its fused kernels stay uncompiled (2-3 s)
+from megatron.core.dist_checkpointing.serialization import load_plain_tensors  # noqa: E402
 
 LAYER = "language_model.encoder.layers."
 LEGACY = {
