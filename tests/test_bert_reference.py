@@ -26,9 +26,10 @@ _COMPARE = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from bert_reference import BertForPreTraining
     from mlbench import registry
-    from mlbench.train import one_process_world, model as M
+    from mlbench.train import one_process_world
+    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
+    from mlbench.train import model as M
     from mlbench.train.checkpoint.convert_bert import to_megatron
-    one_process_world.init()
     m = dataclasses.replace(registry.load("bert", tiny=True).model, **{small!r})
     torch.manual_seed(0)
     ref = BertForPreTraining(m.vocab_size, m.hidden_size, m.num_layers, m.num_attention_heads,
