@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from mlbench.train import cpu_compat
+
+# Test processes (and their spawned children, which import this module) build megatron-core models too: import it
+# as the ranks do, without compiling its GPU-only fused kernels (dynamo and inductor: 2-3 s a process).
+cpu_compat.import_megatron_without_jit_fuser()
+
 MLBENCH = [sys.executable, "-m", "mlbench.cli"]
 
 

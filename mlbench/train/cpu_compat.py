@@ -56,12 +56,12 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _import_megatron_without_jit_fuser() -> None:
+def import_megatron_without_jit_fuser() -> None:
     """megatron.core.jit picks `torch.compile` as its fuser, and the package's import decorates its fused
     kernels with it, which imports dynamo and inductor (about 2.5 s of every process's start). With no
     GPU those kernels never run (mlbench.train.model.config turns the fusions off), so they stay plain functions,
     as megatron's own `disable_jit_fuser` leaves them."""
-    if "megatron.core" in sys.modules:  # imported already (a test process): nothing left to save
+    if "megatron.core" in sys.modules or torch.cuda.is_available():  # imported already, or the GPU fuses them
         return
     real = torch.compile
 
@@ -94,7 +94,7 @@ def _skip_all_reduce_over_one_process() -> None:
 
 
 def _patch_cuda_namespace() -> None:
-    _import_megatron_without_jit_fuser()
+    import_megatron_without_jit_fuser()
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
