@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 _COMPARE = textwrap.dedent("""
+    from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
     import os
     import torch, torch.distributed as dist
     from mlbench.train import cpu_compat, model as M

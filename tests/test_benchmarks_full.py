@@ -170,6 +170,7 @@ SMALL = {
 }
 
 _BUILD = textwrap.dedent("""
+    from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
     import json, os, sys
     import torch, torch.distributed as dist, torch.nn.functional as F
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -218,6 +219,7 @@ def test_param_count_equals_megatron_built_model() -> None:
 
 
 _GPT3_NORMS = textwrap.dedent("""
+    from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
     import json
     import torch, torch.nn.functional as F
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

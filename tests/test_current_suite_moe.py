@@ -23,6 +23,7 @@ from mlbench.models import family, moe
 # width on the meta device (no memory), so a layer and the embeddings are counted as megatron-core builds them;
 # and the tiny MoE model on CPU, whose routing is checked on a batch.
 _BUILD = textwrap.dedent("""
+    from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
     import dataclasses, json
     import torch
     from megatron.core.transformer.utils import is_layer_window_attention

@@ -23,6 +23,7 @@ import pytest
 pytestmark = pytest.mark.slow  # two launches, ten layouts built: about 40 s
 
 _SCRIPT = textwrap.dedent("""
+    from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
     import json, os, sys, tempfile
     from mlbench import registry
     from mlbench.layout import resolve
