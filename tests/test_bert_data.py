@@ -89,6 +89,7 @@ def _definitions(benchmarks_copy: Path, data: Path) -> dict:
     return {"MLBENCH_BENCHMARKS": str(benchmarks_copy)}
 
 
+@pytest.mark.slow  # trains bert at DP 2
 def test_bert_trains_on_mlperf_tfrecord_samples(tmp_path: Path, benchmarks_copy: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

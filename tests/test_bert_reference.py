@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import mlbench
 
@@ -70,6 +71,7 @@ def _compare(tmp_path: Path, *converted: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two model builds and a tiny bert run from the converted checkpoint
 def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(tmp_path: Path,
                                                                                benchmarks_copy: Path) -> None:
     d = _compare(tmp_path)  # also writes ref.pt, the reference's PyTorch checkpoint
