@@ -22,6 +22,7 @@ from mlbench.launch import torchrun
 from mlbench.launch.supervise import Command, Outcome, supervise
 from mlbench.layout import Layout
 from mlbench.logfile import log_time_to_train
+from mlbench.planner import prediction
 from mlbench.progress import Progress
 from mlbench.quality import operator
 from mlbench.registry import ROOT
@@ -76,7 +77,7 @@ def time_to_train(log: Path) -> float | None:
 
 
 def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, verdict, ttt: float | None,
-           env: dict) -> dict:
+           env: dict, device: str = "") -> dict:
     steps = [e for e in outcome.events if e.get("event") == "step"]
     evals = [e for e in outcome.events if e.get("event") == "eval"]
     start = next((e for e in outcome.events if e.get("event") == "start"), {})  # {} if no rank ever started
@@ -109,6 +110,8 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         # rank 0: the planner's per-GPU estimate and the bytes measured after run_stop (train/measured_memory.py)
         "memory": next(({k: e.get(k) for k in ("estimated", "measured")} for e in outcome.events
                         if e.get("event") == "memory"), None),
+        # the planner's step time and time-to-train for this layout on `device` (--device) or rank 0's device
+        "prediction": prediction.for_run(bench, layout, device, start.get("device")),
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
         "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
                                           "mfu", "lr", "grad_norm")} for e in steps],
@@ -217,7 +220,7 @@ class RunSet:
                 raise results.PublishError(f"run not published: {outcome.log_error}")
             ttt = time_to_train(plan.log_path)
             verdict = _verdict(plan.log_path, bench)
-            rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info)
+            rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info, opts.device)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
             console.print(f"[red]{e}[/red] (the run ended: {outcome.status}"

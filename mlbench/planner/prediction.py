@@ -1,0 +1,39 @@
+"""The run record's `prediction`: the planner's step time and time-to-train for the run's own layout, global batch
+and device, so that `mlbench compare` can set it beside what the run measured."""
+
+from __future__ import annotations
+
+from mlbench.layout import Layout
+from mlbench.spec import Benchmark
+
+
+def _device(checked: str, rank0: dict | None):
+    """The device the memory plan was checked against (--device), else the one rank 0 found: the CPU (measured once
+    and cached, mlbench.planner.cpu) or the datasheet GPU its name matches. None with the reason otherwise."""
+    from mlbench.planner import devices
+
+    if checked:
+        return devices.get(checked), ""
+    if not rank0:
+        return None, "no rank started, so the device is unknown"
+    if rank0.get("type") == "cpu":
+        return devices.get("cpu"), ""
+    found = devices.find(str(rank0.get("name", "")))
+    return found, "" if found else f"no datasheet device matches {rank0.get('name')!r} (planner/devices.yaml)"
+
+
+def for_run(bench: Benchmark, layout: Layout, checked_device: str, rank0_device: dict | None) -> dict:
+    """{device, step_time_s, time_to_train_min, step_terms_s, tokens_per_s_per_device}, or device None and the
+    reason where there is no prediction. Never raises: a run's record is written whatever the planner says."""
+    try:
+        from mlbench.planner import plan
+
+        device, reason = _device(checked_device, rank0_device)
+        if device is None:
+            return {"device": None, "step_time_s": None, "time_to_train_min": None, "reason": reason}
+        r = plan.evaluate(bench, layout, device)
+    except Exception as e:  # noqa: BLE001 - the record says why instead of losing the run
+        return {"device": None, "step_time_s": None, "time_to_train_min": None,
+                "reason": f"{type(e).__name__}: {e}"[:300]}
+    return {"device": r["device"], "step_time_s": r["step_time_s"], "time_to_train_min": r["time_to_train_min"],
+            "step_terms_s": r["step_terms_s"], "tokens_per_s_per_device": r["tokens_per_s_per_device"]}
