@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlbench.analysis import published, step_times
-from mlbench.analysis.logs import ResultSet, RunLog, find_sets, record_number
+from mlbench.analysis.logs import ResultSet, RunLog, find_sets, record_number, run_record
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
 from mlbench.errors import UserError
@@ -127,6 +127,17 @@ class Entry:
         v = [x for r in self.runs if (x := record_number(r.path, "mfu")) is not None]
         return float(np.mean(v)) if v else None
 
+    def prediction(self) -> tuple[float | None, str]:
+        """The planner's step time for the run's own layout and device, from our run records (`prediction`,
+        written before the run's figures are read): the median over runs, and the device(s) it was predicted on."""
+        preds = [p for r in self.runs if isinstance(p := run_record(r.path).get("prediction"), dict)]
+        times = [t for p in preds if isinstance(t := p.get("step_time_s"), int | float) and not isinstance(t, bool)]
+        return self._median(times), ", ".join(sorted({str(p["device"]) for p in preds if p.get("device")}))
+
+    def predicted_over_measured(self) -> float | None:
+        predicted, measured = self.prediction()[0], self.step_stats()["median"]
+        return predicted / measured if predicted and measured else None
+
     def hyperparams(self) -> dict[str, object]:
         return dict(self.runs[0].hyperparams) if self.runs else {}
 
@@ -155,6 +166,7 @@ class Comparison:
             return "-" if v is None else f"{v * scale:,.{nd}f}"
 
         st = [e.step_stats() for e in E]
+        pred = [e.prediction() for e in E]
         return [
             ("benchmark", [e.benchmark or "-" for e in E]),
             ("kind", [e.kind + (f" ({len(e.runs)} runs)" if e.kind == "set" else "") for e in E]),
@@ -165,6 +177,8 @@ class Comparison:
             ("steps to converge", [f(e.steps_to_converge, 1) for e in E]),
             ("samples to converge", [f(e.samples_to_converge, 0) for e in E]),
             ("step time median (s)", [f(s["median"], 4) for s in st]),
+            ("step time predicted (s)", [f(p, 4) + (f" ({d})" if d else "") for p, d in pred]),
+            ("predicted / measured", [f(e.predicted_over_measured(), 2) for e in E]),
             ("step time p90 (s)", [f(s["p90"], 4) for s in st]),
             ("step time p99 (s)", [f(s["p99"], 4) for s in st]),
             ("jitter (p90-p10)/median", [f(s["jitter"], 2, 100) + ("%" if s["jitter"] is not None else "")
@@ -259,7 +273,9 @@ def comparison_report(cmp: Comparison) -> Report:
     rep.table([""] + [e.label for e in cmp.entries], [[name, *cells] for name, cells in rows])
     rep.p("Time to train: the MLPerf score (olympic mean x RCP factor) for a scored set, the run's own "
           "time for a single run, the headline number for a published row. Jitter: (p90 - p10) / median "
-          "of the per-step times. Per-device throughput: global batch x sequence length / median step "
+          "of the per-step times. Predicted step time: the planner's, for the run's own layout and device, as its run "
+          "record holds it (mlbench plan; on CPU the CPU measured once and cached). "
+          "Per-device throughput: global batch x sequence length / median step "
           "time / devices.")
     diff = cmp.differing_hyperparams()
     rep.h("Hyperparameters and layout that differ")
