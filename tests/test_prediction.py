@@ -1,0 +1,53 @@
+"""The run record's `prediction` (mlbench/planner/prediction.py), without training: which device it is made for,
+that it is the planner's own figure, and that it says why where there is none. A real run's record and `mlbench
+compare`'s predicted vs measured row are checked in test_tiny_gpt3 (its runs, no extra training)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlbench import registry
+from mlbench.layout import resolve
+from mlbench.planner import devices
+from mlbench.planner import plan as planner
+from mlbench.planner.prediction import for_run
+
+CPU_RANK0 = {"type": "cpu", "name": "x86_64", "per_node": 1, "precision": "fp32", "attention": "local"}
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_cpu_run_is_predicted_on_the_measured_cpu(nproc: int) -> None:
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench, 1, nproc)
+    p = for_run(bench, layout, "", {**CPU_RANK0, "per_node": nproc})
+    expected = planner.evaluate(bench, layout, devices.get("cpu"))
+    assert p["device"] == "cpu"
+    assert p["step_time_s"] == pytest.approx(expected["step_time_s"]) and p["step_time_s"] > 0
+    assert sum(p["step_terms_s"].values()) == pytest.approx(p["step_time_s"])
+    assert p["time_to_train_min"] is None  # tiny: no RCP to converge by
+
+
+def test_a_gpu_run_is_predicted_on_the_device_its_plan_was_checked_against_else_the_one_rank0_found() -> None:
+    bench = registry.load("gpt3")
+    layout = resolve(bench, 64, 8, 4, 8, 6, 1, 2, 2048, precision="bf16")
+    checked = for_run(bench, layout, "h200", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"})
+    found = for_run(bench, layout, "", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"})
+    assert checked["device"] == "h200" and found["device"] == "h100"
+    assert found["step_time_s"] == pytest.approx(planner.evaluate(bench, layout, devices.get("h100"))["step_time_s"])
+    assert found["time_to_train_min"] > 0  # full size: the RCP's samples to converge x step time + evaluations
+
+
+@pytest.mark.parametrize("rank0, reason", [
+    (None, "no rank started"),
+    ({"type": "cuda", "name": "Some Unknown Accelerator"}, "no datasheet device matches 'Some Unknown Accelerator'"),
+])
+def test_no_prediction_says_why(rank0: dict | None, reason: str) -> None:
+    bench = registry.load("gpt3", tiny=True)
+    p = for_run(bench, resolve(bench), "", rank0)
+    assert p["device"] is None and p["step_time_s"] is None and reason in p["reason"]
+
+
+def test_a_planner_failure_is_recorded_not_raised() -> None:
+    bench = registry.load("gpt3", tiny=True)
+    p = for_run(bench, resolve(bench), "no-such-device", CPU_RANK0)
+    assert p["step_time_s"] is None and "unknown device 'no-such-device'" in p["reason"]
