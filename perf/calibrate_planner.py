@@ -33,7 +33,7 @@ LARGEST = 2048  # the "beyond the largest calibration point" split: fit at or be
 # Megatron-LM 2021 rows (A100, full recompute, no communication overlap, 2021 kernels) are reported but not fitted:
 # software five years older than the rest, which a device-independent efficiency cannot share.
 FIT_SOURCES = ("MLPerf", "Megatron-Bridge")
-BOUNDS = {"gemm_efficiency": (0.05, 1.0), "gemm_half_size": (0.0, 20000.0), "lowprec_fixed_share": (0.0, 1.0),
+BOUNDS = {"gemm_efficiency": (0.05, 1.0), "gemm_traffic": (0.0, 50.0),
           "attention_efficiency": (0.05, 2.0), "hbm_efficiency": (0.05, 1.0), "tp_exposed": (0.0, 1.0)}
 
 

@@ -42,15 +42,18 @@ from mlbench.planner.devices import Device
 from mlbench.spec import ModelSpec
 
 CONSTANTS = Path(__file__).with_name("constants.yaml")
+# share of linear layers NVIDIA's NVFP4 training recipe keeps in bf16 ("Pretraining Large Language Models with
+# NVFP4", arXiv 2509.25149, sec. 4: about 15 % of the network, mostly the last blocks)
+NVFP4_BF16_LAYERS = 0.15
 
 
 @dataclass(frozen=True)
 class Constants:
     gemm_efficiency: float = 0.75  # achieved / peak for bf16 GEMMs of unbounded size
-    # GEMM shape: efficiency x size / (size + gemm_half_size), size = 1 / (1/M + 1/N + 1/K) of the GEMM on a rank
-    # (its arithmetic intensity, in elements): a short, narrow or thin GEMM runs slower
-    gemm_half_size: float = 500.0
-    lowprec_fixed_share: float = 0.3  # share of GEMM time a lower precision (fp8, nvfp4) does not speed up
+    # GEMM shape as a roofline: efficiency x size / (size + gemm_traffic x ridge), size = 1 / (1/M + 1/N + 1/K) of
+    # the GEMM on a rank (FLOPs per operand element / 2), ridge = peak x bytes per element / (2 x HBM bandwidth) for
+    # the precision it runs in (the device's FLOP/byte balance); gemm_traffic: HBM bytes moved / the operands' size
+    gemm_traffic: float = 2.0
     # achieved / bf16 peak on the model-FLOPs count of attention, which counts the full s x s products that causal
     # kernels halve: up to 2
     attention_efficiency: float = 0.8
@@ -106,9 +109,9 @@ def placement(layout: Layout, device: Device) -> Placement:
     return Placement(tp_bw=bw(1, layout.tp), cp_bw=bw(layout.tp, layout.cp), dp_bw=bw(layout.tp, layout.cp * layout.dp))
 
 
-def _gemm_efficiency(c: Constants, rows: float, inner: float, out: float) -> float:
+def _gemm_efficiency(c: Constants, ridge: float, rows: float, inner: float, out: float) -> float:
     size = 1 / (1 / rows + 1 / inner + 1 / out)
-    return c.gemm_efficiency * size / (size + c.gemm_half_size)
+    return c.gemm_efficiency * size / (size + c.gemm_traffic * ridge)
 
 
 def _widths(m: ModelSpec) -> tuple[int, int, int, int, int]:
@@ -132,7 +135,6 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     seq, layers = m.seq_length, m.num_layers
     tokens = mbs * seq / cp  # tokens of one micro-batch on this rank
     peak_bf16 = device.peak_flops("bf16") if "bf16" in device.peaks else device.peak_flops(prec)
-    peak = device.peak_flops(prec)
     hbm = device.hbm_bytes_per_s * c.hbm_efficiency
     link = placement(layout, device)
     act = _bytes_per_element("bf16" if prec != "fp32" else "fp32")  # activations between kernels
@@ -142,15 +144,26 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     gemm_flops = by_op["layer_gemm"] * mbs / (tp * cp)
     attn_flops = by_op["layer_attention"] * mbs / (tp * cp)
     head_flops = by_op["head"] * mbs / (tp * cp)
-    slow = c.lowprec_fixed_share + (1 - c.lowprec_fixed_share) * peak_bf16 / peak  # 1 at bf16
     weight_bytes = 3 * (h * (q + 2 * kv) + q * h + h * fc1 + ffn * h) / tp * _bytes_per_element(prec)
     # the layer's four GEMMs (rows, inner, out) on this rank: QKV, output projection, fc1, fc2
     shapes = [(tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, fc1 / tp), (tokens, ffn / tp, h)]
     work = [mm * kk * nn for mm, kk, nn in shapes]
-    inverse_eff = sum(w / _gemm_efficiency(c, *shape) for w, shape in zip(work, shapes, strict=True)) / sum(work)
-    gemm = max(gemm_flops * inverse_eff / peak_bf16 * slow, weight_bytes / hbm)
-    head_eff = _gemm_efficiency(c, tokens, h, flops.padded_vocab(m, tp) / tp)
-    head = head_flops / (head_eff * peak_bf16) * slow
+
+    def gemm_time(flop: float, gemm_shapes: list, weights: list, p: str) -> float:
+        """Seconds for GEMMs of these shapes run in precision p: its peak x the shape's roofline efficiency."""
+        peak = device.peak_flops(p)
+        # the roofline's ridge in elements: a GEMM smaller than it waits on HBM (time F / peak + bytes / bandwidth)
+        ridge = peak * _bytes_per_element(p) / (2 * device.hbm_bytes_per_s)
+        inverse_eff = sum(w / _gemm_efficiency(c, ridge, *g) for w, g in zip(weights, gemm_shapes, strict=True))
+        return flop * inverse_eff / sum(weights) / peak
+
+    gemm = gemm_time(gemm_flops, shapes, work, prec)
+    if prec == "nvfp4":  # NVIDIA's NVFP4 recipe keeps the most sensitive ~15 % of linear layers in bf16
+        gemm = (1 - NVFP4_BF16_LAYERS) * gemm + NVFP4_BF16_LAYERS * gemm_time(gemm_flops, shapes, work, "bf16")
+    gemm = max(gemm, weight_bytes / hbm)
+    # the logit layer is megatron-core's ColumnParallelLinear, not a Transformer Engine layer: bf16 at any precision
+    vocab = flops.padded_vocab(m, tp) / tp
+    head = gemm_time(head_flops, [(tokens, h, vocab)], [1.0], "bf16" if "bf16" in device.peaks else prec)
     attention = attn_flops / (c.attention_efficiency * peak_bf16)
     # elementwise traffic per token, forward (x3 with backward): 2 norms (read, write), 2 residual adds (2 reads,
     # a write), the activation (read fc1, write ffn), rotary on q and k; fp8 casts of the 4 GEMM inputs
