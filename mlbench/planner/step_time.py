@@ -5,10 +5,11 @@ One optimizer step on one rank of the slowest pipeline stage:
   step = (micro-batches + bubble) x per-micro-batch stage time + exposed data-parallel communication + optimizer
 
 - per-micro-batch stage time: the stage's share of the model's layers (and of the logit layer), each layer
-  - GEMMs: the layer's model FLOPs (`mlbench.flops`) / (tp x cp) at the device's bf16 dense peak, times an
-    efficiency that falls with each GEMM's shape on the rank (short, narrow or thin GEMMs run slower); a lower
-    precision speeds up all but a fitted share of the GEMM time by its peak ratio (casts, scaling, what the
-    low-precision kernels do not reach); never faster than reading the weights from HBM;
+  - GEMMs: the layer's model FLOPs (`mlbench.flops`) / (tp x cp) at the device's dense peak for the precision
+    they run in, times an efficiency on a roofline: it falls as each GEMM's size on the rank nears the device's
+    FLOP/byte ridge at that precision (short, narrow or thin GEMMs, and devices with much compute per HBM byte,
+    run further from peak); nvfp4 keeps its recipe's bf16 layers; the logit layer runs in bf16; never faster
+    than reading the weights from HBM;
   - attention (the s^2 products): at the bf16 peak with its own efficiency (attention kernels run in bf16);
   - elementwise work (norms, residual adds, activation, rotary embedding, fp8 casts): bytes moved / HBM bandwidth
     with a fitted efficiency; with sequence parallelism the hidden-sized tensors are split over tp;
