@@ -8,11 +8,12 @@ from mlbench.spec import Benchmark
 
 
 def _device(checked: str, rank0: dict | None):
-    """The device the memory plan was checked against (--device), else the one rank 0 found: the CPU (measured once
-    and cached, mlbench.planner.cpu) or the datasheet GPU its name matches. None with the reason otherwise."""
+    """The device the memory plan was checked against where it is a planner device (--device, or the GPU found
+    here), else the one rank 0 found: the CPU (measured once and cached, mlbench.planner.cpu) or the datasheet GPU
+    its name matches. None with the reason otherwise."""
     from mlbench.planner import devices
 
-    if checked:
+    if checked in devices.names():  # not for a CPU run's "this machine (CPU)": rank 0 says it trained on the CPU
         return devices.get(checked), ""
     if not rank0:
         return None, "no rank started, so the device is unknown"
