@@ -65,8 +65,8 @@ def best_layouts() -> None:
         print(f"\n{name} on 64 x 8 H100, fp8")
         print(f"  NVIDIA's layout   {_line(nvidia)}  (measured: step {step} s, TTT {ttt} min)")
         results, stats = planner.search(bench, h100, 64, 8, None,
-                                         lambda tp, pp, vp, cp, mbs, gbs, b=bench: _resolve(b, 64, 8, tp, pp, vp,
-                                                                                           cp, mbs, gbs))
+                                         lambda tp, pp, vp, cp, mbs, gbs, ep, b=bench: _resolve(b, 64, 8, tp, pp,
+                                                                                               vp, cp, mbs, gbs))
         for r in results:
             r["rough_memory_bytes"] = rough_memory_bytes(bench, r)
         fitting = [r for r in results if r["memory"] or r["rough_memory_bytes"] <= h100.memory_bytes]
