@@ -41,6 +41,8 @@ def _assert_converged(root: Path, index: int = 0) -> dict:
     device = record["environment"]["device"]  # as rank 0 found it, not the launching host
     assert device["type"] == "cpu" and device["per_node"] == record["layout"]["nproc_per_node"]
     assert device["precision"] == "fp32" and device["attention"] == "local"  # no GPU path on CPU
+    prediction = record["prediction"]  # the planner's, for this layout on the CPU (measured once, cached)
+    assert prediction["device"] == "cpu" and prediction["step_time_s"] > 0
     checked = mlbench("check", str(folder / f"result_{index}.txt"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "PASS" in checked.stdout
@@ -83,6 +85,22 @@ def test_the_set_scores(root: Path) -> None:
     ttts = sorted(r["ttt_min"] for r in doc["runs"])
     assert doc["olympic_min"] == pytest.approx(ttts[1])  # 3 runs: the median
     assert doc["rcp_factor"] == 1.0 and doc["score_min"] == pytest.approx(ttts[1])
+
+
+def test_compare_shows_predicted_against_measured_step_time(root: Path, tmp_path: Path) -> None:
+    """`mlbench compare` of two of the runs above: the planner's step time from each record beside the median
+    measured one, and their ratio (terminal and Markdown)."""
+    folder = result_dir(root, "gpt3")
+    records = sorted(folder.glob("result_*.json"))[:2]
+    md = tmp_path / "compare.md"
+    proc = mlbench("compare", *(str(r.with_suffix(".txt")) for r in records), "--md", str(md))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    predicted = [json.loads(r.read_text())["prediction"]["step_time_s"] for r in records]
+    text = md.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| step time predicted (s)"))
+    assert [float(c.split()[0]) for c in row.split("|")[2:4]] == pytest.approx(predicted, abs=1e-4)
+    assert "(cpu)" in row and "| predicted / measured" in text
+    assert "step time predicted" in proc.stdout and "predicted / measured" in proc.stdout
 
 
 def test_unreachable_target_is_aborted(tmp_path: Path, benchmarks_copy: Path) -> None:
