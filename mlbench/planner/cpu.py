@@ -175,11 +175,12 @@ def measured() -> dict:
     return data
 
 
-def device(entry):
-    """The `cpu` entry of devices.yaml filled with this machine's measured figures."""
+def device(entry, m: dict | None = None):
+    """The `cpu` entry of devices.yaml filled with this machine's measured figures (`m`: a fresh `measure()`,
+    else the cached ones)."""
     import psutil
 
-    m = measured()
+    m = m or measured()
     return dataclasses.replace(entry, peaks={"fp32": m["gemm_flops"]},
                                memory_bytes=float(psutil.virtual_memory().total),
                                hbm_bytes_per_s=m["bytes_per_s"], nvlink_bytes_per_s=m["bytes_per_s"],
