@@ -137,12 +137,6 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_precision(layout.precision, req.layout.precision is not None, local_device())
     if (layout.cp > 1 or layout.features.sequence_parallel) and not req.dry_run and req.launcher != "slurm":
         check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
-    if layout.features.distributed_optimizer and (req.save_checkpoint or req.init_checkpoint) and not req.dry_run:
-        # megatron-core 0.16 refuses its distributed optimizer's default checkpoint format when saving
-        # ("ShardedTensor.flattened_range is not supported"), and cannot describe torch Adam's state for loading
-        # before the first step: neither works with mlbench's checkpoints yet.
-        raise UserError("checkpoints (--save-checkpoint, --init-checkpoint) are not supported with the distributed "
-                        "optimizer yet: use --no-distributed-optimizer")
     device = memory_device(req)
     check_memory(bench, layout, device)
     check_results_folder(req.results_root, system, bench.name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,13 @@ import torch.distributed as dist
 from mlbench.train.checkpoint.folder import CheckpointError, check_readable
 
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
+# How the distributed optimizer lays out its state, as megatron-LM's training passes it (`metadata` of
+# sharded_state_dict, also stored as the checkpoint's content metadata). 'fully_reshardable' gathers each
+# parameter's moments into the model's shape under the plain optimizer's names (optimizer.state.exp_avg.<tensor>):
+# the state loads at any data-, tensor- or pipeline-parallel size, with or without the distributed optimizer.
+# megatron-core 0.16's default ('fully_sharded_model_space') refuses to save ("ShardedTensor.flattened_range is not
+# supported"). The plain optimizers ignore the key.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def _inner(chunk) -> torch.nn.Module:
@@ -138,6 +146,11 @@ def _groups_holder(opt: object) -> dict | None:
     return None
 
 
+def _distributed(opt: object) -> bool:
+    """Whether an optimizer state dict is the distributed optimizer's (it names its parameter-state layout)."""
+    return isinstance(opt, dict) and "param_state_sharding_type" in opt
+
+
 def has_optimizer_metadata(common: dict) -> bool:
     """Optimizer metadata (param groups) in common.pt."""
     return _groups_holder(common.get("optimizer") if isinstance(common, dict) else None) is not None
@@ -213,7 +226,11 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     _drop_absent_objects(state, stored)
     common = load_common_state_dict(str(path))
     common = common if isinstance(common, dict) else {}
-    opt_state = optimizer.sharded_state_dict(state, is_loading=True)
+    members = getattr(optimizer, "chained_optimizers", [optimizer])
+    for m in members:
+        _placeholder_adam_state(m.optimizer)
+    # is_loading: megatron's init_state_fn creates the moments (torch's Adam has none before its first step)
+    opt_state = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)
     opt_keys = [item.key for item in tensors(opt_state)]
     # Moments load with megatron-core's own optimizer metadata (param groups, step) from common.pt; without it
     # (a checkpoint written by another framework) the run starts with fresh moments.
@@ -221,6 +238,10 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
         optimizer_note = "the checkpoint does not hold this optimizer's state"
     elif not has_optimizer_metadata(common):
         optimizer_note = "the checkpoint has no megatron-core optimizer metadata (param groups, step)"
+    elif _distributed(common.get("optimizer")) != _distributed(opt_state):
+        # megatron-core nests the two optimizers' common state differently and cannot load one into the other
+        saved = "with" if _distributed(common.get("optimizer")) else "without"
+        optimizer_note = f"the optimizer state was saved {saved} the distributed optimizer; this run is not"
     else:
         optimizer_note = ""
         state["optimizer"] = opt_state
@@ -229,7 +250,6 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     if foreign is not None:  # this run's groups are set after the load (merging the checkpoint's would fail)
         _groups_holder(opt_state).pop("param_groups")
         optimizer_note = "param groups from this run; moments and step from the checkpoint"
-    members = getattr(optimizer, "chained_optimizers", [optimizer])
     if not with_optimizer:  # undo the placeholder moments sharded_state_dict(is_loading=True) created
         for m in members:
             m.optimizer.state.clear()
@@ -249,7 +269,8 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
         # The moments and step come from the checkpoint; the hyperparameters stay the benchmark's (the ones the
         # MLPerf log states): param groups restored from the checkpoint would carry the saving run's lr rules.
         groups = [[{k: v for k, v in g.items() if k != "params"} for g in m.optimizer.param_groups] for m in members]
-        optimizer.load_state_dict(loaded["optimizer"])
+        with _distributed_optimizer_keeps_step(members):
+            optimizer.load_state_dict(loaded["optimizer"])
         for m, saved in zip(members, groups, strict=True):
             for g, hyper in zip(m.optimizer.param_groups, saved, strict=True):
                 g.update(hyper)
@@ -260,6 +281,39 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     return {"path": str(path), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(found.keys),
             "vocab_padding_resized": found.resized, "saved_by": common.get(MLBENCH_KEY)}
+
+
+def _placeholder_adam_state(inner: torch.optim.Optimizer) -> None:
+    """Gives every parameter the state torch's Adam creates at its first step (step, two zero moments), to be
+    overwritten by the load. The distributed optimizer describes its state from the torch optimizer's (one
+    `step` shared by all parameters, which it asserts) and, unlike the plain optimizers, calls no init_state_fn
+    first; megatron-LM relies on Apex's or Transformer Engine's Adam, which keeps the step per group."""
+    for group in inner.param_groups:
+        for p in group["params"]:
+            if not inner.state[p]:
+                inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+
+
+@contextmanager
+def _distributed_optimizer_keeps_step(members: list):
+    """megatron-core 0.16's distributed optimizer with torch's Adam (no Apex or Transformer Engine) sets every
+    parameter's `step` from the checkpoint's param groups, then copies each state tensor from the loaded
+    fully_reshardable state, which holds no `step` (KeyError 'step'): the copy is given the step it already set."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    patched = [m for m in members if isinstance(m, DistributedOptimizer)]
+    for m in patched:
+        def set_states(param, tensors, m=m, original=m._set_main_param_and_optimizer_states):
+            step = m._get_main_param_and_optimizer_states(param).get("step")
+            original(param, tensors if step is None else {**tensors, "step": step})
+
+        m._set_main_param_and_optimizer_states = set_states
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m._set_main_param_and_optimizer_states
 
 
 def save(path: str | Path, model: list, optimizer, info: dict) -> None:
@@ -291,13 +345,13 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     staging = _on_rank0(start)
     state = model_state(model)
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(state)
+        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=OPTIMIZER_METADATA)
     state[MLBENCH_KEY] = info
     # Synchronous writes (one thread, no worker processes): the async writer's spawned manager does not start
     # from a rank launched as `python -m`.
     strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
     strategy = FullyParallelSaveStrategyWrapper(strategy)  # tensors replicated across DP are written once
-    dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
+    dist_checkpointing.save(state, str(staging), sharded_strategy=strategy, content_metadata=OPTIMIZER_METADATA)
     dist.barrier()
     _on_rank0(publish)
 
