@@ -22,7 +22,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "cpu-device.json"
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
-VERSION = 8  # of what is measured: an older cache is measured again
+VERSION = 9  # of what is measured: an older cache is measured again
 
 
 def _key() -> str:
@@ -80,6 +80,51 @@ print(json.dumps({"layer_s": max(0.0, two - one), "head_s": max(0.0, 2 * one - t
                   "layer_flops": (by_op["layer_gemm"] + by_op["layer_attention"]) * mbs,
                   "head_flops": by_op["head"] * mbs}))
 """
+
+
+STEP_PROBE = """
+import json, os, time
+from mlbench.launch.ports import free_port
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1")), RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MLBENCH_THREADS="1")
+from mlbench import registry
+from mlbench.layout import resolve
+from mlbench.run_plan import RunPlan
+from mlbench.train.build import build, init_distributed
+from mlbench.planner.cpu import _rate
+tiny = registry.load("gpt3", tiny=True)
+mbs = tiny.train.micro_batch_size
+plan = RunPlan(benchmark=tiny, layout=resolve(tiny, 1, 1, global_batch_size=2 * mbs).as_dict(), seed=1,
+               run_dir=os.getcwd(), system="probe")
+device = init_distributed(plan)
+from mlbench.train.step import Stepper
+stepper = Stepper(plan, build(plan, device), True)
+step = [0]
+def train_step():
+    stepper.train_step(step[0])
+    step[0] += 1
+def at(gbs):
+    stepper.gbs = gbs
+    return _rate(train_step, 1.5)
+one, two = at(mbs), at(2 * mbs)
+print(json.dumps({"step_1_micro_s": one, "step_2_micro_s": two}))
+"""
+
+
+def _step_costs() -> dict:
+    """The training loop's own step (mlbench.train.step: data, megatron-core's schedule, loss statistics, optimizer
+    and schedule) of the tiny gpt3 model at one process, timed at one and at two micro-batches a step: what a
+    step costs beyond the model's forward and backward. In a child process, as _megatron_costs."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run([sys.executable, "-c", STEP_PROBE], capture_output=True, text=True, timeout=300,
+                             cwd=tmp, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if out.returncode:
+        raise RuntimeError(f"timing mlbench's training step on this CPU failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _megatron_costs() -> dict:
@@ -152,8 +197,9 @@ def measure(seconds: float = 2.0) -> dict:
         bandwidth = 2 * src.numel() * 4 / _rate(lambda: dst.copy_(src), seconds / 4)  # read + write
     finally:
         torch.set_num_threads(threads)
-    costs = _megatron_costs()
+    costs, steps = _megatron_costs(), _step_costs()
     return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth,
+            "step_1_micro_s": steps["step_1_micro_s"], "step_2_micro_s": steps["step_2_micro_s"],
             "optimizer_s_per_tensor": costs["optimizer_s_per_tensor"],
             "megatron_layer_s": costs["layer_s"], "megatron_head_s": costs["head_s"],
             "megatron_probe_layer_flops": costs["layer_flops"], "megatron_probe_head_flops": costs["head_flops"],
@@ -186,3 +232,65 @@ def device(entry, m: dict | None = None):
                                hbm_bytes_per_s=m["bytes_per_s"], nvlink_bytes_per_s=m["bytes_per_s"],
                                scaleout_bytes_per_s=m["bytes_per_s"] / 2,
                                collective_latency_s=m["collective_latency_s"], extra={"measured": m})
+
+
+def _tensors(m, pp: int) -> float:
+    return 12 * m.num_layers / pp + 4  # parameter tensors a rank updates: ~12 a layer, embeddings and norms
+
+
+def harness(cost: dict) -> tuple[float, float]:
+    """What mlbench's training step costs beyond megatron-core's forward + backward and optimizer (data, the
+    pipeline schedule's per-micro-batch work, loss statistics, the learning-rate schedule): (per micro-batch, per
+    step) seconds, from the real step of the tiny gpt3 model at one and two micro-batches less the probe's model
+    and optimizer times. Never below zero (two measurements, each moved by the machine's load); none for figures
+    measured without the step timings."""
+    from mlbench import registry
+
+    if "step_1_micro_s" not in cost:
+        return 0.0, 0.0
+    tiny = registry.load("gpt3", tiny=True).model
+    per_micro = cost["step_2_micro_s"] - cost["step_1_micro_s"]
+    fixed = cost["step_1_micro_s"] - per_micro
+    model = tiny.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"]
+    return max(0.0, per_micro - model), max(0.0, fixed - _tensors(tiny, 1) * cost["optimizer_s_per_tensor"])
+
+
+def predict(m, layout, device) -> dict:
+    """Seconds per step on the CPU, where tiny models make a step mostly eager-mode dispatch: megatron-core's
+    measured forward + backward time of a tiny layer and of the rest (embedding, logits, loss) per micro-batch,
+    plus the arithmetic beyond the probe's at the measured GEMM rate; the training loop's own work per micro-batch
+    and per step (`harness`); each collective a measured gloo latency (tensor parallel: 2 all-reduces a layer
+    forward and 2 backward, 4 in the vocabulary-parallel embedding and loss; data parallel: one gradient
+    all-reduce a step; every multi-rank step: the loss statistics' all-reduce; pipeline: a send and a receive a
+    micro-batch); the optimizer per tensor."""
+    from mlbench import flops
+    from mlbench.planner.step_time import flops_by_op
+
+    cost = device.extra["measured"]
+    rate, latency = device.peaks["fp32"], device.collective_latency_s
+    tp, pp, vp, dp, cp = layout.tp, layout.pp, layout.vp, layout.dp, layout.cp
+    micro = layout.num_microbatches
+    by_op = flops_by_op(m, tp)
+    per_micro = layout.micro_batch_size / (tp * cp)
+    layer_flops = (by_op["layer_gemm"] + by_op["layer_attention"]) * per_micro
+    # the probe's times hold its own arithmetic: only what this model does beyond it is added, at the GEMM rate
+    layer_extra = max(0.0, layer_flops - cost["megatron_probe_layer_flops"]) / rate
+    head_extra = max(0.0, by_op["head"] * per_micro - cost["megatron_probe_head_flops"]) / rate
+    layer = cost["megatron_layer_s"] + layer_extra
+    head = cost["megatron_head_s"] + head_extra
+    harness_micro, harness_step = harness(cost)
+    tp_comm = (4 * m.num_layers / pp + 4 / pp) * latency if tp > 1 else 0.0
+    stage = m.num_layers / pp * layer + head / pp + tp_comm + harness_micro
+    bubble = (pp - 1) / vp * (stage + 2 * latency)
+    pp_comm = 2 * latency * micro if pp > 1 else 0.0
+    params = flops.param_count(m, tp) / (tp * pp)
+    dp_comm = latency + 2 * params * 4 / device.scaleout_bytes_per_s if dp * cp > 1 else 0.0
+    framework = micro * (m.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"]) / pp + pp_comm
+    stats_comm = latency if layout.world_size > 1 else 0.0  # the loss statistics' all-reduce (train/step.py)
+    terms = {"gemm": micro * (m.num_layers * layer_extra + head_extra) / pp, "attention": 0.0,
+             "elementwise": 0.0, "tp_comm": micro * tp_comm, "cp_comm": 0.0, "recompute": 0.0,
+             "framework": framework, "harness": micro * harness_micro + harness_step + stats_comm,
+             "pipeline_bubble": bubble, "dp_comm": dp_comm,
+             "optimizer": _tensors(m, pp) * cost["optimizer_s_per_tensor"]}
+    return {"step_time_s": sum(terms.values()), "terms_s": terms,
+            "links_bytes_per_s": {"collective_latency_s": latency}}

@@ -126,7 +126,9 @@ def _widths(m: ModelSpec) -> tuple[int, int, int, int, int]:
 def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = None) -> dict:
     """Predicted seconds per optimizer step, with every term (seconds per step) that makes it up."""
     if "measured" in device.extra:
-        return _predict_cpu(m, layout, device)
+        from mlbench.planner import cpu
+
+        return cpu.predict(m, layout, device)
     c = c or shipped()
     prec = layout.precision
     f = layout.features
@@ -225,36 +227,3 @@ def flops_by_op(m: ModelSpec, tp: int) -> dict[str, float]:
     head = 3.0 * 2 * m.seq_length * m.hidden_size * flops.padded_vocab(m, tp)
     return {"layer_attention": attention, "head": head,
             "layer_gemm": (total - head) / m.num_layers - attention}
-
-
-def _predict_cpu(m: ModelSpec, layout: Layout, device: Device) -> dict:
-    """The CPU, where tiny models make a step mostly eager-mode dispatch: megatron-core's measured forward +
-    backward time of a tiny layer and of the rest (embedding, logits, loss) per micro-batch, plus the arithmetic
-    beyond the probe's at the measured GEMM rate; each collective a measured gloo latency (tensor parallel: 2
-    all-reduces a layer forward and 2 backward, 4 in the vocabulary-parallel embedding and loss; data parallel:
-    one gradient all-reduce a step; pipeline: a send and a receive a micro-batch); the optimizer per tensor."""
-    cost = device.extra["measured"]
-    rate, latency = device.peaks["fp32"], device.collective_latency_s
-    tp, pp, vp, dp, cp = layout.tp, layout.pp, layout.vp, layout.dp, layout.cp
-    micro = layout.num_microbatches
-    by_op = flops_by_op(m, tp)
-    per_micro = layout.micro_batch_size / (tp * cp)
-    layer_flops = (by_op["layer_gemm"] + by_op["layer_attention"]) * per_micro
-    # the probe's times hold its own arithmetic: only what this model does beyond it is added, at the GEMM rate
-    layer_extra = max(0.0, layer_flops - cost["megatron_probe_layer_flops"]) / rate
-    head_extra = max(0.0, by_op["head"] * per_micro - cost["megatron_probe_head_flops"]) / rate
-    layer = cost["megatron_layer_s"] + layer_extra
-    head = cost["megatron_head_s"] + head_extra
-    tp_comm = (4 * m.num_layers / pp + 4 / pp) * latency if tp > 1 else 0.0
-    stage = m.num_layers / pp * layer + head / pp + tp_comm
-    bubble = (pp - 1) / vp * (stage + 2 * latency)
-    pp_comm = 2 * latency * micro if pp > 1 else 0.0
-    params = flops.param_count(m, tp) / (tp * pp)
-    dp_comm = latency + 2 * params * 4 / device.scaleout_bytes_per_s if dp * cp > 1 else 0.0
-    tensors = 12 * m.num_layers / pp + 4  # parameter tensors a rank updates: ~12 a layer, embeddings and norms
-    terms = {"gemm": micro * (m.num_layers * layer_extra + head_extra) / pp, "attention": 0.0,
-             "elementwise": 0.0, "tp_comm": micro * tp_comm, "cp_comm": 0.0, "recompute": 0.0,
-             "framework": micro * (m.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"]) / pp + pp_comm,
-             "pipeline_bubble": bubble, "dp_comm": dp_comm, "optimizer": tensors * cost["optimizer_s_per_tensor"]}
-    return {"step_time_s": sum(terms.values()), "terms_s": terms,
-            "links_bytes_per_s": {"collective_latency_s": latency}}
