@@ -52,3 +52,24 @@ def test_a_planner_failure_is_recorded_not_raised() -> None:
     layout = resolve(bench, 64, 8, 4, 8, 6, 1, 2, 2048, precision="fp8")
     p = for_run(bench, layout, "a100", None)  # the A100 has no fp8 tensor cores
     assert p["step_time_s"] is None and "has no fp8" in p["reason"]
+
+
+def test_cpu_step_is_the_measured_real_step_composed_by_layout() -> None:
+    """Fixed CPU figures, no measuring: at one process the prediction for tiny gpt3 is the real step the probe
+    timed (two micro-batches of 8); at data parallel 2 each rank does one micro-batch, the real one-micro-batch
+    step, plus the gradient all-reduce and the loss statistics' all-reduce."""
+    import dataclasses
+
+    from mlbench.planner import step_time
+
+    measured = {"gemm_flops": 1e11, "megatron_layer_s": 0.005, "megatron_head_s": 0.004, "optimizer_s_per_tensor": 1e-4,
+                "megatron_probe_layer_flops": 1.8e8, "megatron_probe_head_flops": 1e8, "collective_latency_s": 3e-4,
+                "step_1_micro_s": 0.030, "step_2_micro_s": 0.050}
+    cpu = dataclasses.replace(devices.get("h100"), name="cpu", peaks={"fp32": 1e11}, collective_latency_s=3e-4,
+                              scaleout_bytes_per_s=1e12, extra={"measured": measured})
+    bench = registry.load("gpt3", tiny=True)
+    one = step_time.predict(bench.model, resolve(bench, 1, 1, precision="fp32"), cpu)
+    dp2 = step_time.predict(bench.model, resolve(bench, 1, 2, 1, precision="fp32"), cpu)
+    assert one["step_time_s"] == pytest.approx(0.050)
+    assert dp2["step_time_s"] == pytest.approx(0.030 + dp2["terms_s"]["dp_comm"] + 3e-4)
+    assert dp2["terms_s"]["dp_comm"] == pytest.approx(3e-4, rel=0.01)  # tiny gradients: the latency
