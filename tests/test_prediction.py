@@ -64,7 +64,7 @@ def test_cpu_step_is_the_measured_real_step_composed_by_layout() -> None:
 
     measured = {"gemm_flops": 1e11, "megatron_layer_s": 0.005, "megatron_head_s": 0.004, "optimizer_s_per_tensor": 1e-4,
                 "megatron_probe_layer_flops": 1.8e8, "megatron_probe_head_flops": 1e8, "collective_latency_s": 3e-4,
-                "step_1_micro_s": 0.030, "step_2_micro_s": 0.050}
+                "step_1_micro_s": 0.030, "step_2_micro_s": 0.050, "step_fb_s": 2 * 0.005 + 0.004}
     cpu = dataclasses.replace(devices.get("h100"), name="cpu", peaks={"fp32": 1e11}, collective_latency_s=3e-4,
                               scaleout_bytes_per_s=1e12, extra={"measured": measured})
     bench = registry.load("gpt3", tiny=True)

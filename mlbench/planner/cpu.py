@@ -22,7 +22,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "cpu-device.json"
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
-VERSION = 9  # of what is measured: an older cache is measured again
+VERSION = 10  # of what is measured: an older cache is measured again
 
 
 def _key() -> str:
@@ -91,7 +91,6 @@ from mlbench import registry
 from mlbench.layout import resolve
 from mlbench.run_plan import RunPlan
 from mlbench.train.build import build, init_distributed
-from mlbench.planner.cpu import _rate
 tiny = registry.load("gpt3", tiny=True)
 mbs = tiny.train.micro_batch_size
 plan = RunPlan(benchmark=tiny, layout=resolve(tiny, 1, 1, global_batch_size=2 * mbs).as_dict(), seed=1,
@@ -99,15 +98,30 @@ plan = RunPlan(benchmark=tiny, layout=resolve(tiny, 1, 1, global_batch_size=2 * 
 device = init_distributed(plan)
 from mlbench.train.step import Stepper
 stepper = Stepper(plan, build(plan, device), True)
+import statistics, torch
+model = stepper.parts.model[0]
+tokens = torch.randint(0, tiny.model.vocab_size, (mbs, tiny.model.seq_length))
+positions = torch.arange(tiny.model.seq_length).expand(mbs, -1)
 step = [0]
-def train_step():
+def train_step(gbs):
+    stepper.gbs = gbs
     stepper.train_step(step[0])
     step[0] += 1
-def at(gbs):
-    stepper.gbs = gbs
-    return _rate(train_step, 1.5)
-one, two = at(mbs), at(2 * mbs)
-print(json.dumps({"step_1_micro_s": one, "step_2_micro_s": two}))
+def forward_backward(_):
+    model.zero_grad_buffer()
+    model(tokens, positions, None, labels=tokens).float().mean().backward()
+# interleaved rounds: the machine's load moves all three alike
+cases = {"step_1_micro_s": (train_step, mbs), "step_2_micro_s": (train_step, 2 * mbs),
+         "step_fb_s": (forward_backward, 0)}
+times = {k: [] for k in cases}
+for r in range(8):
+    for k, (fn, arg) in cases.items():
+        t0 = time.perf_counter()
+        for _ in range(4):
+            fn(arg)
+        if r:  # the first round warms up
+            times[k].append((time.perf_counter() - t0) / 4)
+print(json.dumps({k: statistics.median(v) for k, v in times.items()}))
 """
 
 
@@ -199,7 +213,7 @@ def measure(seconds: float = 2.0) -> dict:
         torch.set_num_threads(threads)
     costs, steps = _megatron_costs(), _step_costs()
     return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth,
-            "step_1_micro_s": steps["step_1_micro_s"], "step_2_micro_s": steps["step_2_micro_s"],
+            **steps,
             "optimizer_s_per_tensor": costs["optimizer_s_per_tensor"],
             "megatron_layer_s": costs["layer_s"], "megatron_head_s": costs["head_s"],
             "megatron_probe_layer_flops": costs["layer_flops"], "megatron_probe_head_flops": costs["head_flops"],
@@ -251,8 +265,18 @@ def harness(cost: dict) -> tuple[float, float]:
     tiny = registry.load("gpt3", tiny=True).model
     per_micro = cost["step_2_micro_s"] - cost["step_1_micro_s"]
     fixed = cost["step_1_micro_s"] - per_micro
-    model = tiny.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"]
-    return max(0.0, per_micro - model), max(0.0, fixed - _tensors(tiny, 1) * cost["optimizer_s_per_tensor"])
+    return max(0.0, per_micro - cost["step_fb_s"]), max(0.0, fixed - _tensors(tiny, 1) * cost["optimizer_s_per_tensor"])
+
+
+def model_level(cost: dict) -> float:
+    """The probe's layer and head times scaled to the forward + backward timed beside the real step (the same
+    process, interleaved): the two probes run seconds apart, and a shared machine's load moves between them."""
+    from mlbench import registry
+
+    if "step_fb_s" not in cost:
+        return 1.0
+    tiny = registry.load("gpt3", tiny=True).model
+    return cost["step_fb_s"] / (tiny.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"])
 
 
 def predict(m, layout, device) -> dict:
@@ -276,8 +300,9 @@ def predict(m, layout, device) -> dict:
     # the probe's times hold its own arithmetic: only what this model does beyond it is added, at the GEMM rate
     layer_extra = max(0.0, layer_flops - cost["megatron_probe_layer_flops"]) / rate
     head_extra = max(0.0, by_op["head"] * per_micro - cost["megatron_probe_head_flops"]) / rate
-    layer = cost["megatron_layer_s"] + layer_extra
-    head = cost["megatron_head_s"] + head_extra
+    level = model_level(cost)
+    layer_s, head_s = cost["megatron_layer_s"] * level, cost["megatron_head_s"] * level
+    layer, head = layer_s + layer_extra, head_s + head_extra
     harness_micro, harness_step = harness(cost)
     tp_comm = (4 * m.num_layers / pp + 4 / pp) * latency if tp > 1 else 0.0
     stage = m.num_layers / pp * layer + head / pp + tp_comm + harness_micro
@@ -285,7 +310,7 @@ def predict(m, layout, device) -> dict:
     pp_comm = 2 * latency * micro if pp > 1 else 0.0
     params = flops.param_count(m, tp) / (tp * pp)
     dp_comm = latency + 2 * params * 4 / device.scaleout_bytes_per_s if dp * cp > 1 else 0.0
-    framework = micro * (m.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"]) / pp + pp_comm
+    framework = micro * (m.num_layers * layer_s + head_s) / pp + pp_comm
     stats_comm = latency if layout.world_size > 1 else 0.0  # the loss statistics' all-reduce (train/step.py)
     terms = {"gemm": micro * (m.num_layers * layer_extra + head_extra) / pp, "attention": 0.0,
              "elementwise": 0.0, "tp_comm": micro * tp_comm, "cp_comm": 0.0, "recompute": 0.0,
