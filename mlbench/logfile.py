@@ -15,9 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 TOKEN = ":::MLLOG "
 # The key of a record without parsing the record: lines of keys a caller does not read are skipped unparsed
-# (a 250 MB log is mostly per-step lines that scoring never reads). A line this does not match is parsed.
+# (a 250 MB log is mostly per-step lines that scoring never reads). Only where the match cannot be wrong: the
+# line holds `"key"` once (not also inside the metadata, say) and no backslash (an escape can spell a key). A
+# line this does not match, whatever its spacing or field order, is parsed.
 _KEY = re.compile(rb'"key"\s*:\s*"([^"\\]*)"')
 
 
@@ -79,7 +83,8 @@ class LogReader:
                 payload = raw[i + start:]
                 if wanted is not None:
                     m = _KEY.search(payload)
-                    if m is not None and m.group(1) not in wanted:
+                    if m is not None and m.group(1) not in wanted and b"\\" not in payload \
+                            and payload.count(b'"key"') == 1:
                         continue
                 event = _event(payload, n)
                 if event is None:
@@ -104,17 +109,25 @@ class LogReader:
 
 
 def _event(payload: bytes, line: int) -> Event | None:
-    try:
-        d = json.loads(payload)
-    except UnicodeDecodeError:
-        return _event(payload.decode("utf-8", errors="replace").encode(), line)
-    except ValueError:
-        return None
+    try:  # orjson: 4x the standard parser on MLLOG lines; what it refuses (NaN, Infinity, bad UTF-8) json reads
+        d = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        d = _loads(payload)
     if type(d) is not dict or type(key := d.get("key")) is not str:
         return None
     md, kind = d.get("metadata"), d.get("event_type", "")
     return Event(key, d.get("value"), md if md is not None else {}, d.get("time_ms"), line,
                  kind if type(kind) is str else str(kind))
+
+
+def _loads(payload: bytes) -> object:
+    """The standard parser, as MLPerf's own tools read a log (NaN and Infinity allowed); None for broken JSON."""
+    try:
+        return json.loads(payload)
+    except UnicodeDecodeError:
+        return _loads(payload.decode("utf-8", errors="replace").encode())
+    except ValueError:
+        return None
 
 
 def read(path: Path | str) -> list[dict]:
