@@ -6,8 +6,10 @@ Writes a llama31_8b log of SIZE_MB (default 250; closed division, a tracked_stat
 them, an eval every 100 steps) to a temp folder, then runs each of these in a child process and prints its wall
 time and peak resident memory (the child's own, and its own children's, e.g. the checker it starts):
 
-  plain read            every line of the file read and dropped (the floor for any reader)
+  plain f.read()        the whole file read into one bytes object (the floor for any reader)
+  plain line by line    every line of the file read and dropped (the floor for a streaming reader)
   mlbench read_log      mlbench's own streaming pass (mlbench.analysis.logs.read_log), per-step records included
+  mlbench read (score)  the same pass as score makes it: per-step lines skipped unparsed
   checker alone         python -m mlperf_logging.compliance_checker on the file
   score                 mlbench score (compliance by the checker in a process of its own, the RCP check, the score)
   compare --no-score    mlbench compare of the big set and a small one
@@ -128,8 +130,11 @@ def main() -> None:
         print(f"log: {log.stat().st_size / 1e6:.0f} MB, {steps:,} steps, written in {time.perf_counter() - t:.1f} s; "
               f"mlbench from {args.checkout}")
         cases = [
-            ("plain read", f"for _ in open({str(log)!r}, 'rb'):\n    pass"),
+            ("plain f.read()", f"open({str(log)!r}, 'rb').read()"),
+            ("plain line by line", f"for _ in open({str(log)!r}, 'rb'):\n    pass"),
             ("mlbench read_log", f"from mlbench.analysis.logs import read_log\nread_log({str(log)!r}).step_times"),
+            ("mlbench read (score)", f"from mlbench.analysis.logs import read_log\n"
+                                     f"read_log({str(log)!r}, steps=False)"),
             ("checker alone", f"import runpy\nsys.argv = ['x', '--usage', 'training', '--ruleset', {RULESET!r}, "
                               f"{str(log)!r}, '--log_output', {str(td / 'checker.log')!r}]\n"
                               "runpy.run_module('mlperf_logging.compliance_checker', run_name='__main__')"),
