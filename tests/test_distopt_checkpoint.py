@@ -1,7 +1,8 @@
 """Checkpoints with megatron-core's distributed optimizer, on real processes: a tiny gpt3 at DP2 with the
-distributed optimizer saves its model and sharded Adam state (megatron's 'fully_reshardable' layout); a run with
-the distributed optimizer loads both, and a run without it loads the model and starts with fresh moments, saying
-why (megatron-core nests the two optimizers' common state differently). One save, two loads."""
+distributed optimizer saves its model and sharded Adam state (megatron's 'fully_reshardable' layout) and a run
+with it resumes from them with the numbers of the same save and resume without the distributed optimizer (fp32:
+the distributed optimizer is exact). Two saves, two resumes, 20 steps each.
+(A run with the other optimizer loads the model and starts with fresh moments: docs/checkpoints.md.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import mlbench, result_dir
 
-pytestmark = pytest.mark.slow  # three trainings of 20 steps at 2 processes: about 75 s
+pytestmark = pytest.mark.slow  # four trainings of 20 steps at 2 processes: about 100 s unloaded
 
 
 def _run(root: Path, *flags: str, env: dict) -> dict:
@@ -24,18 +25,24 @@ def _run(root: Path, *flags: str, env: dict) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, quick_env: dict) -> tuple[Path, dict[str, dict]]:
     root = tmp_path_factory.mktemp("distopt")
-    ckpt = root / "ckpt"
-    out = {"saved": _run(root / "save", "--distributed-optimizer", "--seed", "5", "--save-checkpoint", str(ckpt),
-                         env=quick_env)}
+    out = {}
     for name, flag in (("distributed", "--distributed-optimizer"), ("plain", "--no-distributed-optimizer")):
+        ckpt = root / f"ckpt_{name}"
+        out[f"saved_{name}"] = _run(root / f"save_{name}", flag, "--seed", "5", "--save-checkpoint", str(ckpt),
+                                    env=quick_env)
         out[name] = _run(root / name, flag, "--seed", "6", "--init-checkpoint", str(ckpt), env=quick_env)
-    return ckpt, out
+    return root / "ckpt_distributed", out
+
+
+def _losses(record: dict) -> list[float]:
+    return [s["loss"] for s in record["steps"]]
 
 
 def test_the_distributed_optimizer_saves_a_checkpoint(runs: tuple[Path, dict[str, dict]]) -> None:
     ckpt, out = runs
-    assert (ckpt / "metadata.json").is_file() and out["saved"]["saved_checkpoint"]
-    assert out["saved"]["layout"]["features"]["distributed_optimizer"] is True
+    assert (ckpt / "metadata.json").is_file() and out["saved_distributed"]["saved_checkpoint"]
+    assert out["saved_distributed"]["layout"]["features"]["distributed_optimizer"] is True
+    assert _losses(out["saved_distributed"]) == pytest.approx(_losses(out["saved_plain"]), rel=1e-5)
 
 
 def test_its_optimizer_state_loads_with_the_distributed_optimizer(runs: tuple[Path, dict[str, dict]]) -> None:
@@ -44,11 +51,8 @@ def test_its_optimizer_state_loads_with_the_distributed_optimizer(runs: tuple[Pa
     assert loaded["saved_by"]["layout"]["features"]["distributed_optimizer"] is True
 
 
-def test_without_it_the_model_loads_and_the_moments_start_fresh(runs: tuple[Path, dict[str, dict]]) -> None:
+def test_the_resumed_run_trains_as_without_the_distributed_optimizer(runs: tuple[Path, dict[str, dict]]) -> None:
     _, out = runs
-    plain = out["plain"]["init_checkpoint"]
-    assert plain["optimizer_state"] is False and "distributed optimizer" in plain["optimizer_note"]
-    dist_steps, plain_steps = out["distributed"]["steps"], out["plain"]["steps"]
-    # the same weights and data: the first loss is the same; then the loaded moments move the weights differently
-    assert dist_steps[0]["loss"] == pytest.approx(plain_steps[0]["loss"], rel=1e-6)
-    assert dist_steps[-1]["loss"] != pytest.approx(plain_steps[-1]["loss"], rel=1e-4)
+    assert out["plain"]["init_checkpoint"]["optimizer_state"] is True
+    # moments and step as saved: a step shared by all parameters (megatron's load) would drift from step 2 on
+    assert _losses(out["distributed"]) == pytest.approx(_losses(out["plain"]), rel=1e-5)

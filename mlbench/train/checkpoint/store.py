@@ -299,7 +299,8 @@ def _placeholder_adam_state(inner: torch.optim.Optimizer) -> None:
 def _distributed_optimizer_keeps_step(members: list):
     """megatron-core 0.16's distributed optimizer with torch's Adam (no Apex or Transformer Engine) sets every
     parameter's `step` from the checkpoint's param groups, then copies each state tensor from the loaded
-    fully_reshardable state, which holds no `step` (KeyError 'step'): the copy is given the step it already set."""
+    fully_reshardable state, which holds no `step` (KeyError 'step'): the copy is given the step it already set.
+    That step is one tensor shared by every parameter; torch's Adam would add 1 to it once per parameter."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     patched = [m for m in members if isinstance(m, DistributedOptimizer)]
@@ -314,6 +315,10 @@ def _distributed_optimizer_keeps_step(members: list):
     finally:
         for m in patched:
             del m._set_main_param_and_optimizer_states
+    for m in patched:  # megatron gives every parameter the same step tensor, which torch's Adam increments in
+        for state in m.optimizer.state.values():  # place once per parameter: each gets its own
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
 
 
 def save(path: str | Path, model: list, optimizer, info: dict) -> None:
