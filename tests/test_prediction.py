@@ -19,8 +19,8 @@ CPU_RANK0 = {"type": "cpu", "name": "x86_64", "per_node": 1, "precision": "fp32"
 def test_a_cpu_run_is_predicted_on_the_measured_cpu(nproc: int) -> None:
     bench = registry.load("gpt3", tiny=True)
     layout = resolve(bench, 1, nproc)
+    expected = planner.evaluate(bench, layout, devices.get("cpu"))  # measures this CPU once where uncached
     p = for_run(bench, layout, "this machine (CPU)", {**CPU_RANK0, "per_node": nproc})  # preflight's name
-    expected = planner.evaluate(bench, layout, devices.get("cpu"))
     assert p["device"] == "cpu"
     assert p["step_time_s"] == pytest.approx(expected["step_time_s"]) and p["step_time_s"] > 0
     assert sum(p["step_terms_s"].values()) == pytest.approx(p["step_time_s"])
@@ -73,3 +73,12 @@ def test_cpu_step_is_the_measured_real_step_composed_by_layout() -> None:
     assert one["step_time_s"] == pytest.approx(0.050)
     assert dp2["step_time_s"] == pytest.approx(0.030 + dp2["terms_s"]["dp_comm"] + 3e-4)
     assert dp2["terms_s"]["dp_comm"] == pytest.approx(3e-4, rel=0.01)  # tiny gradients: the latency
+
+
+def test_a_run_on_a_cpu_not_yet_measured_says_how_to_measure_it(monkeypatch) -> None:
+    from mlbench.planner import cpu
+
+    monkeypatch.setattr(cpu, "cached", lambda: None)
+    bench = registry.load("gpt3", tiny=True)
+    p = for_run(bench, resolve(bench, 1, 1), "this machine (CPU)", CPU_RANK0)
+    assert p["device"] is None and p["step_time_s"] is None and "--device cpu" in p["reason"]

@@ -18,6 +18,11 @@ def _device(checked: str, rank0: dict | None):
     if not rank0:
         return None, "no rank started, so the device is unknown"
     if rank0.get("type") == "cpu":
+        from mlbench.planner import cpu
+
+        if cpu.cached() is None:  # a run does not spend 45 s measuring after its training: plan does it once
+            return None, ("this CPU is not measured yet: `mlbench plan BENCH --tiny --device cpu` measures it once "
+                          "(about 45 s) for the runs after it")
         return devices.get("cpu"), ""
     found = devices.find(str(rank0.get("name", "")))
     return found, "" if found else f"no datasheet device matches {rank0.get('name')!r} (planner/devices.yaml)"
