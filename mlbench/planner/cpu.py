@@ -51,7 +51,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from mlbench import registry
 from mlbench.planner.cpu import _rate
-from mlbench.planner.step_time import flops_by_op
+from mlbench.planner.op_flops import flops_by_op
 from mlbench.train.model.build import build
 from mlbench.train.model.config import transformer_config
 tiny = registry.load("gpt3", tiny=True)
@@ -296,7 +296,7 @@ def predict(m, layout, device) -> dict:
     all-reduce a step; every multi-rank step: the loss statistics' all-reduce; pipeline: a send and a receive a
     micro-batch); the optimizer per tensor."""
     from mlbench import flops
-    from mlbench.planner.step_time import flops_by_op
+    from mlbench.planner.op_flops import flops_by_op
 
     cost = device.extra["measured"]
     rate, latency = device.peaks["fp32"], device.collective_latency_s

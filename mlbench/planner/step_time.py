@@ -40,6 +40,7 @@ import yaml
 from mlbench import flops
 from mlbench.layout import Layout
 from mlbench.planner.devices import Device
+from mlbench.planner.op_flops import flops_by_op, widths
 from mlbench.spec import ModelSpec
 
 CONSTANTS = Path(__file__).with_name("constants.yaml")
@@ -115,14 +116,6 @@ def _gemm_efficiency(c: Constants, ridge: float, rows: float, inner: float, out:
     return c.gemm_efficiency * size / (size + c.gemm_traffic * ridge)
 
 
-def _widths(m: ModelSpec) -> tuple[int, int, int, int, int]:
-    kv_channels = m.kv_channels or m.hidden_size // m.num_attention_heads
-    q = m.num_attention_heads * kv_channels
-    kv = (m.num_query_groups or m.num_attention_heads) * kv_channels
-    fc1 = (2 if m.activation == "swiglu" else 1) * m.ffn_hidden_size
-    return m.hidden_size, q, kv, fc1, m.ffn_hidden_size
-
-
 def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = None) -> dict:
     """Predicted seconds per optimizer step, with every term (seconds per step) that makes it up."""
     if "measured" in device.extra:
@@ -134,7 +127,7 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     f = layout.features
     tp, pp, vp, cp, dp, mbs = layout.tp, layout.pp, layout.vp, layout.cp, layout.dp, layout.micro_batch_size
     micro = layout.num_microbatches
-    h, q, kv, fc1, ffn = _widths(m)
+    h, q, kv, fc1, ffn = widths(m)
     seq, layers = m.seq_length, m.num_layers
     tokens = mbs * seq / cp  # tokens of one micro-batch on this rank
     peak_bf16 = device.peak_flops("bf16") if "bf16" in device.peaks else device.peak_flops(prec)
@@ -215,15 +208,3 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     terms |= {"pipeline_bubble": bubble, "dp_comm": reduce + gather, "optimizer": optimizer}
     step = sum(terms.values())
     return {"step_time_s": step, "terms_s": terms, "links_bytes_per_s": asdict(link)}
-
-
-def flops_by_op(m: ModelSpec, tp: int) -> dict[str, float]:
-    """flops.flops_per_sample split into per-layer GEMMs, per-layer attention and the rest (the logit layer and any
-    heads): attention is 3 x 4 s^2 (heads x kv_channels) per layer and the logit layer 3 x 2 s h vocab, as flops.py
-    counts them; the GEMMs are what remains of its total."""
-    _, q, _, _, _ = _widths(m)
-    total = flops.flops_per_sample(m, tp)
-    attention = 3.0 * 4 * m.seq_length ** 2 * q
-    head = 3.0 * 2 * m.seq_length * m.hidden_size * flops.padded_vocab(m, tp)
-    return {"layer_attention": attention, "head": head,
-            "layer_gemm": (total - head) / m.num_layers - attention}
