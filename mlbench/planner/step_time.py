@@ -125,7 +125,7 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     c = c or shipped()
     prec = layout.precision
     f = layout.features
-    tp, pp, vp, cp, dp, mbs = layout.tp, layout.pp, layout.vp, layout.cp, layout.dp, layout.micro_batch_size
+    tp, pp, vp, cp, mbs = layout.tp, layout.pp, layout.vp, layout.cp, layout.micro_batch_size
     micro = layout.num_microbatches
     h, q, kv, fc1, ffn = widths(m)
     seq, layers = m.seq_length, m.num_layers
@@ -182,6 +182,21 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     stage = (layers * (layer + recompute_layer) + head) / pp  # one micro-batch through this rank's layers
     bubble = (pp - 1) / vp * stage
 
+    dp_comm, optimizer = _data_parallel(m, layout, link, stage + bubble, hbm)
+
+    per_micro = {"gemm": layers * gemm / pp + head / pp, "attention": layers * attention / pp,
+                 "elementwise": layers * elementwise / pp, "tp_comm": layers * tp_comm / pp,
+                 "cp_comm": layers * cp_comm / pp, "recompute": layers * recompute_layer / pp}
+    terms = {k: v * micro for k, v in per_micro.items()}
+    terms |= {"pipeline_bubble": bubble, "dp_comm": dp_comm, "optimizer": optimizer}
+    step = sum(terms.values())
+    return {"step_time_s": step, "terms_s": terms, "links_bytes_per_s": asdict(link)}
+
+
+def _data_parallel(m: ModelSpec, layout: Layout, link, busy: float, hbm: float) -> tuple[float, float]:
+    """(exposed data-parallel communication, optimizer step) seconds per step; `busy`: one micro-batch's stage
+    time plus the pipeline bubble, what overlapped communication hides behind."""
+    f, tp, pp, dp, cp = layout.features, layout.tp, layout.pp, layout.dp, layout.cp
     # data parallel over dp x cp ranks; each holds 1 / (tp x pp) of the parameters
     group = dp * cp
     params = flops.param_count(m, tp) / (tp * pp)
@@ -195,16 +210,9 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     # overlapped: hidden behind the last micro-batch's backward and the pipeline's cool-down (the reduce), the
     # first micro-batch's forward and the warm-up (the gather)
     if f.overlap_grad_reduce:
-        reduce = max(0.0, reduce - (stage + bubble) * 2 / 3)
+        reduce = max(0.0, reduce - busy * 2 / 3)
     if f.overlap_param_gather:
-        gather = max(0.0, gather - (stage + bubble) / 3)
+        gather = max(0.0, gather - busy / 3)
     # Adam: read fp32 param, grad, m, v; write param, m, v and the bf16 copy: 30 bytes a parameter
     optimizer = 30 * params / (group if f.distributed_optimizer else 1) / hbm
-
-    per_micro = {"gemm": layers * gemm / pp + head / pp, "attention": layers * attention / pp,
-                 "elementwise": layers * elementwise / pp, "tp_comm": layers * tp_comm / pp,
-                 "cp_comm": layers * cp_comm / pp, "recompute": layers * recompute_layer / pp}
-    terms = {k: v * micro for k, v in per_micro.items()}
-    terms |= {"pipeline_bubble": bubble, "dp_comm": reduce + gather, "optimizer": optimizer}
-    step = sum(terms.values())
-    return {"step_time_s": step, "terms_s": terms, "links_bytes_per_s": asdict(link)}
+    return reduce + gather, optimizer
