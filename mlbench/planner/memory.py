@@ -171,26 +171,125 @@ def _buffer_numel(sizes: list[int], padded: bool, dp: int) -> tuple[int, int]:
 # ---- activations --------------------------------------------------------------------------------------------
 
 
-def _layer_activation_elements(m: ModelSpec, layout: Layout, fused_attention: bool) -> float:
-    """Elements one layer saves for one micro-batch on this rank (units of s/cp x b x h, Korthikanti et al.)."""
+def _layer_activation_bytes(m: ModelSpec, layout: Layout, fused_attention: bool, act_b: int) -> float:
+    """Bytes one layer saves for one micro-batch on this rank (Korthikanti et al.'s units of s/cp x b x h
+    elements of `act_b` bytes; the routing's fp32, int64 and bool tensors at their own sizes)."""
     s = shapes(m)
     f = layout.features
     t, cp, b = layout.tp, layout.cp, layout.micro_batch_size
     seq = m.seq_length // cp
     unit = seq * b * m.hidden_size
     if f.recompute == "full":
-        return unit / (t if f.sequence_parallel else 1)  # the layer's input only
-    norms = 4 / (t if f.sequence_parallel else 1)  # the two norms' inputs and outputs
-    width = (s.q + 2 * s.kv + s.q + s.fc1 + s.ffn) / s.h  # Q, K, V; the context; activation input; fc2 input
-    if m.position_embedding == "rope":
-        width += (s.q + s.kv) / s.h  # the rotated copies of Q and K
-    if cp > 1 and not fused_attention:
-        width += 2 * s.kv / s.h * cp  # keys and values all-gathered over the context-parallel group
-    elements = unit * (norms + width / t)
-    if not fused_attention and f.recompute != "selective":
-        kv_seq = min(m.window_size + 1, m.seq_length) if m.window_size else m.seq_length
-        elements += m.num_attention_heads * seq * kv_seq * b / t  # the softmax's probabilities
-    return elements
+        return unit / (t if f.sequence_parallel else 1) * act_b  # the layer's input only
+    unfused = not fused_attention  # CPU: megatron's local spec, torch norms, unfused attention
+    # The two norms' inputs and outputs (the output as its consumer, QKV / fc1 / the router, keeps it); torch's
+    # RMSNorm (CPU) also keeps x * rsqrt(mean(x^2) + eps) for its weight's gradient.
+    norms = (6 if unfused and m.normalization == "RMSNorm" else 4) / (t if f.sequence_parallel else 1)
+    if unfused:
+        width = _unfused_attention_width(m, t)
+    else:
+        width = (s.q + 2 * s.kv + s.q) / t  # Q, K, V; the context
+        if m.position_embedding == "rope":
+            width += (s.q + s.kv) / t  # the rotated copies of Q and K
+    if cp > 1 and unfused:
+        width += 2 * s.kv / t * cp  # keys and values all-gathered over the context-parallel group
+    elements = unit * (norms + width / s.h)
+    if unfused and f.recompute != "selective":
+        # megatron's DotProductAttention computes all s x s scores and masks them: a sliding window saves the
+        # same probabilities (dot_product_attention.py: baddbmm, then scale_mask_softmax)
+        elements += m.num_attention_heads * seq * m.seq_length * b / t  # the softmax's probabilities
+    if m.num_experts:
+        return elements * act_b + _moe_layer_bytes(m, layout, act_b)
+    mlp = s.fc1 + s.ffn  # the activation's input, fc2's input
+    if unfused and m.activation == "swiglu":
+        mlp += 2 * s.ffn  # megatron's unfused glu (mlp.py: glu): silu(x_glu) and x_linear + glu_linear_offset
+    return (elements + seq * b * mlp / t) * act_b
+
+
+def _unfused_attention_width(m: ModelSpec, t: int) -> float:
+    """Elements per token that megatron's local attention path (CPU) saves from Q, K and V to the context, on a
+    tensor-parallel rank. megatron-core 0.16, transformer/attention.py get_query_key_value_tensors: Q, K, V are
+    views of the mixed QKV output; the query's reshape to [sq, b, np, hn] copies it where a rank holds more than
+    one group of several heads; q/k norms keep their inputs (the key's a view: the whole mixed QKV stays) and,
+    torch's RMSNorm, the normalized copies. rope_utils.py: the rotation keeps only cos and sin, and makes new Q
+    and K. dot_product_attention.py: grouped-query keys and values are expanded to the query heads
+    (repeat_interleave: new tensors of the query's width); the batched matmuls keep Q, K and V; linear_proj
+    keeps the context. Any view of the mixed QKV keeps all of it, counted once."""
+    s = shapes(m)
+    q, kv = s.q / t, s.kv / t
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    rope, qk_norm = m.position_embedding == "rope", m.qk_layernorm
+    new, view = 0.0, False
+    if rope or qk_norm:
+        new += q  # the query attention gets: rotated or normalized, a new tensor
+    else:
+        view = True
+    if heads > groups:
+        new += 2 * q  # keys and values expanded to the query heads
+    else:
+        view = True  # the values are a view (so are the keys without rope or q/k norms)
+        if rope or qk_norm:
+            new += kv  # the keys: rotated or normalized
+    if qk_norm:
+        view = True  # the key's norm keeps its input, a view of the mixed QKV
+        if heads > groups and groups / t > 1:
+            new += q  # the query's reshape copies it
+        if m.normalization == "RMSNorm":
+            new += q + kv  # the norms' normalized copies
+    return new + (q + 2 * kv if view else 0) + q  # + the context, linear_proj's input
+
+
+def _moe_tokens(m: ModelSpec, layout: Layout) -> tuple[int, float]:
+    """Tokens this rank routes (the MoE layer's input: a sequence-parallel shard under tensor parallelism), and the
+    token copies its experts compute on average: top-k of each, all-gathered over the expert tensor-parallel
+    group (megatron's default: the tensor-parallel group) by the all-to-all dispatcher, balanced over expert
+    parallelism (each rank sends its copies to the experts' ranks and receives as many, on average; routing
+    without a load-balancing loss is not balanced, so one rank measures a few % more or less)."""
+    t = layout.tp
+    tokens = m.seq_length // layout.cp * layout.micro_batch_size // (t if layout.features.sequence_parallel else 1)
+    return tokens, tokens * m.moe_router_topk * t
+
+
+def _moe_layer_bytes(m: ModelSpec, layout: Layout, act_b: int) -> float:
+    """What megatron-core 0.16's MoELayer (alltoall dispatcher, dropless, no fusions) saves for backward beyond the
+    pre-MLP norm's output (which the router keeps, in place of the dense MLP's fc1; moe_utils.py
+    router_gating_linear), on this rank, for one micro-batch:
+
+    - router (router.py TopKRouter.routing -> moe_utils.py topk_routing_with_score_function): the top-k indices
+      (int64) and the softmax over the k (fp32: mlbench's moe_router_dtype), tokens x k each;
+    - permutation (moe_utils.py permute, from token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_preprocess):
+      the [experts, tokens] routing map (bool) and probabilities (fp32, probs.T.contiguous() for masked_select),
+      and the sorted token indices (int64, tokens x k; unpermute's scatter_add keeps the same);
+    - experts (experts.py SequentialMLP / TEGroupedMLP, mlp.py MLP.forward with per_token_scale), per token copy
+      they compute: the permuted input (h: the all-to-all's and the tensor-parallel all-gather's output, sorted by
+      local expert in dispatch_postprocess), fc1's output (2 f / t gated: the unfused glu's silu keeps it),
+      silu(x_glu) and x_linear + glu_linear_offset (f / t each), the glu's output and the permuted probability
+      (f / t, and one fp32) for the probability multiply, fc2's input (f / t); without a gated unit, fc1's output,
+      the activation's and fc2's input (f / t each).
+    """
+    t, k, n = layout.tp, m.moe_router_topk, m.num_experts
+    ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    tokens, copies = _moe_tokens(m, layout)
+    per_copy = m.hidden_size + (6 if m.activation == "swiglu" else 3) * ffn / t
+    return (copies * per_copy * act_b  # the experts' inputs and activations
+            + 4 * (tokens * k + n * tokens + copies)  # fp32: softmax over the k, probs for masked_select, permuted
+            + 8 * 2 * tokens * k  # int64: top-k indices, sorted token indices
+            + n * tokens)  # bool: the routing map
+
+
+def _moe_dispatch_buffers(m: ModelSpec, layout: Layout, act_b: int) -> float:
+    """The all-to-all dispatcher's transient buffers for one MoE layer at a time (a guess at the peak, stated as
+    one: nothing measures it): with expert parallelism, the all-to-all's send (the permuted token copies, made
+    contiguous) and receive buffers (tensor_parallel/mappings.py _AllToAll: bypassed at one rank); with expert
+    tensor parallelism, the all-gathered copies and combine_preprocess's fp32 input to the reduce-scatter
+    (token_dispatcher.py: hidden_states.to(self.probs.dtype))."""
+    tokens, copies = _moe_tokens(m, layout)
+    h, out = m.hidden_size, 0.0
+    if layout.ep > 1:
+        out += 2 * tokens * m.moe_router_topk * h * act_b
+    if layout.tp > 1:
+        out += copies * h * (act_b + 4)
+    return out
 
 
 def _in_flight(layout: Layout, stage: int) -> int:
@@ -223,27 +322,28 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
         optimizer += state_b * held
     fused = not cpu  # on a GPU: Transformer Engine's or PyTorch's fused attention
     act_b = 4 if cpu else 2
-    per_layer = _layer_activation_elements(m, layout, fused)
+    per_layer = _layer_activation_bytes(m, layout, fused, act_b)
     chunks = _stage_layers(m, layout, stage)
-    seq_unit = m.seq_length // layout.cp * layout.micro_batch_size * m.hidden_size
+    seq_unit = m.seq_length // layout.cp * layout.micro_batch_size * m.hidden_size * act_b
     last = stage == layout.pp - 1
-    final = 2 * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0  # final norm in/out
+    final_copies = 3 if cpu and m.normalization == "RMSNorm" else 2  # in, out (+ torch RMSNorm's normalized)
+    final = final_copies * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0
     first_chunk = chunks[0] * per_layer + (final if layout.vp == 1 else 0)
     per_chunk = sum(chunks) / layout.vp * per_layer
     in_flight = _in_flight(layout, stage)
-    if layout.vp == 1:
-        activations = in_flight * first_chunk * act_b
-    else:  # chunks of about equal size in flight, the first one's exactly
-        activations = (first_chunk + (in_flight - 1) * per_chunk + final) * act_b
+    # interleaved: chunks of about equal size in flight, the first one's exactly
+    activations = in_flight * first_chunk if layout.vp == 1 else first_chunk + (in_flight - 1) * per_chunk + final
     other = 0.0
     if last:
         logits = m.seq_length // layout.cp * layout.micro_batch_size * padded_vocab(m, layout.tp) / layout.tp
         other += 2 * 4 * logits  # fp32 logits and their gradient
     if f.recompute == "full":
         full = dataclasses.replace(layout, features=dataclasses.replace(f, recompute="none"))
-        other += _layer_activation_elements(m, full, fused) * act_b  # one layer recomputed at a time
+        other += _layer_activation_bytes(m, full, fused, act_b)  # one layer recomputed at a time
+    if m.num_experts:
+        other += _moe_dispatch_buffers(m, layout, act_b)
     if not cpu:
         other += GPU_WORKSPACE_BYTES
     return MemoryPlan(params_bytes=int(params), grads_bytes=int(grads), optimizer_bytes=int(optimizer),
                       activations_bytes=int(activations), other_bytes=int(other), stage=stage,
-                      activations_per_micro_batch_bytes=int(first_chunk * act_b), micro_batches_in_flight=in_flight)
+                      activations_per_micro_batch_bytes=int(first_chunk), micro_batches_in_flight=in_flight)
