@@ -9,7 +9,7 @@ STAMP    := $(VENV)/.installed
 TORCH    ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test test-fast lint slurm-deps browser-deps clean
+.PHONY: install run test test-fast lint system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,23 +23,24 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/mlbench run gpt3 --tiny
 
-# SLURM for the two-node cluster tests: Debian's packages, installed only where we are root.
-slurm-deps:
+# Debian packages for the tests that need them, installed only where we are root, after one apt-get update:
+# SLURM for the two-node cluster tests, and Debian's chromium (with its recommended packages, as a desktop gets
+# it) for the HTML report tests. Without them those tests skip with the reason.
+SLURM_PKGS := slurmctld slurmd slurm-client munge
+system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  command -v slurmctld >/dev/null || { apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; }; \
-	else echo "slurm-deps: not root or no apt-get; SLURM tests will skip"; fi
-
-# A headless browser for the HTML report tests: Debian's chromium, installed only where we are root.
-browser-deps:
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  command -v chromium >/dev/null || { apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; \
-	else echo "browser-deps: not root or no apt-get; the HTML report browser tests will skip"; fi
+	  slurm=$$(for p in $(SLURM_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  browser=$$(command -v chromium >/dev/null || echo chromium); \
+	  [ -z "$$slurm$$browser" ] || apt-get update -qq; export DEBIAN_FRONTEND=noninteractive; \
+	  [ -z "$$slurm" ] || apt-get install -y -qq --no-install-recommends $$slurm >/dev/null; \
+	  [ -z "$$browser" ] || apt-get install -y -qq chromium >/dev/null; \
+	else echo "system-deps: not root or no apt-get; the SLURM and browser tests will skip"; fi
 
 # Two workers: most tests train one rank on one core. --dist loadfile keeps each file in one worker, so the
 # runs of a set stay together and a file's SLURM cluster tests run one after another.
-test: install slurm-deps browser-deps
+# The Python install and the Debian packages go side by side (pip and dpkg each keep one core busy).
+test:
+	$(MAKE) -j2 --no-print-directory install system-deps
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: everything but the tests that train a model or need SLURM (marked slow / slurm), which

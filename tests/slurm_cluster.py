@@ -41,7 +41,7 @@ def available(auth: str = "none") -> tuple[bool, str]:
         if not MUNGE_KEY.exists():
             missing.append(str(MUNGE_KEY))
     if missing:
-        return False, f"SLURM not installed (missing {', '.join(missing)}); run `make slurm-deps`"
+        return False, f"SLURM not installed (missing {', '.join(missing)}); run `make system-deps`"
     return True, ""
 
 

@@ -17,7 +17,7 @@ from mlbench.analysis.commands import compare, scaling
 BINARY = browser.find()
 pytestmark = [
     pytest.mark.skipif(BINARY is None, reason=f"no headless browser ({', '.join(browser.BINARIES)}) on PATH; "
-                                              "install Debian's chromium (make browser-deps, as root)"),
+                                              "install Debian's chromium (make system-deps, as root)"),
 ]
 WINDOW = 1280
 
