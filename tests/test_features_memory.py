@@ -1,6 +1,8 @@
 """Measured memory (mlbench/train/measured_memory.py) on real gloo processes, one launch of 2 ranks building
 layout after layout (no training run: each layout builds its model, optimizer and process groups, takes one
-training step so Adam's state exists, and measures rank 0), plus a 1-process launch.
+training step so Adam's state exists, and measures rank 0), plus a 1-process launch. The tiny gpt3 at every
+layout; the tiny gpt_oss_20b (mixture of experts: router, all-to-all dispatch, top-2 of 4 experts) at 1 process,
+TP2 with sequence parallelism, EP2 with and without the distributed optimizer, in the same two launches.
 
 What must hold without any estimate: fp32 parameters and gradients are 4 bytes each (the same count at DP2,
 half of the split layers' at TP2 and PP2); Adam's two fp32 moments are twice the parameters; megatron's
@@ -13,6 +15,7 @@ its activations be within 15 %.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # two launches, ten layouts built: about 40 s
+pytestmark = pytest.mark.slow  # two launches, fourteen layouts built: about 50 s
 
 _SCRIPT = textwrap.dedent("""
     from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
@@ -33,11 +36,11 @@ _SCRIPT = textwrap.dedent("""
     from mlbench.train.step import Stepper
 
     cases = json.loads(sys.argv[1])
-    bench = registry.load("gpt3", tiny=True)
     world = int(os.environ["WORLD_SIZE"])
     device = None
     out = {}
-    for name, (kw, features) in cases.items():
+    for name, (kw, features, *which) in cases.items():
+        bench = registry.load(which[0] if which else "gpt3", tiny=True)
         layout = resolve(bench, nodes=1, nproc_per_node=world, features=features, **kw)
         plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=3, run_dir=tempfile.mkdtemp(), system="x")
         if device is None:
@@ -54,6 +57,7 @@ _SCRIPT = textwrap.dedent("""
         print(json.dumps(out))
 """)
 
+ROOT = Path(__file__).resolve().parents[1]
 CASES_2 = {
     "dp2": ({}, {}),
     "dp2_distributed_optimizer": ({}, {"distributed_optimizer": True}),
@@ -64,8 +68,13 @@ CASES_2 = {
     "cp2_distributed_optimizer": ({"cp": 2}, {"distributed_optimizer": True}),
     "dp2_selective": ({}, {"recompute": "selective"}),
     "dp2_full": ({}, {"recompute": "full", "recompute_layers": 1}),
+    # megatron-core's MoE refuses TP > 1 without sequence parallelism in training (moe_layer.py forward)
+    "moe_tp2_sequence_parallel": ({"tp": 2}, {"sequence_parallel": True}, "gpt_oss_20b"),
+    "moe_ep2": ({"ep": 2}, {}, "gpt_oss_20b"),
+    # gpt_oss_20b's benchmark file turns the distributed optimizer on (the reference's); the plain one too
+    "moe_ep2_no_distributed_optimizer": ({"ep": 2}, {"distributed_optimizer": False}, "gpt_oss_20b"),
 }
-CASES_1 = {"one": ({}, {})}
+CASES_1 = {"one": ({}, {}), "moe_one": ({}, {}, "gpt_oss_20b")}
 
 
 def _launch(tmp: Path, nproc: int, cases: dict) -> dict:
@@ -73,7 +82,7 @@ def _launch(tmp: Path, nproc: int, cases: dict) -> dict:
     script.write_text(_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                            "--standalone", str(script), json.dumps(cases)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})  # this checkout's mlbench
     assert proc.returncode == 0, "\n".join(ln for ln in proc.stderr.splitlines() if "warn" not in ln.lower())[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -105,7 +114,8 @@ def test_distributed_optimizer_halves_the_optimizer_state(memory: dict[str, dict
 
 
 def test_recompute_and_sequence_and_context_parallel_save_less(memory: dict[str, dict]) -> None:
-    act = {name: r["measured"]["activations_per_micro_batch_bytes"] for name, r in memory.items()}
+    act = {name: r["measured"]["activations_per_micro_batch_bytes"] for name, r in memory.items()
+           if not name.startswith("moe")}
     assert act["one"] == act["dp2"] > act["dp2_selective"] > act["dp2_full"] > 0
     assert act["tp2"] > act["tp2_sequence_parallel"]
     assert act["cp2"] < 0.7 * act["dp2"]
@@ -120,3 +130,15 @@ def test_estimate_matches_the_measurement(memory: dict[str, dict]) -> None:
         one, measured = est["activations_per_micro_batch_bytes"], got["activations_per_micro_batch_bytes"]
         assert abs(one - measured) <= 0.15 * measured, (name, one, measured)
         assert est["activations_bytes"] == one * est["micro_batches_in_flight"], name
+
+
+def test_moe_experts_split_over_expert_parallelism(memory: dict[str, dict]) -> None:
+    """EP2 puts 2 of the 4 experts on each rank: fewer parameters on rank 0, the dense part whole; the routed
+    tokens' copies (top-2, all-gathered over TP) are what the experts save, so TP2 + SP saves about half."""
+    one, ep2 = memory["moe_one"]["measured"], memory["moe_ep2"]["measured"]
+    assert memory["moe_ep2"]["params"] < memory["moe_one"]["params"] and ep2["params_bytes"] < one["params_bytes"]
+    act = {name: r["measured"]["activations_per_micro_batch_bytes"] for name, r in memory.items()}
+    assert act["moe_one"] > 1.5 * act["one"]  # the experts' token copies: more than the dense tiny gpt3 saves
+    assert 0.4 * act["moe_one"] < act["moe_tp2_sequence_parallel"] < 0.6 * act["moe_one"]
+    # routing without a load-balancing loss: rank 0's experts get a few % more or fewer copies than the average
+    assert abs(act["moe_ep2"] - act["moe_one"]) < 0.1 * act["moe_one"]
