@@ -38,12 +38,15 @@ def test_step_time_is_the_sum_of_its_terms_and_each_term_follows_its_rule() -> N
     assert p["step_time_s"] == pytest.approx(sum(p["terms_s"].values()))
     # the bubble is (pp - 1) / vp stage times: interleaving twice as deep halves it
     t = p["terms_s"]
-    compute = sum(t[k] for k in ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "recompute"))
+    compute = sum(t[k] for k in ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
+                                 "recompute"))
     stage = compute / layout.num_microbatches
     assert t["pipeline_bubble"] == pytest.approx((layout.pp - 1) / layout.vp * stage)
     vp4 = dataclasses.replace(layout, vp=4)  # the model's rule, whatever layout.resolve accepts
-    assert step_time.predict(bench.model, vp4, h100)["terms_s"]["pipeline_bubble"] == pytest.approx(
-        2 * t["pipeline_bubble"])
+    t4 = step_time.predict(bench.model, vp4, h100)["terms_s"]
+    # (the stage differs by the point-to-point term only: vp boundaries a rank, not 8)
+    stage4 = stage - t["pp_comm"] / layout.num_microbatches * (1 - 4 / 8)
+    assert t4["pipeline_bubble"] == pytest.approx(2 * (layout.pp - 1) / layout.vp * stage4)
     # overlap hides data-parallel communication; sequence parallelism splits the elementwise work over tp
     _, no_overlap = _llama(overlap_grad_reduce=False, overlap_param_gather=False)
     assert step_time.predict(bench.model, no_overlap, h100)["terms_s"]["dp_comm"] > t["dp_comm"]
@@ -128,14 +131,13 @@ def test_shipped_constants_reproduce_the_calibration_and_its_held_out_errors() -
     s = result["summary"]
     # targets met: step-time median <= 10 % and max <= 20 % (leave-one-out; beyond the largest calibration point),
     # time-to-train median <= 10 % and max <= 25 %
-    for group in ("step_time_loo", "step_time_beyond_largest"):
+    # and on a device with no calibration row (B200, GB300, H200 each left out; the A100 rows no fit sees): met
+    # since the pipeline's point-to-point term (median 9.9 %, max 17.9 %; before it 12.2 %, 24.3 %), narrowly
+    for group in ("step_time_loo", "step_time_beyond_largest", "step_time_unseen_device"):
         assert s[group]["median"] <= 0.10 and s[group]["max"] <= 0.20, (group, s[group])
     assert s["time_to_train_loo"]["median"] <= 0.10 and s["time_to_train_loo"]["max"] <= 0.25
-    # NOT met, pinned at what this model reaches: a device with no calibration row (B200 without its rows -16 % to
-    # -20 %, GB300 fp8 +20 %, A100's 2021 runs -6 % to +24 %): median 12.2 %, max 24.3 % (before the roofline GEMMs
-    # and the NVFP4 recipe's bf16 layers: 18.2 %, 32.3 %)
-    assert s["step_time_unseen_device"]["median"] <= 0.125 and s["step_time_unseen_device"]["max"] <= 0.25
     assert s["step_time_unseen_device"]["n"] == 21
+    assert len(shipped["constants"]) == 5
 
 
 def test_gemm_efficiency_follows_the_device_roofline_and_the_logit_layer_stays_bf16() -> None:
@@ -161,6 +163,54 @@ def test_gemm_efficiency_follows_the_device_roofline_and_the_logit_layer_stays_b
         return 2 * one - two
 
     assert head_s("fp8") == pytest.approx(head_s("bf16"), rel=1e-6) and head_s("bf16") > 0
+
+
+def test_pipeline_point_to_point_is_on_the_critical_path_and_crosses_the_network_between_nodes() -> None:
+    """Each micro-batch's activations and gradients cross each of a rank's vp stage boundaries: 2 x vp x the
+    sequence-parallel shard, over NVLink when the next stage shares the domain, else the rank's own NIC."""
+    bench, layout = _llama()  # tp8 cp2: the next stage is on another node
+    h100 = devices.get("h100")
+    p = step_time.predict(bench.model, layout, h100)
+    m = bench.model
+    shard = m.seq_length // 2 * m.hidden_size / 8 * 2  # [s / cp, b, h] / tp in bf16
+    per_micro = 2 * 8 * shard / h100.scaleout_bytes_per_s
+    assert p["terms_s"]["pp_comm"] == pytest.approx(per_micro * layout.num_microbatches)
+    assert p["links_bytes_per_s"]["pp_bw"] == h100.scaleout_bytes_per_s
+    # on NVL72 the next stage (32 ranks on) shares the 72-GPU domain: NVLink
+    gb = resolve(bench, 56, 4, 4, 7, 1, 1, 1, 1536, features=MODERN, precision="fp8")
+    assert step_time.predict(m, gb, devices.get("gb300"))["links_bytes_per_s"]["pp_bw"] == 1.8e12 / 2
+    # no pipeline, no term
+    flat = resolve(bench, 64, 8, 8, 1, 1, 2, 1, 1152, features=MODERN, precision="fp8")
+    assert step_time.predict(m, flat, h100)["terms_s"]["pp_comm"] == 0.0
+
+
+def test_moe_expert_all_to_all_is_a_term_of_its_own() -> None:
+    """gpt_oss_20b: the expert-parallel dispatch and combine (4 all-to-alls a layer a micro-batch, of the top-k
+    token copies, (ep - 1) / ep of them leaving the rank) is `ep_comm`, in the step and in plan --json; none at
+    ep 1 or for a dense model; across nodes it is slower than inside one."""
+    bench = registry.load("gpt_oss_20b")
+    m, h100 = bench.model, devices.get("h100")
+
+    def at(nodes: int, ep: int, tp: int = 1) -> dict:
+        lay = resolve(bench, nodes, 8, tp, 1, 1, 1, 1, 8 * nodes // tp, ep=ep, features=MODERN | {
+            "sequence_parallel": tp > 1}, precision="bf16")
+        return step_time.predict(m, lay, h100)
+
+    one, eight, sixteen = at(1, 1), at(1, 8), at(2, 16)
+    assert one["terms_s"]["ep_comm"] == 0.0
+    # by hand: 4 x (ep - 1) / ep x tokens x top-k x hidden x 2 bytes a layer, over NVLink (one-way 450 GB/s)
+    copies = m.seq_length * m.moe_router_topk * m.hidden_size * 2
+    want = 4 * 7 / 8 * copies / (h100.nvlink_bytes_per_s / 2) * m.num_layers
+    assert eight["terms_s"]["ep_comm"] == pytest.approx(want)
+    assert eight["step_time_s"] == pytest.approx(sum(eight["terms_s"].values()))
+    # 16 ranks over 2 nodes: 8 of the 15 peers are behind the NIC (50 GB/s): several times slower
+    assert sixteen["terms_s"]["ep_comm"] > 5 * eight["terms_s"]["ep_comm"]
+    dense_bench, dense = _llama()
+    assert step_time.predict(dense_bench.model, dense, h100)["terms_s"]["ep_comm"] == 0.0
+    p = _plan("gpt_oss_20b", "--device", "h100", "--nodes", "1", "--nproc-per-node", "8", "--tp", "1", "--pp", "1",
+              "--ep", "8", "--gbs", "64", "--mbs", "1", "--precision", "bf16", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["step_terms_s"]["ep_comm"] == pytest.approx(want * 64 / 8, rel=1e-6)
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess:

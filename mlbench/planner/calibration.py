@@ -25,9 +25,22 @@ from mlbench.spec import FeaturesSpec, ModelSpec
 # optimizer with gradients reduced in bf16, sequence parallel, communication overlapped, no recompute.
 MODERN = FeaturesSpec(distributed_optimizer=True, sequence_parallel=True, overlap_grad_reduce=True,
                       overlap_param_gather=True, grad_reduce_in_fp32=False)
+
+
+@dataclass(frozen=True)
+class Features2021(FeaturesSpec):
+    """Megatron-LM 2021's features: megatron-core's, plus the pipeline's scatter/gather (Narayanan et al. 2021,
+    sec. 5.1: "we use the interleaved pipeline schedule with the scatter/gather optimization enabled"): each
+    tensor-parallel rank sends 1/tp of the activations to the next stage, the rest all-gathered over NVLink there
+    (DeepSpeed's pipeline engine, MT-NLG's, partitions them likewise: `pipe_partitioned`). megatron-core has no
+    such option: without sequence parallelism every rank sends the whole tensor."""
+
+    pipeline_scatter_gather: bool = True
+
+
 # Megatron-LM 2021 (Narayanan et al.; MT-NLG's DeepSpeed-Megatron): full activation recompute, gradients
-# all-reduced after the backward pass, no sequence parallelism.
-MEGATRON_2021 = FeaturesSpec(recompute="full")
+# all-reduced after the backward pass, no sequence parallelism, the pipeline's scatter/gather.
+MEGATRON_2021 = Features2021(recompute="full")
 
 
 @dataclass(frozen=True)

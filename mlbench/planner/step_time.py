@@ -17,8 +17,14 @@ One optimizer step on one rank of the slowest pipeline stage:
     backward) over NVLink when the tp group is inside one NVLink domain (72 GPUs on NVL72), else the
     scale-out network (`placement`); a fitted share of it is exposed (the rest overlaps the GEMMs);
   - context-parallel ring exchange of keys and values (3 x forward volume), overlapped with attention;
+  - mixture of experts: the expert-parallel all-to-all (token dispatch and combine, forward and backward) of each
+    token's top-k copies, over NVLink inside a domain and each rank's NIC beyond it, not overlapped;
   - recompute: full recompute repeats the layer's forward (a third of its compute and half its collectives),
     selective the attention's forward.
+- pipeline point-to-point: each micro-batch's activations sent forward and their gradients back at each of a
+  rank's vp stage boundaries, on the critical path (Narayanan et al. 2021, sec. 5.3.2: the interleaved schedule's
+  extra point-to-point traffic costs throughput); over NVLink when the next stage is in the domain, else the
+  rank's own NIC, where it does not shrink as the GPU gets faster.
 - bubble: (pp - 1) / vp stage times (Megatron's interleaved 1F1B; vp = 1 is plain 1F1B).
 - data parallel (over dp x cp ranks): gradients reduce-scattered and parameters all-gathered (distributed
   optimizer) or gradients all-reduced, over NVLink when the group fits in a domain, else the scale-out network;
@@ -92,6 +98,8 @@ class Placement:
     tp_bw: float
     cp_bw: float
     dp_bw: float
+    pp_bw: float = 0.0  # to the next pipeline stage
+    ep_bw: float = 0.0  # the expert-parallel all-to-all's effective rate (mixture of experts)
 
 
 def placement(layout: Layout, device: Device) -> Placement:
@@ -108,7 +116,23 @@ def placement(layout: Layout, device: Device) -> Placement:
         k = max(1, min(size, domain // stride))  # the group's ranks in one domain
         return min(nvlink, device.scaleout_bytes_per_s * k)
 
-    return Placement(tp_bw=bw(1, layout.tp), cp_bw=bw(layout.tp, layout.cp), dp_bw=bw(layout.tp, layout.cp * layout.dp))
+    # the next pipeline stage is tp x cp x dp ranks on: over NVLink when both stages' ranks share a domain, else
+    # each rank sends through its own NIC (one peer each: no rail sharing)
+    stride = layout.tp * layout.cp * layout.dp
+    pp_bw = nvlink if 2 * stride <= domain else min(nvlink, device.scaleout_bytes_per_s)
+    return Placement(tp_bw=bw(1, layout.tp), cp_bw=bw(layout.tp, layout.cp), dp_bw=bw(layout.tp, layout.cp * layout.dp),
+                     pp_bw=pp_bw, ep_bw=_all_to_all_bw(layout.tp, layout.ep, domain, nvlink,
+                                                       device.scaleout_bytes_per_s))
+
+
+def _all_to_all_bw(stride: int, size: int, domain: int, nvlink: float, nic: float) -> float:
+    """Effective rate of an all-to-all over `size` ranks `stride` apart, per byte a rank sends: of its (size - 1)
+    peers, those in its NVLink domain are reached over NVLink and the rest through its own NIC, both at once."""
+    if size <= 1:
+        return nvlink
+    k = max(1, min(size, domain // stride))  # the group's ranks in one domain, this one included
+    t = max((k - 1) / (size - 1) / nvlink, (size - k) / (size - 1) / nic)
+    return 1 / t
 
 
 def _gemm_efficiency(c: Constants, ridge: float, rows: float, inner: float, out: float) -> float:
@@ -171,26 +195,51 @@ def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = 
     tp_comm = 8 * (tp - 1) / tp * tokens * h * act / link.tp_bw * c.tp_exposed if tp > 1 else 0.0
     cp_volume = 3 * (cp - 1) * tokens * 2 * kv / tp * act
     cp_comm = max(0.0, cp_volume / link.cp_bw - attention) if cp > 1 else 0.0
-    layer = gemm + attention + elementwise + tp_comm + cp_comm
+    ep_comm = _expert_all_to_all(m, layout, tokens, act, link)
+    layer = gemm + attention + elementwise + tp_comm + cp_comm + ep_comm
     if f.recompute == "full":
         share = 1.0 if f.recompute_method == "uniform" else min(1.0, f.recompute_layers * pp * vp / layers)
-        recompute_layer = share * ((gemm + attention + elementwise) / 3 + tp_comm / 2)
+        recompute_layer = share * ((gemm + attention + elementwise) / 3 + (tp_comm + ep_comm) / 2)
     elif f.recompute == "selective":
         recompute_layer = attention / 3
     else:
         recompute_layer = 0.0
-    stage = (layers * (layer + recompute_layer) + head) / pp  # one micro-batch through this rank's layers
+    # pipeline point-to-point: at each of the rank's vp stage boundaries a micro-batch's activations go forward and
+    # their gradients back ([s / cp, b, h], split over tp with sequence parallelism or Megatron-LM 2021's
+    # scatter/gather), on the critical path
+    split = tp if (f.sequence_parallel or getattr(f, "pipeline_scatter_gather", False)) else 1
+    pp_comm = 2 * vp * tokens * h / split * act / link.pp_bw if pp > 1 else 0.0
+    # one micro-batch through this rank's layers
+    stage = (layers * (layer + recompute_layer) + head) / pp + pp_comm
     bubble = (pp - 1) / vp * stage
 
     dp_comm, optimizer = _data_parallel(m, layout, link, stage + bubble, hbm)
 
     per_micro = {"gemm": layers * gemm / pp + head / pp, "attention": layers * attention / pp,
                  "elementwise": layers * elementwise / pp, "tp_comm": layers * tp_comm / pp,
-                 "cp_comm": layers * cp_comm / pp, "recompute": layers * recompute_layer / pp}
+                 "cp_comm": layers * cp_comm / pp, "ep_comm": layers * ep_comm / pp, "pp_comm": pp_comm,
+                 "recompute": layers * recompute_layer / pp}
     terms = {k: v * micro for k, v in per_micro.items()}
     terms |= {"pipeline_bubble": bubble, "dp_comm": dp_comm, "optimizer": optimizer}
     step = sum(terms.values())
     return {"step_time_s": step, "terms_s": terms, "links_bytes_per_s": asdict(link)}
+
+
+def _expert_all_to_all(m: ModelSpec, layout: Layout, tokens: float, act: float, link: Placement) -> float:
+    """Seconds per layer per micro-batch of a mixture-of-experts layer's token traffic (megatron-core's alltoall
+    dispatcher, no token dropping): each token this rank routes (its sequence-parallel shard) goes to its top-k
+    experts and comes back: dispatch and combine forward, their gradients backward, 4 all-to-alls over the
+    expert-parallel group of which (ep - 1) / ep leaves the rank with balanced routing; with tensor parallelism the
+    received copies are all-gathered over the tp group (and reduce-scattered back), 4 collectives more. Not
+    overlapped with compute (megatron-core's default)."""
+    if not m.num_experts:
+        return 0.0
+    tp, ep = layout.tp, layout.ep
+    routed = tokens / (tp if layout.features.sequence_parallel else 1)
+    copies = routed * m.moe_router_topk * m.hidden_size * act  # bytes of the token copies this rank sends
+    a2a = 4 * (ep - 1) / ep * copies / link.ep_bw if ep > 1 else 0.0
+    gather = 4 * (tp - 1) * copies / link.tp_bw if tp > 1 and layout.features.sequence_parallel else 0.0
+    return a2a + gather
 
 
 def _data_parallel(m: ModelSpec, layout: Layout, link, busy: float, hbm: float) -> tuple[float, float]:
