@@ -22,11 +22,21 @@ attention on a GPU keep only softmax statistics). Widths follow the real model (
 doubled fc1, RoPE's rotated copies of Q and K) rather than the paper's 34 + 5as/h constant, and no dropout masks
 are kept when dropout is 0. Selective recompute drops the attention probabilities; full recompute keeps only the
 inputs of recomputed layers. The micro-batches in flight are the pipeline schedule's: one without pipelining,
-pp - stage for 1F1B, megatron's warm-up count + 1 chunks for the interleaved schedule. Nothing here is fitted:
-against the bytes one micro-batch saves on CPU (saved_tensors_hooks) it is within 3 % for the tiny layouts.
+pp - stage for 1F1B, megatron's warm-up count + 1 chunks for the interleaved schedule. On CPU (megatron's local
+spec: torch norms, unfused attention) the tensors are those that path saves (_unfused_attention_width): grouped-
+query keys and values expanded to the query heads, q/k norms' inputs and copies, torch RMSNorm's normalized copy,
+the unfused glu's two extra ffn-wide tensors, the full s x s probabilities under a sliding window.
+
+Mixture-of-experts layers (gpt_oss_20b) are counted as megatron-core's MoELayer saves them (_moe_layer_bytes):
+the router's top-k indices and softmax, the permutation's routing map, probabilities and sorted indices, and per
+token copy the experts compute (tokens x top-k, all-gathered over the expert tensor-parallel group, balanced over
+expert parallelism) its input and the SwiGLU's six ffn-wide tensors; `other` adds the all-to-all dispatcher's
+send/receive buffers for one layer (_moe_dispatch_buffers). Nothing here is fitted: against the bytes one
+micro-batch saves on CPU (saved_tensors_hooks) it is within 3 % for the tiny layouts, dense and MoE.
 
 `other_bytes` is a guess, stated as one: the last stage's fp32 logits and their gradient, one layer's working set
-for full recompute, and on a GPU 3 GiB of CUDA context, cuBLAS/NCCL workspaces and allocator fragmentation.
+for full recompute, an MoE layer's all-to-all buffers, and on a GPU 3 GiB of CUDA context, cuBLAS/NCCL workspaces
+and allocator fragmentation.
 """
 
 from __future__ import annotations
