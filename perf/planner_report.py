@@ -47,7 +47,7 @@ def rough_memory_bytes(bench, r: dict) -> float:
 
 def _line(r: dict) -> str:
     ly, t = r["layout"], r["step_terms_s"]
-    comm = t["tp_comm"] + t["cp_comm"] + t["dp_comm"]
+    comm = sum(t.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm"))
     mem = (f"{r['memory']['total_bytes'] / 1e9:.0f} GB" if r["memory"] else
            f"~{r['rough_memory_bytes'] / 1e9:.0f} GB (stand-in)")
     return (f"tp{ly['tp']} pp{ly['pp']} vp{ly['vp']} cp{ly['cp']} dp{ly['dp']} mbs{ly['micro_batch_size']} "
