@@ -70,7 +70,7 @@ def test_features_a_run_cannot_take_are_refused_before_launch(tmp_path) -> None:
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         assert len(lines) == 1 and fix in lines[0], lines
     assert not (tmp_path / "r").exists()  # nothing written
-    # (the distributed optimizer's checkpoints save and load: tests/test_distopt_checkpoint.py)
+    # (the distributed optimizer's checkpoints save and load: tests/test_features.py)
 
 
 def test_a_failed_memory_measurement_is_recorded_not_raised(monkeypatch) -> None:
