@@ -201,7 +201,7 @@ def _print_search(console: Console, out: dict) -> None:
     best = out["layouts"][0]
     for i, r in enumerate(out["layouts"], 1):
         terms = r["step_terms_s"]
-        comm = terms["tp_comm"] + terms["cp_comm"] + terms["dp_comm"]
+        comm = sum(v for k, v in terms.items() if k.endswith("_comm"))  # tp, cp, dp, pipeline p2p, expert all-to-all
         ttt = f"{r['time_to_train_min']:,.1f}" if r["time_to_train_min"] is not None else "-"
         mem = fmt_bytes(r["memory"]["total_bytes"]) if r["memory"] else "n/a"
         t.add_row(str(i), _layout_text(r["layout"], features=False), f"{r['step_time_s']:.3g}", ttt,
