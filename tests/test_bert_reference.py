@@ -71,7 +71,7 @@ def _compare(tmp_path: Path, *converted: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # two model builds and a tiny bert run from the converted checkpoint
+@pytest.mark.slow  # two model builds and two tiny bert runs from the converted checkpoint
 def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(tmp_path: Path,
                                                                                benchmarks_copy: Path) -> None:
     d = _compare(tmp_path)  # also writes ref.pt, the reference's PyTorch checkpoint
@@ -96,13 +96,19 @@ def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(
     # Never overwritten.
     again = mlbench("convert-checkpoint", "bert", str(tmp_path / "ref.pt"), str(out), "--tiny", env=env)
     assert again.returncode == 2 and "never overwritten" in again.stdout
-    # A run starts from it: loaded in the untimed init, recorded.
-    results = tmp_path / "results"
-    run = mlbench("run", "bert", "--tiny", "--results", str(results), "--init-checkpoint", str(out), env=env,
-                  timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    record = json.loads(next(results.rglob("result_0.json")).read_text())
-    assert record["init_checkpoint"]["path"] == str(out), record["init_checkpoint"]
+    # A run starts from it, at one process and at TP 2 (resharded; the padded vocabulary split over the ranks):
+    # loaded in the untimed init, recorded, and the same numbers at both layouts.
+    records = {}
+    for name, flags in (("one", []), ("tp2", ["--nproc-per-node", "2", "--tp", "2"])):
+        results = tmp_path / f"results_{name}"
+        run = mlbench("run", "bert", "--tiny", "--results", str(results), "--init-checkpoint", str(out), "--seed",
+                      "3", *flags, env=env, timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        records[name] = json.loads(next(results.rglob("result_0.json")).read_text())
+        assert records[name]["init_checkpoint"]["path"] == str(out), records[name]["init_checkpoint"]
+    assert records["tp2"]["layout"]["tp"] == 2
+    for a, b in zip(records["one"]["steps"], records["tp2"]["steps"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a, b)  # measured 7e-8
 
 
 def test_convert_checkpoint_refuses_what_does_not_fit(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Tiny bert (masked LM on the Markov source, LAMB, BERT's schedule) reaches its target at TP 2."""
+"""Tiny bert (masked LM on the Markov source, LAMB, BERT's schedule) reaches its target."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from conftest import assert_tiny_converges
 pytestmark = pytest.mark.slow
 
 
-# At TP 2 only: it takes every path a one-process run takes (and the padded vocabulary split over ranks), and
-# test_bert_data trains the full-size definition's model shape at DP 2.
-@pytest.mark.parametrize("flags", [["--nproc-per-node", "2", "--tp", "2"]], ids=["tp2"])
-def test_tiny_bert_converges(flags: list[str], tmp_path: Path) -> None:
-    assert_tiny_converges("bert", flags, tmp_path)
+# At one process: convergence is the model's and the optimizer's, not the layout's. TP 2 (the padded vocabulary
+# split over ranks, LAMB's trust ratios over sharded weights, the binary head) computes the one-process losses to
+# 1e-5 in test_bert_reference, and test_bert_data trains the full-size definition's model shape at DP 2.
+def test_tiny_bert_converges(tmp_path: Path) -> None:
+    assert_tiny_converges("bert", [], tmp_path)
