@@ -190,10 +190,20 @@ class _Pass:
             return False
         secs, step = v.get("train_step_time"), md.get("step")
         tps, tfl = v.get("tokens_per_s", _NAN), v.get("tflops_per_device", _NAN)
-        if not (_finite(secs) and _finite(step) and _finite(t) and (tps is _NAN or _finite(tps))
-                and (tfl is _NAN or _finite(tfl))):
+        for x in (secs, step, t, tps, tfl):  # finite: an int or a float (not bool: a number to Python only)
+            if type(x) is float:
+                if x - x != 0.0 and x is not _NAN:  # _NAN: tokens_per_s or tflops_per_device not logged
+                    return False
+            elif type(x) is not int or not -_BIG < x < _BIG:
+                return False
+        if secs is _NAN or step is _NAN or t is _NAN:
             return False
-        self.log.tracked.add(step, secs, t, tps, tfl)
+        tracked = self.log.tracked
+        tracked.step.append(step)
+        tracked.seconds.append(secs)
+        tracked.time_ms.append(t)
+        tracked.tokens_per_s.append(tps)
+        tracked.tflops.append(tfl)
         return True
 
     def stop(self, e: Event) -> None:
@@ -250,11 +260,6 @@ class _Pass:
 
 _NAN = math.nan
 _BIG = 2.0**1023  # an int beyond this cannot become a float
-
-
-def _finite(v: object) -> bool:
-    """An int or a finite float, fast (not bool: True is an int to Python, not a number in a log)."""
-    return (type(v) is float and v - v == 0.0) or (type(v) is int and -_BIG < v < _BIG)
 
 
 def _whole(path: Path, e: Event) -> int:
