@@ -4,7 +4,9 @@
 
 Writes a llama31_8b log of SIZE_MB (default 250; closed division, a tracked_stats line per step as NVIDIA logs
 them, an eval every 100 steps) to a temp folder, then runs each of these in a child process and prints its wall
-time and peak resident memory (the child's own, and its own children's, e.g. the checker it starts):
+time, the time of the timed code alone (wall and CPU: the best of 3 runs for the reads, one run for the commands;
+imports before it are not timed) and peak resident memory (the child's own, and its own children's, e.g. the
+checker it starts):
 
   plain f.read()        the whole file read into one bytes object (the floor for any reader)
   plain line by line    every line of the file read and dropped (the floor for a streaming reader)
@@ -82,29 +84,35 @@ def write_log(path: Path, size_mb: float, gbs: int = 32, seq: int = 8192) -> int
 
 # Runs CODE (which may call mlbench), then writes its own and its children's peak RSS (MiB) to argv[1].
 _MEASURED = r"""
-import contextlib, io, json, resource, sys
+import contextlib, io, json, resource, sys, time
 out = sys.argv.pop(1)
+{setup}
+best = (float("inf"), float("inf"))
 with contextlib.redirect_stdout(io.StringIO()):
-    try:
+    for _ in range({repeat}):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
 {code}
-    except SystemExit:
-        pass
+        except SystemExit:
+            pass
+        best = min(best, (time.perf_counter() - wall, time.process_time() - cpu))
 peak = lambda who: resource.getrusage(who).ru_maxrss / 1024
-json.dump({{"self": peak(resource.RUSAGE_SELF), "children": peak(resource.RUSAGE_CHILDREN)}}, open(out, "w"))
+json.dump({{"self": peak(resource.RUSAGE_SELF), "children": peak(resource.RUSAGE_CHILDREN), "wall": best[0],
+           "cpu": best[1]}}, open(out, "w"))
 """
 
 
-def measure(code: str, env: dict, scratch: Path, cwd: Path) -> tuple[float, float, float]:
-    """(seconds, peak MiB of the process, peak MiB of its largest child) for CODE in a fresh interpreter."""
-    body = "\n".join("        " + ln for ln in code.strip().splitlines())
+def measure(code: str, env: dict, scratch: Path, cwd: Path, setup: str = "", repeat: int = 1) -> dict:
+    """CODE in a fresh interpreter, after SETUP (imports, untimed): {"seconds": the whole process, "wall" and
+    "cpu": CODE alone (the best of REPEAT runs), "self" and "children": peak MiB of the process and of its
+    largest child}."""
+    body = "\n".join("            " + ln for ln in code.strip().splitlines())
     out = scratch / "peak.json"
     t = time.perf_counter()
     # In CWD: `python -c` puts the working directory first on sys.path, so it picks the checkout imported.
-    subprocess.run([sys.executable, "-c", _MEASURED.format(code=body), str(out)], env=env, check=True,
-                   stderr=subprocess.DEVNULL, cwd=cwd)
-    seconds = time.perf_counter() - t
-    peak = json.loads(out.read_text())
-    return seconds, peak["self"], peak["children"]
+    subprocess.run([sys.executable, "-c", _MEASURED.format(code=body, setup=setup, repeat=repeat), str(out)],
+                   env=env, check=True, stderr=subprocess.DEVNULL, cwd=cwd)
+    return {"seconds": time.perf_counter() - t, **json.loads(out.read_text())}
 
 
 def _mlbench(*args: str) -> str:
@@ -129,25 +137,26 @@ def main() -> None:
         write_log(small / "result_0.txt", 0.2)
         print(f"log: {log.stat().st_size / 1e6:.0f} MB, {steps:,} steps, written in {time.perf_counter() - t:.1f} s; "
               f"mlbench from {args.checkout}")
+        # (name, setup: imports, untimed, code, runs of the code: the best is shown)
+        reads = "from mlbench.analysis.logs import read_log"
         cases = [
-            ("plain f.read()", f"open({str(log)!r}, 'rb').read()"),
-            ("plain line by line", f"for _ in open({str(log)!r}, 'rb'):\n    pass"),
-            ("mlbench read_log", f"from mlbench.analysis.logs import read_log\nread_log({str(log)!r}).step_times"),
-            ("mlbench read (score)", f"from mlbench.analysis.logs import read_log\n"
-                                     f"read_log({str(log)!r}, steps=False)"),
-            ("checker alone", f"import runpy\nsys.argv = ['x', '--usage', 'training', '--ruleset', {RULESET!r}, "
-                              f"{str(log)!r}, '--log_output', {str(td / 'checker.log')!r}]\n"
-                              "runpy.run_module('mlperf_logging.compliance_checker', run_name='__main__')"),
-            ("score", _mlbench("score", str(big), "--ruleset", RULESET)),
-            ("compare --no-score", _mlbench("compare", str(big), str(small), "--no-score")),
-            ("scaling", _mlbench("scaling", str(big), str(small), "--devices", "8", "--devices", "16")),
+            ("plain f.read()", "", f"open({str(log)!r}, 'rb').read()", 3),
+            ("plain line by line", "", f"for _ in open({str(log)!r}, 'rb'):\n    pass", 3),
+            ("mlbench read_log", reads, f"read_log({str(log)!r}).step_times", 3),
+            ("mlbench read (score)", reads, f"read_log({str(log)!r}, steps=False)", 3),
+            ("checker alone", "import runpy",
+             f"sys.argv = ['x', '--usage', 'training', '--ruleset', {RULESET!r}, {str(log)!r}, '--log_output', "
+             f"{str(td / 'checker.log')!r}]\nrunpy.run_module('mlperf_logging.compliance_checker', "
+             "run_name='__main__')", 1),
+            ("score", "", _mlbench("score", str(big), "--ruleset", RULESET), 1),
+            ("compare --no-score", "", _mlbench("compare", str(big), str(small), "--no-score"), 1),
+            ("scaling", "", _mlbench("scaling", str(big), str(small), "--devices", "8", "--devices", "16"), 1),
         ]
-        print(f"{'':20} {'seconds':>8} {'peak MiB':>9} {'child peak MiB':>15}")
-        for name, code in cases:
-            if name.startswith("checker"):
-                code = "import sys\n" + code
-            s, own, child = measure(code, env, td, args.checkout)
-            print(f"{name:20} {s:8.1f} {own:9.0f} {child:15.0f}", flush=True)
+        print(f"{'':20} {'seconds':>8} {'timed s':>8} {'timed cpu s':>12} {'peak MiB':>9} {'child peak MiB':>15}")
+        for name, setup, code, repeat in cases:
+            m = measure(code, env, td, args.checkout, setup, repeat)
+            print(f"{name:20} {m['seconds']:8.1f} {m['wall']:8.3f} {m['cpu']:12.3f} {m['self']:9.0f} "
+                  f"{m['children']:15.0f}", flush=True)
 
 
 if __name__ == "__main__":
