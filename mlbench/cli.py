@@ -142,7 +142,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
               help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
 @click.option("--launcher", type=click.Choice(["local", "torchrun", "slurm"]), default="local", show_default=True,
-              help="local: torchrun on this machine; torchrun: one invocation per node; slurm: an sbatch job.")
+              help="local: the ranks on this machine; torchrun: one invocation per node; slurm: an sbatch job.")
 @click.option("--rdzv-endpoint", help="torchrun launcher: HOST:PORT of the c10d rendezvous.")
 @click.option("--node-rank", default=0, show_default=True, type=int, help="torchrun launcher: this node's rank.")
 @click.option("--hang-timeout", default=300.0, show_default=True, type=float,

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from mlbench import compliance, environment, results
 from mlbench.errors import UserError
-from mlbench.launch import torchrun
+from mlbench.launch import local_ranks, torchrun
 from mlbench.launch.supervise import Command, Outcome, supervise
 from mlbench.layout import Layout
 from mlbench.logfile import log_time_to_train
@@ -128,11 +128,15 @@ CommandFor = Callable[[Path, Path, int, dict], Command]
 
 
 def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
-    """The local and torchrun launchers' runs: one torchrun per node, or, for a one-process run on this machine,
-    the rank itself."""
+    """The local and torchrun launchers' runs: on this machine alone, the rank itself for one process, else
+    mlbench's own agent for the node's ranks (local_ranks: torchrun's standalone job without torch's elastic agent);
+    with a rendezvous endpoint (the torchrun launcher, one invocation per node), torchrun."""
     def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
         if layout.world_size == 1 and not opts.rdzv_endpoint:
             return torchrun.direct(plan_path, staging / "ranks", env)
+        if layout.nodes == 1 and not opts.rdzv_endpoint:
+            return Command(local_ranks.argv(plan_path, staging / "ranks", layout.nproc_per_node), env,
+                           stdout=staging / "launcher.log")
         argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes, nproc_per_node=layout.nproc_per_node,
                              node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
                              rdzv_id=f"mlbench-run{i}")  # the same on every node

@@ -1,6 +1,7 @@
 """Runs that fail end cleanly: a dead rank, a dead launcher, a hang and SIGTERM each give run_stop `aborted`, a
 record saying why, and a non-zero exit; a killed `mlbench run` takes every process of its run with it, and the
-next run removes what it left. Real processes on this machine: torchrun at two ranks, the rank itself at one."""
+next run removes what it left. Real processes on this machine: mlbench's local agent (mlbench.launch.local_ranks) at
+two ranks, the rank itself at one."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _wait_for_steps(tmp_path: Path, n: int, timeout: float = 120) -> None:
 
 
 def _run_pids(tmp_path: Path) -> dict[int, bool]:
-    """The live processes of the run under tmp_path: pid -> whether it is torchrun's agent (else a rank)."""
+    """The live processes of the run under tmp_path: pid -> whether it is the launcher's agent (else a rank)."""
     out = subprocess.run(["pgrep", "-f", f"mlbench.train {tmp_path}"], capture_output=True, text=True).stdout
     pids = {}
     for pid in map(int, out.split()):
@@ -45,12 +46,12 @@ def _run_pids(tmp_path: Path) -> dict[int, bool]:
                 continue  # exited, not yet reaped
         except OSError:
             continue
-        pids[pid] = b"torch.distributed.run" in cmd
+        pids[pid] = b"torch.distributed.run" in cmd or b"mlbench.launch.local_ranks" in cmd
     return pids
 
 
 def _worker_pids(tmp_path: Path) -> list[int]:
-    """The rank processes (not torchrun itself) of the run under tmp_path."""
+    """The rank processes (not the launcher's agent) of the run under tmp_path."""
     return sorted(pid for pid, agent in _run_pids(tmp_path).items() if not agent)
 
 
@@ -89,7 +90,7 @@ def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
 
 
 def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
-    """At one process the rank runs without torchrun, under the same supervision."""
+    """At one process the rank runs without an agent, under the same supervision."""
     proc = _start(tmp_path, "--hang-timeout", "4", nproc=1)
     _wait_for_steps(tmp_path, 3)
     os.kill(_worker_pids(tmp_path)[-1], signal.SIGSTOP)  # a rank that stops making progress
@@ -100,7 +101,7 @@ def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
 def test_sigterm_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
     proc = _start(tmp_path, nproc=1)
     _wait_for_steps(tmp_path, 1)
-    assert not any(_run_pids(tmp_path).values()), "a one-process run starts no torchrun"
+    assert not any(_run_pids(tmp_path).values()), "a one-process run starts no agent"
     _wait_for_steps(tmp_path, 3)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
@@ -108,7 +109,7 @@ def test_sigterm_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_killed_launcher_aborts_the_run_and_leaves_no_rank(tmp_path: Path) -> None:
-    """kill -9 of torchrun's agent: its ranks die with it (parent-death signal), the run is logged aborted."""
+    """kill -9 of the local agent: its ranks die with it (parent-death signal), the run is logged aborted."""
     proc = _start(tmp_path)
     _wait_for_steps(tmp_path, 3)
     (agent,) = [pid for pid, is_agent in _run_pids(tmp_path).items() if is_agent]
@@ -118,7 +119,7 @@ def test_killed_launcher_aborts_the_run_and_leaves_no_rank(tmp_path: Path) -> No
 
 
 def test_kill_9_of_mlbench_takes_the_run_with_it(tmp_path: Path) -> None:
-    """kill -9 of `mlbench run`: torchrun's agent and the ranks stop (they trained on, unsupervised, before),
+    """kill -9 of `mlbench run`: the agent and the ranks stop (they trained on, unsupervised, before),
     nothing is published, and the next run in the folder removes the dead run's staging folder."""
     proc = _start(tmp_path)
     _wait_for_steps(tmp_path, 3)

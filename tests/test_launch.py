@@ -1,4 +1,5 @@
-"""Launchers without training: what a one-process run starts (the rank itself, as torchrun would start it), SLURM
+"""Launchers without training: what a one-process run starts (the rank itself, as torchrun would start it), what a
+run of more ranks on this machine starts (mlbench's local agent), SLURM
 job folders that never collide, a rendezvous address that does not resolve, the lifeline of a rank, and the
 supervisor's prompt end. Real processes where a process is the point."""
 
@@ -38,8 +39,15 @@ def test_a_one_process_run_starts_the_rank_without_torchrun(tmp_path: Path) -> N
     # where torchrun's --log-dir/--redirects would put them: <ranks>/<run>/attempt_0/<local rank>/std*.log
     assert one.stdout == tmp_path / "ranks" / "direct" / "attempt_0" / "0" / "stdout.log"
     assert one.stderr == one.stdout.with_name("stderr.log")
+    # more ranks on this machine alone: mlbench's agent (torchrun's standalone job without torch's elastic agent)
     two = local_commands(_layout(nproc=2), opts)(tmp_path / "plan.json", tmp_path, 0, {})
-    assert "torch.distributed.run" in two.argv and f"--log-dir={tmp_path / 'ranks'}" in two.argv
+    assert two.argv[1:4] == ["-m", "mlbench.launch.local_ranks", "--nproc-per-node=2"]
+    assert f"--log-dir={tmp_path / 'ranks'}" in two.argv and two.argv[-3:] == ["-m", "mlbench.train",
+                                                                               str(tmp_path / "plan.json")]
+    # a rendezvous endpoint (the torchrun launcher, one invocation per node): torchrun itself
+    rdzv = RunOptions(results=tmp_path, system="s", rdzv_endpoint="h:29500")
+    node = local_commands(_layout(nodes=2), rdzv)(tmp_path / "plan.json", tmp_path, 0, {})
+    assert "torch.distributed.run" in node.argv and "--rdzv-endpoint=h:29500" in node.argv
 
 
 def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
@@ -48,7 +56,7 @@ def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
     assert f"each run starts: {sys.executable} -m mlbench.train PLAN.json" in one.stdout
     two = mlbench("run", "gpt3", "--tiny", "--dry-run", "--nproc-per-node", "2", "--results", str(tmp_path),
                   "--system", "s")
-    assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=2" in two.stdout
+    assert "-m mlbench.launch.local_ranks --nproc-per-node=2" in two.stdout
 
 
 def test_two_slurm_jobs_prepared_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:
@@ -180,3 +188,47 @@ def test_a_slurm_run_on_a_terminal_gets_the_live_panel_of_a_local_run(tmp_path: 
     shown = screen.getvalue()
     assert "gpt3 (tiny) (SLURM job 7), run 1" in shown and "3.0543 at step 20" in shown
     assert is_progress_line("step 20/300  loss 3.1778 ...") and not is_progress_line("target reached: ...")
+
+
+_RANK = """
+import os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+(out / f"rank{os.environ['RANK']}").write_text(" ".join(os.environ[k] for k in (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+if os.environ["RANK"] == "1" and (out / "fail").exists():
+    sys.exit(3)
+time.sleep(60 if (out / "fail").exists() else 0)
+"""
+
+
+def _agent(tmp_path: Path, fail: bool) -> tuple[subprocess.CompletedProcess, float]:
+    from mlbench.launch import local_ranks
+
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    if fail:
+        (tmp_path / "fail").write_text("")
+    argv = local_ranks.argv(tmp_path / "plan.json", tmp_path / "ranks", 2)
+    argv = argv[:argv.index("-m", 3)] + [str(script), str(tmp_path)]  # a stand-in rank, not mlbench.train
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return proc, time.monotonic() - start
+
+
+def test_the_local_agent_starts_each_rank_with_torchruns_environment(tmp_path: Path) -> None:
+    proc, _ = _agent(tmp_path, fail=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    envs = [(tmp_path / f"rank{r}").read_text().split() for r in (0, 1)]
+    assert [e[:5] for e in envs] == [["0", "0", "2", "2", "127.0.0.1"], ["1", "1", "2", "2", "127.0.0.1"]]
+    assert envs[0][5] == envs[1][5]  # one rendezvous port
+    logs = tmp_path / "ranks" / "local" / "attempt_0"
+    assert sorted(p.relative_to(logs).as_posix() for p in logs.rglob("*.log")) == [
+        "0/stderr.log", "0/stdout.log", "1/stderr.log", "1/stdout.log"]
+
+
+def test_the_local_agent_stops_the_other_ranks_when_one_fails(tmp_path: Path) -> None:
+    """As torchrun: rank 1 exits 3 at once, rank 0 would sleep a minute; the agent stops it and exits 1."""
+    proc, took = _agent(tmp_path, fail=True)
+    assert proc.returncode == 1 and "rank 1 exited with code 3; stopping the other ranks" in proc.stdout
+    assert took < 20

@@ -7,7 +7,7 @@ calls; it chooses the launcher once and takes it through the same contract, whic
 - supervise(): followed to their end, with live progress;
 - collect(): what they produced, reported; the exit code (0 when every run reached its target).
 
-Launchers: runner.RunSet (`local`: this machine, torchrun or, for one process, the rank itself; `torchrun`: one
+Launchers: runner.RunSet (`local`: this machine, the rank itself or local_ranks' agent for more; `torchrun`: one
 invocation per node; also the driver inside a SLURM job), slurm.SlurmLauncher (an sbatch job) and
 dry_run.DryRun (starts nothing; shows what the launcher it wraps would start).
 """

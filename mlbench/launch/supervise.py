@@ -1,10 +1,10 @@
 """Runs one launch command to its end, the same way for every launcher, and owns the run's ending.
 
-The command (torchrun here, srun inside a SLURM job, or the one rank itself) runs in its own process group,
-dies with the supervisor (lifeline), and leaves no process behind it: ranks it orphaned are re-parented to the
-supervisor, which stops and reaps them before the run is judged. The supervisor follows rank 0's progress
-events for the live display, and ends the run when:
-- the command exits (torchrun stops every rank when one dies and exits non-zero);
+The command (the local agent or torchrun here, srun inside a SLURM job, or the one rank itself) runs in its own
+process group, dies with the supervisor (lifeline), and leaves no process behind it: ranks it orphaned are
+re-parented to the supervisor, which stops and reaps them before the run is judged. The supervisor follows rank
+0's progress events for the live display, and ends the run when:
+- the command exits (the agent, like torchrun, stops every rank when one dies and exits non-zero);
 - no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
   checkpoint is saved after run_stop, for `init_timeout` seconds;
 - it receives SIGTERM/SIGINT (a user, or SLURM preemption).

@@ -1,6 +1,6 @@
-"""How one run starts on this machine or a node: `local` is one standalone torchrun (or, for one process, the
-rank itself: no torchrun agent to start and stop); `torchrun` is one invocation per node meeting at a c10d
-rendezvous. Every rank runs `python -m mlbench.train PLAN`."""
+"""How one run starts on a node: `torchrun` is one invocation per node meeting at a c10d rendezvous (and SLURM
+runs one per node); `local` starts the rank itself for one process (`direct`: no agent to start and stop) and
+mlbench.launch.local_ranks for more. Every rank runs `python -m mlbench.train PLAN`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,124 @@
+"""The ranks of one run on this machine, started and watched as torchrun's standalone agent would, without its
+elastic agent: `python -m mlbench.launch.local_ranks --nproc-per-node=N --log-dir=DIR -m mlbench.train PLAN`.
+
+torchrun's agent imports torch before it starts a rank and polls its workers after they exit: about 1.5 s of
+start-up and 0.7 s of teardown a run (perf/launch_overhead.py), for no elasticity a single static node can use.
+This agent imports nothing but the standard library and the lifeline. Multi-node runs keep torchrun (its c10d
+rendezvous), and so does every node of a SLURM job.
+
+- Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+  ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and its output in the files torchrun's
+  --log-dir/--redirects=3 would give it: DIR/local/attempt_0/<rank>/{stdout,stderr}.log.
+- The first rank to fail stops the others (SIGTERM, SIGKILL after a grace period), as torchrun does; the agent
+  says which and exits 1.
+- SIGTERM/SIGINT are passed on to the ranks. The agent dies with its supervisor (the supervisor arms that), and
+  each rank with the agent (its own lifeline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlbench.launch.ports import free_port
+
+GRACE_S = 10.0
+MODULE = "mlbench.launch.local_ranks"
+
+
+def argv(plan_path: Path, ranks_dir: Path, nproc_per_node: int) -> list[str]:
+    return [sys.executable, "-m", MODULE, f"--nproc-per-node={nproc_per_node}", f"--log-dir={ranks_dir}",
+            "-m", "mlbench.train", str(plan_path)]
+
+
+def rank_env(env: dict[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:
+    n = str(nproc)
+    return dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_WORLD_SIZE=n, GROUP_RANK="0",
+                ROLE_RANK=str(rank), ROLE_WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def _stop(procs: dict[int, subprocess.Popen], codes: dict[int, int]) -> None:
+    """SIGTERM every rank still running; SIGKILL what is left after the grace period; reap them all."""
+    for p in procs.values():
+        if p.pid not in codes:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while len(codes) < len(procs) and time.monotonic() < deadline:
+        _reap(procs, codes, block=False)
+        time.sleep(0.05)
+    for p in procs.values():
+        if p.pid not in codes:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+    while len(codes) < len(procs):
+        _reap(procs, codes, block=True)
+
+
+def _reap(procs: dict[int, subprocess.Popen], codes: dict[int, int], block: bool) -> int | None:
+    """Collects one exited rank (waiting for one when `block`); returns its pid, or None."""
+    try:
+        pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if pid == 0 or pid not in procs:
+        return None
+    codes[pid] = os.waitstatus_to_exitcode(status)
+    procs[pid].returncode = codes[pid]  # reaped here: Popen must not wait for it again
+    return pid
+
+
+def _describe(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
+    port = free_port("127.0.0.1")
+    procs: dict[int, subprocess.Popen] = {}
+    ranks: dict[int, int] = {}
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, on_signal)
+    with contextlib.ExitStack() as files:
+        for rank in range(nproc):
+            logs = log_dir / "local" / "attempt_0" / str(rank)
+            logs.mkdir(parents=True, exist_ok=True)
+            out = files.enter_context(open(logs / "stdout.log", "ab"))
+            err = files.enter_context(open(logs / "stderr.log", "ab"))
+            p = subprocess.Popen([sys.executable, *rank_argv], env=rank_env(dict(os.environ), rank, nproc, port),
+                                 stdout=out, stderr=err)
+            procs[p.pid], ranks[p.pid] = p, rank
+    codes: dict[int, int] = {}
+    while len(codes) < len(procs):
+        pid = _reap(procs, codes, block=True)
+        if pid is not None and codes[pid] != 0:
+            print(f"rank {ranks[pid]} {_describe(codes[pid])}; stopping the other ranks "
+                  f"(see {log_dir / 'local' / 'attempt_0' / str(ranks[pid])})", flush=True)
+            _stop(procs, codes)
+            return 1
+    if received:
+        return 128 + received[0]
+    return 0
+
+
+def main(args: list[str]) -> int:
+    """`--nproc-per-node=N --log-dir=DIR` and then what each rank runs (`-m module ARGS` or `script ARGS`), as
+    torchrun takes them."""
+    options = dict(a[2:].split("=", 1) for a in args[:2])
+    return run(int(options["nproc-per-node"]), Path(options["log-dir"]), args[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
