@@ -55,6 +55,8 @@ _SCRIPT = textwrap.dedent("""
         out[name]["params"] = sum(p.numel() for c in parts.model for p in c.parameters())
     if int(os.environ["RANK"]) == 0:
         print(json.dumps(out))
+    sys.stdout.flush()
+    os._exit(0)  # as mlbench's ranks do: the interpreter's teardown of gloo's threads can abort ("terminate called")
 """)
 
 ROOT = Path(__file__).resolve().parents[1]
