@@ -173,9 +173,10 @@ WORKER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
-    with SlurmCluster(tmp_path, nodes=2, cpus_per_node=2) as c:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One cluster for the module's tests that share one (starting and stopping one costs seconds)."""
+    with SlurmCluster(tmp_path_factory.mktemp("cluster"), nodes=2, cpus_per_node=2) as c:
         yield c
     assert not _our_procs(c), "daemons left behind"
 

@@ -19,9 +19,10 @@ ok, why = available()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(not ok, reason=why)]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with SlurmCluster(tmp_path / "cluster", nodes=2, cpus_per_node=2, max_time="00:10:00") as c:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One cluster for the module (starting and stopping one costs seconds): each test's jobs end before it does."""
+    with SlurmCluster(tmp_path_factory.mktemp("cluster"), nodes=2, cpus_per_node=2, max_time="00:10:00") as c:
         yield c
 
 
