@@ -72,8 +72,11 @@ def test_an_unresolvable_rendezvous_address_is_named() -> None:
     assert "'no-such-host.invalid' does not resolve" in problem and "--master-addr" in problem
 
 
-def test_free_ports_are_distinct() -> None:
-    assert len(set(ports.free_ports(8, "127.0.0.1"))) == 8
+def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
+    found = ports.free_ports(8, "127.0.0.1")
+    assert len(set(found)) == 8
+    # where no outgoing connection or bind to port 0 can be handed one between its choice and the rendezvous
+    assert all(ports.LOWEST <= p < ports._ephemeral_low() for p in found), found
 
 
 RANK = """

@@ -3,17 +3,45 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
+from pathlib import Path
+
+LOWEST = 10000  # above the well-known and the common registered services' ports
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral range starts (Linux's ip_local_port_range; 32768 by default elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bind(sock: socket.socket, host: str, port: int) -> bool:
+    try:
+        sock.bind((host, port))
+    except OSError:
+        return False
+    return True
 
 
 def free_ports(n: int, host: str = "") -> list[int]:
     """`n` distinct ports free on `host` now ("": every interface, for a rendezvous other nodes connect to), held
-    open together so they differ. Another process may take one before it is bound again: a launcher that loses
-    that race fails at rendezvous, and says so."""
+    open together so they differ. They are taken below the kernel's ephemeral range, which every outgoing
+    connection (gloo opens many) and every bind to port 0 draws from: a port found there and released could be
+    handed to one of those before the rendezvous binds it (seen: EADDRINUSE in a SLURM job's rendezvous while
+    other runs trained). Another process may still take one first: a launcher that loses that race fails at
+    rendezvous, and says so."""
+    high = _ephemeral_low()
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(n)]
         for s in socks:
-            s.bind((host, 0))
+            tries = 0
+            while high > LOWEST + n and tries < 50 and not _bind(s, host, random.randrange(LOWEST, high)):
+                tries += 1
+            if high <= LOWEST + n or tries == 50:
+                s.bind((host, 0))  # no room below the ephemeral range: let the kernel choose
         return [s.getsockname()[1] for s in socks]
 
 
