@@ -1,5 +1,5 @@
-"""Where a one-process run's start-up and teardown go, with and without torchrun: `python perf/launch_overhead.py
-[PAIRS]`.
+"""Where a run's start-up and teardown go, with and without torchrun: `python perf/launch_overhead.py [PAIRS]`
+(one process) and `python perf/launch_overhead.py --two [PAIRS]` (two).
 
 Alternates, PAIRS times, the tiny gpt3 run at one process started two ways under the same supervisor
 (mlbench.launch.supervise): the rank itself (what `mlbench run` does for one process) and a standalone torchrun
@@ -9,6 +9,9 @@ with one worker (what it did before). For each run it prints, from the superviso
 - whole: start to end of the supervised command.
 Then the medians and what the direct start saves. Issue 19 measured torchrun's agent at ~1.5 s of start-up and
 its monitor at ~0.7 s of teardown on a loaded 2-core machine.
+
+`--two`: the same at two processes (DP 2): mlbench's local agent (mlbench.launch.local_ranks, what `mlbench run
+--nproc-per-node 2` starts) against a standalone torchrun with two workers.
 
 `--cli`: `mlbench run gpt3 --tiny` as a user runs it, N times: whole wall time, from the command's start to the
 log's init_start, and from the log's run_stop to the command's exit (the teardown issue 19 measured at 1.9 s:
@@ -29,23 +32,26 @@ import time
 from pathlib import Path
 
 from mlbench import registry
-from mlbench.launch import torchrun
+from mlbench.launch import local_ranks, torchrun
 from mlbench.launch.supervise import Command, supervise
 from mlbench.layout import resolve
 from mlbench.run_plan import RunPlan
 
 
-def _one(mode: str, root: Path, seed: int) -> dict[str, float]:
+def _one(mode: str, root: Path, seed: int, nproc: int = 1) -> dict[str, float]:
     bench = registry.load("gpt3", tiny=True)
-    layout = resolve(bench, 1, 1, None, None, None, None, None, None)
+    layout = resolve(bench, 1, nproc, None, None, None, None, None, None)
     staging = Path(tempfile.mkdtemp(dir=root))
     plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(staging), system="perf")
     plan.save(staging / "plan.json")
     env = dict(os.environ, MLBENCH_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     if mode == "direct":
         cmd = torchrun.direct(staging / "plan.json", staging / "ranks", env)
+    elif mode == "local":
+        cmd = Command(local_ranks.argv(staging / "plan.json", staging / "ranks", nproc), env,
+                      stdout=staging / "launcher.log")
     else:
-        cmd = Command(torchrun.argv(staging / "plan.json", staging / "ranks", nodes=1, nproc_per_node=1), env,
+        cmd = Command(torchrun.argv(staging / "plan.json", staging / "ranks", nodes=1, nproc_per_node=nproc), env,
                       stdout=staging / "launcher.log")
     t0 = time.time()
     outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path)
@@ -57,19 +63,24 @@ def _one(mode: str, root: Path, seed: int) -> dict[str, float]:
     return {"start-up": start - t0, "teardown": t1 - stopped, "whole": t1 - t0}
 
 
-def main(pairs: int) -> None:
-    rows: dict[str, list[dict[str, float]]] = {"direct": [], "torchrun": []}
+def main(pairs: int, nproc: int = 1) -> None:
+    ours = "direct" if nproc == 1 else "local"
+    rows: dict[str, list[dict[str, float]]] = {ours: [], "torchrun": []}
     with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as tmp:
         for i in range(pairs):
-            for mode in (("direct", "torchrun") if i % 2 == 0 else ("torchrun", "direct")):
-                r = _one(mode, Path(tmp), seed=1)
+            for mode in ((ours, "torchrun") if i % 2 == 0 else ("torchrun", ours)):
+                r = _one(mode, Path(tmp), seed=1, nproc=nproc)
                 rows[mode].append(r)
                 print(f"{mode:9s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in r.items()), flush=True)
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in rows.items()}
     print(f"medians over {pairs} runs each:")
     for m, values in med.items():
         print(f"{m:9s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in values.items()))
-    print("saved    " + "  ".join(f"{k} {med['torchrun'][k] - med['direct'][k]:6.2f} s" for k in med["direct"]))
+    print("saved    " + "  ".join(f"{k} {med['torchrun'][k] - med[ours][k]:6.2f} s" for k in med[ours]))
+
+
+def two(pairs: int) -> None:
+    main(pairs, nproc=2)
 
 
 def agent(pairs: int) -> None:
@@ -109,5 +120,6 @@ def cli(runs: int) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    mode = {"--agent": agent, "--cli": cli}.get(next((a for a in sys.argv[1:] if a.startswith("--")), ""), main)
+    flag = next((a for a in sys.argv[1:] if a.startswith("--")), "")
+    mode = {"--agent": agent, "--cli": cli, "--two": two}.get(flag, main)
     mode(int(args[0]) if args else 3)
