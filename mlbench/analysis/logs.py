@@ -196,14 +196,7 @@ class _Pass:
                     return False
             elif type(x) is not int or not -_BIG < x < _BIG:
                 return False
-        if secs is _NAN or step is _NAN or t is _NAN:
-            return False
-        tracked = self.log.tracked
-        tracked.step.append(step)
-        tracked.seconds.append(secs)
-        tracked.time_ms.append(t)
-        tracked.tokens_per_s.append(tps)
-        tracked.tflops.append(tfl)
+        self.log.tracked.add(step, secs, t, tps, tfl)
         return True
 
     def stop(self, e: Event) -> None:

@@ -3,7 +3,7 @@ elastic agent: `python -m mlbench.launch.local_ranks --nproc-per-node=N --log-di
 
 torchrun's agent imports torch before it starts a rank and polls its workers after they exit: about 1.5 s of
 start-up and 0.7 s of teardown a run (perf/launch_overhead.py), for no elasticity a single static node can use.
-This agent imports nothing but the standard library and the lifeline. Multi-node runs keep torchrun (its c10d
+This agent imports nothing but the standard library (and mlbench's port finder). Multi-node runs keep torchrun (its c10d
 rendezvous), and so does every node of a SLURM job.
 
 - Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,

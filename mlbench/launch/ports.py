@@ -37,11 +37,9 @@ def free_ports(n: int, host: str = "") -> list[int]:
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(n)]
         for s in socks:
-            tries = 0
-            while high > LOWEST + n and tries < 50 and not _bind(s, host, random.randrange(LOWEST, high)):
-                tries += 1
-            if high <= LOWEST + n or tries == 50:
-                s.bind((host, 0))  # no room below the ephemeral range: let the kernel choose
+            tries = [random.randrange(LOWEST, high) for _ in range(50)] if high > LOWEST + n else []
+            if not any(_bind(s, host, port) for port in tries):
+                s.bind((host, 0))  # no room (or luck) below the ephemeral range: let the kernel choose
         return [s.getsockname()[1] for s in socks]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from mlbench.launch import local_ranks
 from mlbench.launch.ports import free_port
 from mlbench.launch.supervise import Command
 
@@ -42,9 +43,7 @@ def argv(
 def direct(plan_path: Path, ranks_dir: Path, env: dict[str, str]) -> Command:
     """The one rank of a one-process run, started as torchrun would start it (its environment; its output in
     the files torchrun's --log-dir/--redirects would give it)."""
-    rank_env = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                    ROLE_RANK="0", ROLE_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(free_port("127.0.0.1")))
     logs = ranks_dir / "direct" / "attempt_0" / "0"
-    return Command([sys.executable, *RANK_MODULE, str(plan_path)], rank_env, stdout=logs / "stdout.log",
+    return Command([sys.executable, *RANK_MODULE, str(plan_path)],
+                   local_ranks.rank_env(env, 0, 1, free_port("127.0.0.1")), stdout=logs / "stdout.log",
                    stderr=logs / "stderr.log", what="rank 0 (the only rank)")
