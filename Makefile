@@ -11,11 +11,20 @@ TORCH_INDEX ?=
 
 .PHONY: install run test test-fast lint system-deps clean
 
+# Bytecode: pip would compile every module it installs (10k, torch's mostly; 25 s of the install); instead the
+# install's last step imports what a run, a rank and the tests import, which writes bytecode for those alone (3k).
+# An environment's PYTHONDONTWRITEBYTECODE would make every process compile them again (0.2 s each for mlbench
+# alone), so make turns it off for what it runs.
+unexport PYTHONDONTWRITEBYTECODE
+WARM := from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser(); \
+  import mlbench.cli, mlbench.train.loop, mlbench.train.build, mlbench.train.step, mlbench.analysis.commands, \
+  mlbench.planner.cpu, torch.distributed.tensor, torch.distributed.run, matplotlib.pyplot, pytest, xdist
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-compile $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -W ignore -c "$(WARM)"
 	touch $@
 
 install: $(STAMP)
