@@ -12,7 +12,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +149,10 @@ class LogReader:
     n_broken: int = 0
     truncated: bool = False
     lines: int = 0
+    # (KEY, TAKE): a record of KEY in the standard form, read after `keys` is set, goes to TAKE(record as parsed,
+    # line) and is not yielded where TAKE returns True (the analysis stores a big log's per-step records this way,
+    # without an Event each); where it returns False it is yielded as usual.
+    take: tuple[str, Callable[[dict, int], bool]] | None = None
     _keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
     _wanted_b: frozenset[bytes] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -192,8 +196,16 @@ class LogReader:
                     yield event
                 continue
             count, todo = _sort_lines(data, pos, cut, self._wanted(keys))
+            take, taken = self.take or ("", None)
             for i, s, e, d in todo:
-                event = _event(data[s + _TOKEN_LEN:e], n + i + 1) if d else self._line(data[s:e], n + i + 1)
+                if d:  # a wanted record in the standard form: parsed here, so a taker sees it without an Event
+                    record = _parse(data[s + _TOKEN_LEN:e])
+                    if taken is not None and type(record) is dict and record.get("key") == take \
+                            and taken(record, n + i + 1):
+                        continue
+                    event = _as_event(record, n + i + 1)
+                else:
+                    event = self._line(data[s:e], n + i + 1)
                 if event is None:
                     if d:
                         self._broken(n + i + 1, True)
@@ -252,10 +264,18 @@ class LogReader:
 
 
 def _event(payload: bytes, line: int) -> Event | None:
+    return _as_event(_parse(payload), line)
+
+
+def _parse(payload: bytes) -> object:
     try:  # orjson: 4x the standard parser on MLLOG lines; what it refuses (NaN, Infinity, bad UTF-8) json reads
-        d = orjson.loads(payload)
+        return orjson.loads(payload)
     except orjson.JSONDecodeError:
-        d = _loads(payload)
+        return _loads(payload)
+
+
+def _as_event(d: object, line: int) -> Event | None:
+    """A parsed line as an event; None where it is not a record (broken JSON, no string key)."""
     if type(d) is not dict or type(key := d.get("key")) is not str:
         return None
     md, kind = d.get("metadata"), d.get("event_type", "")

@@ -136,6 +136,7 @@ class _Pass:
         self.bad: dict[str, int] = {}
         self.open_block: tuple[float, float | None, float | None] | None = None  # time, size, first count
         self.started = False  # past the first run_start line (whether or not its time is usable)
+        self.add_row = log.tracked.rows.extend
 
     def fault(self, e: BadField, key: str, invalidates: bool) -> None:
         self.bad[key] = self.bad.get(key, 0) + 1
@@ -147,8 +148,7 @@ class _Pass:
         log, path, k = self.log, self.log.path, e.key
         self.started |= k == "run_start"
         if k == "tracked_stats" and self.steps and self.started:
-            if not self.fast_step(e):
-                self.checked(self.tracked, e)
+            self.checked(self.tracked, e)
             return
         if not self.started and k not in _NOT_HPARAMS and k not in log.hyperparams \
                 and not e.event_type.startswith("INTERVAL"):
@@ -182,21 +182,27 @@ class _Pass:
         except BadField as err:
             self.fault(err, e.key, invalidates=e.key not in ("tracked_stats", *_BLOCK_KEYS))
 
-    def fast_step(self, e: Event) -> bool:
-        """A well-formed per-step record, taken without the checks' overhead (most lines of a big log); False
-        for anything else, which `tracked` then reads field by field."""
-        v, md, t = e.value, e.metadata, e.time_ms
+    def take_step(self, record: dict, line: int) -> bool:
+        """A well-formed per-step record as parsed (most lines of a big log; `LogReader.take`), stored without an
+        Event or the checks' overhead: what `tracked` would store. False for anything else, which `tracked` then
+        reads field by field, naming a bad field."""
+        v, md, t = record.get("value"), record.get("metadata"), record.get("time_ms")
         if type(v) is not dict or type(md) is not dict:
             return False
         secs, step = v.get("train_step_time"), md.get("step")
         tps, tfl = v.get("tokens_per_s", _NAN), v.get("tflops_per_device", _NAN)
-        for x in (secs, step, t, tps, tfl):  # finite: an int or a float (not bool: a number to Python only)
-            if type(x) is float:
-                if x - x != 0.0 and x is not _NAN:  # _NAN: tokens_per_s or tflops_per_device not logged
+        # The common form in one test (a sum of finite floats times 0 is 0; nan, inf or an overflow is not), else
+        # each number on its own
+        if not (type(secs) is float and type(tps) is float and type(tfl) is float and type(t) is int
+                and type(step) is int and (secs + tps + tfl) * 0.0 == 0.0 and -_BIG < t < _BIG
+                and -_BIG < step < _BIG):
+            for x in (secs, step, t, tps, tfl):  # finite: an int or a float (not bool: a number to Python only)
+                if type(x) is float:
+                    if x - x != 0.0 and x is not _NAN:  # _NAN: tokens_per_s or tflops_per_device not logged
+                        return False
+                elif type(x) is not int or not -_BIG < x < _BIG:
                     return False
-            elif type(x) is not int or not -_BIG < x < _BIG:
-                return False
-        self.log.tracked.add(step, secs, t, tps, tfl)
+        self.add_row((step, secs, t, tps, tfl))
         return True
 
     def stop(self, e: Event) -> None:
@@ -273,6 +279,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
             scan.event(e)
             if scan.started and reader.keys is None:  # hyperparameters done
                 reader.keys = _STEP_KEYS if steps else _SCORE_KEYS
+                reader.take = ("tracked_stats", scan.take_step) if steps else None
     except OSError as e:
         return RunLog(log.path, [f"cannot read: {e.strerror or e}"])
     scan.finish()

@@ -5,7 +5,6 @@ Also the one set of step-time statistics (median, p90, p99, jitter) every report
 
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass, field
 
@@ -45,20 +44,17 @@ class StepTimes:
 
 @dataclass
 class Tracked:
-    """The tracked_stats records of a log as read, in compact arrays (8 bytes a number; NaN where absent)."""
+    """The tracked_stats records of a log as read, in one compact array (8 bytes a number; NaN where absent):
+    a record is 5 numbers, step, seconds, time_ms, tokens_per_s, tflops (one append a record, not five)."""
 
-    step: array = field(default_factory=lambda: array("d"))
-    seconds: array = field(default_factory=lambda: array("d"))
-    time_ms: array = field(default_factory=lambda: array("d"))
-    tokens_per_s: array = field(default_factory=lambda: array("d"))
-    tflops: array = field(default_factory=lambda: array("d"))
+    rows: array = field(default_factory=lambda: array("d"))
 
     def add(self, step: float, seconds: float, time_ms: float, tokens_per_s: float, tflops: float) -> None:
-        self.step.append(step)
-        self.seconds.append(seconds)
-        self.time_ms.append(time_ms)
-        self.tokens_per_s.append(tokens_per_s)
-        self.tflops.append(tflops)
+        self.rows.extend((step, seconds, time_ms, tokens_per_s, tflops))
+
+    def columns(self) -> np.ndarray:
+        """The records as 5 rows (step, seconds, time_ms, tokens_per_s, tflops) of one number a record."""
+        return np.frombuffer(self.rows, np.float64).reshape(-1, 5).T if self.rows else np.zeros((5, 0))
 
 
 @dataclass
@@ -73,8 +69,7 @@ class Block:
 def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs: int | None,
                  seq: int | None) -> StepTimes | None:
     """Per-step times from tracked_stats records inside the timed region (run_start..run_stop)."""
-    step, secs, times = (np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0)
-                         for a in (t.step, t.seconds, t.time_ms))
+    step, secs, times, tps, tfl = t.columns()
     keep = np.ones(len(secs), dtype=bool)
     if start_ms is not None:
         keep &= times >= start_ms  # warm-up steps before run_start are not part of the timed run
@@ -82,14 +77,12 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
         keep &= times <= stop_ms
     # NVIDIA also logs a per-block summary (mean step time, throughput) with step 0: a step counter that goes
     # backwards marks such a summary, not a step.
-    last = math.nan
-    for i in np.flatnonzero(keep):
-        s = step[i]
-        if math.isfinite(s):
-            if math.isfinite(last) and s <= last:
-                keep[i] = False
-            else:
-                last = s
+    # (a record is dropped where its step is not above every finite step before it; a step not logged stays)
+    at = np.flatnonzero(keep)
+    s = step[at]
+    finite = np.isfinite(s)
+    before = np.maximum.accumulate(np.where(finite, s, -np.inf))
+    keep[at[1:][finite[1:] & (s[1:] <= before[:-1])]] = False
     # NVIDIA v5.1 logs block summaries without a step: where steps are logged, keep only those records.
     if np.isfinite(step[keep]).any():
         keep &= np.isfinite(step)
@@ -125,8 +118,7 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
                 note += f"; each record covers {kk:g} steps, divided"
             else:
                 note += f"; logged every {kk:g} steps, times are per step"
-    tps = np.frombuffer(t.tokens_per_s, dtype=np.float64)[keep] if len(t.tokens_per_s) else np.zeros(0)
-    tfl = np.frombuffer(t.tflops, dtype=np.float64)[keep] if len(t.tflops) else np.zeros(0)
+    tps, tfl = tps[keep], tfl[keep]
     return StepTimes(secs, "tracked_stats", note, idx, tps[np.isfinite(tps)], tfl[np.isfinite(tfl)])
 
 
