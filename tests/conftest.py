@@ -57,16 +57,16 @@ def benchmarks_copy(tmp_path: Path) -> Path:
 QUICK_TARGETS = {"min": 3.9, "max": 0.1}  # log perplexity from ln(128) = 4.85; masked-LM accuracy from 0
 
 
-def quicken(directory: Path) -> Path:
-    """Loosen the tiny targets of the benchmark files in `directory` in place (a text edit, so that a test may
-    still edit the rest of the file by text); returns the directory."""
+def quicken(directory: Path, targets: dict[str, float] = QUICK_TARGETS) -> Path:
+    """Loosen the tiny targets of the benchmark files in `directory` in place to `targets` (by the quality's
+    direction; a text edit, so that a test may still edit the rest of the file by text); returns the directory."""
     for f in directory.glob("*.yaml"):
         lines = f.read_text().splitlines(keepends=True)
         tiny = next(i for i, line in enumerate(lines) if line.startswith("tiny:"))
         direction = "max" if any(line.strip() == "direction: max" for line in lines) else "min"
         at = next(i for i in range(tiny, len(lines)) if lines[i].lstrip().startswith("target:"))
         indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
-        lines[at] = f"{indent}target: {QUICK_TARGETS[direction]}\n"
+        lines[at] = f"{indent}target: {targets[direction]}\n"
         f.write_text("".join(lines))
     return directory
 
@@ -77,14 +77,19 @@ def quick_benchmarks(benchmarks_copy: Path) -> Path:
     return quicken(benchmarks_copy)
 
 
-@pytest.fixture(scope="module")
-def quick_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The environment that points mlbench at a quickened copy of benchmarks/, for a whole module."""
+def quick_env_at(tmp_path_factory: pytest.TempPathFactory, targets: dict[str, float] = QUICK_TARGETS) -> dict:
+    """The environment that points mlbench at a copy of benchmarks/ quickened to `targets`."""
     src = Path(__file__).resolve().parents[1] / "benchmarks"
     dst = tmp_path_factory.mktemp("quick_benchmarks")
     for f in src.glob("*.yaml"):
         (dst / f.name).write_text(f.read_text())
-    return {"MLBENCH_BENCHMARKS": str(quicken(dst))}
+    return {"MLBENCH_BENCHMARKS": str(quicken(dst, targets))}
+
+
+@pytest.fixture(scope="module")
+def quick_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The environment that points mlbench at a quickened copy of benchmarks/, for a whole module."""
+    return quick_env_at(tmp_path_factory)
 
 
 

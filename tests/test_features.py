@@ -1,9 +1,11 @@
 """The memory- and communication-saving features on CPU with real gloo processes: each leaves the loss curve where
 it was (same seed, same process count: the features are exact in fp32, so the losses agree to 1e-5 relative at
-step 20 and at the last step) and the tiny target is still reached. The last step matters: sequence-parallel
-norm weights left unmarked agree at step 20 to 8e-5 but drift to 8e-3 by step 60.
+step 20 and at the last step). The last step matters: sequence-parallel norm weights left unmarked agree at step
+20 to 8e-5 but drift to 8e-3 by step 60.
 
-Three trainings of the tiny gpt3 at 2 processes to its target, each run once for the whole module:
+Three trainings of the tiny gpt3 at 2 processes, each run once for the whole module, to a midway target (MIDWAY:
+the third evaluation, step 60, meets it, at half the steps of the real target; the tiny runs of test_tiny_gpt3
+and the SLURM tests train to the real one):
 - DP2, no features: the reference; it saves a checkpoint;
 - CP2 (load-balanced 2 x cp shares, our all-gather attention) with megatron's distributed optimizer (sharded
   over the data x context-parallel group, here the two CP ranks), overlapped gradient reduce-scatter and
@@ -21,7 +23,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_tiny_converges, mlbench, result_dir
+from conftest import assert_tiny_converges, mlbench, quick_env_at, result_dir
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +36,12 @@ RUNS = {
 }
 SAVES = {"reference": "plain", "context_parallel": "distributed"}  # which runs save, under which name
 SEED = 3
+MIDWAY = {"min": 1.3, "max": 0.5}  # the reference's evaluations at seed 3: 3.05, 1.65, 1.26 (step 60), ...
+
+
+@pytest.fixture(scope="module")
+def midway_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return quick_env_at(tmp_path_factory, MIDWAY)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +51,14 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, Path]) -> dict[str, dict]:
+def records(tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, Path],
+            midway_env: dict) -> dict[str, dict]:
     out = {}
     for name, flags in RUNS.items():
         root = tmp_path_factory.mktemp(name)
         save = ["--save-checkpoint", str(checkpoints[SAVES[name]])] if name in SAVES else []
-        assert_tiny_converges("gpt3", [*flags, *save], root, seed=SEED)  # exit 0, success, target met, checker ok
+        # exit 0, success, the (midway) target met, the checker passes
+        assert_tiny_converges("gpt3", [*flags, *save], root, seed=SEED, env=midway_env)
         out[name] = json.loads((result_dir(root, "gpt3") / "result_0.json").read_text())
     return out
 
@@ -77,7 +87,7 @@ def _relative(a: float, b: float) -> float:
 def test_feature_leaves_the_loss_curve_where_it_was(records: dict[str, dict], name: str) -> None:
     ref, run = records["reference"], records[name]
     ref_losses, losses = [s["loss"] for s in ref["steps"]], [s["loss"] for s in run["steps"]]
-    assert len(losses) == len(ref_losses) > 20  # same steps to the target
+    assert len(losses) == len(ref_losses) == 60  # same steps to the target
     assert _relative(losses[19], ref_losses[19]) < 1e-5
     assert _relative(losses[-1], ref_losses[-1]) < 1e-5
     assert _relative(run["quality"]["last"], ref["quality"]["last"]) < 1e-5
