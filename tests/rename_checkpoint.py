@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from mlbench.train import cpu_compat
 
-cpu_compat.enable()  # before megatron-core's import: its fused kernels stay uncompiled (2-3 s)
+cpu_compat.enable()  # before megatron-core's import (its fused kernels stay uncompiled); its writer syncs CUDA
 from megatron.core import dist_checkpointing  # noqa: E402
 from megatron.core.dist_checkpointing import ShardedTensor  # noqa: E402
 from megatron.core.dist_checkpointing.serialization import load_plain_tensors  # noqa: E402
@@ -23,11 +23,8 @@ from mlbench.train.checkpoint import renamer  # noqa: E402
 OPTIMIZER = "optimizer.state."
 
 
-def main(src: str, dst: str, prefix: str, rules: list[str]) -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29555")
-    cpu_compat.enable()  # megatron's writer synchronises CUDA
-    dist.init_process_group("gloo", rank=0, world_size=1)
+def convert(src: str, dst: str, prefix: str, rules: list[str]) -> None:
+    """SRC rewritten to DST under the new names, in a process group of one."""
     rename = renamer(rules)
 
     def new_name(key: str) -> str:
@@ -40,6 +37,13 @@ def main(src: str, dst: str, prefix: str, rules: list[str]) -> None:
     state = {new_name(k): ShardedTensor.from_rank_offsets(new_name(k), t.contiguous(), replica_id=0)
              for k, t in load_plain_tensors(src).items() if isinstance(t, torch.Tensor)}  # not common.pt
     dist_checkpointing.save(state, dst)
+
+
+def main(src: str, dst: str, prefix: str, rules: list[str]) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29555")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    convert(src, dst, prefix, rules)
     dist.destroy_process_group()
 
 

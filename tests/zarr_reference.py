@@ -80,11 +80,8 @@ def write_array(folder: Path, x: np.ndarray, dtype: str = "<f4") -> None:
         (folder / ".".join(map(str, ci))).write_bytes(block.tobytes(order="C"))
 
 
-def main(src: str, dst: str) -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29556")
-    cpu_compat.enable()
-    dist.init_process_group("gloo", rank=0, world_size=1)
+def convert(src: str, dst: str) -> None:
+    """SRC (a megatron-core checkpoint) written to DST in the reference's layout, in a process group of one."""
     out = Path(dst)
     out.mkdir()
     for key, t in load_plain_tensors(src).items():
@@ -96,6 +93,13 @@ def main(src: str, dst: str) -> None:
         write_array(out / name, t.float().numpy())
     (out / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
     torch.save(COMMON_FP32, out / "common.pt")
+
+
+def main(src: str, dst: str) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29556")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    convert(src, dst)
     dist.destroy_process_group()
 
 
