@@ -22,7 +22,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "cpu-device.json"
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
-VERSION = 10  # of what is measured: an older cache is measured again
+VERSION = 11  # of what is measured: an older cache is measured again
 
 
 def _key() -> str:
@@ -42,48 +42,10 @@ def _rate(fn, seconds: float) -> float:
     return statistics.median(rounds)
 
 
-MEGATRON_PROBE = """
-import dataclasses, json, torch
-torch.set_num_threads(1)
-from mlbench.train import one_process_world
-one_process_world.init()
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from mlbench import registry
-from mlbench.planner.cpu import _rate
-from mlbench.planner.op_flops import flops_by_op
-from mlbench.train.model.build import build
-from mlbench.train.model.config import transformer_config
-tiny = registry.load("gpt3", tiny=True)
-mbs = tiny.train.micro_batch_size
-def measure(layers):
-    m = dataclasses.replace(tiny.model, num_layers=layers)
-    config = transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
-    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=build(m, config))
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=1.0), [model])
-    tokens = torch.randint(0, m.vocab_size, (mbs, m.seq_length))
-    positions = torch.arange(m.seq_length).expand(mbs, -1)
-    def forward_backward():
-        model.zero_grad_buffer()
-        model(tokens, positions, None, labels=tokens).float().mean().backward()
-    def step():
-        forward_backward()
-        finalize_model_grads([model])
-        optimizer.step()
-    fb = _rate(forward_backward, 1.0)
-    return fb, (_rate(step, 1.0) - fb) / sum(1 for _ in model.parameters())
-(one, _), (two, per_tensor) = measure(1), measure(2)
-by_op = flops_by_op(tiny.model, 1)
-# the difference of two timings: a busy machine can push either below zero
-print(json.dumps({"layer_s": max(0.0, two - one), "head_s": max(0.0, 2 * one - two),
-                  "optimizer_s_per_tensor": max(0.0, per_tensor),
-                  "layer_flops": (by_op["layer_gemm"] + by_op["layer_attention"]) * mbs,
-                  "head_flops": by_op["head"] * mbs}))
-"""
-
-
-STEP_PROBE = """
-import json, os, time
+# One child process (a one-process megatron world of its own) measures both: first mlbench's training step, then
+# megatron-core's forward + backward and optimizer alone.
+PROBE = """
+import json, os, statistics, time
 from mlbench.launch.ports import free_port
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1")), RANK="0", WORLD_SIZE="1",
                   LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MLBENCH_THREADS="1")
@@ -98,7 +60,7 @@ plan = RunPlan(benchmark=tiny, layout=resolve(tiny, 1, 1, global_batch_size=2 * 
 device = init_distributed(plan)
 from mlbench.train.step import Stepper
 stepper = Stepper(plan, build(plan, device), True)
-import statistics, torch
+import torch
 model = stepper.parts.model[0]
 tokens = torch.randint(0, tiny.model.vocab_size, (mbs, tiny.model.seq_length))
 positions = torch.arange(tiny.model.seq_length).expand(mbs, -1)
@@ -121,37 +83,56 @@ for r in range(8):
             fn(arg)
         if r:  # the first round warms up
             times[k].append((time.perf_counter() - t0) / 4)
-print(json.dumps({k: statistics.median(v) for k, v in times.items()}))
+out = {k: statistics.median(v) for k, v in times.items()}
+
+import dataclasses
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from mlbench.planner.cpu import _rate
+from mlbench.planner.op_flops import flops_by_op
+from mlbench.train.model.build import build as build_model
+from mlbench.train.model.config import transformer_config
+def measure(layers):
+    m = dataclasses.replace(tiny.model, num_layers=layers)
+    config = transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(),
+                                    module=build_model(m, config))
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=1.0), [model])
+    def forward_backward():
+        model.zero_grad_buffer()
+        model(tokens, positions, None, labels=tokens).float().mean().backward()
+    def step():
+        forward_backward()
+        finalize_model_grads([model])
+        optimizer.step()
+    fb = _rate(forward_backward, 1.0)
+    return fb, (_rate(step, 1.0) - fb) / sum(1 for _ in model.parameters())
+(one, _), (two, per_tensor) = measure(1), measure(2)
+by_op = flops_by_op(tiny.model, 1)
+# the difference of two timings: a busy machine can push either below zero
+out.update(layer_s=max(0.0, two - one), head_s=max(0.0, 2 * one - two), optimizer_s_per_tensor=max(0.0, per_tensor),
+           layer_flops=(by_op["layer_gemm"] + by_op["layer_attention"]) * mbs, head_flops=by_op["head"] * mbs)
+print(json.dumps(out))
 """
 
 
-def _step_costs() -> dict:
-    """The training loop's own step (mlbench.train.step: data, megatron-core's schedule, loss statistics, optimizer
-    and schedule) of the tiny gpt3 model at one process, timed at one and at two micro-batches a step: what a
-    step costs beyond the model's forward and backward. In a child process, as _megatron_costs."""
+def _probe() -> dict:
+    """In a child process, which sets up a one-process megatron world: the training loop's own step
+    (mlbench.train.step: data, megatron-core's schedule, loss statistics, optimizer and schedule) of the tiny gpt3
+    model at one process, timed at one and at two micro-batches a step (what a step costs beyond the model's
+    forward and backward); and megatron-core's own forward + backward of one micro-batch on one thread, per
+    transformer layer and for the rest (embedding, logits, loss), from models of one and two layers, with its
+    DistributedDataParallel gradient finish and optimizer step per parameter tensor."""
     import subprocess
     import sys
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run([sys.executable, "-c", STEP_PROBE], capture_output=True, text=True, timeout=300,
+        out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
                              cwd=tmp, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if out.returncode:
-        raise RuntimeError(f"timing mlbench's training step on this CPU failed: {out.stderr.strip()[-500:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _megatron_costs() -> dict:
-    """megatron-core's own forward + backward of one micro-batch of the tiny gpt3 model on this CPU, one thread:
-    per transformer layer and for the rest (embedding, logits, loss), from models of one and two layers; and its
-    DistributedDataParallel gradient finish and optimizer step, per parameter tensor. In a child process: it sets
-    up a one-process megatron world."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", MEGATRON_PROBE], capture_output=True, text=True, timeout=300)
-    if out.returncode:
-        raise RuntimeError(f"measuring megatron-core on this CPU failed: {out.stderr.strip()[-500:]}")
+        raise RuntimeError(f"measuring megatron-core and mlbench's step on this CPU failed: "
+                           f"{out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -211,9 +192,9 @@ def measure(seconds: float = 2.0) -> dict:
         bandwidth = 2 * src.numel() * 4 / _rate(lambda: dst.copy_(src), seconds / 4)  # read + write
     finally:
         torch.set_num_threads(threads)
-    costs, steps = _megatron_costs(), _step_costs()
+    costs = _probe()
     return {"key": _key(), "gemm_flops": gemm, "bytes_per_s": bandwidth,
-            **steps,
+            **{k: costs[k] for k in ("step_1_micro_s", "step_2_micro_s", "step_fb_s")},
             "optimizer_s_per_tensor": costs["optimizer_s_per_tensor"],
             "megatron_layer_s": costs["layer_s"], "megatron_head_s": costs["head_s"],
             "megatron_probe_layer_flops": costs["layer_flops"], "megatron_probe_head_flops": costs["head_flops"],
@@ -231,7 +212,7 @@ def cached() -> dict | None:
 
 
 def measured() -> dict:
-    """The cached measurement for this machine, measuring (about 45 s, once) when there is none."""
+    """The cached measurement for this machine, measuring (about 17 s, once) when there is none."""
     data = cached()
     if data is not None:
         return data
