@@ -55,6 +55,9 @@ def benchmarks_copy(tmp_path: Path) -> Path:
 # (checkpoints, launchers, faults, results), so that they train 20 steps, not 80-120. Convergence to the real
 # tiny targets is what tests/test_tiny_*.py, test_features.py and the other convergence tests hold.
 QUICK_TARGETS = {"min": 3.9, "max": 0.1}  # log perplexity from ln(128) = 4.85; masked-LM accuracy from 0
+# Met by the tiny gpt3's third evaluation (step 60; 2 and 4 layers at seed 3: 1.26 and 1.28; the real target
+# 1.04 at step 120-140): for tests whose point is that a layout learns, at half the steps
+MIDWAY_TARGETS = {"min": 1.3, "max": 0.5}
 
 
 def quicken(directory: Path, targets: dict[str, float] = QUICK_TARGETS) -> Path:

@@ -3,7 +3,7 @@ it was (same seed, same process count: the features are exact in fp32, so the lo
 step 20 and at the last step). The last step matters: sequence-parallel norm weights left unmarked agree at step
 20 to 8e-5 but drift to 8e-3 by step 60.
 
-Three trainings of the tiny gpt3 at 2 processes, each run once for the whole module, to a midway target (MIDWAY:
+Three trainings of the tiny gpt3 at 2 processes, each run once for the whole module, to a midway target (conftest's
 the third evaluation, step 60, meets it, at half the steps of the real target; the tiny runs of test_tiny_gpt3
 and the SLURM tests train to the real one):
 - DP2, no features: the reference; it saves a checkpoint;
@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_tiny_converges, mlbench, quick_env_at, result_dir
+from conftest import MIDWAY_TARGETS, assert_tiny_converges, mlbench, quick_env_at, result_dir
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,11 @@ RUNS = {
 }
 SAVES = {"reference": "plain", "context_parallel": "distributed"}  # which runs save, under which name
 SEED = 3
-MIDWAY = {"min": 1.3, "max": 0.5}  # the reference's evaluations at seed 3: 3.05, 1.65, 1.26 (step 60), ...
 
 
 @pytest.fixture(scope="module")
 def midway_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return quick_env_at(tmp_path_factory, MIDWAY)
+    return quick_env_at(tmp_path_factory, MIDWAY_TARGETS)
 
 
 @pytest.fixture(scope="module")
