@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import re
+from array import array
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +47,16 @@ def _names(wanted: frozenset[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(w.ljust(width, b"\0") for w in names), _U64).reshape(len(names), width // 8)
 
 
-def _sort_lines(data: bytes, pos: int, cut: int, wanted: frozenset[bytes]) -> tuple[int, list[tuple]]:
-    """The whole lines data[pos:cut] sorted without a Python step a line: (how many, [(index from pos, start,
-    end, direct)] for the lines to read). A line left out is one the per-line rule (`LogReader._line`) skips
+@functools.cache
+def _sorted_names(wanted: frozenset[bytes]) -> np.ndarray:
+    """The rows of `_names`, each one value of its bytes, sorted."""
+    table = _names(wanted)
+    return np.sort(table.view(f"V{table.shape[1] * 8}").ravel())
+
+
+def _sort_lines(data: bytes, pos: int, cut: int, wanted: frozenset[bytes]) -> tuple[int, tuple[np.ndarray, ...]]:
+    """The whole lines data[pos:cut] sorted without a Python step a line: (how many, arrays (index from pos,
+    start, end, direct) of the lines to read). A line left out is one the per-line rule (`LogReader._line`) skips
     unparsed: it begins with the token, holds `"key"` once, as `"key": "NAME"` with NAME not wanted, and no
     backslash. direct: a line of that form with NAME wanted (the rule parses it); the other lines listed
     (anything else: another prefix or spacing, a second "key", a backslash, a name cut off or too long) go
@@ -61,7 +69,7 @@ def _sort_lines(data: bytes, pos: int, cut: int, wanted: frozenset[bytes]) -> tu
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     if size < 2 * _WIDTH:  # too short to sort: every line to the rule
-        return n, list(zip(range(n), (starts + pos).tolist(), (ends + pos).tolist(), [False] * n, strict=True))
+        return n, (np.arange(n), starts + pos, ends + pos, np.zeros(n, bool))
     # word[i]: the 8 bytes a[i:i + 8] as a number; rows[i]: a[i:i + 64]. Only i < end is read: a line where
     # more would be (the last ones of the block) goes to the rule.
     word = np.ndarray((size - 7,), _U64, data, pos, (1,))
@@ -91,15 +99,150 @@ def _sort_lines(data: bytes, pos: int, cut: int, wanted: frozenset[bytes]) -> tu
     for w in table[:, 0]:
         candidate |= first == w
     direct = np.zeros(n, bool)
-    if (c := np.flatnonzero(candidate & ok)).size:  # the whole name compared
-        full = name[c] * (_COLUMNS[:name.shape[1]] <= length[c, None])
-        direct[c] = (full.view(_U64)[:, None, :] == table).all(2).any(1)
+    if (c := np.flatnonzero(candidate & ok)).size:  # the whole name compared: found among the sorted names
+        full = (name[c] * (_COLUMNS[:name.shape[1]] <= length[c, None])).view(f"V{name.shape[1]}").ravel()
+        names = _sorted_names(wanted)
+        direct[c] = names[np.minimum(np.searchsorted(names, full), len(names) - 1)] == full
     if data.find(b"\\", pos, cut) >= 0:  # a line with a backslash: the rule reads it
         ok[np.searchsorted(ends, np.flatnonzero(a == 0x5C))] = False
     direct &= ok
     todo = np.flatnonzero(~ok | direct)
-    return n, list(zip(todo.tolist(), (starts[todo] + pos).tolist(), (ends[todo] + pos).tolist(),
-                       direct[todo].tolist(), strict=True))
+    return n, (todo, starts[todo] + pos, ends[todo] + pos, direct[todo])
+
+
+# The per-step lines of a big log differ only in their digits. One such line, as `_Layout`, lets a block's lines of
+# its layout be checked and their numbers found in array operations, and parsed in one orjson call: the same
+# parser and so the same numbers as a line parsed alone, without a Python step a line.
+_RUN = re.compile(rb"[0-9]+")
+_JSON_NUMBER = re.compile(rb'"[^"]*"|-?[0-9][-+.0-9eE]*')  # a string (skipped) or a number, in a line without "\"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The lines that are one line (`_layout`) with other digits: k digit runs, the pieces of text between them
+    and the runs `low` to `low + span` long (a piece: as long as in the line; a run: 1 to the most digits a number
+    may have), the pieces compared as 8-byte words `word` at `word_at` of piece `word_in`, shorter ones byte by
+    byte, and the numbers (by their first and last run, minus sign) that make a row."""
+
+    k: int
+    low: np.ndarray
+    span: np.ndarray
+    word_in: np.ndarray
+    word_at: np.ndarray
+    word: np.ndarray
+    byte_in: np.ndarray
+    byte_at: np.ndarray
+    byte: np.ndarray
+    lead: np.ndarray  # runs that begin a number: "0" or no leading zero (JSON)
+    first: np.ndarray
+    last: np.ndarray
+    neg: np.ndarray
+    columns: np.ndarray  # the row's fields these numbers fill (the rest: NaN, not logged)
+
+    def rows(self, data: bytes, pos: int, cut: int, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the lines data[s:e] (within data[pos:cut]) are of this layout, and their rows. (The arrays
+        hold a row per place in the line, a column per line: checking every place is a fast reduction.)"""
+        a = np.frombuffer(data, np.uint8)
+        digit = (a[pos:cut] - np.uint8(48)) < 10
+        edges = np.flatnonzero(digit[1:] != digit[:-1]) + (pos + 1)  # where runs begin and end (cut - 1: "\n")
+        if digit[0]:
+            edges = np.r_[pos, edges]
+        if len(edges) < 2 * self.k or len(a) < 8:
+            return np.zeros(len(s), bool), np.zeros((0, 5))
+        lo = np.searchsorted(edges, s)
+        ok = np.searchsorted(edges, e) - lo == 2 * self.k
+        # Each line as: its start, where each run begins and ends, its end; so where each piece of text begins
+        at = np.vstack((s, np.take(edges, lo + np.arange(2 * self.k)[:, None], mode="clip"), e))
+        size = np.diff(at, axis=0)  # the pieces of text and the runs, in turn: within their bounds
+        ok &= ((size - self.low).view(np.uint64) <= self.span).all(0)
+        lead = 2 * self.lead + 1
+        ok &= ((np.take(a, at[lead], mode="clip") != 48) | (size[lead] == 1)).all(0)
+        words = np.ndarray((len(data) - 7,), _U64, data, 0, (1,))
+        ok &= (np.take(words, at[2 * self.word_in] + self.word_at, mode="clip") == self.word).all(0)
+        ok &= (np.take(a, at[2 * self.byte_in] + self.byte_at, mode="clip") == self.byte).all(0)
+        m = np.flatnonzero(ok)
+        rows = np.full((len(m), 5), math.nan)
+        if not len(m) or not len(self.columns):
+            return ok, rows
+        start = (at[2 * self.first + 1][:, m] - self.neg).ravel()
+        length = at[2 * self.last + 2][:, m].ravel() - start
+        # The numbers as one JSON array, field by field: each number's bytes and a comma (the last one a "]")
+        to = np.cumsum(length + 1) - length - 1
+        text = a[np.repeat(start - to, length + 1) + np.arange(int(length.sum()) + len(length))]
+        text[to + length] = 0x2C
+        text[-1] = 0x5D
+        try:
+            numbers = orjson.loads(b"[" + text.tobytes())
+        except orjson.JSONDecodeError:  # not expected of checked lines; if so, they are read one by one
+            return np.zeros(len(s), bool), rows[:0]
+        rows[:, self.columns] = np.frombuffer(array("d", numbers), np.float64).reshape(-1, len(m)).T
+        return ok, rows
+
+
+def _layout(line: bytes, key: str, fields: Callable[[dict], tuple]) -> _Layout | None:
+    """The layout of LINE, a record of KEY that was taken (in the standard form: no backslash). Which numbers make
+    its row: FIELDS of the record parsed with each number replaced by its place (1, 2, ...); None where the row is
+    not made of numbers of its own."""
+    runs = [m.span() for m in _RUN.finditer(line)]
+    numbers = [m.span() for m in _JSON_NUMBER.finditer(line) if line[m.start()] != 0x22]
+    probe, end = [], 0
+    for i, (s, e) in enumerate(numbers, 1):
+        probe += (line[end:s], b"%d" % i)
+        end = e
+    try:
+        record = orjson.loads((b"".join(probe) + line[end:])[_TOKEN_LEN:])
+    except orjson.JSONDecodeError:
+        return None
+    if type(record) is not dict or record.get("key") != key:
+        return None
+    row = fields(record)
+    if not all(type(x) is int and 0 < x <= len(numbers) or type(x) is float and x != x for x in row):
+        return None
+    used = [x - 1 for x in row if type(x) is int]
+    first = [next(j for j, r in enumerate(runs) if r[0] >= s) for s, _ in numbers]  # each number's runs
+    last = [max(j for j, r in enumerate(runs) if r[1] <= e) for _, e in numbers]
+    longest = np.full(len(runs), 1 << 62)  # in a string or a fraction: any number of digits
+    longest[first] = 18  # an int part of 18 digits and an exponent of 2: a finite float, that orjson reads alone
+    longest[[j for i, k in zip(first, last, strict=True) for j in range(i + 1, k + 1)
+             if line[runs[j][0] - 1] in b"eE+-"]] = 2
+    gaps = np.diff([0, *(x for r in runs for x in r), len(line)])[::2]  # each piece of text's length
+    low, span = np.ones(2 * len(runs) + 1, np.int64), np.zeros(2 * len(runs) + 1, np.uint64)
+    low[::2], span[1::2] = gaps, longest - 1
+    begins = [0, *(e for _, e in runs)]
+    words = [(j, o) for j, g in enumerate(gaps) if g >= 8 for o in sorted({*range(0, g - 7, 8), g - 8})]
+    single = [(j, o) for j, g in enumerate(gaps) if g < 8 for o in range(g)]
+
+    def column(values: list, dtype: type = np.int64) -> np.ndarray:
+        return np.array(values, dtype).reshape(-1, 1)
+
+    return _Layout(
+        k=len(runs), low=column(low), span=column(span, np.uint64), word_in=np.array([j for j, _ in words], int),
+        word_at=column([o for _, o in words]),
+        word=column([np.frombuffer(line, _U64, 1, begins[j] + o)[0] for j, o in words], _U64),
+        byte_in=np.array([j for j, _ in single], int), byte_at=column([o for _, o in single]),
+        byte=column([line[begins[j] + o] for j, o in single], np.uint8), lead=np.array(first),
+        first=np.array([first[i] for i in used], int), last=np.array([last[i] for i in used], int),
+        neg=column([line[numbers[i][0]] == 0x2D for i in used]),
+        columns=np.array([c for c, x in enumerate(row) if type(x) is int], int))
+
+
+@dataclass(frozen=True)
+class Take:
+    """Records of KEY in the standard form, read after `LogReader.keys` is set, taken without an Event: each goes
+    to RECORD(record as parsed, line), and is not yielded where that returns True (False: yielded as usual).
+
+    Lines of the layout of a record RECORD took (`_Layout`: the per-step lines of a big log) are read in batches
+    instead, where ROWS is given: it gets their rows, 5 float64s a record, FIELDS(record) as numbers (a field not
+    logged: NaN). So RECORD must take a record whose FIELDS are finite numbers (or not logged) and store just
+    that row."""
+
+    key: str
+    record: Callable[[dict, int], bool]
+    fields: Callable[[dict], tuple] | None = None
+    rows: Callable[[np.ndarray], None] | None = None
+
+
+_BATCHES = True  # whether lines of a layout are read in batches (a test compares with reading them one by one)
 
 
 @dataclass(slots=True)
@@ -140,7 +283,8 @@ class LogReader:
     block's lines are sorted in a few array operations (`_sort_lines`) into those the per-line rule (`_line`)
     would skip unparsed, which are only counted, those holding a wanted key in the standard form, which are
     parsed, and the rest, which go through `_line`: the same records, line numbers and broken lines as reading
-    every line with `_line`, in time close to a plain read of the file.
+    every line with `_line`, in time close to a plain read of the file. Lines for `take` of a layout it learned
+    are read in a batch a block (`Take`, `_Layout`).
     """
 
     path: Path
@@ -149,10 +293,8 @@ class LogReader:
     n_broken: int = 0
     truncated: bool = False
     lines: int = 0
-    # (KEY, TAKE): a record of KEY in the standard form, read after `keys` is set, goes to TAKE(record as parsed,
-    # line) and is not yielded where TAKE returns True (the analysis stores a big log's per-step records this way,
-    # without an Event each); where it returns False it is yielded as usual.
-    take: tuple[str, Callable[[dict, int], bool]] | None = None
+    take: Take | None = None  # records taken without an Event (the analysis: a big log's per-step records)
+    _learned: tuple[Take, _Layout | None] | None = field(default=None, init=False, repr=False, compare=False)
     _keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
     _wanted_b: frozenset[bytes] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -195,13 +337,21 @@ class LogReader:
                 if event is not None:
                     yield event
                 continue
-            count, todo = _sort_lines(data, pos, cut, self._wanted(keys))
-            take, taken = self.take or ("", None)
-            for i, s, e, d in todo:
+            count, (index, starts, ends, direct) = _sort_lines(data, pos, cut, self._wanted(keys))
+            take = self.take
+            fast, rows = self._batch(data, pos, cut, starts, ends, direct, take)
+            slow = ~fast
+            done, learn, one_by_one = 0, None, 0  # rows handed over; the first record taken one by one, how many
+            for i, s, e, d, k in zip(index[slow].tolist(), starts[slow].tolist(), ends[slow].tolist(),
+                                     direct[slow].tolist(), (np.cumsum(fast) - fast)[slow].tolist(), strict=True):
+                if k > done:  # the lines before this one read in a batch: their rows first, in order
+                    take.rows(rows[done:k])
+                    done = k
                 if d:  # a wanted record in the standard form: parsed here, so a taker sees it without an Event
                     record = _parse(data[s + _TOKEN_LEN:e])
-                    if taken is not None and type(record) is dict and record.get("key") == take \
-                            and taken(record, n + i + 1):
+                    if take is not None and type(record) is dict and record.get("key") == take.key \
+                            and take.record(record, n + i + 1):
+                        learn, one_by_one = learn or (s, e), one_by_one + 1
                         continue
                     event = _as_event(record, n + i + 1)
                 else:
@@ -216,8 +366,25 @@ class LogReader:
                     n, pos = n + i + 1, e + 1
                     break
             else:
+                if done < len(rows):
+                    take.rows(rows[done:])
                 n, pos = n + count, cut
+            if learn is not None and take.fields and take.rows and one_by_one > len(rows):  # (another) layout
+                self._learned = take, _layout(data[learn[0]:learn[1]], take.key, take.fields)
         return n
+
+    def _batch(self, data: bytes, pos: int, cut: int, starts: np.ndarray, ends: np.ndarray, direct: np.ndarray,
+               take: Take | None) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the lines to read are of the layout learned for TAKE (read in a batch), and their rows."""
+        fast = np.zeros(len(starts), bool)
+        known = self._learned
+        if not _BATCHES or take is None or known is None or known[0] is not take or known[1] is None \
+                or not direct.any():
+            return fast, np.zeros((0, 5))
+        at = np.flatnonzero(direct)
+        ok, rows = known[1].rows(data, pos, cut, starts[at], ends[at])
+        fast[at[ok]] = True
+        return fast, rows
 
     def _wanted(self, keys: frozenset[str]) -> frozenset[bytes]:
         if keys is not self._keys:

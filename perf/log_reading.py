@@ -18,7 +18,7 @@ checker it starts):
   scaling               mlbench scaling of the same two
 
 --checkout DIR runs the mlbench commands from another checkout of the code (e.g. a `git worktree` of an older
-commit) for a before/after comparison.
+commit) for a before/after comparison; --reads-only times the reads alone (no checker, no commands).
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def main() -> None:
     ap.add_argument("size_mb", nargs="?", type=float, default=250.0)
     ap.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1],
                     help="the mlbench checkout whose code runs the mlbench commands")
+    ap.add_argument("--reads-only", action="store_true", help="only the reads: no checker, no mlbench commands")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(args.checkout.resolve()), PYTHONWARNINGS="ignore")
     with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as td:
@@ -152,6 +153,8 @@ def main() -> None:
             ("compare --no-score", "", _mlbench("compare", str(big), str(small), "--no-score"), 1),
             ("scaling", "", _mlbench("scaling", str(big), str(small), "--devices", "8", "--devices", "16"), 1),
         ]
+        if args.reads_only:
+            cases = cases[:4]
         print(f"{'':20} {'seconds':>8} {'timed s':>8} {'timed cpu s':>12} {'peak MiB':>9} {'child peak MiB':>15}")
         for name, setup, code, repeat in cases:
             m = measure(code, env, td, args.checkout, setup, repeat)

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
+
 from mlbench.analysis import step_times as st
 from mlbench.errors import UserError
-from mlbench.logfile import BadField, Event, LogReader, metadata, number, text, time_to_train_s
+from mlbench.logfile import BadField, Event, LogReader, Take, metadata, number, text, time_to_train_s
 
 RESULT_GLOB = "result_*.txt"
 
@@ -186,11 +188,10 @@ class _Pass:
         """A well-formed per-step record as parsed (most lines of a big log; `LogReader.take`), stored without an
         Event or the checks' overhead: what `tracked` would store. False for anything else, which `tracked` then
         reads field by field, naming a bad field."""
-        v, md, t = record.get("value"), record.get("metadata"), record.get("time_ms")
-        if type(v) is not dict or type(md) is not dict:
+        fields = _step_fields(record)
+        if not fields:
             return False
-        secs, step = v.get("train_step_time"), md.get("step")
-        tps, tfl = v.get("tokens_per_s", _NAN), v.get("tflops_per_device", _NAN)
+        step, secs, t, tps, tfl = fields
         # The common form in one test (a sum of finite floats times 0 is 0; nan, inf or an overflow is not), else
         # each number on its own
         if not (type(secs) is float and type(tps) is float and type(tfl) is float and type(t) is int
@@ -204,6 +205,10 @@ class _Pass:
                     return False
         self.add_row((step, secs, t, tps, tfl))
         return True
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Rows of per-step records read in a batch (`LogReader.take`): what take_step stores of each."""
+        self.log.tracked.rows.frombytes(rows.tobytes())
 
     def stop(self, e: Event) -> None:
         log, path = self.log, self.log.path
@@ -261,6 +266,16 @@ _NAN = math.nan
 _BIG = 2.0**1023  # an int beyond this cannot become a float
 
 
+def _step_fields(record: dict) -> tuple:
+    """A per-step record's row as logged: step, seconds, time_ms, tokens_per_s, tflops (NaN: not logged); ()
+    where value or metadata is not an object."""
+    v, md = record.get("value"), record.get("metadata")
+    if type(v) is not dict or type(md) is not dict:
+        return ()
+    return (md.get("step"), v.get("train_step_time"), record.get("time_ms"), v.get("tokens_per_s", _NAN),
+            v.get("tflops_per_device", _NAN))
+
+
 def _whole(path: Path, e: Event) -> int:
     return int(number(path, e, "value", e.value, positive=True, integer=True))
 
@@ -272,6 +287,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
     log = RunLog(Path(path))
     reader = LogReader(log.path)
     scan = _Pass(log, steps)
+    take = Take("tracked_stats", scan.take_step, _step_fields, scan.add_rows)  # (the reader's: no cycle via scan)
     events = 0
     try:
         for e in reader:
@@ -279,7 +295,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
             scan.event(e)
             if scan.started and reader.keys is None:  # hyperparameters done
                 reader.keys = _STEP_KEYS if steps else _SCORE_KEYS
-                reader.take = ("tracked_stats", scan.take_step) if steps else None
+                reader.take = take if steps else None
     except OSError as e:
         return RunLog(log.path, [f"cannot read: {e.strerror or e}"])
     scan.finish()
