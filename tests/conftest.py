@@ -10,11 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from mlbench.train import cpu_compat
+
+def _xdist_controller() -> bool:
+    """Whether this is pytest-xdist's controller, which runs no test (`-n N`, N > 0, and not a worker)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return False
+    args = sys.argv[1:]
+    for i, a in enumerate(args):
+        n = args[i + 1] if a in ("-n", "--numprocesses") and i + 1 < len(args) else \
+            a[2:] if a.startswith("-n") else a.partition("=")[2] if a.startswith("--numprocesses=") else None
+        if n is not None:
+            return n not in ("0", "")
+    return False
+
 
 # Test processes (and their spawned children, which import this module) build megatron-core models too: import it
-# as the ranks do, without compiling its GPU-only fused kernels (dynamo and inductor: 2-3 s a process).
-cpu_compat.import_megatron_without_jit_fuser()
+# as the ranks do, without compiling its GPU-only fused kernels (dynamo and inductor: 2-3 s a process). Not in
+# xdist's controller: it would import torch (2.6 s) before starting the workers.
+if not _xdist_controller():
+    from mlbench.train import cpu_compat
+
+    cpu_compat.import_megatron_without_jit_fuser()
 
 MLBENCH = [sys.executable, "-m", "mlbench.cli"]
 
