@@ -42,6 +42,21 @@ def mlbench(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path
                           cwd=cwd)
 
 
+def launch_ranks(script: Path, nproc: int, *args: str, env: dict | None = None, rank: int = 0) -> str:
+    """Run SCRIPT ARGS as NPROC gloo ranks under mlbench's local agent (what `mlbench run` starts on one node:
+    torchrun's environment and log layout, without torch imported in the agent); returns RANK's output. A failure shows
+    the agent's message and RANK's errors (megatron's import warnings left out)."""
+    logs = script.parent / f"{script.stem}_ranks"
+    proc = subprocess.run([sys.executable, "-m", "mlbench.launch.local_ranks", f"--nproc-per-node={nproc}",
+                           f"--log-dir={logs}", str(script), *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+    own = logs / "local" / "attempt_0" / str(rank)
+    err = (own / "stderr.log").read_text() if (own / "stderr.log").exists() else ""
+    errors = "\n".join(ln for ln in err.splitlines() if "warn" not in ln.lower())
+    assert proc.returncode == 0, proc.stdout + errors[-3000:]
+    return (own / "stdout.log").read_text()
+
+
 def mllog(path: Path) -> list[dict]:
     out = []
     for line in Path(path).read_text().splitlines():

@@ -15,13 +15,11 @@ its activations be within 15 %.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import launch_ranks
 
 pytestmark = pytest.mark.slow  # two launches, fourteen layouts built: about 10 s
 
@@ -80,18 +78,10 @@ CASES_1 = {"one": ({}, {}), "moe_one": ({}, {}, "gpt_oss_20b")}
 
 
 def _launch(tmp: Path, nproc: int, cases: dict) -> dict:
-    script, logs = tmp / f"measure_{nproc}.py", tmp / f"ranks_{nproc}"
+    script = tmp / f"measure_{nproc}.py"
     script.write_text(_SCRIPT)
-    # mlbench's local agent (what `mlbench run` starts on one node): torchrun's environment and log layout,
-    # without importing torch in the agent
-    proc = subprocess.run([sys.executable, "-m", "mlbench.launch.local_ranks", f"--nproc-per-node={nproc}",
-                           f"--log-dir={logs}", str(script), json.dumps(cases)], capture_output=True, text=True,
-                          timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})  # this checkout's mlbench
-    rank0 = logs / "local" / "attempt_0" / "0"
-    err = (rank0 / "stderr.log").read_text() if (rank0 / "stderr.log").exists() else ""
-    errors = "\n".join(ln for ln in err.splitlines() if "warn" not in ln.lower())
-    assert proc.returncode == 0, proc.stdout + errors[-3000:]
-    return json.loads((rank0 / "stdout.log").read_text().strip().splitlines()[-1])
+    out = launch_ranks(script, nproc, json.dumps(cases), env={"PYTHONPATH": str(ROOT)})  # this checkout's mlbench
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ output is exactly 30,522 wide)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from conftest import launch_ranks
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
@@ -47,11 +47,7 @@ _SCRIPT = textwrap.dedent("""
 def test_padded_vocabulary_is_left_out_of_loss_and_accuracy(tmp_path: Path) -> None:
     script = tmp_path / "padded.py"
     script.write_text(_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--standalone", str(script)], capture_output=True, text=True, timeout=300)
-    # megatron's import warnings fill stderr: keep what says why a rank failed
-    assert proc.returncode == 0, "\n".join(ln for ln in proc.stderr.splitlines() if "warn" not in ln.lower())[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(launch_ranks(script, 2, rank=1).strip().splitlines()[-1])
     masked, kept = out["7"], out["None"]
     assert abs(masked["loss"] - out["reference_loss"]) < 1e-4 * out["reference_loss"]
     assert masked["correct"] == out["reference_correct"]
