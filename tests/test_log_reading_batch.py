@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlbench import logfile
-from mlbench.analysis import logs
+from mlbench.analysis import step_times
 from mlbench.analysis.logs import read_log
 
 DATA = Path(__file__).parent / "data"
@@ -89,8 +89,9 @@ def _both(path: Path, monkeypatch) -> tuple[tuple, tuple, int]:
     """The RunLog read with batches and one by one (every field, the rows as bytes: NaN and -0.0 as they are),
     and how many rows came in batches."""
     batched = []
-    add_rows = logs._Pass.add_rows
-    monkeypatch.setattr(logs._Pass, "add_rows", lambda self, rows: (batched.append(len(rows)), add_rows(self, rows)))
+    add_rows = step_times.Tracked.add_rows
+    monkeypatch.setattr(step_times.Tracked, "add_rows",
+                        lambda self, rows: (batched.append(len(rows)), add_rows(self, rows)))
     runs = []
     for on in (True, False):
         monkeypatch.setattr(logfile, "_BATCHES", on)

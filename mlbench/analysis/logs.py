@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
 from mlbench.analysis import step_times as st
 from mlbench.errors import UserError
 from mlbench.logfile import BadField, Event, LogReader, Take, metadata, number, text, time_to_train_s
@@ -138,7 +136,6 @@ class _Pass:
         self.bad: dict[str, int] = {}
         self.open_block: tuple[float, float | None, float | None] | None = None  # time, size, first count
         self.started = False  # past the first run_start line (whether or not its time is usable)
-        self.add_row = log.tracked.rows.extend
 
     def fault(self, e: BadField, key: str, invalidates: bool) -> None:
         self.bad[key] = self.bad.get(key, 0) + 1
@@ -191,24 +188,14 @@ class _Pass:
         fields = _step_fields(record)
         if not fields:
             return False
-        step, secs, t, tps, tfl = fields
-        # The common form in one test (a sum of finite floats times 0 is 0; nan, inf or an overflow is not), else
-        # each number on its own
-        if not (type(secs) is float and type(tps) is float and type(tfl) is float and type(t) is int
-                and type(step) is int and (secs + tps + tfl) * 0.0 == 0.0 and -_BIG < t < _BIG
-                and -_BIG < step < _BIG):
-            for x in (secs, step, t, tps, tfl):  # finite: an int or a float (not bool: a number to Python only)
-                if type(x) is float:
-                    if x - x != 0.0 and x is not _NAN:  # _NAN: tokens_per_s or tflops_per_device not logged
-                        return False
-                elif type(x) is not int or not -_BIG < x < _BIG:
+        for x in fields:  # finite: an int or a float (not bool: a number to Python only)
+            if type(x) is float:
+                if x - x != 0.0 and x is not _NAN:  # _NAN: tokens_per_s or tflops_per_device not logged
                     return False
-        self.add_row((step, secs, t, tps, tfl))
+            elif type(x) is not int or not -_BIG < x < _BIG:
+                return False
+        self.log.tracked.add(*fields)
         return True
-
-    def add_rows(self, rows: np.ndarray) -> None:
-        """Rows of per-step records read in a batch (`LogReader.take`): what take_step stores of each."""
-        self.log.tracked.rows.frombytes(rows.tobytes())
 
     def stop(self, e: Event) -> None:
         log, path = self.log, self.log.path
@@ -287,7 +274,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
     log = RunLog(Path(path))
     reader = LogReader(log.path)
     scan = _Pass(log, steps)
-    take = Take("tracked_stats", scan.take_step, _step_fields, scan.add_rows)  # (the reader's: no cycle via scan)
+    take = Take("tracked_stats", scan.take_step, _step_fields, log.tracked.add_rows)  # (the reader's: no cycle)
     events = 0
     try:
         for e in reader:

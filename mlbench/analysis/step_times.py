@@ -52,6 +52,10 @@ class Tracked:
     def add(self, step: float, seconds: float, time_ms: float, tokens_per_s: float, tflops: float) -> None:
         self.rows.extend((step, seconds, time_ms, tokens_per_s, tflops))
 
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Records read in a batch (`LogReader.take`): an array of rows of those 5 numbers, float64."""
+        self.rows.frombytes(rows.tobytes())
+
     def columns(self) -> np.ndarray:
         """The records as 5 rows (step, seconds, time_ms, tokens_per_s, tflops) of one number a record."""
         return np.frombuffer(self.rows, np.float64).reshape(-1, 5).T if self.rows else np.zeros((5, 0))
