@@ -81,7 +81,9 @@ def _definitions(benchmarks_copy: Path, data: Path) -> dict:
     d["train"].update(global_batch_size=32, micro_batch_size=8, max_steps=600, init_checkpoint="", precision="fp32")
     # 250: over 2 ranks x micro-batch 8 the eval set is padded to 256 rows, the 6 extra counting for nothing
     d["eval"].update(interval_samples=640, samples=250)
-    d["quality"]["target"] = 0.5
+    # Past twice the unigram accuracy (0.118, where it stays for the first 80 steps): met at step 140 (0.30), not
+    # at 120 (0.23); 0.5 took 200 steps and proved nothing more
+    d["quality"]["target"] = 0.25
     d["data"].update(source="tfrecord", path=str(data / "part-*"), eval_path=str(data / "eval_10k"),
                      max_predictions_per_seq=PRED)
     d["layouts"] = []
@@ -107,7 +109,7 @@ def test_bert_trains_on_mlperf_tfrecord_samples(tmp_path: Path, benchmarks_copy:
     assert record["quality"]["eval_scored"] == sum(weights)
     assert record["layout"]["dp"] == 2
     evals = [e["value"] for e in mllog(log) if e["key"] == "eval_accuracy"]
-    assert evals[-1] >= 0.5 and evals[0] < 0.5, evals  # it learned the masked tokens, from below the target
+    assert evals[-1] >= 0.25 and evals[0] < 0.15, evals  # it learned the masked tokens, from unigram accuracy
     # The structural rules (the closed ones also require the full benchmark's 0.720 and hyperparameters).
     check = mlbench("check", str(log), "--rules", "smoke")
     assert check.returncode == 0, check.stdout

@@ -38,14 +38,25 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+_REWRITTEN = frozenset({"cuda", "pin_memory", "to", "type"})  # the functions rewritten whatever their arguments
+
+
 class _CudaToCpu(TorchFunctionMode):
+    # Every torch call of a training step passes through here (about 1,500 a tiny step): the common case, no
+    # keyword to rewrite and no function of _REWRITTEN, returns after two tests.
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = dict(kwargs or {})
-        if _is_cuda(kwargs.get("device")):
-            kwargs["device"] = _CPU
-        if kwargs.get("pin_memory"):  # page-locked memory is for copies to a GPU (RoPE's CP split asks for it)
-            kwargs["pin_memory"] = False
+        if kwargs:
+            if _is_cuda(kwargs.get("device")) or kwargs.get("pin_memory"):
+                kwargs = dict(kwargs)
+                if _is_cuda(kwargs.get("device")):
+                    kwargs["device"] = _CPU
+                if kwargs.get("pin_memory"):  # page-locked memory is for copies to a GPU (RoPE's CP split)
+                    kwargs["pin_memory"] = False
+        else:
+            kwargs = {}
         name = getattr(func, "__name__", "")
+        if name not in _REWRITTEN:
+            return func(*args, **kwargs)
         if name in ("cuda", "pin_memory"):  # Tensor.cuda(): the tensor already lives where compute happens
             return args[0]
         if name == "to":
