@@ -24,6 +24,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     """One cluster for the module (starting and stopping one costs seconds): each test's jobs end before it does."""
     with SlurmCluster(tmp_path_factory.mktemp("cluster"), nodes=2, cpus_per_node=2, max_time="00:10:00") as c:
         yield c
+    assert not [p.pid for p in c.procs.values() if p.poll() is None], "daemons left behind"
 
 
 def _run(cluster: SlurmCluster, root: Path, *flags: str, quick_env: dict):
@@ -37,11 +38,14 @@ def _run(cluster: SlurmCluster, root: Path, *flags: str, quick_env: dict):
                          ids=["dp2-two-runs", "pp2-saves-a-checkpoint"])
 def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path, flags: list[str],
                                           quick_env: dict) -> None:
-    root = tmp_path / "results"
+    # A space, a quote and a dollar in the path: it reaches sbatch's own #SBATCH parser (the job's output file),
+    # srun and bash -c (the rank's plan) through the rendered script's quoting.
+    root = tmp_path / "odd dir's $results"
     flags = [str(tmp_path / "ckpt") if f == "CKPT" else f for f in flags]
     proc = _run(cluster, root, *flags, quick_env=quick_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
     assert "submitted SLURM job" in proc.stdout and "target reached" in proc.stdout
+    assert list(root.glob("ci/gpt3/.slurm/*/job.out")), "sbatch wrote the job's output where #SBATCH said"
     job_id = proc.stdout.split("submitted SLURM job ")[1].split(";")[0]
     # live: the job's state as it changes, each run's progress as rank 0 reports it, the state at its end
     assert f"SLURM job {job_id}: RUNNING on " in proc.stdout and "step 20/" in proc.stdout, proc.stdout
