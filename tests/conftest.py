@@ -156,7 +156,7 @@ SLOWEST_FIRST = [
     "test_features", "test_checkpoint_names", "test_checkpoints", "test_slurm_run", "test_failures",
     "test_tiny_gpt3", "test_interleaved_pipeline", "test_analysis_score", "test_bert_reference",
     "test_current_suite_moe", "test_indexed_data", "test_results", "test_bert_data", "test_tiny_llama",
-    "test_tiny_bert", "test_features_memory", "test_planner", "test_benchmarks_full",
+    "test_tiny_bert", "test_features_memory", "test_slurm_cluster", "test_planner", "test_benchmarks_full",
     "test_torchrun_launcher", "test_current_suite",
 ]
 
