@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import math
 import operator
 import types
@@ -324,7 +325,7 @@ def evaluate(expr: int | float | str, **names: float) -> Any:
     if len(expr) > MAX_EXPRESSION_CHARS:
         raise UserError(f"cannot evaluate {expr[:40]!r}...: longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        return ev(ast.parse(expr.strip(), mode="eval"))
+        return ev(_parsed(expr))
     except SyntaxError as e:
         raise UserError(f"cannot evaluate {expr!r}: not an arithmetic expression ({e.msg}; names allowed: "
                         f"{allowed})") from None
@@ -336,6 +337,13 @@ def evaluate(expr: int | float | str, **names: float) -> Any:
     except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError) as e:
         raise UserError(f"cannot evaluate {expr!r} at {_at(names)}: {e} (names allowed: {allowed}; functions: "
                         f"{', '.join(_FUNCS)})") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(expr: str) -> ast.Expression:
+    """An expression's tree (read, never changed): the planner evaluates a file's expressions at every layout it
+    searches."""
+    return ast.parse(expr.strip(), mode="eval")
 
 
 def _at(names: dict[str, float]) -> str:
@@ -352,10 +360,14 @@ def expressions(b: Benchmark) -> dict[str, int | float | str]:
     for section in dataclasses.fields(b):
         value = getattr(b, section.name)
         if dataclasses.is_dataclass(value):
-            hints = typing.get_type_hints(type(value))
-            found |= {f"{section.name}.{f.name}": getattr(value, f.name) for f in dataclasses.fields(value)
-                      if _is_numeric(hints[f.name])}
+            found |= {f"{section.name}.{name}": getattr(value, name) for name in _numeric_fields(type(value))}
     return found
+
+
+@functools.cache
+def _numeric_fields(cls: type) -> tuple[str, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(f.name for f in dataclasses.fields(cls) if _is_numeric(hints[f.name]))
 
 
 def _is_numeric(tp: Any) -> bool:

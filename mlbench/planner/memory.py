@@ -42,6 +42,7 @@ and allocator fragmentation.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -174,8 +175,21 @@ def _buffer_numel(sizes: list[int], padded: bool, dp: int) -> tuple[int, int]:
         end = start + n
     numel = -(-end // math.lcm(dp, 128)) * math.lcm(dp, 128)
     shard = numel // dp
-    held = [sum(max(0, min(e, (r + 1) * shard) - max(b, r * shard)) for b, e in ranges) for r in range(dp)]
-    return numel, max(held)
+    # Each shard's parameter elements, range by range: a range adds to the shards it starts and ends in, and whole
+    # shards between (a difference array: linear in ranges + shards, where dp x ranges took seconds at dp 1024).
+    held, whole = [0] * dp, [0] * (dp + 1)
+    for b, e in ranges:
+        if e == b:
+            continue
+        first, last = b // shard, (e - 1) // shard
+        if first == last:
+            held[first] += e - b
+            continue
+        held[first] += (first + 1) * shard - b
+        held[last] += e - last * shard
+        whole[first + 1] += 1
+        whole[last] -= 1
+    return numel, max(h + n * shard for h, n in zip(held, itertools.accumulate(whole), strict=False))
 
 
 # ---- activations --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ FLOPs, at the step's per-sample rate.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +37,13 @@ def _rcp_file(benchmark: str, ruleset: str) -> Path:
 
 def rcp_points(bench: Benchmark) -> list[RCPPoint]:
     """The pruned RCPs, in samples (gpt3's count tokens: divided by the sequence length), by batch."""
-    raw = json.loads(_rcp_file(bench.mlperf.benchmark, bench.mlperf.ruleset).read_text())
     unit = bench.model.seq_length if bench.mlperf.eval_unit == "tokens" else 1
+    return list(_pruned_rcps(bench.mlperf.benchmark, bench.mlperf.ruleset, unit))
+
+
+@functools.cache  # a plan search asks at every layout it evaluates
+def _pruned_rcps(benchmark: str, ruleset: str, unit: int) -> tuple[RCPPoint, ...]:
+    raw = json.loads(_rcp_file(benchmark, ruleset).read_text())
     points = []
     for rec in raw.values():
         runs = sorted(rec.get("Epochs to converge") or rec["samples to converge"])
@@ -54,7 +60,7 @@ def rcp_points(bench: Benchmark) -> list[RCPPoint]:
             del points[i]
             i -= 1
         i += 1
-    return points
+    return tuple(points)
 
 
 def samples_to_converge(bench: Benchmark, gbs: int) -> tuple[float, str]:
