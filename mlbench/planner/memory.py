@@ -42,6 +42,7 @@ and allocator fragmentation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -161,7 +162,8 @@ def _stage_params(bench: Benchmark, layout: Layout, stage: int) -> tuple[list[in
 
 
 
-def _buffer_numel(sizes: list[int], padded: bool, dp: int) -> tuple[int, int]:
+@functools.lru_cache(maxsize=4096)  # a search asks for the same stages at many layouts
+def _buffer_numel(sizes: tuple[int, ...], padded: bool, dp: int) -> tuple[int, int]:
     """Elements of megatron's contiguous buffer for these parameters (registered in this order; the buffer takes
     them in reverse), and the most parameter elements one data-parallel shard holds: the distributed optimizer keeps
     state for the parameters in its shard, never for the padding. With it each parameter starts on a 64-element
@@ -340,7 +342,7 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
         if not sizes:
             continue
         padded = f.distributed_optimizer
-        numel, held = _buffer_numel(sizes, padded, shard)
+        numel, held = _buffer_numel(tuple(sizes), padded, shard)
         params += numel * param_b if padded else sum(sizes) * param_b
         grads += numel * grad_b
         optimizer += state_b * held
