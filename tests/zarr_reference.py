@@ -1,6 +1,6 @@
 """Writes a megatron-core checkpoint in the layout of the MLPerf GPT-3 reference checkpoint (the Megatron one,
 `checkpoint_megatron_fp32.tar`), as the reference's `scripts/convert_paxml_to_megatron_distributed.py` and
-`json_to_torch.py` write it: `python tests/zarr_reference.py SRC DST`.
+`json_to_torch.py` write it: `convert(SRC, DST)`.
 
 - one zarr v2 array per tensor, in a folder named by the tensor's legacy Megatron-LM name (README "Checkpoint
   Parameters"; the name table below is the converter's), layers stacked on the first axis;
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from mlbench.train import cpu_compat
 
@@ -93,15 +90,3 @@ def convert(src: str, dst: str) -> None:
         write_array(out / name, t.float().numpy())
     (out / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
     torch.save(COMMON_FP32, out / "common.pt")
-
-
-def main(src: str, dst: str) -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29556")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    convert(src, dst)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

@@ -45,15 +45,10 @@ class _CudaToCpu(TorchFunctionMode):
     # Every torch call of a training step passes through here (about 1,500 a tiny step): the common case, no
     # keyword to rewrite and no function of _REWRITTEN, returns after two tests.
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        if kwargs:
-            if _is_cuda(kwargs.get("device")) or kwargs.get("pin_memory"):
-                kwargs = dict(kwargs)
-                if _is_cuda(kwargs.get("device")):
-                    kwargs["device"] = _CPU
-                if kwargs.get("pin_memory"):  # page-locked memory is for copies to a GPU (RoPE's CP split)
-                    kwargs["pin_memory"] = False
-        else:
-            kwargs = {}
+        kwargs = kwargs or {}
+        cuda, pinned = _is_cuda(kwargs.get("device")), kwargs.get("pin_memory")
+        if cuda or pinned:  # page-locked memory is for copies to a GPU (RoPE's CP split asks for it)
+            kwargs = {**kwargs, **({"device": _CPU} if cuda else {}), **({"pin_memory": False} if pinned else {})}
         name = getattr(func, "__name__", "")
         if name not in _REWRITTEN:
             return func(*args, **kwargs)
