@@ -451,12 +451,12 @@ def _as_event(d: object, line: int) -> Event | None:
 
 
 def _loads(payload: bytes) -> object:
-    """The standard parser, as MLPerf's own tools read a log (NaN and Infinity allowed); None for broken JSON."""
+    """The standard parser, as MLPerf's own tools read a log (NaN and Infinity allowed), on the line decoded as
+    UTF-8 with bad bytes replaced (given bytes, json guesses UTF-16 from a NUL); None for broken JSON, nesting too
+    deep to parse included."""
     try:
-        return json.loads(payload)
-    except UnicodeDecodeError:
-        return _loads(payload.decode("utf-8", errors="replace").encode())
-    except ValueError:
+        return json.loads(payload.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
         return None
 
 

@@ -62,6 +62,21 @@ def test_broken_json_lines_are_skipped_and_reported(tmp_path):
     assert log.status == "success"  # the rest is still read
 
 
+@pytest.mark.parametrize("line", [
+    b':::MLLOG \x00\x00{"key": "x"}',  # NUL bytes: json.loads of bytes would guess UTF-16 (and we recursed)
+    b':::MLLOG {"key": "x", "value": "\xff\xfe"',  # bad UTF-8, broken JSON
+    b':::MLLOG {"key": "x", "value": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # too deep for either parser
+], ids=["nul", "bad utf-8", "deep"])
+def test_lines_the_parsers_choke_on_are_broken_lines(tmp_path, line):
+    f = tmp_path / "result_0.txt"
+    text = tiny_log().encode().splitlines(keepends=True)
+    text.insert(3, line + b"\n")
+    f.write_bytes(b"".join(text))
+    log = read_log(f)
+    assert log.problems == ["1 line(s) with broken JSON skipped (line 4)"]
+    assert log.status == "success" and log.ttt_min is not None
+
+
 def test_truncated_and_missing_run_stop(tmp_path):
     f = tmp_path / "result_0.txt"
     f.write_text(tiny_log(stop=False) + ':::MLLOG {"namespace": "", "time_ms": 17')
