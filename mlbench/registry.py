@@ -47,6 +47,8 @@ def _read(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    except (ValueError, RecursionError) as e:  # a value YAML parses but Python cannot build: a 5000-digit integer
+        raise UserError(f"{path}: a value the YAML loader cannot build ({str(e).partition(';')[0]})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of benchmark fields, got {type(data).__name__}")
     return data

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import operator
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -428,12 +429,21 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+# A value shown in an error, cut short: a file's value may be huge, or YAML aliases nested to a billion elements.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 80, 80, 40
+
+
+def _shown(value: Any) -> str:
+    return _SHOWN.repr(value)
+
+
 def _check_value(where: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
         if value not in typing.get_args(tp):
             choices = ", ".join(repr(a) for a in typing.get_args(tp))
-            raise UserError(f"{where}: {value!r} is not one of {choices}")
+            raise UserError(f"{where}: {_shown(value)} is not one of {choices}")
         return value
     if origin in (typing.Union, types.UnionType):
         errors = []
@@ -442,40 +452,40 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
                 return _check_value(where, value, arm)
             except UserError as e:
                 errors.append(str(e).split(": ", 1)[-1])
-        raise UserError(f"{where}: {value!r} is not valid ({'; '.join(errors)})")
+        raise UserError(f"{where}: {_shown(value)} is not valid ({'; '.join(errors)})")
     if tp is type(None):
         if value is not None:
-            raise UserError(f"{where}: expected nothing, got {value!r}")
+            raise UserError(f"{where}: expected nothing, got {_shown(value)}")
         return None
     if tp is bool:
         if not isinstance(value, bool):
-            raise UserError(f"{where}: expected true or false, got {value!r}")
+            raise UserError(f"{where}: expected true or false, got {_shown(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UserError(f"{where}: expected an integer, got {value!r}")
+            raise UserError(f"{where}: expected an integer, got {_shown(value)}")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 175.0e9 (no exponent sign) as a string
             with contextlib.suppress(ValueError):
                 value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise UserError(f"{where}: expected a number, got {value!r}")
+            raise UserError(f"{where}: expected a number, got {_shown(value)}")
         if not math.isfinite(value):
-            raise UserError(f"{where}: expected a finite number, got {value!r}")
+            raise UserError(f"{where}: expected a finite number, got {_shown(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise UserError(f"{where}: expected a string, got {value!r}")
+            raise UserError(f"{where}: expected a string, got {_shown(value)}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):  # a list from YAML or JSON, a tuple from dataclasses.asdict
-            raise UserError(f"{where}: expected a list, got {value!r}")
+            raise UserError(f"{where}: expected a list, got {_shown(value)}")
         (item_tp, _) = typing.get_args(tp)
         return tuple(_check_value(f"{where}[{i}]", v, item_tp) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise UserError(f"{where}: expected a mapping, got {value!r}")
+            raise UserError(f"{where}: expected a mapping, got {_shown(value)}")
         (key_tp, item_tp) = typing.get_args(tp)
         if key_tp is int:  # JSON (a run plan) writes every mapping key as a string
             value = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
@@ -489,12 +499,12 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
 def build(cls: type, data: Any, where: str) -> Any:
     """Build dataclass `cls` from a mapping, naming any unknown, missing or ill-typed key."""
     if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a mapping, got {data!r}")
+        raise UserError(f"{where}: expected a mapping, got {_shown(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise UserError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(fields)})")
+        raise UserError(f"{where}: unknown key {_shown(unknown[0])} (known: {', '.join(fields)})")
     kwargs = {}
     for name, f in fields.items():
         if name in data:

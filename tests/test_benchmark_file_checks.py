@@ -46,9 +46,17 @@ from mlbench.spec import evaluate, resolved
                                                                      "at most 16,777,216"]),
     ("gpt3", "beta1: 0.9", "beta1: 1.5", ["gpt3.yaml: optimizer.beta1 is 1.5; it must be in [0, 1)"]),
     ("gpt3", "eps: 1.0e-8", "eps: -1.0e-8", ["optimizer.eps is -1e-08; it must be positive"]),
+    # YAML builds the integer, Python refuses its 6000 digits (was a traceback)
+    ("gpt3", "num_layers: 96", "num_layers: " + "9" * 6000, ["gpt3.yaml: a value the YAML loader cannot build",
+                                                             "6000 digits"]),
+    # aliases nested to 10^9 elements where a string belongs: the error shows a few (repr of it all hung)
+    ("gpt3", "title: GPT-3 175B", "title: [&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], "
+     + ", ".join(f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)) + "]  #",
+     ["gpt3.yaml.title: expected a string, got [[1, 1, 1, 1, 1, 1, ...]"]),
 ], ids=["div-zero-at-own-batch", "power-tower", "power-of-batch", "mod-zero-at-batch-1", "unknown-name",
         "negative-steps", "zero-interval", "complex", "infinite", "negative-perplexity", "wrong-direction",
-        "accuracy-above-1", "negative-accuracy", "huge-size", "beta-above-1", "negative-eps"])
+        "accuracy-above-1", "negative-accuracy", "huge-size", "beta-above-1", "negative-eps", "6000-digits",
+        "alias-bomb"])
 def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                needles: list[str]) -> None:
     f = benchmarks_copy / f"{name}.yaml"
