@@ -12,6 +12,7 @@ from rich.text import Text
 
 from mlbench import registry, terminal
 from mlbench.cli_options import layout_options
+from mlbench.cli_paths import PathParam
 from mlbench.errors import UserError
 from mlbench.preflight import LayoutRequest, check_new_folder
 from mlbench.quality import operator
@@ -138,7 +139,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @layout_options
 @click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i (0 to 2**32 - 1). Default: random.")
 @click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed.")
-@click.option("--results", "results_root", default="results", show_default=True, type=click.Path(path_type=Path),
+@click.option("--results", "results_root", default="results", show_default=True, type=PathParam(),
               help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
 @click.option("--launcher", type=click.Choice(["local", "torchrun", "slurm"]), default="local", show_default=True,
@@ -162,10 +163,10 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
                                   "'W1 P1 W2 P2 ...'; overrides data.path. See docs/data.md.")
 @click.option("--eval-data-path", help="Indexed data: held-out eval PREFIX or blend; overrides data.eval_path "
                                        "(default: the last documents of a single --data-path).")
-@click.option("--init-checkpoint", type=click.Path(path_type=Path),
+@click.option("--init-checkpoint", type=PathParam(),
               help="megatron-core distributed checkpoint (torch_dist) to start from, in any parallel layout. "
                    "Required for full-size runs of benchmarks that start from one.")
-@click.option("--save-checkpoint", type=click.Path(path_type=Path),
+@click.option("--save-checkpoint", type=PathParam(),
               help="Save model and optimizer state here when the run stops (a new folder; one run only).")
 @click.option("--lr", type=float, help="Peak learning rate, over the benchmark's: needed at a global batch its "
                                       "RCP table (llama31_8b, gpt_oss_20b) has no row for.")
@@ -187,8 +188,8 @@ def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
 
 @cli.command("convert-checkpoint")
 @click.argument("name")
-@click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("dest", type=click.Path(path_type=Path))
+@click.argument("src", type=PathParam(exists=True, dir_okay=False))
+@click.argument("dest", type=PathParam())
 @click.option("--tiny", is_flag=True, help="Convert for the tiny variant's model.")
 def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     """Converts a benchmark's reference checkpoint into a megatron-core checkpoint for --init-checkpoint.
@@ -224,7 +225,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=PathParam(exists=True))
 @click.option("--ruleset", help="Training ruleset. Default: the benchmark's own (from its definition).")
 @click.option("--rules", type=click.Choice(["auto", "smoke", "closed"]), default="auto", show_default=True,
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")

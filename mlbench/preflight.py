@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlbench import rcp_schedule, registry
+from mlbench import rcp_schedule, registry, results
 from mlbench.errors import UserError
 
 if TYPE_CHECKING:
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
 # numpy's legacy seeding takes 0 .. 2**32 - 1 and every library a run seeds accepts that range; run i of a set
 # uses seed + i, so the last run's seed must fit too.
 SEED_MAX = 2**32 - 1
-# Names that become folders (--system, the benchmark): portable, never hidden, never a path.
-_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 # Devices in one run: 2**20, ten times the largest training clusters built so far (and a bound on the layout's
 # divisor searches).
 MAX_DEVICES = 2**20
@@ -126,7 +123,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
 
     _check_options(req)
     system = req.system if req.system is not None else runner.default_system()
-    check_name("--system" if req.system is not None else "this host's name (the default --system)", system)
+    results.check_name("--system" if req.system is not None else "this host's name (the default --system)", system)
     bench = _benchmark(req)
     _check_data(bench, req)
     _check_checkpoint_flags(bench, req)
@@ -191,13 +188,6 @@ def _check_options(req: RunRequest) -> None:
                         f"torchrun (one invocation per node)")
     if req.save_checkpoint and req.runs != 1:
         raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
-
-
-def check_name(what: str, value: str) -> None:
-    """A name that becomes a folder: letters, digits, '-', '_' and '.', not starting with '.', at most 100."""
-    if not _NAME.fullmatch(value):
-        raise UserError(f"{what} {value!r} cannot name a folder: use letters, digits, '-', '_' or '.' (not first), "
-                        f"at most 100 characters")
 
 
 def check_results_folder(root: Path, system: str, benchmark: str) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -61,17 +62,23 @@ class PublishError(Exception):
     """A finished run could not be published (the message says why); nothing of it was left in the folder."""
 
 
-def _check_name(what: str, value: str) -> None:
-    if not value or "/" in value or value.startswith("."):
-        raise UserError(f"--{what} {value!r} cannot name a folder; use letters, digits, '-', '_' or '.'")
+# Names that become folders (--system, the benchmark): portable, never hidden, never an option or a path.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
+def check_name(what: str, value: str) -> None:
+    """A name that becomes a folder: letters, digits, '-', '_' and '.', not starting with '.' or '-', at most 100."""
+    if not _NAME.fullmatch(value):
+        raise UserError(f"{what} {value!r} cannot name a folder: use letters, digits, '-', '_' or '.' ('-' and '.' "
+                        f"not first), at most 100 characters")
 
 
 @contextlib.contextmanager
 def result_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Path]:
     """The benchmark's result folder, created and checked writable before anything runs. On the way out,
     whatever it created and nothing filled is removed again: a refused or failed run leaves no empty folders."""
-    _check_name("system", system)
-    _check_name("benchmark", benchmark)
+    check_name("--system", system)
+    check_name("the benchmark", benchmark)
     folder = Path(root) / system / benchmark
     created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     try:

@@ -134,3 +134,23 @@ def test_missing_benchmark_folder(tmp_path: Path) -> None:
     proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(tmp_path / "nope")})
     _assert_clean_error(proc, f"benchmark folder {tmp_path / 'nope'} (MLBENCH_BENCHMARKS) is not a folder")
     _assert_clean_error(mlbench("list", env={"MLBENCH_BENCHMARKS": str(tmp_path)}), "no benchmark files")
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "gpt3", "--tiny", "--results", "", "--dry-run"], ["run", "gpt3", "--tiny", "--init-checkpoint", ""],
+    ["score", ""], ["check", ""], ["compare", "a", "", "--no-score"], ["scaling", ""],
+    ["compare", "a", "b", "--md", ""], ["scaling", "a", "--html", ""],
+], ids=["results", "init-checkpoint", "score", "check", "compare", "scaling", "md", "html"])
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path: Path, monkeypatch, capsys,
+                                                                    args: list[str]) -> None:
+    import sys
+
+    from mlbench import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mlbench", *args])
+    with pytest.raises(SystemExit) as e:  # in-process, as the console script runs it
+        cli.main()
+    out = capsys.readouterr()
+    assert e.value.code == 2 and "is empty; give a path" in out.out + out.err, out
+    assert not any(tmp_path.iterdir())  # a dry run into "" wrote ./<system>/gpt3/dry-run.txt

@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from mlbench import preflight, registry
+from mlbench import preflight, registry, results
 from mlbench.cli import cli
 from mlbench.cli_options import layout_options
 from mlbench.errors import UserError
@@ -82,14 +82,14 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: d
 
 
 @pytest.mark.parametrize("name", [" ", "", "a b", "two\nlines", "tab\there", "bell\x07", ".hidden", "a/b", "..",
-                                  "x" * 101])
+                                  "x" * 101, "-", "--help", "é"])
 def test_system_names_that_cannot_be_folders(tmp_path: Path, name: str) -> None:
     _refused(tmp_path, r"--system .* cannot name a folder: use letters, digits", system=name)
 
 
 def test_system_names_that_can(tmp_path: Path) -> None:
-    for name in ("dgx-h100_8x8", "node.01", "A"):
-        preflight.check_name("--system", name)
+    for name in ("dgx-h100_8x8", "node.01", "A", "_x"):
+        results.check_name("--system", name)
 
 
 def test_results_folder_under_a_file_is_refused_and_left_alone(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlbench import terminal
+from mlbench.cli_paths import PathParam
 from mlbench.errors import UserError
 
 
@@ -40,7 +41,7 @@ def _fmt(v: object, nd: int = 4) -> str:
 
 
 @click.command("score")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=PathParam())
 @click.option("--ruleset", default=None,
               help="Training ruleset to check against (default: from a training_results_vX.Y path, else the "
                    "newest one in mlperf-logging that holds the benchmark).")
@@ -88,9 +89,9 @@ def _print_set(console: Console, s) -> None:
 
 @click.command("compare")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+@click.option("--html", "html_out", type=PathParam(), default=None,
               help="Write a self-contained HTML report.")
-@click.option("--md", "md_out", type=click.Path(path_type=Path), default=None,
+@click.option("--md", "md_out", type=PathParam(), default=None,
               help="Write a Markdown report (plots beside it).")
 @click.option("--ruleset", default=None, help="Ruleset for the scores (default: inferred per set).")
 @click.option("--no-score", is_flag=True, help="Skip compliance/RCP scoring (faster; time-to-train still shown).")
@@ -102,6 +103,8 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 
     check_output(html_out, "--html")
     check_output(md_out, "--md")
+    if "" in paths:  # Path("") would be the working directory
+        raise UserError("a PATH is empty; give a path (a run, a set, or published:<id>)")
     if len(paths) < 2:
         raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
     cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
@@ -110,10 +113,10 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 
 
 @click.command("scaling")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+@click.argument("paths", nargs=-1, required=True, type=PathParam())
+@click.option("--html", "html_out", type=PathParam(), default=None,
               help="Write a self-contained HTML report.")
-@click.option("--md", "md_out", type=click.Path(path_type=Path), default=None, help="Write a Markdown report.")
+@click.option("--md", "md_out", type=PathParam(), default=None, help="Write a Markdown report.")
 @click.option("--devices", "devices", multiple=True, type=click.IntRange(min=1),
               help="Device count per PATH, in order (where no systems json or run record says).")
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
