@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -151,9 +152,17 @@ def test_unknown_ruleset_is_bad_input_for_check_and_score(tmp_path, capsys, monk
 def test_report_paths_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
     a, b = _sets(tmp_path, tiny_log())
     missing = tmp_path / "no" / "such"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # (a device would do, but a test that fails must not replace /dev/full, as mlbench did)
+    renamed = tmp_path / "kept.log"
+    renamed.write_text(tiny_log())
+    (tmp_path / "r_files").write_text("mine")
     cases = [("--html", missing / "r.html", "does not exist"), ("--md", missing / "r.md", "does not exist"),
              ("--md", Path("/proc/mlbench-report.md"), "cannot write in /proc"),
-             ("--html", a / "result_0.txt" / "r.html", "does not exist"), ("--md", tmp_path, "is a folder")]
+             ("--html", a / "result_0.txt" / "r.html", "does not exist"), ("--md", tmp_path, "is a folder"),
+             ("--html", fifo, "is not a regular file"),
+             ("--html", a / "result_0.txt", "is an MLPerf result log"), ("--md", renamed, "is an MLPerf result log"),
+             ("--md", tmp_path / "r.md", "r_files, which is not a folder")]
     for cmd in ("compare", "scaling"):
         for option, path, why in cases:
             # A PATH that does not exist either: the report path is judged first, before any log is read.
@@ -161,6 +170,8 @@ def test_report_paths_are_refused_before_any_work(tmp_path, capsys, monkeypatch)
             assert code == 2, (cmd, option, out)
             assert len(out.strip().splitlines()) == 1 and str(path) in out and why in out, (cmd, option, out)
     assert not (tmp_path / "no").exists()
+    assert fifo.is_fifo() and renamed.read_text() == (a / "result_0.txt").read_text() == tiny_log()
+    assert (tmp_path / "r_files").read_text() == "mine" and not (tmp_path / "r.md").exists()
 
 
 def test_a_garbled_published_table_is_one_line(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,12 @@ def _our_set(root: Path, system: str, devices: int, step_s: float, gbs: int, n: 
     return d
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_compare_and_scaling_on_our_own_runs(tmp_path):
     a = _our_set(tmp_path, "sysA", 8, 1.0, 16)
     b = _our_set(tmp_path, "sysB", 16, 0.55, 16)
@@ -139,6 +146,9 @@ def test_compare_and_scaling_on_our_own_runs(tmp_path):
     page = html.read_text()
     assert page.count("data:image/png;base64,") == 2
     assert (tmp_path / "rep" / "cmp_files" / "convergence.png").exists()
+    mode = 0o666 & ~_umask()  # as any file the user writes, not a temporary file's 0600
+    for f in (html, md, tmp_path / "rep" / "cmp_files" / "convergence.png"):
+        assert f.stat().st_mode & 0o777 == mode, f
     res = CliRunner().invoke(scaling_cmd, [str(a), str(b)])
     assert res.exit_code == 0, res.output
     # per-step strong scaling at global batch 16: 1.0 x 8 / (0.55 x 16)

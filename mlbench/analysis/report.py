@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fnmatch
 import html
 import io
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,10 +81,15 @@ def _md_cell(s: object) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(rep: Report, path: Path) -> str:
-    """Markdown text; images are written to <stem>_files/ beside PATH and linked relatively."""
-    files = path.parent / f"{path.stem}_files"
-    out = [f"# {rep.title}", ""]
+def markdown_files(path: Path) -> Path:
+    """The folder beside a Markdown report that holds its images."""
+    return path.parent / f"{path.stem}_files"
+
+
+def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
+    """Markdown text, and the images it links (relative, into `markdown_files(PATH)`) by file name."""
+    files = markdown_files(path)
+    out, images = [f"# {rep.title}", ""], {}
     for part in rep.parts:
         kind = part[0]
         if kind == "h":
@@ -97,21 +104,27 @@ def render_markdown(rep: Report, path: Path) -> str:
             out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in part[2]]
             out.append("")
         elif kind == "img":
-            files.mkdir(parents=True, exist_ok=True)
-            (files / f"{part[1]}.png").write_bytes(part[2])
+            images[f"{part[1]}.png"] = part[2]
             out += [f"![{part[3]}]({files.name}/{part[1]}.png)", ""]
-    return "\n".join(out)
+    return "\n".join(out), images
 
 
 def check_output(path: Path | None, option: str) -> None:
     """Refuse a report path that cannot be written, before any work: its folder must exist (it is not created)
-    and take a file, and the path must not be a folder."""
+    and take a file; the path must not be a folder, a device or a pipe, nor an MLPerf result log (a report may
+    replace an earlier report, never a run); a Markdown report's image folder must be a folder where it exists."""
     if path is None:
         return
     path = Path(path)
     folder = path.parent
     if path.is_dir():
         raise UserError(f"{option} {path}: is a folder; give a file name")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{option} {path}: is not a regular file (a device or a pipe); give a file name")
+    if path.is_file() and _is_result_log(path):
+        raise UserError(f"{option} {path}: is an MLPerf result log; a report never replaces one, give another name")
+    if option == "--md" and (files := markdown_files(path)).exists() and not files.is_dir():
+        raise UserError(f"{option} {path}: its images go in {files}, which is not a folder")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist (create it first)")
     try:
@@ -121,12 +134,24 @@ def check_output(path: Path | None, option: str) -> None:
         raise UserError(f"{option} {path}: cannot write in {folder} ({e.strerror or e})") from None
 
 
-def _write(path: Path, text: str) -> None:
-    """Atomically: a reader sees the old report or the new one, never half of one."""
+def _is_result_log(path: Path) -> bool:
+    """A run's file: named as the results layout names them, or holding MLPerf log lines."""
+    if fnmatch.fnmatch(path.name, "result_*.txt") or fnmatch.fnmatch(path.name, "result_*.json"):
+        return True
     try:
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+        with open(path, "rb") as f:
+            return re.search(rb"(?m)^:::MLLOG ", f.read(1 << 16)) is not None
+    except OSError:
+        return False
+
+
+def _write(path: Path, data: str | bytes) -> None:
+    """Atomically: a reader sees the old file or the new one, never half of one."""
+    try:
+        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
                                          delete=False) as f:
-            f.write(text)
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(f.name, 0o666 & ~_umask())  # as a file opened for writing gets (the temporary file is 0600)
         os.replace(f.name, path)
     except OSError as e:
         with contextlib.suppress(OSError, UnboundLocalError):
@@ -134,10 +159,26 @@ def _write(path: Path, text: str) -> None:
         raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_html(rep: Report, path: Path) -> None:
     _write(Path(path), render_html(rep))
 
 
 def write_markdown(rep: Report, path: Path) -> None:
+    """The images first, then the text that links them."""
     path = Path(path)
-    _write(path, render_markdown(rep, path))
+    text, images = render_markdown(rep, path)
+    if images:
+        files = markdown_files(path)
+        try:
+            files.mkdir(exist_ok=True)
+        except OSError as e:
+            raise UserError(f"{path}: cannot make {files} for its images ({e.strerror})") from None
+        for name, png in images.items():
+            _write(files / name, png)
+    _write(path, text)
