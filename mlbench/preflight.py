@@ -284,7 +284,26 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     """The layout for these options, every rule checked (mlbench.layout), and the flags the model cannot take
     refused: what `run` and `plan` share."""
     from mlbench import layout as layout_lib
-    from mlbench.spec import FeaturesSpec, check_expressions
+    from mlbench.spec import check_expressions
+
+    check_request(bench, req)
+    layout = layout_lib.resolve(bench, req.nodes, req.nproc_per_node, req.tp, req.pp, req.vp, req.cp,
+                                req.micro_batch_size, req.global_batch_size, ep=req.ep, features=req.features,
+                                precision=req.precision, asymmetric_split=req.asymmetric_split)
+    # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
+    where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
+    check_expressions(bench, where, [layout.global_batch_size])
+    set_for_full = sorted(k for k in ("recompute_layers", "recompute_method") if k in req.features)
+    if set_for_full and layout.features.recompute != "full":
+        raise UserError(f"--{set_for_full[0].replace('_', '-')} chooses the layers of full recompute; it needs "
+                        f"--recompute full (this run's recompute: {layout.features.recompute})")
+    return layout
+
+
+def check_request(bench: Benchmark, req: LayoutRequest) -> None:
+    """What holds for a request whatever the layout: a bounded device count, known features, an ep the model can
+    take (`plan` checks this once before searching layouts)."""
+    from mlbench.spec import FeaturesSpec
 
     if req.nodes * req.nproc_per_node > MAX_DEVICES:
         raise UserError(f"--nodes {req.nodes} x --nproc-per-node {req.nproc_per_node} = "
@@ -302,17 +321,6 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
             valid = [d for d in range(1, experts + 1) if experts % d == 0]
             raise UserError(f"--ep {req.ep} must divide the model's {experts} experts; valid ep: "
                             f"{', '.join(map(str, valid))}")
-    layout = layout_lib.resolve(bench, req.nodes, req.nproc_per_node, req.tp, req.pp, req.vp, req.cp,
-                                req.micro_batch_size, req.global_batch_size, ep=req.ep, features=req.features,
-                                precision=req.precision, asymmetric_split=req.asymmetric_split)
-    # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
-    where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
-    check_expressions(bench, where, [layout.global_batch_size])
-    set_for_full = sorted(k for k in ("recompute_layers", "recompute_method") if k in req.features)
-    if set_for_full and layout.features.recompute != "full":
-        raise UserError(f"--{set_for_full[0].replace('_', '-')} chooses the layers of full recompute; it needs "
-                        f"--recompute full (this run's recompute: {layout.features.recompute})")
-    return layout
 
 
 def check_precision(precision: str, user_set: bool, device: DeviceFacts) -> None:

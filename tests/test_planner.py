@@ -215,7 +215,7 @@ def test_moe_expert_all_to_all_is_a_term_of_its_own() -> None:
 
 def _plan(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mlbench.cli", "plan", *args], capture_output=True, text=True,
-                          cwd=ROOT)
+                          cwd=ROOT, timeout=120)
 
 
 def test_plan_json_for_a_layout_holds_every_prediction() -> None:
@@ -251,11 +251,21 @@ def test_plan_search_and_scaling() -> None:
         pts[0]["time_to_train_min"] * 64 / (pts[1]["time_to_train_min"] * 128))
 
 
+def test_plan_search_keeps_the_expert_parallel_size_given() -> None:
+    p = _plan("gpt_oss_20b", "--device", "h100", "--nproc-per-node", "8", "--ep", "4", "--json")
+    assert p.returncode == 0, p.stderr
+    assert {x["layout"]["ep"] for x in json.loads(p.stdout)["layouts"]} == {4}  # (was 2 and 4)
+
+
 @pytest.mark.parametrize("args, message", [
     (("--device", "tpu"), "unknown device 'tpu'"),
     (("--device", "a100", "--precision", "fp8"), "a100 has no fp8"),
     (("--device", "h200", "--precision", "nvfp4"), "h200 has no nvfp4"),
     (("--device", "h100", "--nproc-per-node", "8", "--tp", "3"), "layout does not divide"),
+    # a search checks the request once, first: the device bound (the search over 10^14 devices' divisors hung),
+    # an --ep the model cannot take (the search ignored it)
+    (("--device", "h100", "--nodes", "8,99999999999999"), "99,999,999,999,999 devices; at most 1,048,576"),
+    (("--device", "h100", "--nproc-per-node", "8", "--ep", "2"), "gpt3 is a dense model"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(args, message) -> None:
     p = _plan("gpt3", *args)

@@ -48,6 +48,7 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     from mlbench import registry
     from mlbench.planner import devices
     from mlbench.planner import plan as planner
+    from mlbench.preflight import check_request
 
     device = devices.get(device_name)
     bench = registry.load(name, tiny=tiny)
@@ -56,6 +57,8 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     layout = dataclasses.replace(layout, precision=precision)
     counts = layout.nodes
     given = any(getattr(layout, k) is not None for k in _LAYOUT_KEYS)
+    for n in counts:  # once, not at every candidate of a search (a bound on the devices, before their divisors)
+        check_request(bench, dataclasses.replace(layout, nodes=n))
 
     closed = _closed_rules(bench) if bench.variant == "full" and not given else None
 
@@ -109,7 +112,8 @@ def _search(bench, device, req: LayoutRequest, closed) -> tuple[list[dict], dict
         return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch_size=mbs,
                                                    global_batch_size=gbs))
 
-    return planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve, closed)
+    return planner.search(bench, device, req.nodes, req.nproc_per_node, req.global_batch_size, resolve, closed,
+                          ep=req.ep)
 
 
 def _closed_rules(bench):

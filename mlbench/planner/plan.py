@@ -75,11 +75,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) -> list[Candidate]:
+def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None,
+               ep: int | None = None) -> list[Candidate]:
     """Layouts worth predicting: tp inside an NVLink domain and dividing heads and key-value groups; pp and vp
     splitting the layers; cp of 1, 2, 4, 8; micro-batches of 1, 2, 4 and the benchmark's own; the global batch given,
-    else the batches
-    the RCPs were measured at and the benchmark's own. layout.resolve checks each fully."""
+    else the batches the RCPs were measured at and the benchmark's own; the expert-parallel size given, else every
+    one that divides the experts. layout.resolve checks each fully."""
     m = bench.model
     groups = m.num_query_groups or m.num_attention_heads
     domain = max(device.nvlink_domain, 1)
@@ -87,7 +88,8 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None) ->
     pps = [p for p in _divisors(world) if p <= m.num_layers and p <= 64]
     batches = [gbs] if gbs else _batches(bench)
     # experts split over ep ranks of the data x context-parallel group: every ep that divides the experts
-    eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if m.num_experts % e == 0 and e <= world] if m.num_experts else [1]
+    eps = [ep] if ep else [e for e in (1, 2, 4, 8, 16, 32, 64) if m.num_experts % e == 0 and e <= world] \
+        if m.num_experts else [1]
     out = []
     for tp in tps:
         for pp in pps:
@@ -108,15 +110,16 @@ def _batches(bench: Benchmark) -> list[int]:
 
 
 def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gbs: int | None, resolve,
-           closed_rules_ok=None) -> tuple[list[dict], dict]:
-    """Every valid candidate layout predicted, those that do not fit dropped, best time-to-train first.
+           closed_rules_ok=None, ep: int | None = None) -> tuple[list[dict], dict]:
+    """Every valid candidate layout predicted (at the global batch and expert-parallel size given, where given),
+    those that do not fit dropped, best time-to-train first.
     `resolve(tp, pp, vp, cp, mbs, gbs, ep) -> Layout` applies the layout rules (raising UserError);
     `closed_rules_ok(gbs) -> str | None` says why the closed rules reject a batch (None: they accept it)."""
     world = nodes * nproc_per_node
     seen: set = set()
     results, counts = [], {"candidates": 0, "invalid": 0, "closed_rules": 0, "does_not_fit": 0}
     rejected_batches: dict[int, str | None] = {}
-    for c in candidates(bench, world, device, gbs):
+    for c in candidates(bench, world, device, gbs, ep):
         counts["candidates"] += 1
         try:
             layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs, c.ep)
