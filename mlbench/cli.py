@@ -204,6 +204,8 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     from mlbench import helper_process
     from mlbench.models import family
 
+    if not src.is_file():  # a pipe would block the converter's read forever
+        raise UserError(f"SRC {src}: not a regular file; give the checkpoint file")
     bench = registry.load(name, tiny=tiny)
     converter = family(bench.model.family).converter(bench.model)  # the helper module, if the family has one
     if converter is None:
