@@ -15,6 +15,11 @@ ROWS = {  # name: size, quality target, ruleset, runs, tiny target
 }
 
 
+def test_columns_0_is_no_width_not_an_empty_screen() -> None:
+    proc = mlbench("list", env={"COLUMNS": "0"})  # rich printed nothing at all, exit 0
+    assert proc.returncode == 0 and all(f" {name} " in proc.stdout for name in ROWS), proc.stdout
+
+
 def test_list_shows_every_benchmark_on_80_columns() -> None:
     proc = mlbench("list", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr

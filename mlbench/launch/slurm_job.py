@@ -8,9 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
-from mlbench import runner
+from mlbench import runner, terminal
 from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
@@ -53,7 +51,7 @@ def main(spec_path: str) -> int:
         # srun passes the port on to every node
         return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log")
 
-    run_set = runner.RunSet(bench, layout, opts, Console(soft_wrap=True), command_for, announce=job_dir / CURRENT_RUN)
+    run_set = runner.RunSet(bench, layout, opts, terminal.console(), command_for, announce=job_dir / CURRENT_RUN)
     with result_folder(opts.results, opts.system, bench.name) as folder:
         run_set.prepare(folder)
         run_set.start()
