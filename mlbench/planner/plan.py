@@ -87,9 +87,13 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None,
     tps = [t for t in (1, 2, 4, 8) if groups % t == 0 and t <= domain]
     pps = [p for p in _divisors(world) if p <= m.num_layers and p <= 64]
     batches = [gbs] if gbs else _batches(bench)
-    # experts split over ep ranks of the data x context-parallel group: every ep that divides the experts
-    eps = [ep] if ep else [e for e in (1, 2, 4, 8, 16, 32, 64) if m.num_experts % e == 0 and e <= world] \
-        if m.num_experts else [1]
+    # experts split over ep ranks of the data x context-parallel group: the ep given, else every ep that divides
+    # the experts
+    eps = [1]
+    if ep:
+        eps = [ep]
+    elif m.num_experts:
+        eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if m.num_experts % e == 0 and e <= world]
     out = []
     for tp in tps:
         for pp in pps:
