@@ -19,6 +19,7 @@ import yaml
 from conftest import mlbench, result_dir
 
 from mlbench import registry
+from mlbench.errors import UserError
 from mlbench.run_plan import RunPlan
 from mlbench.spec import deep_merge
 from mlbench.train import data as data_lib
@@ -236,3 +237,12 @@ def test_dry_run_needs_no_data(tmp_path: Path) -> None:
     proc = mlbench("run", "gpt3", "--dry-run", "--nodes", "32", "--nproc-per-node", "8", "--launcher", "torchrun",
                    "--rdzv-endpoint", "localhost:29500", "--global-batch-size", "2048", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("spec", ["-1 /a", "0 /a 1 /b", "nan /a", "inf /a 1 /b"])
+def test_a_blend_weight_must_be_positive_and_finite(spec: str) -> None:
+    from mlbench.train.data.indexed import parse_blend
+
+    with pytest.raises(UserError, match="weights must be positive finite numbers"):  # NaN and inf passed
+        parse_blend(spec)
+    assert parse_blend("0.25 /a 0.75 /b") == (["/a", "/b"], [0.25, 0.75])

@@ -5,6 +5,7 @@ checks read `parse_blend`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,8 @@ def parse_blend(spec: str) -> Blend:
         except ValueError:
             weights = None
         if weights is not None:
-            if any(w <= 0 for w in weights):
-                raise UserError(f"data blend {spec!r}: weights must be positive")
+            if not all(0 < w < math.inf for w in weights):  # (NaN fails every comparison)
+                raise UserError(f"data blend {spec!r}: weights must be positive finite numbers")
             return parts[1::2], weights
     if any(_is_number(p) for p in parts):
         raise UserError(f"data blend {spec!r}: give a weight before every prefix, or none at all")
