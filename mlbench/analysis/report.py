@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: reports are written on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mlbench.analysis.logs import RESULT_GLOB  # noqa: E402
 from mlbench.errors import UserError  # noqa: E402
 
 
@@ -136,8 +137,8 @@ def check_output(path: Path | None, option: str) -> None:
 
 def _is_result_log(path: Path) -> bool:
     """A run's file: named as the results layout names them, or holding MLPerf log lines."""
-    if fnmatch.fnmatch(path.name, "result_*.txt") or fnmatch.fnmatch(path.name, "result_*.json"):
-        return True
+    if path.suffix in (".txt", ".json") and fnmatch.fnmatch(path.with_suffix(".txt").name, RESULT_GLOB):
+        return True  # a log or its run record
     try:
         with open(path, "rb") as f:
             return re.search(rb"(?m)^:::MLLOG ", f.read(1 << 16)) is not None

@@ -47,8 +47,12 @@ class _CudaToCpu(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         cuda, pinned = _is_cuda(kwargs.get("device")), kwargs.get("pin_memory")
-        if cuda or pinned:  # page-locked memory is for copies to a GPU (RoPE's CP split asks for it)
-            kwargs = {**kwargs, **({"device": _CPU} if cuda else {}), **({"pin_memory": False} if pinned else {})}
+        if cuda or pinned:
+            kwargs = dict(kwargs)
+            if cuda:
+                kwargs["device"] = _CPU
+            if pinned:  # page-locked memory is for copies to a GPU (RoPE's CP split asks for it)
+                kwargs["pin_memory"] = False
         name = getattr(func, "__name__", "")
         if name not in _REWRITTEN:
             return func(*args, **kwargs)
