@@ -21,7 +21,29 @@ MAX_MODEL_SIZE = 2**24
 BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS", ROOT / "benchmarks"))
 # libyaml's parser where PyYAML has it (its wheels do): the pure-Python one takes 40 ms a benchmark file, and
 # every command reads one or more (`mlbench list`: 0.4 s of its 0.5).
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a key given twice in one mapping: YAML's last-one-wins would let a second
+    `global_batch_size` further down silently override the one a user edits. (Keys a `<<` merge brings in may be
+    overridden, as YAML intends.)"""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class names it
+                break
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (lines {first.line + 1} and {key_node.start_mark.line + 1}); "
+                    "keep one", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _dir(directory: Path | None) -> Path:
@@ -40,7 +62,7 @@ def names(directory: Path | None = None) -> list[str]:
 
 def _read(path: Path) -> dict:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the benchmark file ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
@@ -63,6 +85,9 @@ def has_tiny(name: str, directory: Path | None = None) -> bool:
 def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchmark:
     """The named benchmark, full size or its tiny variant, validated."""
     path = _dir(directory) / f"{name}.yaml"
+    if Path(name).name == name and not name.startswith(".") and os.path.lexists(path) and not path.is_file():
+        raise UserError(f"{path}: not a benchmark file (a folder, a device or a broken link); a benchmark is a "
+                        f"YAML file <name>.yaml")
     if Path(name).name != name or name.startswith(".") or not path.is_file():  # a name, never a path
         known = names(directory)
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)

@@ -53,10 +53,13 @@ from mlbench.spec import evaluate, resolved
     ("gpt3", "title: GPT-3 175B", "title: [&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], "
      + ", ".join(f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)) + "]  #",
      ["gpt3.yaml.title: expected a string, got [[1, 1, 1, 1, 1, 1, ...]"]),
+    # a key twice in one mapping: YAML's last-one-wins would override the value a user edits (was accepted)
+    ("gpt3", "train:\n  global_batch_size: 1536", "train:\n  global_batch_size: 3072\n  global_batch_size: 1536",
+     ["gpt3.yaml: not valid YAML at line", "key 'global_batch_size' given twice"]),
 ], ids=["div-zero-at-own-batch", "power-tower", "power-of-batch", "mod-zero-at-batch-1", "unknown-name",
         "negative-steps", "zero-interval", "complex", "infinite", "negative-perplexity", "wrong-direction",
         "accuracy-above-1", "negative-accuracy", "huge-size", "beta-above-1", "negative-eps", "6000-digits",
-        "alias-bomb"])
+        "alias-bomb", "duplicate-key"])
 def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                needles: list[str]) -> None:
     f = benchmarks_copy / f"{name}.yaml"
@@ -157,6 +160,18 @@ def test_unreadable_benchmark_file(benchmarks_copy: Path) -> None:
     (benchmarks_copy / "gpt3.yaml").write_bytes(b"name: gpt3\ntitle: \xff\xfe\n")
     with pytest.raises(UserError, match=r"gpt3.yaml: cannot read the benchmark file"):
         registry.load("gpt3", directory=benchmarks_copy)
+
+
+def test_a_benchmark_file_that_is_not_a_file(benchmarks_copy: Path) -> None:
+    """A folder or a broken link in place of gpt3.yaml is named as such (it was 'unknown benchmark 'gpt3'; did you
+    mean gpt3?')."""
+    (benchmarks_copy / "gpt3.yaml").unlink()
+    (benchmarks_copy / "gpt3.yaml").mkdir()
+    (benchmarks_copy / "bert.yaml").unlink()
+    (benchmarks_copy / "bert.yaml").symlink_to(benchmarks_copy / "gone.yaml")
+    for name in ("gpt3", "bert"):
+        with pytest.raises(UserError, match=rf"{name}.yaml: not a benchmark file \(a folder, a device or a broken"):
+            registry.load(name, directory=benchmarks_copy)
 
 
 def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path) -> None:
