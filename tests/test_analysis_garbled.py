@@ -54,6 +54,12 @@ GARBLES = [
      'eval_accuracy epoch_num is "lots"'),
     ("eval Infinity", "eval_accuracy", '"value": 3.5', '"value": Infinity', "eval_accuracy is Infinity"),
     ("run_start time NaN", "run_start", '"time_ms": 1700000001000', '"time_ms": NaN', "run_start time_ms is NaN"),
+    ("run_start time a string", "run_start", '"time_ms": 1700000001000', '"time_ms": "1700000001000"',
+     'run_start time_ms is "1700000001000", expected a finite number'),
+    # a time to train of 54 years, counted as a success (was)
+    ("run_start time negative", "run_start", '"time_ms": 1700000001000', '"time_ms": -1', "run_start time_ms is -1, "
+     "expected a finite number at least 0"),
+    ("run_stop time negative", "run_stop", '"time_ms": 1700000003510', '"time_ms": -1', "run_stop time_ms is -1"),
     ("benchmark a list", "submission_benchmark", '"value": "llama31_8b"', '"value": ["llama31_8b"]',
      'submission_benchmark is ["llama31_8b"]'),
     ("step time Infinity", "tracked_stats", '"train_step_time": 0.5', '"train_step_time": Infinity',
@@ -91,6 +97,7 @@ def test_garbled_field_is_named_in_every_command(tmp_path, capsys, monkeypatch, 
 
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET)
     assert code == 0, out
+    assert "no run_start" not in out and "no run_stop" not in out, out  # the line is there; its field is bad
     # Scoring reads no per-step records (tracked_stats): their garbage is not its business.
     assert (where in " ".join(out.split())) is invalidates, out
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
@@ -123,6 +130,18 @@ def test_negative_time_to_train_is_not_a_success(tmp_path, capsys, monkeypatch):
     from mlbench.logfile import log_time_to_train, time_to_train_s
 
     assert time_to_train_s(2000.0, 1000.0) is None and log_time_to_train(a / "result_0.txt") is None
+
+
+def test_a_second_run_start_is_noted_and_the_first_one_counts(tmp_path, capsys, monkeypatch):
+    """As the official summarizer: time to train from the first run_start (the checker warns of the second)."""
+    lines = tiny_log().splitlines(keepends=True)
+    n = next(i for i, ln in enumerate(lines) if '"key": "run_start"' in ln)
+    lines.insert(n + 1, lines[n].replace('"time_ms": 1700000001000', '"time_ms": 1700000002000'))
+    a, _b = _sets(tmp_path, "".join(lines))
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    run0 = _strict(out)[0]["runs"][0]
+    assert run0["ttt_min"] == pytest.approx(2.51 / 60), run0
+    assert "2 run_start lines: time to train is from the first, as the official summarizer's" in run0["problems"]
 
 
 def test_json_output_maps_non_finite_numbers_to_null():

@@ -136,6 +136,7 @@ class _Pass:
         self.bad: dict[str, int] = {}
         self.open_block: tuple[float, float | None, float | None] | None = None  # time, size, first count
         self.started = False  # past the first run_start line (whether or not its time is usable)
+        self.seen = {"run_start": 0, "run_stop": 0}  # lines of each, usable or not
 
     def fault(self, e: BadField, key: str, invalidates: bool) -> None:
         self.bad[key] = self.bad.get(key, 0) + 1
@@ -146,6 +147,8 @@ class _Pass:
     def event(self, e: Event) -> None:
         log, path, k = self.log, self.log.path, e.key
         self.started |= k == "run_start"
+        if k in self.seen:
+            self.seen[k] += 1
         if k == "tracked_stats" and self.steps and self.started:
             self.checked(self.tracked, e)
             return
@@ -163,7 +166,7 @@ class _Pass:
                 self.checked(lambda e: setattr(log, "seq_len", _whole(path, e)), e)
         elif k == "run_start":
             if log.run_start_ms is None:
-                self.checked(lambda e: setattr(log, "run_start_ms", number(path, e, "time_ms", e.time_ms)), e)
+                self.checked(lambda e: setattr(log, "run_start_ms", _clock(path, e)), e)
         elif k == "run_stop":
             if log.run_stop_ms is None:
                 self.checked(self.stop, e)
@@ -199,7 +202,7 @@ class _Pass:
 
     def stop(self, e: Event) -> None:
         log, path = self.log, self.log.path
-        t = number(path, e, "time_ms", e.time_ms)
+        t = _clock(path, e)
         log.logged_status = text(path, e, "status", metadata(path, e).get("status", "no status"))
         log.run_stop_ms = t
 
@@ -244,6 +247,9 @@ class _Pass:
 
     def finish(self) -> None:
         log = self.log
+        for key, n in self.seen.items():
+            if n > 1:  # the official checker warns (the same value) or fails the log; the summarizer takes the first
+                log.problems.append(f"{n} {key} lines: time to train is from the first, as the official summarizer's")
         for key, n in self.bad.items():
             if n > 1:
                 log.problems.append(f"{log.path}: {n - 1} more line(s) with a bad {key} field")
@@ -261,6 +267,15 @@ def _step_fields(record: dict) -> tuple:
         return ()
     return (md.get("step"), v.get("train_step_time"), record.get("time_ms"), v.get("tokens_per_s", _NAN),
             v.get("tflops_per_device", _NAN))
+
+
+def _clock(path: Path, e: Event) -> float:
+    """A run_start or run_stop time: milliseconds since the epoch, so never negative (a negative one made a
+    time to train of a century)."""
+    t = number(path, e, "time_ms", e.time_ms)
+    if t < 0:
+        raise BadField(path, e, "time_ms", t, "a finite number at least 0 (milliseconds since the epoch)")
+    return t
 
 
 def _whole(path: Path, e: Event) -> int:
@@ -291,10 +306,12 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
         log.problems.append("no :::MLLOG lines: not an MLPerf result log" if not reader.n_broken
                             else "no readable records")
         return log
-    if log.run_start_ms is None:
-        log.problems.append("no run_start: the run never started its timed region")
+    if log.run_start_ms is None:  # where a line was there, its bad time_ms is the problem already listed
+        if not scan.seen["run_start"]:
+            log.problems.append("no run_start: the run never started its timed region")
     elif log.run_stop_ms is None:
-        log.problems.append("no run_stop: the run did not finish (crashed or the log is truncated)")
+        if not scan.seen["run_stop"]:
+            log.problems.append("no run_stop: the run did not finish (crashed or the log is truncated)")
     elif log.run_stop_ms < log.run_start_ms:
         log.invalid = True
         log.problems.append(f"run_stop is {(log.run_start_ms - log.run_stop_ms) / 1000:g} s before run_start: "
