@@ -175,19 +175,47 @@ def _check_options(req: RunRequest) -> None:
     for flag, value in (("--nodes", ly.nodes), ("--nproc-per-node", ly.nproc_per_node)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
+    _check_launcher_options(req)
     if not 0 <= req.node_rank < ly.nodes:
         raise UserError(f"--node-rank {req.node_rank} must be between 0 and --nodes - 1 = {ly.nodes - 1}")
     if req.launcher == "torchrun":
         if not req.rdzv_endpoint:
             raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
         host, _, port = req.rdzv_endpoint.rpartition(":")
-        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        if not host or any(c.isspace() for c in host) or not (port.isascii() and port.isdigit()) \
+                or not 0 < int(port) < 65536:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535")
     if req.launcher == "local" and ly.nodes > 1 and not req.dry_run:
         raise UserError(f"--launcher local runs on this machine only; for --nodes {ly.nodes} use --launcher "
                         f"torchrun (one invocation per node)")
     if req.save_checkpoint and req.runs != 1:
         raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
+
+
+# The options of one launcher, by flag and field. Given with another launcher they would be dropped without a word:
+# a --partition without --launcher slurm would train on the machine the command was typed on.
+LAUNCHER_OPTIONS = {
+    "torchrun": {"--rdzv-endpoint": "rdzv_endpoint", "--node-rank": "node_rank"},
+    "slurm": {"--partition": "partition", "--account": "account", "--time": "time_limit", "--sbatch-arg": "sbatch_args",
+              "--container-image": "container_image", "--container-mounts": "container_mounts",
+              "--master-addr": "master_addr", "--gpus-per-node": "gpus_per_node"},
+}
+
+
+def _check_launcher_options(req: RunRequest) -> None:
+    """Options of another launcher than the one chosen (set to other than their defaults) are refused, and the
+    chosen launcher's text options may not be empty."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunRequest)}
+    for launcher, options in LAUNCHER_OPTIONS.items():
+        for flag, name in options.items():
+            value = getattr(req, name)
+            if launcher != req.launcher and value != defaults[name]:
+                raise UserError(f"{flag} is an option of --launcher {launcher}, and this run's launcher is "
+                                f"{req.launcher}: add --launcher {launcher}, or leave {flag} out")
+            if launcher == req.launcher and isinstance(value, str) and not value.strip():
+                raise UserError(f"{flag} is empty; give a value, or leave it out for the default")
+    if req.master_addr is not None and any(c.isspace() for c in req.master_addr):
+        raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds a space)")
 
 
 def check_results_folder(root: Path, system: str, benchmark: str) -> None:

@@ -74,6 +74,18 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"lr": float("nan")}, r"--lr must be a positive number, got nan"),
     ({"launcher": "slurm", "layout": {"nodes": 2}, "time_limit": "2h", "dry_run": True},
      r"cannot write the SLURM job: time_limit must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
+    # another launcher's options were dropped without a word: --partition alone trained on this machine
+    ({"partition": "gpu"}, r"--partition is an option of --launcher slurm, and this run's launcher is local: "
+                           r"add --launcher slurm, or leave --partition out"),
+    ({"time_limit": "04:00:00", "dry_run": True}, r"--time is an option of --launcher slurm"),
+    ({"sbatch_args": ("--exclusive",), "launcher": "torchrun", "rdzv_endpoint": "h:1"},
+     r"--sbatch-arg is an option of --launcher slurm, and this run's launcher is torchrun"),
+    ({"rdzv_endpoint": "h:1"}, r"--rdzv-endpoint is an option of --launcher torchrun"),
+    ({"launcher": "slurm", "node_rank": 1, "layout": {"nodes": 2}}, r"--node-rank is an option of --launcher torchrun"),
+    ({"launcher": "slurm", "partition": " "}, r"--partition is empty; give a value"),
+    ({"launcher": "slurm", "master_addr": ""}, r"--master-addr is empty"),
+    ({"launcher": "slurm", "master_addr": "a b"}, r"--master-addr 'a b' is not a host name"),
+    ({"launcher": "torchrun", "rdzv_endpoint": "a b:29500"}, r"--rdzv-endpoint 'a b:29500' must be HOST:PORT"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
