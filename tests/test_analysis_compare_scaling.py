@@ -60,3 +60,15 @@ def test_scaling_on_the_eos_llama_series_matches_a_hand_computation():
     e1024 = dict((q.devices, e) for q, e in sc.strong_ttt)[8192]
     assert e1024 == pytest.approx(efficiency(230.6756, 512, 19.6379, 8192), abs=1e-4)
     assert not sc.weak and any("per-device batch" in n for n in sc.notes)
+
+
+@needs_shared
+def test_scaling_refuses_a_configuration_given_twice():
+    """The same folder twice, or inside another PATH, was one configuration counted as two (efficiency 1.0)."""
+    from mlbench.errors import UserError
+
+    n64 = EOS / "eos-dfw_n64_ngc25.01_nemo"
+    with pytest.raises(UserError, match=r"eos-dfw_n64_ngc25.01_nemo/llama31_405b is given twice; scaling takes"):
+        build_scaling([n64, n64])
+    with pytest.raises(UserError, match=r"given twice \(in .*/results and in .*eos-dfw_n64_ngc25.01_nemo\)"):
+        build_scaling([EOS, n64])
