@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -106,6 +107,33 @@ def test_sigterm_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     _assert_aborted(tmp_path, proc, "received SIGTERM")
+
+
+def test_a_closed_terminal_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
+    """`mlbench run` on a terminal that closes (an SSH session dropping): SIGHUP, then every write to the terminal
+    fails (EIO). It used to die of both, leaving the run unlogged in its staging folder; now the run is stopped,
+    logged aborted and published like one stopped by SIGTERM."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `mlbench run` with the pty as its terminal
+        os.execvpe(MLBENCH[0], [*MLBENCH, "run", "gpt3", "--tiny", "--results", str(tmp_path), "--seed", "3",
+                                "--system", "ci"], dict(os.environ, COLUMNS="100"))
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # read what it prints (a terminal left unread would block it) until three steps are logged
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                os.read(fd, 1 << 16)
+            if any(sum('"event": "step"' in ln for ln in e.read_text().splitlines()) >= 3
+                   for e in tmp_path.glob("ci/gpt3/.staging-*/events.jsonl")):
+                break
+            assert time.monotonic() < deadline, "no 3 steps within 120 s"
+    finally:
+        os.close(fd)  # the terminal closes: SIGHUP to its session, EIO on writes
+    _, status = os.waitpid(pid, 0)
+    proc = subprocess.CompletedProcess([], os.waitstatus_to_exitcode(status))
+    _assert_aborted(tmp_path, proc, "received SIGHUP")
 
 
 def test_killed_launcher_aborts_the_run_and_leaves_no_rank(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 SHOW_PROGRESS = """
+import sys
 from mlbench.cli import console
 from mlbench.progress import Progress
 
@@ -30,3 +31,19 @@ def test_progress_lines_are_not_wrapped_without_a_terminal() -> None:
         "target reached: log_perplexity 1.0368 (target <= 1.04); time-to-train 7.4 s (0.124 min); compliance (ok); "
         "/a/long/results/path/ci/gpt3/result_0.txt",
     ], out.stdout
+
+
+def test_output_nobody_reads_is_dropped_and_the_command_goes_on() -> None:
+    """stdout a pipe whose reader is gone (`| head` that has ended; a closed terminal likewise fails with EIO):
+    every write fails, yet the command goes on to its end, exit 0 and no traceback (a run would publish its
+    result; it died before in rich's first write)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-c", SHOW_PROGRESS + "\nprint('done', file=sys.stderr)"],
+                             stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+                             env=dict(os.environ, COLUMNS="100"))
+    finally:
+        os.close(write)
+    assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "done", out.stderr
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr

@@ -24,7 +24,7 @@ from rich.console import Console
 from mlbench.errors import UserError
 from mlbench.launch import lifeline
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
-from mlbench.launch.supervise import EventTail
+from mlbench.launch.supervise import STOP_SIGNALS, EventTail
 from mlbench.layout import Layout
 from mlbench.progress import Progress, is_progress_line
 from mlbench.runner import RunOptions
@@ -203,7 +203,7 @@ class StagedRuns:
 def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None) -> int:
     """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
     with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns the job's
-    exit code. SIGTERM/SIGINT stop it: the first through the driver (the run logged aborted and published), a
+    exit code. SIGTERM/SIGINT/SIGHUP stop it: the first through the driver (the run logged aborted and published), a
     second outright."""
     pos = 0
     cancels: list[int] = []
@@ -215,7 +215,7 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
         cancels.append(signum)
         subprocess.run(argv, capture_output=True)
 
-    previous = {s: signal.signal(s, cancel) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, cancel) for s in STOP_SIGNALS}
     shown = ""
     try:
         while proc.poll() is None:

@@ -7,7 +7,8 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
 - the command exits (the agent, like torchrun, stops every rank when one dies and exits non-zero);
 - no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
   checkpoint is saved after run_stop, for `init_timeout` seconds;
-- it receives SIGTERM/SIGINT (a user, or SLURM preemption).
+- it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
+  that drops).
 Whatever the cause, a log with `run_start` but no `run_stop` gets `run_stop` with status `aborted` and the
 reason, written after every rank is gone, so one writer at a time still holds.
 """
@@ -29,6 +30,9 @@ from mlbench.launch import lifeline
 from mlbench.mlperf_log import finalize_aborted
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
+# What stops a run cleanly (logged aborted with the signal's name, published). SIGHUP's default would kill the
+# supervisor alone: its ranks die with it (lifeline), but the run is left unlogged in its staging folder.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass
@@ -190,7 +194,7 @@ def supervise(
     def on_signal(signum, frame):
         received.append(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     before = set(_descendants(os.getpid()))
     try:
         proc = _start(cmd)
