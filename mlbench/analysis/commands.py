@@ -99,10 +99,9 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
             no_score: bool) -> None:
     """Compare runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
     from mlbench.analysis.compare import build_comparison, comparison_report, print_comparison
-    from mlbench.analysis.report import check_output
+    from mlbench.analysis.report import check_outputs
 
-    check_output(html_out, "--html")
-    check_output(md_out, "--md")
+    check_outputs(html_out, md_out)
     if "" in paths:  # Path("") would be the working directory
         raise UserError("a PATH is empty; give a path (a run, a set, or published:<id>)")
     if len(paths) < 2:
@@ -121,11 +120,10 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
               help="Device count per PATH, in order (where no systems json or run record says).")
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""
-    from mlbench.analysis.report import check_output
+    from mlbench.analysis.report import check_outputs
     from mlbench.analysis.scaling import build_scaling, print_scaling, scaling_report
 
-    check_output(html_out, "--html")
-    check_output(md_out, "--md")
+    check_outputs(html_out, md_out)
     if devices and len(devices) != len(paths):
         raise UserError(f"--devices given {len(devices)} times for {len(paths)} PATHs; give one per PATH or none")
     sc = build_scaling(list(paths), list(devices) or None)

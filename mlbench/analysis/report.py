@@ -110,6 +110,15 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
     return "\n".join(out), images
 
 
+def check_outputs(html: Path | None, md: Path | None) -> None:
+    """`--html` and `--md` of one command, each checked (`check_output`), and not one file (the second would
+    replace the first)."""
+    check_output(html, "--html")
+    check_output(md, "--md")
+    if html is not None and md is not None and Path(html).resolve() == Path(md).resolve():
+        raise UserError(f"--html and --md are both {md}: the Markdown would replace the HTML; give each its own name")
+
+
 def check_output(path: Path | None, option: str) -> None:
     """Refuse a report path that cannot be written, before any work: its folder must exist (it is not created)
     and take a file; the path must not be a folder, a device or a pipe, nor an MLPerf result log (a report may
