@@ -190,9 +190,9 @@ def test_report_paths_are_refused_before_any_work(tmp_path, capsys, monkeypatch)
             assert len(out.strip().splitlines()) == 1 and str(path) in out and why in out, (cmd, option, out)
         # both reports to one file: the Markdown replaced the HTML, and "wrote" was printed twice (was)
         code, out = mlbench(capsys, monkeypatch, cmd, str(a), str(b), str(tmp_path / "nope"), "--html",
-                            str(tmp_path / "r.out"), "--md", str(tmp_path / "." / "r.out"))
+                            str(tmp_path / "both.out"), "--md", str(tmp_path / "." / "both.out"))
         assert code == 2 and "--html and --md are both" in out and "give each its own name" in out, out
-    assert not (tmp_path / "no").exists() and not (tmp_path / "r.out").exists()
+    assert not (tmp_path / "no").exists() and not (tmp_path / "both.out").exists()
     assert fifo.is_fifo() and renamed.read_text() == (a / "result_0.txt").read_text() == tiny_log()
     assert (tmp_path / "r_files").read_text() == "mine" and not (tmp_path / "r.md").exists()
 
