@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bound on every integer of a model definition: 2**24 (16.7M) is past any layer count, width, vocabulary or
 # sequence a benchmark has (the largest today: Llama's 128,256-token vocabulary, 131,072-token context).
 MAX_MODEL_SIZE = 2**24
-# MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's).
-BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS", ROOT / "benchmarks"))
+# MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's). Set but empty is unset,
+# as for most variables (Path("") would be the working directory).
+BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS") or ROOT / "benchmarks")
 # libyaml's parser where PyYAML has it (its wheels do): the pure-Python one takes 40 ms a benchmark file, and
 # every command reads one or more (`mlbench list`: 0.4 s of its 0.5).
 _BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -54,7 +55,7 @@ def names(directory: Path | None = None) -> list[str]:
     """The benchmarks defined in the folder; a folder that is not there is bad input, not an empty list."""
     folder = _dir(directory)
     if not folder.is_dir():
-        via = " (MLBENCH_BENCHMARKS)" if directory is None and "MLBENCH_BENCHMARKS" in os.environ else ""
+        via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
         raise UserError(f"benchmark folder {folder}{via} is not a folder; point MLBENCH_BENCHMARKS at a folder of "
                         f"benchmark files (<name>.yaml), or unset it for the built-in ones")
     return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("."))

@@ -134,6 +134,9 @@ def test_missing_benchmark_folder(tmp_path: Path) -> None:
     proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(tmp_path / "nope")})
     _assert_clean_error(proc, f"benchmark folder {tmp_path / 'nope'} (MLBENCH_BENCHMARKS) is not a folder")
     _assert_clean_error(mlbench("list", env={"MLBENCH_BENCHMARKS": str(tmp_path)}), "no benchmark files")
+    # set but empty is unset (it read the working directory: here an empty folder, so no benchmarks)
+    empty = mlbench("list", env={"MLBENCH_BENCHMARKS": ""}, cwd=tmp_path)
+    assert empty.returncode == 0 and "gpt3" in empty.stdout, empty.stdout + empty.stderr
 
 
 @pytest.mark.parametrize("args", [
