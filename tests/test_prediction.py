@@ -82,3 +82,30 @@ def test_a_run_on_a_cpu_not_yet_measured_says_how_to_measure_it(monkeypatch) -> 
     bench = registry.load("gpt3", tiny=True)
     p = for_run(bench, resolve(bench, 1, 1), "this machine (CPU)", CPU_RANK0)
     assert p["device"] is None and p["step_time_s"] is None and "--device cpu" in p["reason"]
+
+
+def test_a_garbled_or_unwritable_cpu_cache_is_measured_again_not_a_traceback(monkeypatch, tmp_path, capsys) -> None:
+    """The CPU measurement's cache is a cache: garbled JSON, another shape, a missing or non-finite figure are
+    measured again and replaced (they were tracebacks in `plan --device cpu`); a cache path that cannot be written
+    costs a note. (`measure` is this machine's real figures, not measured again here: 17 s.)"""
+    import json
+
+    from mlbench.planner import cpu
+
+    real = cpu.cached() or cpu.measured()
+    monkeypatch.setattr(cpu, "measure", lambda: dict(real))
+    cache = tmp_path / "cpu-device.json"
+    monkeypatch.setattr(cpu, "CACHE", cache)
+    lacking = {k: v for k, v in real.items() if k != "step_fb_s"}
+    for garbled in (b'{"bad": 1', b"[1, 2]", json.dumps({**real, "gemm_flops": "fast"}).encode(),
+                    json.dumps({**real, "bytes_per_s": 0}).encode(), json.dumps(lacking).encode(), b"\xff"):
+        cache.write_bytes(garbled)
+        assert cpu.cached() is None, garbled
+        assert cpu.measured() == real
+        assert json.loads(cache.read_text()) == real  # replaced
+    assert cpu.cached() == real
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(cpu, "CACHE", blocker / "cpu-device.json")
+    assert cpu.measured() == real and blocker.read_text() == ""
+    assert "note: the CPU measurement is not cached" in capsys.readouterr().err

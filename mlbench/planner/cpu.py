@@ -10,19 +10,27 @@ processes on this host.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 
-CACHE = Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "cpu-device.json"
+CACHE = Path(os.environ.get("MLBENCH_CACHE") or Path.home() / ".cache" / "mlbench") / "cpu-device.json"
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
 VERSION = 11  # of what is measured: an older cache is measured again
+# A measurement's fields: its texts, and the figures (each a finite number, at least 0) the predictions read.
+_TEXTS = {"key", "megatron_shapes", "measured_at"}
+_FIGURES = {"gemm_flops", "bytes_per_s", "step_1_micro_s", "step_2_micro_s", "step_fb_s", "optimizer_s_per_tensor",
+            "megatron_layer_s", "megatron_head_s", "megatron_probe_layer_flops", "megatron_probe_head_flops",
+            "collective_latency_s"}
 
 
 def _key() -> str:
@@ -203,24 +211,39 @@ def measure(seconds: float = 2.0) -> dict:
 
 
 def cached() -> dict | None:
-    """This machine's cached measurement, if it has one."""
-    if CACHE.exists():
+    """This machine's cached measurement, if it has a usable one: a cache that cannot be read, is garbled or lacks
+    a figure is measured again (and replaced), never a traceback."""
+    try:
         data = json.loads(CACHE.read_text())
-        if data.get("key") == _key():
-            return data
-    return None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != _key():
+        return None
+    figures = {k: v for k, v in data.items() if k not in _TEXTS}
+    if not set(figures) >= _FIGURES or not all(type(v) in (int, float) and 0 <= v < math.inf for v in figures.values()):
+        return None
+    if not figures["gemm_flops"] > 0 < figures["bytes_per_s"]:  # (a cost may round to 0; a rate may not)
+        return None
+    return data
 
 
 def measured() -> dict:
-    """The cached measurement for this machine, measuring (about 17 s, once) when there is none."""
+    """The cached measurement for this machine, measuring (about 17 s, once) when there is none. A cache folder
+    that cannot be written costs a note, and a measurement next time."""
     data = cached()
     if data is not None:
         return data
     data = measure()
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
     tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(CACHE)
+    try:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(CACHE)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        print(f"note: the CPU measurement is not cached ({CACHE}: {e.strerror or e}); set MLBENCH_CACHE to a folder "
+              f"you can write, or it is measured again next time", file=sys.stderr)
     return data
 
 
