@@ -99,14 +99,17 @@ def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
     _assert_aborted(tmp_path, proc, "hang: no progress for 4 s")
 
 
-def test_sigterm_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_signal_aborts_cleanly_with_the_reason(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM (preemption, scancel), and a signal whose default would end the supervisor alone (SIGUSR1: it left
+    the run unlogged in its staging folder)."""
     proc = _start(tmp_path, nproc=1)
     _wait_for_steps(tmp_path, 1)
     assert not any(_run_pids(tmp_path).values()), "a one-process run starts no agent"
     _wait_for_steps(tmp_path, 3)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     proc.communicate(timeout=60)
-    _assert_aborted(tmp_path, proc, "received SIGTERM")
+    _assert_aborted(tmp_path, proc, f"received {sig.name}")
 
 
 def test_a_closed_terminal_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
 - no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
   checkpoint is saved after run_stop, for `init_timeout` seconds;
 - it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
-  that drops).
+  that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM: `--signal=USR1@60` in a job).
 Whatever the cause, a log with `run_start` but no `run_stop` gets `run_stop` with status `aborted` and the
 reason, written after every rank is gone, so one writer at a time still holds.
 """
@@ -30,9 +30,10 @@ from mlbench.launch import lifeline
 from mlbench.mlperf_log import finalize_aborted
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
-# What stops a run cleanly (logged aborted with the signal's name, published). SIGHUP's default would kill the
-# supervisor alone: its ranks die with it (lifeline), but the run is left unlogged in its staging folder.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What stops a run cleanly (logged aborted with the signal's name, published): every signal whose default is to
+# end the process and that a process may catch. Left to its default, one would kill the supervisor alone: its
+# ranks die with it (lifeline), but the run is left unlogged in its staging folder.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 
 
 @dataclass
