@@ -9,6 +9,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from rich.console import Console
 from mlbench import compliance, environment, results
 from mlbench.errors import UserError
 from mlbench.launch import local_ranks, torchrun
-from mlbench.launch.supervise import Command, Outcome, supervise
+from mlbench.launch.supervise import STOP_SIGNALS, Command, Outcome, supervise
 from mlbench.layout import Layout
 from mlbench.logfile import log_time_to_train
 from mlbench.planner import prediction
@@ -55,6 +56,7 @@ class RunResult:
     reason: str
     checkpoint_error: str = ""
     published: bool = True  # False: nothing of the run was left in the results folder (e.g. a full disk)
+    stopped_by: str = ""  # a stop signal the run received (Ctrl-C, a closed terminal, preemption): the set ends
 
     @property
     def ok(self) -> bool:  # what the command's exit code reports
@@ -187,14 +189,29 @@ class RunSet:
     def supervise(self) -> None:
         env = dict(os.environ, MLBENCH_THREADS=str(self.opts.threads), OMP_NUM_THREADS=str(self.opts.threads),
                    PYTHONWARNINGS="ignore")
-        for i, seed in enumerate(self.seeds):
-            result = self._run(i, seed, env)
-            self.results.append(result)
-            if not result.published:
-                break
+        # A stop signal (Ctrl-C, a closed terminal, preemption) ends the set, not only the run in progress; one that
+        # comes between runs (while a run is checked and published) is held until that run is published.
+        received: list[str] = []
+        previous = {s: signal.signal(s, lambda n, _: received.append(signal.Signals(n).name)) for s in STOP_SIGNALS}
+        try:
+            for i, seed in enumerate(self.seeds):
+                result = self._run(i, seed, env)
+                self.results.append(result)
+                if not result.published:
+                    break
+                stopped = result.stopped_by or next(iter(received), "")
+                if stopped:
+                    if left := len(self.seeds) - i - 1:
+                        self.console.print(f"{stopped}: the set stops here; {left} more run(s) not started",
+                                           highlight=False)
+                    break
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def collect(self) -> int:
-        return 0 if self.results and all(r.ok for r in self.results) else 1
+        complete = len(self.results) == len(self.seeds)
+        return 0 if complete and all(r.ok for r in self.results) else 1
 
     def _run(self, i: int, seed: int, env: dict) -> RunResult:
         bench, layout, opts, folder, console = self.bench, self.layout, self.opts, self.folder, self.console
@@ -215,7 +232,7 @@ class RunSet:
             logs = results.keep_node_logs(folder, staging, opts.node_rank, seed)
             console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}; rank logs in {logs}")
             status = "success" if outcome.exit_code == 0 else "aborted"
-            return RunResult(logs or folder, status, None, None, True, outcome.reason)
+            return RunResult(logs or folder, status, None, None, True, outcome.reason, stopped_by=outcome.signal)
         if outcome.checkpoint_error:
             _remove_partial_checkpoint(Path(opts.save_checkpoint))
         try:
@@ -229,9 +246,10 @@ class RunSet:
         except results.PublishError as e:
             console.print(f"[red]{e}[/red] (the run ended: {outcome.status}"
                           f"{', ' + outcome.reason if outcome.reason else ''})", highlight=False, soft_wrap=True)
-            return RunResult(folder, "aborted", None, None, False, str(e), published=False)
+            return RunResult(folder, "aborted", None, None, False, str(e), published=False,
+                             stopped_by=outcome.signal)
         result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
-                           outcome.checkpoint_error)
+                           outcome.checkpoint_error, stopped_by=outcome.signal)
         _summary(console, bench, result)
         return result
 

@@ -112,6 +112,27 @@ def test_a_signal_aborts_cleanly_with_the_reason(tmp_path: Path, sig: signal.Sig
     _assert_aborted(tmp_path, proc, f"received {sig.name}")
 
 
+def test_ctrl_c_stops_the_set_not_only_the_run_in_progress(tmp_path: Path, quick_env: dict) -> None:
+    """Ctrl-C in run 2 of 3: run 1 stays published, run 2 is logged aborted and published, run 3 is not started
+    (it was: the set went on after the interrupted run)."""
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--runs", "3", "--results", str(tmp_path), "--seed",
+                             "3", "--system", "ci"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200", **quick_env})
+    folder = tmp_path / "ci" / "gpt3"
+    deadline = time.monotonic() + 120
+    while not (folder / "result_0.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "run 1 not published"
+        time.sleep(0.2)
+    _wait_for_steps(tmp_path, 2)  # run 2 is training
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0, out
+    records = [json.loads((folder / f"result_{i}.json").read_text()) for i in range(2)]
+    assert [r["status"] for r in records] == ["success", "aborted"] and records[1]["reason"] == "received SIGINT"
+    assert not list(folder.glob("result_2.*")) and not list(folder.glob(".staging-*"))
+    assert "SIGINT: the set stops here; 1 more run(s) not started" in out, out
+
+
 def test_a_closed_terminal_aborts_cleanly_with_the_reason(tmp_path: Path) -> None:
     """`mlbench run` on a terminal that closes (an SSH session dropping): SIGHUP, then every write to the terminal
     fails (EIO). It used to die of both, leaving the run unlogged in its staging folder; now the run is stopped,

@@ -44,6 +44,7 @@ class Outcome:
     events: list[dict] = field(default_factory=list)
     checkpoint_error: str = ""  # a checkpoint save after run_stop failed (the run's own status stands)
     log_error: str = ""  # the log could not be completed (run_stop not written, e.g. a full disk)
+    signal: str = ""  # the stop signal received (SIGINT: Ctrl-C), whatever the run's status: a set ends with it
 
 
 @dataclass
@@ -260,6 +261,7 @@ def supervise(
     # Once a checkpoint save began, run_stop was written: the run's status is the log's, whatever the save did.
     if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
         return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error,
-                       log_error=log_error)
+                       log_error=log_error, signal=received[0] if received else "")
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
-                   events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error)
+                   events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error,
+                   signal=received[0] if received else "")
