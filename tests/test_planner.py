@@ -242,11 +242,15 @@ def test_plan_search_and_scaling() -> None:
     ttt = [x["time_to_train_min"] for x in r["layouts"]]
     assert 1 <= len(ttt) <= 10 and ttt == sorted(ttt)
     assert all(x["layout"]["global_batch_size"] == 2048 and x["layout"]["world_size"] == 64 for x in r["layouts"])
-    p = _plan("gpt3", "--device", "h100", "--nodes", "8,16", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
+    # a node count where the layout cannot be (8 devices for tp 4 x pp 8) is a line beside the curve (it ended the
+    # whole command)
+    p = _plan("gpt3", "--device", "h100", "--nodes", "1,8,16", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
               "--gbs", "2048", "--json")
     assert p.returncode == 0, p.stderr
-    pts = json.loads(p.stdout)["scaling"]
+    r = json.loads(p.stdout)
+    pts = r["scaling"]
     assert [x["devices"] for x in pts] == [64, 128] and pts[0]["strong_efficiency"] == 1.0
+    assert [x["nodes"] for x in r["no_layout"]] == [1] and "layout does not divide" in r["no_layout"][0]["reason"]
     assert pts[1]["strong_efficiency"] == pytest.approx(
         pts[0]["time_to_train_min"] * 64 / (pts[1]["time_to_train_min"] * 128))
 
@@ -266,6 +270,7 @@ def test_plan_search_keeps_the_expert_parallel_size_given() -> None:
     # an --ep the model cannot take (the search ignored it)
     (("--device", "h100", "--nodes", "8,99999999999999"), "99,999,999,999,999 devices; at most 1,048,576"),
     (("--device", "h100", "--nproc-per-node", "8", "--ep", "2"), "gpt3 is a dense model"),
+    (("--device", "h100", "--nodes", "1,2", "--tp", "64"), "world size 1 (nodes 1 x 1 per node) is not a multiple"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(args, message) -> None:
     p = _plan("gpt3", *args)

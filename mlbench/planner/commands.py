@@ -12,6 +12,7 @@ from rich.table import Table
 
 from mlbench import terminal
 from mlbench.cli_options import layout_options
+from mlbench.errors import UserError
 from mlbench.preflight import LayoutRequest
 
 _LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "micro_batch_size")
@@ -69,10 +70,19 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
 
     out: dict
     if len(counts) > 1:
-        points = [best(dataclasses.replace(layout, nodes=n))[0][0] for n in counts]
+        # A node count with no layout (too few devices to fit the model, say) is a line of the curve, not the end
+        # of it; only when no count has one is that the answer.
+        points, none_fits = [], []
+        for n in counts:
+            try:
+                points.append(best(dataclasses.replace(layout, nodes=n))[0][0])
+            except UserError as e:
+                none_fits.append({"nodes": n, "reason": str(e)})
+        if not points:
+            raise UserError("; ".join(x["reason"] for x in none_fits))
         eff = planner.scaling_efficiencies(points)
         out = {"benchmark": bench.name, "device": device.name,
-               "scaling": [p | e for p, e in zip(points, eff, strict=True)]}
+               "scaling": [p | e for p, e in zip(points, eff, strict=True)], "no_layout": none_fits}
     elif given:
         out = best(dataclasses.replace(layout, nodes=counts[0]))[0][0]
     else:
@@ -231,3 +241,5 @@ def _print_scaling(console: Console, out: dict) -> None:
     console.print(t)
     console.print("strong: T_base x N_base / (T_n x N_n), time-to-train (step time where there is none); weak: "
                   "tokens/s per device at N / at the base (mlbench scaling's definitions)")
+    for x in out.get("no_layout", []):
+        console.print(f"not on the curve: {x['reason']}", soft_wrap=True)
