@@ -158,6 +158,19 @@ def is_tiny(result_file: Path) -> bool:
     return isinstance(rec, dict) and rec.get("variant") == "tiny"
 
 
+def _unreadable_record(result_file: Path) -> str:
+    """Why the run record beside a result file, where there is one, cannot tell its variant ("" where it can, or
+    where there is none: a published log has none)."""
+    rec = Path(result_file).with_suffix(".json")
+    if not rec.exists():
+        return ""
+    try:
+        data = json.loads(rec.read_text())
+    except (OSError, ValueError) as e:
+        return f"{rec.name} cannot be read ({getattr(e, 'strerror', None) or str(e).splitlines()[0]})"
+    return "" if isinstance(data, dict) else f"{rec.name} is not a run record (a JSON object)"
+
+
 @dataclass
 class Target:
     """One file to check and the rules it is judged by."""
@@ -166,6 +179,7 @@ class Target:
     ruleset: str
     smoke: bool
     dry_run: bool  # the log ends at run_start
+    note: str = ""  # why the rules chosen may not be the ones meant
 
 
 def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
@@ -198,7 +212,9 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
             raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
                             f"{', '.join(registry.names())}); pass --ruleset")
         ruleset = registry.load(benchmark).mlperf.ruleset
-    return Target(f, ruleset, smoke, dry_run=last == "run_start")
+    why = _unreadable_record(f) if rules == "auto" else ""
+    note = f"{why}, so it is judged as a full-size run; --rules smoke judges a tiny one" if why else ""
+    return Target(f, ruleset, smoke, dry_run=last == "run_start", note=note)
 
 
 def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool:
@@ -209,6 +225,8 @@ def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -
         all_ok &= v.ok
         mark = "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]"
         console.print(f"{mark} {t.path} ({v.rules})", highlight=False)
+        if t.note:
+            console.print(f"    note: {t.note}", highlight=False, soft_wrap=True)
         for m in v.messages[:20]:
             console.print("    " + m.replace("\n", "\n    "), highlight=False)
         if t.dry_run:

@@ -88,3 +88,24 @@ def test_checkers_at_once_fit_in_memory(tmp_path: Path, monkeypatch) -> None:
     assert compliance.default_jobs(logs) == 1
     monkeypatch.setattr(compliance, "_free_memory", lambda: 0)  # unknown: one at a time
     assert compliance.default_jobs(logs) == 1
+
+
+def test_check_says_why_a_tiny_log_with_a_garbled_record_meets_the_closed_rules(tmp_path: Path) -> None:
+    """`--rules auto` tells a tiny run by its run record; a garbled one makes it a full-size run, and `check`
+    says so (it failed the closed rules without a word why)."""
+    import io
+
+    from rich.console import Console
+
+    log = _log(tmp_path, finish=True)
+    log.with_suffix(".json").write_text("{garbled")
+    out = io.StringIO()
+    ok = compliance.check_paths(log, "4.1.0", "auto", Console(file=out, width=300))
+    text = " ".join(out.getvalue().split())
+    assert not ok and "(training 4.1.0 rules)" in text
+    assert f"note: {log.with_suffix('.json').name} cannot be read (Expecting property name" in text
+    assert "so it is judged as a full-size run; --rules smoke judges a tiny one" in text
+    log.with_suffix(".json").unlink()  # a published log has no record: no note
+    out = io.StringIO()
+    compliance.check_paths(log, "4.1.0", "auto", Console(file=out, width=300))
+    assert "note:" not in out.getvalue()
