@@ -195,19 +195,23 @@ class RunSet:
         previous = {s: signal.signal(s, lambda n, _: received.append(signal.Signals(n).name)) for s in STOP_SIGNALS}
         try:
             for i, seed in enumerate(self.seeds):
+                if received:  # between runs: the last one is published, this one is not started
+                    self._not_started(received[0], len(self.seeds) - i)
+                    break
                 result = self._run(i, seed, env)
                 self.results.append(result)
                 if not result.published:
                     break
-                stopped = result.stopped_by or next(iter(received), "")
-                if stopped:
-                    if left := len(self.seeds) - i - 1:
-                        self.console.print(f"{stopped}: the set stops here; {left} more run(s) not started",
-                                           highlight=False)
+                if result.stopped_by:
+                    self._not_started(result.stopped_by, len(self.seeds) - i - 1)
                     break
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _not_started(self, signal_name: str, left: int) -> None:
+        if left:
+            self.console.print(f"{signal_name}: the set stops here; {left} more run(s) not started", highlight=False)
 
     def collect(self) -> int:
         complete = len(self.results) == len(self.seeds)
