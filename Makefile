@@ -12,13 +12,20 @@ TORCH_INDEX ?=
 .PHONY: install run test test-fast lint system-deps clean
 
 # Bytecode: pip would compile every module it installs (10k, torch's mostly; 25 s of the install); instead the
-# install's last step imports what a run, a rank and the tests import, which writes bytecode for those alone (3k).
+# install's last step imports what a run, a rank, the official tools and the tests import, which writes bytecode
+# for those alone (3.6k). A module left out is compiled by every process that imports it before one has written its
+# bytecode, and ranks and tests start side by side: the 1.1k modules this list once missed (torch's dynamo, which
+# Adam's step imports; scipy and pandas under the RCP checker and summarizer; megatron-core's checkpointing, BERT).
 # An environment's PYTHONDONTWRITEBYTECODE would make every process compile them again (0.2 s each for mlbench
 # alone), so make turns it off for what it runs.
 unexport PYTHONDONTWRITEBYTECODE
 WARM := from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser(); \
   import mlbench.cli, mlbench.train.loop, mlbench.train.build, mlbench.train.step, mlbench.analysis.commands, \
-  mlbench.planner.cpu, torch.distributed.tensor, torch.distributed.run, matplotlib.pyplot, pytest, xdist
+  mlbench.planner.cpu, torch.distributed.tensor, torch.distributed.run, torch._dynamo, matplotlib.pyplot, \
+  pandas, scipy.stats, scipy.optimize, mlperf_logging.compliance_checker.mlp_compliance, \
+  mlperf_logging.rcp_checker.rcp_checker, mlperf_logging.result_summarizer.result_summarizer, \
+  megatron.core.models.bert.bert_model, megatron.core.datasets.gpt_dataset, megatron.core.dist_checkpointing, \
+  megatron.core.optimizer, pytest, xdist, execnet, websocket
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
