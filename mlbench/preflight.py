@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -222,12 +223,26 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
     """The folder results will go to can be created and written, without creating it (a refused run leaves
     nothing behind)."""
     folder = Path(root) / system / benchmark
+    existing, why = _creatable(folder)
+    if why:
+        raise UserError(f"results folder {folder} is not writable ({existing} {why}); pass --results DIR with a "
+                        f"folder you can write")
+
+
+def _creatable(folder: Path) -> tuple[Path, str]:
+    """Whether FOLDER can be made: its nearest existing ancestor, and why not ("" where it can). Tried, by making
+    and removing a folder there: permissions say nothing for root, who still cannot make one in /proc or on a
+    read-only mount."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"results folder {folder} is not writable ({existing} is not a folder this user can write); "
-                        f"pass --results DIR with a folder you can write")
+    if not existing.is_dir():
+        return existing, "is not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mlbench-probe-", dir=existing))
+    except OSError as e:
+        return existing, f"is not a folder this user can write ({e.strerror or e})"
+    return existing, ""
 
 
 # ---- benchmark, data and checkpoints --------------------------------------------------------------------
@@ -269,11 +284,9 @@ def check_new_folder(what: str, path: Path) -> None:
     """A folder about to be written (a checkpoint): new, and creatable."""
     if path.exists():
         raise UserError(f"{what} {path}: exists; a checkpoint is never overwritten")
-    parent = path.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UserError(f"{what} {path}: {parent} is not a writable folder")
+    parent, why = _creatable(path.resolve())
+    if why:
+        raise UserError(f"{what} {path}: {parent} {why}")
 
 
 def check_checkpoint_fits(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console | None) -> None:
