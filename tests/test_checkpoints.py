@@ -110,7 +110,7 @@ def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) 
                     "one run's state", "--runs 2")
     (tmp_path / "file").write_text("")
     _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "file" / "ck")),
-                    "not a writable folder")
+                    f"{tmp_path / 'file'} is not a folder")
     assert not (tmp_path / "r").exists()
 
 
