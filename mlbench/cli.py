@@ -218,7 +218,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
         try:
             r = helper_process.run_json(converter, str(spec), str(src), str(dest), prefix=f"{src}: ")
         except helper_process.HelperFailed as e:
-            console.print("[red]error:[/red] conversion failed: ", end="")
+            console.print(Text.assemble(("error:", "red"), " conversion failed: "), end="")
             console.print(str(e), markup=False, highlight=False, soft_wrap=True)
             sys.exit(1)
     console.print(f"converted {src} -> {dest}: {r['tensors']} tensors, {r['parameters']:,} values (vocabulary "

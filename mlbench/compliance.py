@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from mlbench import mlperf_tools, registry
 from mlbench.errors import UserError
@@ -223,8 +224,8 @@ def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -
     all_ok = True
     for t, v in zip(todo, check_all([(t.path, t.ruleset, t.smoke) for t in todo]), strict=True):
         all_ok &= v.ok
-        mark = "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]"
-        console.print(f"{mark} {t.path} ({v.rules})", highlight=False)
+        mark = ("PASS", "green") if v.ok else ("FAIL", "red")
+        console.print(Text.assemble(mark, f" {t.path} ({v.rules})"), highlight=False)
         if t.note:
             console.print(f"    note: {t.note}", highlight=False, soft_wrap=True)
         for m in v.messages[:20]:

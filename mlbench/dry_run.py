@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mlbench import compliance, helper_process, results
 from mlbench.errors import UserError
@@ -120,10 +121,10 @@ class DryRun:
                                                          layout.global_batch_size), highlight=False, soft_wrap=True)
         problems = compliance.before_run_start(self.dest, bench.mlperf.ruleset)
         if not problems:
-            console.print(f"[green]{rules} accept every hyperparameter line[/green]", highlight=False)
+            console.print(Text(f"{rules} accept every hyperparameter line", style="green"), highlight=False)
             return 0
-        console.print(f"[red]{rules} reject this log[/red] (a real run at this layout would fail the checker):",
-                      highlight=False)
+        console.print(Text.assemble((f"{rules} reject this log", "red"), " (a real run at this layout would fail "
+                                    "the checker):"), highlight=False)
         for p in problems:
             console.print(f"  {p}", highlight=False, markup=False, soft_wrap=True)
         return 1

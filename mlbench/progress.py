@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from mlbench import terminal
 from mlbench.quality import operator
 
 
@@ -18,7 +19,7 @@ def is_progress_line(line: str) -> bool:
 
 class Progress:
     def __init__(self, title: str, console: Console | None = None):
-        self.console = console or Console()
+        self.console = console or terminal.console()
         self.title = title
         self.state: dict = {}
         self.started = time.monotonic()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from mlbench import compliance, environment, results
 from mlbench.errors import UserError
@@ -248,8 +249,9 @@ class RunSet:
             rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info, opts.device)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
-            console.print(f"[red]{e}[/red] (the run ended: {outcome.status}"
-                          f"{', ' + outcome.reason if outcome.reason else ''})", highlight=False, soft_wrap=True)
+            console.print(Text.assemble((str(e), "red"), f" (the run ended: {outcome.status}"
+                                        f"{', ' + outcome.reason if outcome.reason else ''})"), highlight=False,
+                          soft_wrap=True)
             return RunResult(folder, "aborted", None, None, False, str(e), published=False,
                              stopped_by=outcome.signal)
         result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
@@ -289,4 +291,4 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     if not reached:
         console.print(f"  reason: {r.reason}")
     if r.checkpoint_error:
-        console.print(f"  [red]checkpoint not saved[/red]: {r.checkpoint_error}")
+        console.print(Text.assemble("  ", ("checkpoint not saved", "red"), f": {r.checkpoint_error}"))

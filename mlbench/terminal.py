@@ -52,10 +52,13 @@ STDOUT = _Stdout()
 
 def console(**kwargs) -> Console:
     """A set COLUMNS is the user's width, terminal or not; COLUMNS=0 is no width (rich would print every line at
-    width 0: nothing at all), so the terminal's, or 170 without one."""
+    width 0: nothing at all), so the terminal's, or 170 without one. No markup: what is printed holds paths and
+    log values, and a `[/red]` in one was read as a closing tag (a MarkupError traceback); styled words are
+    `Text` (`Text.assemble(("error:", "red"), " ", message)`)."""
     columns = os.environ.get("COLUMNS", "")
     width = int(columns) if columns.isdigit() and int(columns) > 0 else None
     kwargs.setdefault("file", STDOUT)
+    kwargs.setdefault("markup", False)
     c = Console(**kwargs)
     if c.is_terminal:
         return c if c.width > 0 else Console(width=shutil.get_terminal_size().columns, **kwargs)

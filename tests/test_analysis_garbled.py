@@ -132,6 +132,21 @@ def test_negative_time_to_train_is_not_a_success(tmp_path, capsys, monkeypatch):
     assert time_to_train_s(2000.0, 1000.0) is None and log_time_to_train(a / "result_0.txt") is None
 
 
+def test_markup_in_a_log_or_a_path_is_printed_as_it_is(tmp_path, capsys, monkeypatch):
+    """Text from a log or a path printed through rich: `[/red]` was read as a closing tag (MarkupError tracebacks in
+    score, compare, scaling and check), `[bold]` restyled the output, and an escape sequence reached the terminal."""
+    text, _ = _garble(tiny_log(), "submission_org", '"value": "', '"value": "[/bold]\\u001b[2J[link=http://x]')
+    text, _ = _garble(text, "global_batch_size", '"value": 8', '"value": "[/x]"')
+    a, b = _sets(tmp_path / "[/red]", text)
+    for args in (("score", str(a), "--ruleset", RULESET), ("compare", str(a), str(b), "--no-score"),
+                 ("scaling", str(a), str(b)), ("check", str(a / "result_0.txt"))):
+        code, out = mlbench(capsys, monkeypatch, *args)
+        assert code in (0, 1) and "Traceback" not in out, (args, out)
+        assert "\x1b" not in out, args
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET)
+    assert "[/red]" in out and 'global_batch_size is "[/x]"' in " ".join(out.split()), out
+
+
 def test_a_second_run_start_is_noted_and_the_first_one_counts(tmp_path, capsys, monkeypatch):
     """As the official summarizer: time to train from the first run_start (the checker warns of the second)."""
     lines = tiny_log().splitlines(keepends=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mlbench import terminal
 from mlbench.cli_paths import PathParam
@@ -72,18 +73,18 @@ def _print_set(console: Console, s) -> None:
     console.print(t)
     for r in s.runs:
         for p in r.problems:
-            console.print(f"  [yellow]{r.file}[/]: {p}", highlight=False)
+            console.print(Text.assemble("  ", (r.file, "yellow"), f": {p}"), highlight=False)
         if not r.compliant:
             for m in r.compliance[:3]:
-                console.print(f"  [red]{r.file} non-compliant[/]: {m}", highlight=False)
+                console.print(Text.assemble("  ", (f"{r.file} non-compliant", "red"), f": {m}"), highlight=False)
     console.print(
         f"  olympic mean {_fmt(s.olympic_min)} min over {len([r for r in s.runs if r.counted])} counted of "
         f"{s.required_runs or '?'} required runs; RCP {s.rcp.status} ({s.rcp.message}), factor "
         f"{_fmt(s.rcp_factor)}{' from scaling.json' if s.rcp.scaling_json is not None else ''}", highlight=False)
-    console.print(f"  [bold]score {_fmt(s.score_min)} min[/]   (official summarizer: {_fmt(s.official_score_min)})",
-                  highlight=False)
+    console.print(Text.assemble("  ", (f"score {_fmt(s.score_min)} min", "bold"),
+                                f"   (official summarizer: {_fmt(s.official_score_min)})"), highlight=False)
     for n in s.notes:
-        console.print(f"  [cyan]note[/]: {n}", highlight=False)
+        console.print(Text.assemble("  ", ("note", "cyan"), f": {n}"), highlight=False)
     console.print()
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mlbench.analysis import published, step_times
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets, record_number, run_record
@@ -261,7 +262,7 @@ def print_comparison(console: Console, cmp: Comparison) -> None:
     else:
         console.print("hyperparameters and layout: no differences among the logged ones")
     for n in cmp.notes:
-        console.print(f"[cyan]note[/]: {n}", highlight=False)
+        console.print(Text.assemble(("note", "cyan"), f": {n}"), highlight=False)
 
 
 # --- the report -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mlbench import mlperf_tools
 from mlbench.analysis.logs import ResultSet, find_sets
@@ -180,11 +181,11 @@ def print_scaling(console: Console, sc: Scaling) -> None:
         for r in rows:
             t.add_row(*r)
         console.print(t)
-    console.print("[bold]definitions[/]")
+    console.print(Text("definitions", style="bold"))
     for d in DEFINITIONS:
         console.print(f"  - {d}", highlight=False)
     for n in sc.notes:
-        console.print(f"[cyan]note[/]: {n}", highlight=False)
+        console.print(Text.assemble(("note", "cyan"), f": {n}"), highlight=False)
 
 
 def efficiency_plot(sc: Scaling):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from mlbench.errors import UserError
 from mlbench.launch import lifeline
@@ -154,14 +155,15 @@ class SlurmLauncher:
         ended = json.loads(summary.read_text()) if summary.exists() else {}
         runs = ended.get("runs", [])
         if ended.get("error"):
-            console.print(f"[red]error:[/red] {ended['error']}", highlight=False, soft_wrap=True)
+            console.print(Text.assemble(("error:", "red"), f" {ended['error']}"), highlight=False, soft_wrap=True)
             return 1
         for r in runs:
-            mark = "[green]success[/green]" if r["status"] == "success" else "[red]aborted[/red]"
-            console.print(f"{mark} {r['result']}" + (f" ({r['reason']})" if r["reason"] else ""), highlight=False)
+            mark = ("success", "green") if r["status"] == "success" else ("aborted", "red")
+            console.print(Text.assemble(mark, f" {r['result']}" + (f" ({r['reason']})" if r["reason"] else "")),
+                          highlight=False)
         if not runs:
-            console.print(f"[red]the job ended (exit code {self.code}) without recording a run; see "
-                          f"{job_dir / 'job.out'}[/red]")
+            console.print(Text(f"the job ended (exit code {self.code}) without recording a run; see "
+                               f"{job_dir / 'job.out'}", style="red"))
             return 1
         return 0 if self.code == 0 and all(r["status"] == "success" for r in runs) else 1
 

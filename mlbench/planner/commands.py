@@ -9,6 +9,7 @@ import math
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mlbench import terminal
 from mlbench.cli_options import layout_options
@@ -181,7 +182,7 @@ def _memory_line(r: dict) -> str:
 
 
 def _print_one(console: Console, r: dict) -> None:
-    console.print(f"[bold]{r['benchmark']}[/] on {r['device']}: {_layout_text(r['layout'])}")
+    console.print(Text.assemble((r["benchmark"], "bold"), f" on {r['device']}: {_layout_text(r['layout'])}"))
     console.print(_memory_line(r))
     t = Table(title="step time, term by term", title_justify="left")
     t.add_column("term")
@@ -189,7 +190,7 @@ def _print_one(console: Console, r: dict) -> None:
     t.add_column("share", justify="right")
     for k, v in r["step_terms_s"].items():
         t.add_row(k, f"{v:.4g}", f"{v / r['step_time_s']:.1%}")
-    t.add_row("[bold]step_time_s[/]", f"{r['step_time_s']:.4g}", "100%")
+    t.add_row(Text("step_time_s", style="bold"), f"{r['step_time_s']:.4g}", "100%")
     console.print(t)
     mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
     console.print(f"tokens_per_s_per_device {r['tokens_per_s_per_device']:,.1f}   model_tflops_per_device "
@@ -205,10 +206,10 @@ def _print_search(console: Console, out: dict) -> None:
     from mlbench.planner.plan import fmt_bytes, why_between
 
     s = out["search"]
-    console.print(f"[bold]{out['benchmark']}[/] on {out['device']}: {s['candidates']} candidate layouts, "
-                  f"{s['invalid']} do not divide, {s['closed_rules']} break the closed rules, {s['does_not_fit']} do "
-                  f"not fit; best {len(out['layouts'])} by predicted time-to-train "
-                  f"({_features_text(out['layouts'][0]['layout'])}):")
+    console.print(Text.assemble((out["benchmark"], "bold"), f" on {out['device']}: {s['candidates']} candidate "
+                                f"layouts, {s['invalid']} do not divide, {s['closed_rules']} break the closed "
+                                f"rules, {s['does_not_fit']} do not fit; best {len(out['layouts'])} by predicted "
+                                f"time-to-train ({_features_text(out['layouts'][0]['layout'])}):"))
     t = Table(title_justify="left")
     for h in ("#", "layout", "step s", "TTT min", "MFU", "bubble", "comm", "memory", "vs best"):
         t.add_column(h, justify="left" if h in ("layout", "vs best") else "right", overflow="fold")
@@ -228,8 +229,8 @@ def _print_search(console: Console, out: dict) -> None:
 
 
 def _print_scaling(console: Console, out: dict) -> None:
-    console.print(f"[bold]{out['benchmark']}[/] on {out['device']}, predicted "
-                  f"({_features_text(out['scaling'][0]['layout'])}):")
+    console.print(Text.assemble((out["benchmark"], "bold"), f" on {out['device']}, predicted "
+                                f"({_features_text(out['scaling'][0]['layout'])}):"))
     t = Table(title_justify="left")
     for h in ("devices", "layout", "step s", "tokens/s per device", "TTT min", "strong eff.", "weak eff."):
         t.add_column(h, justify="left" if h == "layout" else "right", overflow="fold")
