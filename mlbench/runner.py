@@ -285,9 +285,9 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     colour = "green" if reached else "red"
     ttt = f"{r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)" if r.ttt_s is not None else "n/a"
     last = f"{r.last_eval:.4f}" if r.last_eval is not None else "none"
-    console.print(f"[{colour}]{'target reached' if reached else 'target NOT reached'}[/{colour}]: "
-                  f"{bench.quality.metric} {last} (target {op} {bench.quality.target}); time-to-train {ttt}; "
-                  f"compliance ({'ok' if r.compliant else 'FAILED'}); {r.path}")
+    console.print(Text.assemble(("target reached" if reached else "target NOT reached", colour),
+                                f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "
+                                f"time-to-train {ttt}; compliance ({'ok' if r.compliant else 'FAILED'}); {r.path}"))
     if not reached:
         console.print(f"  reason: {r.reason}")
     if r.checkpoint_error:

@@ -57,6 +57,15 @@ def launch_ranks(script: Path, nproc: int, *args: str, env: dict | None = None, 
     return (own / "stdout.log").read_text()
 
 
+def assert_no_markup(text: str) -> None:
+    """mlbench's consoles print without rich markup (a log value may hold `[/red]`); its own styled words are
+    rich Text: a tag in the output is one that was left as markup."""
+    import re
+
+    tags = re.findall(r"\[/?(?:red|green|yellow|cyan|bold|dim)\]", text)
+    assert not tags, f"markup printed as text: {tags}"
+
+
 def mllog(path: Path) -> list[dict]:
     out = []
     for line in Path(path).read_text().splitlines():

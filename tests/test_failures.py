@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MLBENCH, mllog, result_dir
+from conftest import MLBENCH, assert_no_markup, mllog, result_dir
 
 pytestmark = pytest.mark.slow
 
@@ -88,6 +88,7 @@ def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
     assert elapsed < 30, f"took {elapsed:.1f} s to notice and stop"
     _assert_aborted(tmp_path, proc, "")
     assert "target NOT reached" in out
+    assert_no_markup(out)
 
 
 def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:

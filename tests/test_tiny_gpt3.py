@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import mlbench, mllog, result_dir
+from conftest import assert_no_markup, mlbench, mllog, result_dir
 
 from mlbench import registry
 
@@ -58,6 +58,7 @@ def test_one_process_reaches_target_twice(root: Path) -> None:
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "11", "--runs", "2", "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("target reached") == 2 and "time-to-train" in proc.stdout
+    assert_no_markup(proc.stdout)  # ("[green]target reached[/green]" was printed so)
     assert "training on cpu" in proc.stdout and "(fp32, local attention)" in proc.stdout
     first, second = sorted(int(i) for i in re.findall(r"result_(\d+)\.txt", proc.stdout))
     for index, seed in ((first, 11), (second, 12)):
