@@ -109,3 +109,24 @@ def test_a_garbled_or_unwritable_cpu_cache_is_measured_again_not_a_traceback(mon
     monkeypatch.setattr(cpu, "CACHE", blocker / "cpu-device.json")
     assert cpu.measured() == real and blocker.read_text() == ""
     assert "note: the CPU measurement is not cached" in capsys.readouterr().err
+
+
+def test_the_cpu_cache_lives_where_the_user_says_and_somewhere_without_a_home(monkeypatch, tmp_path) -> None:
+    """MLBENCH_CACHE, then XDG_CACHE_HOME, then ~/.cache; with no home directory at all (a container's user without
+    a passwd entry or HOME: Path.home() raises) the temp folder, not a RuntimeError at import of the planner."""
+    from pathlib import Path
+
+    from mlbench.planner import cpu
+
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "m"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cpu._cache_file() == tmp_path / "m" / "cpu-device.json"
+    monkeypatch.setenv("MLBENCH_CACHE", "")
+    assert cpu._cache_file() == tmp_path / "x" / "mlbench" / "cpu-device.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cpu._cache_file().parent.name.startswith("mlbench-")

@@ -22,7 +22,23 @@ import sys
 import time
 from pathlib import Path
 
-CACHE = Path(os.environ.get("MLBENCH_CACHE") or Path.home() / ".cache" / "mlbench") / "cpu-device.json"
+
+def _cache_file() -> Path:
+    """MLBENCH_CACHE, else XDG_CACHE_HOME/mlbench, else ~/.cache/mlbench (set but empty is unset); where there is no
+    home directory at all (a container's user without one: Path.home() raises), the temp folder's mlbench-<uid>."""
+    folder = os.environ.get("MLBENCH_CACHE")
+    if not folder:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        try:
+            folder = Path(xdg) / "mlbench" if xdg else Path.home() / ".cache" / "mlbench"
+        except RuntimeError:
+            import tempfile
+
+            folder = Path(tempfile.gettempdir()) / f"mlbench-{os.getuid()}"
+    return Path(folder) / "cpu-device.json"
+
+
+CACHE = _cache_file()
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
 VERSION = 11  # of what is measured: an older cache is measured again
