@@ -56,6 +56,22 @@ def _worker_pids(tmp_path: Path) -> list[int]:
     return sorted(pid for pid, agent in _run_pids(tmp_path).items() if not agent)
 
 
+def _communicate_or_explain(proc: subprocess.Popen, tmp_path: Path, timeout: float) -> str:
+    """proc's output once it ends; if it does not within TIMEOUT, a failure that says what was still running and
+    how the run's own logs end (the rank logs go with the temp folder, so they are shown here)."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        running = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:150].decode(errors="replace")
+                   for pid in _run_pids(tmp_path)}
+        tails = [f"--- {f.relative_to(tmp_path)}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:])
+                 for f in sorted(tmp_path.rglob("*")) if f.is_file() and f.suffix in (".log", ".jsonl")]
+        proc.kill()
+        out = proc.communicate()[0]
+        raise AssertionError(f"mlbench run did not end within {timeout:g} s; still running: {running}\n{out}\n"
+                             + "\n".join(tails)) from None
+
+
 def _wait_gone(tmp_path: Path, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while _run_pids(tmp_path):
@@ -83,7 +99,7 @@ def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
     assert len(pids) == 2
     killed = time.monotonic()
     os.kill(pids[-1], signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    out = _communicate_or_explain(proc, tmp_path, 60)
     elapsed = time.monotonic() - killed
     assert elapsed < 30, f"took {elapsed:.1f} s to notice and stop"
     _assert_aborted(tmp_path, proc, "")
