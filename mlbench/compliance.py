@@ -150,26 +150,17 @@ def summary(problem: str) -> str:
 
 # --- `mlbench check` ------------------------------------------------------------------------------------------
 
-def is_tiny(result_file: Path) -> bool:
-    """Whether our run record beside a result file says it is a tiny (smoke) run."""
-    try:
-        rec = json.loads(Path(result_file).with_suffix(".json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(rec, dict) and rec.get("variant") == "tiny"
-
-
-def _unreadable_record(result_file: Path) -> str:
-    """Why the run record beside a result file, where there is one, cannot tell its variant ("" where it can, or
-    where there is none: a published log has none)."""
+def _run_record(result_file: Path) -> tuple[dict, str]:
+    """Our run record beside a result file ({} where there is none: a published log has none), and why it cannot
+    be read where there is one but it cannot ("" otherwise)."""
     rec = Path(result_file).with_suffix(".json")
     if not rec.exists():
-        return ""
+        return {}, ""
     try:
         data = json.loads(rec.read_text())
     except (OSError, ValueError) as e:
-        return f"{rec.name} cannot be read ({getattr(e, 'strerror', None) or str(e).splitlines()[0]})"
-    return "" if isinstance(data, dict) else f"{rec.name} is not a run record (a JSON object)"
+        return {}, f"{rec.name} cannot be read ({getattr(e, 'strerror', None) or str(e).splitlines()[0]})"
+    return (data, "") if isinstance(data, dict) else ({}, f"{rec.name} is not a run record (a JSON object)")
 
 
 @dataclass
@@ -207,13 +198,13 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
         raise UserError(f"{e}: cannot tell the ruleset; pass --ruleset") from None
     except OSError as e:
         raise UserError(f"{f}: cannot read ({e.strerror or e})") from None
-    smoke = rules == "smoke" or (rules == "auto" and is_tiny(f))
+    record, why = _run_record(f) if rules == "auto" else ({}, "")
+    smoke = rules == "smoke" or record.get("variant") == "tiny"
     if ruleset is None:
         if benchmark not in registry.names():
             raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
                             f"{', '.join(registry.names())}); pass --ruleset")
         ruleset = registry.load(benchmark).mlperf.ruleset
-    why = _unreadable_record(f) if rules == "auto" else ""
     note = f"{why}, so it is judged as a full-size run; --rules smoke judges a tiny one" if why else ""
     return Target(f, ruleset, smoke, dry_run=last == "run_start", note=note)
 

@@ -86,10 +86,11 @@ def has_tiny(name: str, directory: Path | None = None) -> bool:
 def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchmark:
     """The named benchmark, full size or its tiny variant, validated."""
     path = _dir(directory) / f"{name}.yaml"
-    if Path(name).name == name and not name.startswith(".") and os.path.lexists(path) and not path.is_file():
+    a_name = Path(name).name == name and not name.startswith(".")  # a name, never a path
+    if a_name and os.path.lexists(path) and not path.is_file():
         raise UserError(f"{path}: not a benchmark file (a folder, a device or a broken link); a benchmark is a "
                         f"YAML file <name>.yaml")
-    if Path(name).name != name or name.startswith(".") or not path.is_file():  # a name, never a path
+    if not a_name or not path.is_file():
         known = names(directory)
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"

@@ -259,9 +259,9 @@ def supervise(
         failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
         checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd.what, code)
     # Once a checkpoint save began, run_stop was written: the run's status is the log's, whatever the save did.
+    stop_signal = received[0] if received else ""
     if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
         return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error,
-                       log_error=log_error, signal=received[0] if received else "")
+                       log_error=log_error, signal=stop_signal)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
-                   events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error,
-                   signal=received[0] if received else "")
+                   events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error, signal=stop_signal)

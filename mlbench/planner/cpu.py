@@ -19,6 +19,7 @@ import platform
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,8 +33,6 @@ def _cache_file() -> Path:
         try:
             folder = Path(xdg) / "mlbench" if xdg else Path.home() / ".cache" / "mlbench"
         except RuntimeError:
-            import tempfile
-
             folder = Path(tempfile.gettempdir()) / f"mlbench-{os.getuid()}"
     return Path(folder) / "cpu-device.json"
 
