@@ -16,7 +16,7 @@ from megatron.core import dist_checkpointing  # noqa: E402
 from megatron.core.dist_checkpointing import ShardedTensor  # noqa: E402
 from megatron.core.dist_checkpointing.serialization import load_plain_tensors  # noqa: E402
 
-from mlbench.train.checkpoint import renamer  # noqa: E402
+from mlbench.train.checkpoint import renamer, save_strategy  # noqa: E402
 
 OPTIMIZER = "optimizer.state."
 
@@ -34,4 +34,4 @@ def convert(src: str, dst: str, prefix: str, rules: list[str]) -> None:
     os.makedirs(dst)
     state = {new_name(k): ShardedTensor.from_rank_offsets(new_name(k), t.contiguous(), replica_id=0)
              for k, t in load_plain_tensors(src).items() if isinstance(t, torch.Tensor)}  # not common.pt
-    dist_checkpointing.save(state, dst)
+    dist_checkpointing.save(state, dst, sharded_strategy=save_strategy())

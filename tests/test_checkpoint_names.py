@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import subprocess
 import time
@@ -61,6 +62,9 @@ def test_reference_checkpoint_names_load_through_the_benchmark_definition(tmp_pa
     with _one_rank(tmp_path):  # both conversions in this process: a script each would import megatron again
         zarr_reference.convert(str(saved), str(zarr))
         rename_checkpoint.convert(str(saved), str(foreign), "model.", rules["nemo"])
+    # mlbench's save (which the converter uses) starts no process: megatron's default writer started a Manager
+    # by spawn for its results queue, a fresh interpreter importing torch and megatron again at every save.
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "z"), "--system", "ci", "--seed", "2",
                    "--init-checkpoint", str(zarr), env=quick, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
