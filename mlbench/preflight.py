@@ -170,6 +170,10 @@ def _check_options(req: RunRequest) -> None:
         raise UserError(f"--lr must be a positive number, got {req.lr}")
     if req.threads < 1:
         raise UserError(f"--threads must be at least 1, got {req.threads}")
+    cpus = len(os.sched_getaffinity(0))
+    if req.launcher != "slurm" and req.threads > cpus:  # (a SLURM job's nodes are not this machine)
+        raise UserError(f"--threads {req.threads} is more than the {cpus} CPUs this machine gives this process: at "
+                        f"most {cpus} (threads beyond the CPUs only wait; far more kill the rank at its first step)")
     if req.gpus_per_node < 0:
         raise UserError(f"--gpus-per-node must be 0 or more, got {req.gpus_per_node}")
     ly = req.layout

@@ -80,5 +80,10 @@ def for_run(bench: Benchmark, gbs: int, lr: float | None = None, warmup_steps: i
         o = dataclasses.replace(o, lr=o.lr if lr is None else lr,
                                 warmup_steps=o.warmup_steps if warmup_steps is None else warmup_steps)
         bench = dataclasses.replace(bench, optimizer=o)
+    budget = int(evaluate(bench.train.max_steps, global_batch_size=gbs))  # 0: the schedule's own length
+    if warmup_steps is not None and 0 < budget <= warmup_steps:
+        raise UserError(f"--warmup-steps {warmup_steps} is not below this run's budget of {budget} steps "
+                        f"(train.max_steps at global batch {gbs}): the learning rate would never reach its peak; "
+                        f"give fewer than {budget}")
     at(bench, gbs)
     return bench

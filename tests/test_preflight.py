@@ -56,6 +56,11 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"hang_timeout": float("inf")}, r"--hang-timeout must be a positive number"),
     ({"name": "../benchmarks/gpt3"}, r"unknown benchmark '../benchmarks/gpt3'"),
     ({"threads": 0}, r"--threads must be at least 1"),
+    # more threads than CPUs: accepted, the rank died at its first step ("Resource temporarily unavailable")
+    ({"threads": len(os.sched_getaffinity(0)) + 1}, r"--threads \d+ is more than the \d+ CPUs this machine gives"),
+    # a warm-up past the budget: accepted, the learning rate never reached its peak (1e20 steps was logged)
+    ({"warmup_steps": 10**20}, r"--warmup-steps 100000000000000000000 is not below this run's budget of 300 steps"),
+    ({"warmup_steps": 300}, r"--warmup-steps 300 is not below this run's budget of 300 steps"),
     ({"layout": {"nodes": 0}}, r"--nodes must be at least 1, got 0"),  # not "--node-rank"
     ({"layout": {"nproc_per_node": 0}}, r"--nproc-per-node must be at least 1"),
     ({"layout": {"nodes": 2}, "node_rank": 2, "launcher": "torchrun", "rdzv_endpoint": "h:1"}, r"--node-rank 2"),
