@@ -118,7 +118,7 @@ def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep:
         raise UserError(f"layout does not divide: expert parallel --ep {ep} must divide data parallel x context "
                         f"parallel = {layout.dp} x {layout.cp} = {layout.dp * layout.cp}; valid ep: "
                         f"{_fmt(_divisors(layout.dp * layout.cp))}")
-    f = dataclasses.replace(bench.features, **overrides)
+    f = features(bench, overrides)
     # A feature that needs model parallelism the layout lacks is dropped when it is the benchmark's default
     # (its file follows a multi-GPU config), refused when the user asked for it.
     if f.sequence_parallel and layout.tp == 1:
@@ -129,6 +129,14 @@ def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep:
         # megatron-core's MoELayer refuses to train split over tensor-parallel ranks without it (moe_layer.py)
         raise UserError(f"{bench.name} is a mixture of experts: megatron-core trains its expert layers at --tp "
                         f"{layout.tp} only with sequence parallelism; add --sequence-parallel, or use --tp 1")
+    return dataclasses.replace(layout, ep=ep, features=f, precision=precision or bench.train.precision)
+
+
+def features(bench: Benchmark, overrides: dict) -> FeaturesSpec:
+    """The benchmark's features with the user's (flags) over them, refused where no layout could take them: what
+    `plan` checks once before it searches layouts (each candidate refusing them would read as 'does not
+    divide')."""
+    f = dataclasses.replace(bench.features, **overrides)
     if f.distributed_optimizer and bench.optimizer.name == "lamb":  # LAMB's trust ratio needs whole parameters
         raise UserError(f"{bench.name} trains with LAMB, whose trust ratio needs whole parameters on every "
                         "data-parallel rank: use --no-distributed-optimizer")
@@ -141,7 +149,11 @@ def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep:
         raise UserError(f"--recompute-layers must be at least 1, got {f.recompute_layers}")
     if f.recompute == "full" and f.recompute_method == "block" and f.recompute_layers > bench.model.num_layers:
         raise UserError(f"--recompute-layers {f.recompute_layers}: the model has {bench.model.num_layers} layers")
-    return dataclasses.replace(layout, ep=ep, features=f, precision=precision or bench.train.precision)
+    set_for_full = sorted(k for k in ("recompute_layers", "recompute_method") if k in overrides)
+    if set_for_full and f.recompute != "full":
+        raise UserError(f"--{set_for_full[0].replace('_', '-')} chooses the layers of full recompute; it needs "
+                        f"--recompute full (this run's recompute: {f.recompute})")
+    return f
 
 
 def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: int, nproc_per_node: int,

@@ -338,16 +338,13 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
     where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
     check_expressions(bench, where, [layout.global_batch_size])
-    set_for_full = sorted(k for k in ("recompute_layers", "recompute_method") if k in req.features)
-    if set_for_full and layout.features.recompute != "full":
-        raise UserError(f"--{set_for_full[0].replace('_', '-')} chooses the layers of full recompute; it needs "
-                        f"--recompute full (this run's recompute: {layout.features.recompute})")
     return layout
 
 
 def check_request(bench: Benchmark, req: LayoutRequest) -> None:
     """What holds for a request whatever the layout: a bounded device count, known features, an ep the model can
     take (`plan` checks this once before searching layouts)."""
+    from mlbench import layout as layout_lib
     from mlbench.spec import FeaturesSpec
 
     if req.nodes * req.nproc_per_node > MAX_DEVICES:
@@ -357,6 +354,7 @@ def check_request(bench: Benchmark, req: LayoutRequest) -> None:
     if unknown:
         raise UserError(f"unknown feature {sorted(unknown)[0]!r}; known: "
                         f"{', '.join(f.name for f in dataclasses.fields(FeaturesSpec))}")
+    layout_lib.features(bench, req.features)
     experts = bench.model.num_experts
     if req.ep is not None and req.ep > 1:
         if not experts:

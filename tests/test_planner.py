@@ -271,6 +271,12 @@ def test_plan_search_keeps_the_expert_parallel_size_given() -> None:
     (("--device", "h100", "--nodes", "8,99999999999999"), "99,999,999,999,999 devices; at most 1,048,576"),
     (("--device", "h100", "--nproc-per-node", "8", "--ep", "2"), "gpt3 is a dense model"),
     (("--device", "h100", "--nodes", "1,2", "--tp", "64"), "world size 1 (nodes 1 x 1 per node) is not a multiple"),
+    (("--device", "h100", "--nodes", "8,16,8"), "'8,16,8': 8 is given twice"),  # was the same point three times
+    # feature flags no layout can take: each candidate of the search refused them, read as "6336 do not divide"
+    (("--device", "h100", "--nproc-per-node", "8", "--recompute-layers", "0"), "--recompute-layers must be at least 1"),
+    (("--device", "h100", "--nproc-per-node", "8", "--recompute-layers", "2"), "it needs --recompute full"),
+    (("--device", "h100", "--nodes", "8", "--nproc-per-node", "7"),
+     "3960 break a layout rule, 0 break the closed rules, 0 do not fit); the commonest reason: layout does not"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(args, message) -> None:
     p = _plan("gpt3", *args)

@@ -33,6 +33,9 @@ class _NodeCounts(click.ParamType):
             self.fail(f"{value!r}: give a node count or a comma-separated list of them (8,16,32)", param, ctx)
         if any(n < 1 for n in counts):
             self.fail(f"{value!r}: node counts must be at least 1", param, ctx)
+        twice = next((n for i, n in enumerate(counts) if n in counts[:i]), None)
+        if twice is not None:  # the same point of the curve twice over
+            self.fail(f"{value!r}: {twice} is given twice; give each node count once", param, ctx)
         return counts
 
 
@@ -207,7 +210,7 @@ def _print_search(console: Console, out: dict) -> None:
 
     s = out["search"]
     console.print(Text.assemble((out["benchmark"], "bold"), f" on {out['device']}: {s['candidates']} candidate "
-                                f"layouts, {s['invalid']} do not divide, {s['closed_rules']} break the closed "
+                                f"layouts, {s['invalid']} break a layout rule, {s['closed_rules']} break the closed "
                                 f"rules, {s['does_not_fit']} do not fit; best {len(out['layouts'])} by predicted "
                                 f"time-to-train ({_features_text(out['layouts'][0]['layout'])}):"))
     t = Table(title_justify="left")

@@ -123,12 +123,14 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
     seen: set = set()
     results, counts = [], {"candidates": 0, "invalid": 0, "closed_rules": 0, "does_not_fit": 0}
     rejected_batches: dict[int, str | None] = {}
+    reasons: dict[str, int] = {}  # why candidates break the layout rules, and how many
     for c in candidates(bench, world, device, gbs, ep):
         counts["candidates"] += 1
         try:
             layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs, c.ep)
-        except UserError:
+        except UserError as e:
             counts["invalid"] += 1
+            reasons[str(e)] = reasons.get(str(e), 0) + 1
             continue
         key = (layout.tp, layout.pp, layout.vp, layout.cp, layout.ep, layout.micro_batch_size,
                layout.global_batch_size)
@@ -148,9 +150,11 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
         results.append(r)
     if not results:
         why = next((f"; at global batch {b} the closed rules reject {w}" for b, w in rejected_batches.items() if w), "")
+        if reasons and counts["invalid"] == counts["candidates"]:
+            why = f"; the commonest reason: {max(reasons, key=reasons.get)}"
         raise UserError(f"no layout of {bench.name} on {nodes} x {nproc_per_node} {device.name} passes the layout "
                         f"rules{', the closed rules' if closed_rules_ok else ''} and fits in memory "
-                        f"({counts['candidates']} tried: {counts['invalid']} do not divide, "
+                        f"({counts['candidates']} tried: {counts['invalid']} break a layout rule, "
                         f"{counts['closed_rules']} break the closed rules, {counts['does_not_fit']} do not fit){why}")
     def rank(r: dict) -> tuple:
         """Predicted time-to-train (time per sample where there is none); on a tie, less memory, then fewer
