@@ -72,3 +72,20 @@ def test_scaling_refuses_a_configuration_given_twice():
         build_scaling([n64, n64])
     with pytest.raises(UserError, match=r"given twice \(in .*/results and in .*eos-dfw_n64_ngc25.01_nemo\)"):
         build_scaling([EOS, n64])
+
+
+def test_compare_refuses_an_entry_given_twice():
+    """The same set twice (or inside another PATH), the same run file or published row twice, was compared with
+    itself: 'no differences'. A run beside the set that holds it is a comparison, and stays one."""
+    from mlbench.errors import UserError
+
+    n64 = EOS / "eos-dfw_n64_ngc25.01_nemo/llama31_405b"
+    for paths, match in (([n64, n64], r"llama31_405b is given twice; compare takes each"),
+                         ([EOS, n64], r"given twice \(in .*/results and in .*nemo/llama31_405b\)"),
+                         ([n64 / "result_0.txt", n64 / "result_0.txt"], r"result_0.txt is given twice"),
+                         ([n64, "published:nvidia-eos-gpt3-v3.1", "published:nvidia-eos-gpt3-v3.1"],
+                          r"published:nvidia-eos-gpt3-v3.1 is given twice")):
+        with pytest.raises(UserError, match=match):
+            build_comparison([str(p) for p in paths], with_score=False)
+    cmp = build_comparison([str(n64), str(n64 / "result_0.txt")], with_score=False)
+    assert [e.kind for e in cmp.entries] == ["set", "run"]

@@ -209,17 +209,29 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
 
 def build_comparison(paths: list[str], ruleset: str | None = None, with_score: bool = True) -> Comparison:
     entries: list[Entry] = []
+    seen: dict[object, str] = {}  # what an entry is (a set's folder, a run's file, a published row): its PATH
+
+    def once(what: object, name: object, p: str) -> None:
+        # the same entry twice (or a set inside a PATH given too) would be compared with itself
+        if what in seen:
+            both = "" if seen[what] == p else f" (in {seen[what]} and in {p})"
+            raise UserError(f"{name} is given twice{both}; compare takes each run, set or published row once")
+        seen[what] = p
+
     for p in paths:
         if p.startswith(published.PREFIX):
             row = published.get(p)
+            once(("published", row.label), p, p)
             entries.append(Entry(label=row.label, kind="published", benchmark=row.benchmark,
                                  devices=row.devices, devices_from="published", published=row))
             continue
         path = Path(p)
         if path.is_file():
+            once(("run", path.resolve()), path, p)
             entries.append(_entry_from_set(find_sets(path)[0], ruleset, with_score=False))
             continue
         for rs in find_sets(path):
+            once(("set", Path(rs.folder).resolve()), rs.folder, p)
             entries.append(_entry_from_set(rs, ruleset, with_score))
     if len(entries) < 2:
         raise UserError("compare needs at least two runs, sets or published rows; got "
