@@ -14,6 +14,7 @@ import yaml
 from conftest import mlbench, mllog
 from tfrecord_writer import example, write
 
+from mlbench.train.data.bert_records import BertRecords, split_rows
 from mlbench.train.data.markov import MarkovSource
 from mlbench.train.data.tfrecord import RecordError, masked_crc, parse_example, records
 
@@ -21,6 +22,10 @@ SEQ, PRED, VOCAB = 32, 10, 32  # id 31 is [MASK]
 
 
 def samples(n: int, seed: int) -> list[bytes]:
+    return [example(f) for f in sample_features(n, seed)]
+
+
+def sample_features(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     tokens = MarkovSource(VOCAB - 1, 4, 1.0, 1234).sample(n, SEQ, rng)
     out = []
@@ -32,19 +37,19 @@ def samples(n: int, seed: int) -> list[bytes]:
         ids[pos] = VOCAB - 1
         ids[length:] = 0
         pad = PRED - k
-        out.append(example({
+        out.append({
             "input_ids": ids, "input_mask": (np.arange(SEQ) < length).astype(np.int64),
             "segment_ids": ((np.arange(SEQ) >= SEQ // 2) & (np.arange(SEQ) < length)).astype(np.int64),
             "masked_lm_positions": np.concatenate([pos, np.zeros(pad, np.int64)]),
             "masked_lm_ids": np.concatenate([t[pos], np.zeros(pad, np.int64)]),
             "masked_lm_weights": np.concatenate([np.ones(k), np.zeros(pad)]).astype(np.float32),
             "next_sentence_labels": np.array([int(rng.integers(2))]),
-        }))
+        })
     return out
 
 
 def test_reads_examples_as_tensorflow_writes_them(tmp_path: Path) -> None:
-    ids = np.array([0, 1, 127, 128, 30521, 2**40])
+    ids = np.array([0, 1, 127, 128, 30521, 2**40, -1])  # -1: ten bytes, as protobuf writes a negative int64
     weights = np.array([1.0, 0.5, 0.0], dtype=np.float32)
     for packed in (True, False):
         path = tmp_path / f"x{packed}.tfrecord"
@@ -62,6 +67,69 @@ def test_reads_examples_as_tensorflow_writes_them(tmp_path: Path) -> None:
         bad.write_bytes(damage(good))
         with pytest.raises(RecordError, match=message):
             list(records(bad))
+
+
+def _damaged(name: str, value: object, at: int = 2) -> dict[str, np.ndarray]:
+    """Sample 3's features with feature NAME's value AT set to VALUE, or NAME replaced by VALUE (an array)."""
+    f = sample_features(6, seed=5)[3]
+    if isinstance(value, np.ndarray):
+        f[name] = value
+    else:
+        f[name] = f[name].copy()
+        f[name][at] = value
+    return f
+
+
+# (feature, its damage, the reason's end): every feature the reader uses, its range and its type, one case each
+DAMAGE = [
+    ("input_ids", 1000, "input_ids[2] is 1000; allowed: [0, 32) (the model's vocab_size; prepared with another"),
+    ("input_ids", -1, "input_ids[2] is -1; allowed: [0, 32)"),
+    ("masked_lm_ids", 1000, "masked_lm_ids[2] is 1000; allowed: [0, 32)"),
+    ("masked_lm_positions", 1000, "masked_lm_positions[2] is 1000; allowed: [0, 32) (max_seq_length)"),
+    ("masked_lm_positions", -3, "masked_lm_positions[2] is -3; allowed: [0, 32)"),
+    ("next_sentence_labels", np.array([5]), "next_sentence_labels[0] is 5; allowed: [0, 2) (the 2-way"),
+    ("segment_ids", 2, "segment_ids[2] is 2; allowed: [0, 2) (segment A or B)"),
+    ("input_mask", 7, "input_mask[2] is 7; allowed: [0, 2)"),
+    ("masked_lm_weights", np.full(PRED, np.nan, np.float32), "masked_lm_weights[0] is nan; allowed: 1.0"),
+    ("masked_lm_weights", 0.5, "masked_lm_weights[2] is 0.5; allowed: 1.0 (a masked token) or 0.0 (padding)"),
+    ("masked_lm_weights", np.inf, "masked_lm_weights[2] is inf; allowed: 1.0"),
+    ("input_ids", np.arange(SEQ, dtype=np.float32),
+     "feature input_ids is a float list; MLPerf's records store it as an int64 list"),
+    ("masked_lm_weights", np.ones(PRED, np.int64), "feature masked_lm_weights is an int64 list; MLPerf's records "
+                                                   "store it as a float list"),
+    ("next_sentence_labels", np.array([b"1"]), "feature next_sentence_labels is a bytes list"),
+    ("masked_lm_ids", np.zeros(PRED + 1, np.int64), "feature masked_lm_ids is 11 values; this model needs 10"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "reason"), DAMAGE)
+def test_a_bad_sample_names_its_file_record_feature_and_range(tmp_path: Path, name: str, value: object,
+                                                             reason: str) -> None:
+    bad = tmp_path / "bad"
+    write(bad, [*samples(6, seed=5)[:3], example(_damaged(name, value)), *samples(6, seed=5)[4:]])
+    reader = BertRecords([str(bad)], [str(bad)], SEQ, PRED, global_batch=6, seed=0, vocab_size=VOCAB)
+    rng = np.random.default_rng(0)
+    for read in (lambda: reader.train_batch(0, rng), lambda: reader.eval_set(6, rng)):
+        with pytest.raises(RecordError) as e:
+            read()
+        assert str(e.value).startswith(f"{bad}: record 3: ") and reason in str(e.value), str(e.value)
+
+
+def test_samples_read_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "good"
+    write(path, samples(6, seed=5))
+    rows = BertRecords([str(path)], [str(path)], SEQ, PRED, 6, 0, VOCAB).eval_set(6, np.random.default_rng(0))
+    want = sample_features(6, seed=5)
+    for name, got in split_rows(rows, SEQ, PRED).items():  # weights 1.0/0.0 become the row's 1/0
+        assert got.tolist() == [f[name].astype(np.int64).tolist() for f in want], name
+
+
+def test_a_record_that_is_no_example_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "foreign"
+    write(path, [*samples(2, seed=5), b"\x0a\xff"])  # framed and CRC-checked, but a cut-short protobuf
+    reader = BertRecords([str(path)], [str(path)], SEQ, PRED, 3, 0, VOCAB)
+    with pytest.raises(RecordError, match=f"^{path}: record 2: not a tf.train.Example"):
+        reader.eval_set(3, np.random.default_rng(0))
 
 
 def test_masked_crc_is_tensorflows() -> None:
@@ -127,11 +195,15 @@ def test_tfrecord_paths_are_checked_before_launch(tmp_path: Path, benchmarks_cop
     proc = mlbench("run", "bert", "--results", str(results), env=env)
     assert proc.returncode == 2 and "--eval-data-path" in proc.stdout and "eval_10k" in proc.stdout, proc.stdout
     assert not results.exists()
-    # Samples of another length: the run aborts before run_start with the reason.
-    write(data / "eval_10k", samples(256, seed=1))
-    d = yaml.safe_load((benchmarks_copy / "bert.yaml").read_text())
-    d["model"]["seq_length"] = 64
-    (benchmarks_copy / "bert.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    # A bad sample (a masked position past the sequence; before, an IndexError mid-run naming nothing): the run
+    # aborts before run_start, its log and record saying which file, record and feature, and what is allowed.
+    evals = sample_features(256, seed=1)
+    evals[7]["masked_lm_positions"][1] = 1000
+    write(data / "eval_10k", [example(f) for f in evals])
     proc = mlbench("run", "bert", "--results", str(results), env=env)
-    assert proc.returncode == 1, proc.stdout[-2000:]
-    assert "input_ids is 32 values; this model needs 64" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    reason = f"{data / 'eval_10k'}: record 7: masked_lm_positions[1] is 1000; allowed: [0, 32) (max_seq_length)"
+    assert proc.returncode == 1 and reason in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stops = [e for e in mllog(next(results.rglob("result_0.txt"))) if e["key"] == "run_stop"]
+    assert [s["metadata"]["status"] for s in stops] == ["aborted"] and reason in stops[0]["metadata"]["reason"]
+    record = json.loads(next(results.rglob("result_0.json")).read_text())
+    assert record["status"] == "aborted" and reason in record["reason"], record["reason"]

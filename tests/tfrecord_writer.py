@@ -24,15 +24,22 @@ def _field(number: int, payload: bytes) -> bytes:  # length-delimited
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _int64(x: int) -> bytes:  # a negative int64 travels as its 64-bit two's complement, as protobuf writes it
+    return _varint(int(x) & (1 << 64) - 1)
+
+
 def example(features: dict[str, np.ndarray], packed: bool = True) -> bytes:
+    """An Example of int64 lists (integer arrays), float lists (float arrays) and bytes lists (bytes arrays)."""
     entries = b""
     for name, v in features.items():
         if v.dtype.kind == "f":
             feature = _field(2, _field(1, v.astype("<f4").tobytes()))
+        elif v.dtype.kind == "S":
+            feature = _field(1, b"".join(_field(1, bytes(x)) for x in v))
         elif packed:
-            feature = _field(3, _field(1, b"".join(_varint(int(x)) for x in v)))
+            feature = _field(3, _field(1, b"".join(_int64(x) for x in v)))
         else:  # one varint per value (wire type 0), which protobuf parsers must also accept
-            feature = _field(3, b"".join(_varint(1 << 3) + _varint(int(x)) for x in v))
+            feature = _field(3, b"".join(_varint(1 << 3) + _int64(x) for x in v))
         entries += _field(1, _field(1, name.encode()) + _field(2, feature))
     return _field(1, entries)
 

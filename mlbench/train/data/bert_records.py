@@ -3,8 +3,10 @@ its eval_10k file for evaluation.
 
 A sample travels as one int64 row of fixed width (ROW_FIELDS, in order), so it fits the sources' one
 interface (the whole global batch as rows, sliced by data-parallel rank) and the masked-LM objective splits it
-back (`split_rows`). Training order: each pass over the data visits the shard files in an order shuffled by
-the run seed and each file's samples in order; step i trains on the pass's samples [i * gbs, (i + 1) * gbs).
+back (`split_rows`). Each feature is checked as it is read (its width and list type per record, its values per
+batch): a bad sample aborts the run naming the file, record, feature, value and what is allowed.
+Training order: each pass over the data visits the shard files in an order shuffled by the run seed and each
+file's samples in order; step i trains on the pass's samples [i * gbs, (i + 1) * gbs).
 The reference (run_pretraining.py input_fn) also shuffles files, then interleaves several and shuffles within
 100 samples; that finer mixing is not reproduced. Eval: the eval files' first `eval.samples` samples, in order.
 """
@@ -20,6 +22,9 @@ import numpy as np
 from mlbench.errors import UserError
 from mlbench.train.data.source import ALL, TokenSource
 from mlbench.train.data.tfrecord import RecordError, parse_example, records
+
+INT, FLOAT = "i", "f"  # numpy dtype kinds of an Example's int64 and float lists (parse_example)
+_LISTS = {INT: "an int64 list", FLOAT: "a float list", "O": "a bytes list"}
 
 
 def row_fields(seq: int, predictions: int) -> list[tuple[str, int]]:
@@ -62,33 +67,62 @@ class BertRecords(TokenSource):
         self._stream: Iterator[np.ndarray] | None = None
         self._next_step = 0
 
-    def _row(self, example: dict[str, np.ndarray], path: str) -> np.ndarray:
-        parts = []
+    def _example(self, rec: bytes, path: str, index: int) -> dict[str, np.ndarray]:
+        """One record's features, each as wide as the model needs and of the type MLPerf's records store it."""
+        try:
+            example = parse_example(rec)
+        except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as e:  # CRC-sound, not protobuf
+            raise RecordError(f"{path}: record {index}: not a tf.train.Example ({e})") from None
         for name, width in row_fields(self.seq_length, self.predictions):
             v = example.get(name)
             if v is None or len(v) != width:
                 got = "missing" if v is None else f"{len(v)} values"
-                raise RecordError(f"{path}: feature {name} is {got}; this model needs {width} (max_seq_length "
-                                  f"{self.seq_length}, max_predictions_per_seq {self.predictions})")
-            parts.append(v.astype(np.int64))
-        row = np.concatenate(parts)
-        ids = row[:self.seq_length]
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise RecordError(f"{path}: token id {int(ids.max())} outside the model's vocabulary ({self.vocab_size}):"
-                              f" prepared with another vocabulary?")
-        return row
+                raise RecordError(f"{path}: record {index}: feature {name} is {got}; this model needs {width} "
+                                  f"(max_seq_length {self.seq_length}, max_predictions_per_seq {self.predictions})")
+            want = FLOAT if name == "masked_lm_weights" else INT
+            if v.dtype.kind != want:
+                raise RecordError(f"{path}: record {index}: feature {name} is {_LISTS[v.dtype.kind]}; MLPerf's "
+                                  f"records store it as {_LISTS[want]}")
+        return example
+
+    def _limits(self) -> dict[str, tuple[int, str]]:
+        """The bound each int64 feature's values stay below (all are >= 0), and what it is, for the reason."""
+        vocab = "the model's vocab_size; prepared with another vocabulary?"
+        return {"input_ids": (self.vocab_size, vocab), "segment_ids": (2, "segment A or B"),
+                "input_mask": (2, "0 padding, 1 token"), "masked_lm_positions": (self.seq_length, "max_seq_length"),
+                "masked_lm_ids": (self.vocab_size, vocab), "next_sentence_labels": (2, "the 2-way next-sentence head")}
+
+    def _check_values(self, features: dict[str, np.ndarray], items: list[tuple[bytes, str, int]]) -> None:
+        """Every value in its range, a batch at once: out of range, an id or position fails an embedding or
+        gather mid-step (or, on a GPU, a device assert); a weight other than 0/1 would be cast away unseen."""
+        limits = self._limits()
+        for name, v in features.items():
+            if name == "masked_lm_weights":
+                bad = (v != 0) & (v != 1)  # NaN too
+                allowed = "1.0 (a masked token) or 0.0 (padding), as MLPerf's records hold"
+            else:
+                limit, why = limits[name]
+                bad = (v < 0) | (v >= limit)
+                allowed = f"[0, {limit}) ({why})"
+            if bad.any():
+                r, c = np.argwhere(bad)[0]
+                _, path, index = items[r]
+                found = v[r, c].item()
+                found = f"{found:.7g}" if isinstance(found, float) else found  # float32's digits, not float64's
+                raise RecordError(f"{path}: record {index}: {name}[{c}] is {found}; allowed: {allowed}")
 
     @property
     def row_width(self) -> int:
         return sum(width for _, width in row_fields(self.seq_length, self.predictions))
 
     @staticmethod
-    def _records(paths: list[str]) -> Iterator[tuple[bytes, str]]:
+    def _records(paths: list[str]) -> Iterator[tuple[bytes, str, int]]:
+        """(record, file, its number in the file): what a bad sample's reason names."""
         for path in paths:
-            for rec in records(path):
-                yield rec, path
+            for index, rec in enumerate(records(path)):
+                yield rec, path, index
 
-    def _passes(self) -> Iterator[tuple[bytes, str]]:
+    def _passes(self) -> Iterator[tuple[bytes, str, int]]:
         for epoch in range(1 << 30):
             order = np.random.default_rng([self.seed, epoch]).permutation(len(self.train_files))
             empty = True
@@ -98,10 +132,16 @@ class BertRecords(TokenSource):
             if empty:
                 raise RecordError(f"the training files hold no samples: {self.train_files[:3]}")
 
-    def _parse(self, batch: list[tuple[bytes, str]], rows: slice) -> np.ndarray:
+    def _parse(self, batch: list[tuple[bytes, str, int]], rows: slice) -> np.ndarray:
         # Framing every record of the batch is cheap; parsing is not, so only this rank's rows are parsed.
-        parsed = [self._row(parse_example(rec), path) for rec, path in batch[rows]]
-        return np.stack(parsed) if parsed else np.zeros((0, self.row_width), dtype=np.int64)
+        items = batch[rows]
+        if not items:
+            return np.zeros((0, self.row_width), dtype=np.int64)
+        examples = [self._example(*item) for item in items]
+        fields = row_fields(self.seq_length, self.predictions)
+        features = {name: np.stack([e[name] for e in examples]) for name, _ in fields}
+        self._check_values(features, items)
+        return np.concatenate([features[name].astype(np.int64) for name, _ in fields], axis=1)  # weights: 0/1
 
     def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
         if self._stream is None or step != self._next_step:  # start over and skip to the step (a restart)

@@ -94,8 +94,13 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             raise RecordError(f"unsupported protobuf wire type {wire}")
 
 
+def _signed(v: int) -> int:
+    """A varint as int64: negative values travel as their 64-bit two's complement (10 bytes)."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
 def parse_example(buf: bytes) -> dict[str, np.ndarray]:
-    """A tf.train.Example's int64 and float features (Example.features = 1; Features.feature = 1, a map of
+    """A tf.train.Example's int64, float and bytes features (Example.features = 1; Features.feature = 1, a map of
     name = 1 to Feature = 2; Feature: bytes_list = 1, float_list = 2, int64_list = 3; each list's value = 1)."""
     out: dict[str, np.ndarray] = {}
     for _, _, features in _fields(buf):
@@ -109,8 +114,10 @@ def parse_example(buf: bytes) -> dict[str, np.ndarray]:
             for kind, _, lst in _fields(feature):
                 values = [(w, v) for _, w, v in _fields(lst)]
                 if kind == 3:  # int64: packed (wire 2) or one varint per value (wire 0)
-                    out[name] = np.concatenate([_packed_varints(v) if w == 2 else np.array([v], np.int64)
+                    out[name] = np.concatenate([_packed_varints(v) if w == 2 else np.array([_signed(v)], np.int64)
                                                 for w, v in values]) if values else np.zeros(0, np.int64)
                 elif kind == 2:  # float: packed little-endian float32
                     out[name] = np.frombuffer(b"".join(v for _, v in values), dtype="<f4").astype(np.float32)
+                elif kind == 1:  # bytes: kept (dtype object) so a reader can say a feature has the wrong type
+                    out[name] = np.array([v for _, v in values], dtype=object)
     return out
