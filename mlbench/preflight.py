@@ -254,8 +254,13 @@ def _creatable(folder: Path) -> tuple[Path, str]:
 
 def _benchmark(req: RunRequest) -> Benchmark:
     """The benchmark, with --data-path / --eval-data-path in it (so the plan and the run record carry them)."""
+    from mlbench.train.data import absolute_blend
+
     bench = registry.load(req.name, tiny=req.tiny)
-    overrides = {k: v for k, v in (("path", req.data_path), ("eval_path", req.eval_data_path)) if v is not None}
+    given = {"path": ("--data-path", req.data_path), "eval_path": ("--eval-data-path", req.eval_data_path)}
+    # Indexed prefixes made absolute, so the record says which data was used (BERT's take files and globs)
+    overrides = {k: absolute_blend(v, flag) if bench.data.source == "indexed" else v
+                 for k, (flag, v) in given.items() if v is not None}
     return dataclasses.replace(bench, data=dataclasses.replace(bench.data, **overrides)) if overrides else bench
 
 

@@ -9,7 +9,9 @@ refused before launch.
 from __future__ import annotations
 
 import json
+import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -246,3 +248,149 @@ def test_a_blend_weight_must_be_positive_and_finite(spec: str) -> None:
     with pytest.raises(UserError, match="weights must be positive finite numbers"):  # NaN and inf passed
         parse_blend(spec)
     assert parse_blend("0.25 /a 0.75 /b") == (["/a", "/b"], [0.25, 0.75])
+
+
+# ---- damaged or unsuitable data, refused before launch ---------------------------------------------------
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    for ext in (".bin", ".idx"):
+        Path(f"{dest}{ext}").write_bytes(Path(f"{src}{ext}").read_bytes())
+    return dest
+
+
+Damage = Callable[[Path], None]
+
+
+def _patch_idx(offset: int, data: bytes) -> Damage:
+    def damage(prefix: Path) -> None:
+        idx = Path(f"{prefix}.idx")
+        raw = bytearray(idx.read_bytes())
+        raw[offset:offset + len(data)] = data
+        idx.write_bytes(bytes(raw))
+    return damage
+
+
+def _truncate(ext: str, size: int) -> Damage:
+    def damage(prefix: Path) -> None:
+        path = Path(f"{prefix}{ext}")
+        path.write_bytes(path.read_bytes()[:size])
+    return damage
+
+
+def _replace_bin(make: Callable[[Path], object]) -> Damage:
+    def damage(prefix: Path) -> None:
+        Path(f"{prefix}.bin").unlink()
+        make(Path(f"{prefix}.bin"))
+    return damage
+
+
+def _loop(path: Path) -> None:
+    path.symlink_to(path.name)
+
+
+# (damage to a copy of the training prefix, what the one line says besides the file's name, the file named)
+DAMAGED = {
+    "bin-truncated": (_truncate(".bin", 1000), "bytes, but its index", ".bin"),
+    "both-empty": (lambda p: [_truncate(ext, 0)(p) for ext in (".bin", ".idx")], "header", ".idx"),
+    "idx-version-2": (_patch_idx(9, (2).to_bytes(8, "little")), "index version 2; megatron-core reads version 1",
+                      ".idx"),
+    "dtype-code-99": (_patch_idx(17, bytes([99])), "dtype code 99; megatron's codes are 1 (uint8)", ".idx"),
+    "bad-magic": (_patch_idx(0, b"XXIDIDX"), "is not a megatron index", ".idx"),
+    "idx-30-bytes": (_truncate(".idx", 30), "is 30 bytes, shorter than a megatron index's 34-byte header", ".idx"),
+    "idx-arrays-cut": (_truncate(".idx", 100), "truncated?", ".idx"),
+    "bin-folder": (_replace_bin(Path.mkdir), "is a folder, not a file", ".bin"),
+    "bin-fifo": (_replace_bin(os.mkfifo), "is a FIFO, not a regular file", ".bin"),
+    "bin-link-loop": (_replace_bin(_loop), "is a symbolic link loop", ".bin"),
+}
+
+
+def _run_cli(args: list[str], definitions: Path, monkeypatch, capsys) -> tuple[int, str, dict]:
+    """`mlbench run gpt3 ARGS` in-process, as the console script runs it, with launching replaced by a probe:
+    a refusal exits 2 before it, and an accepted run hands the probe its benchmark (exit 0)."""
+    import sys
+
+    from mlbench import cli
+    from mlbench.launch import launcher
+
+    launched: dict = {}
+    monkeypatch.setattr(registry, "BENCHMARKS_DIR", definitions)
+    monkeypatch.setattr(launcher, "start", lambda bench, *a, **k: launched.update(bench=bench) or 0)
+    monkeypatch.setattr(sys, "argv", ["mlbench", "run", "gpt3", "--system", "ci", "--ignore-closed-rules", *args])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    out = capsys.readouterr()
+    return e.value.code, out.out + out.err, launched
+
+
+def _assert_refused(code: int, out: str, launched: dict, results: Path, *needles: str) -> None:
+    assert code == 2 and not launched, out
+    assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    for n in needles:
+        assert n in " ".join(out.split()), out  # (rich may wrap a long line on a narrow terminal)
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_prefix_is_refused_naming_its_file(definitions: Path, corpus: dict, tmp_path: Path, monkeypatch,
+                                                     capsys, case: str) -> None:
+    """Each launched a run that aborted after run_start with megatron's reason and no file named ('cannot mmap
+    an empty file', 'bad version', '99 is not a valid DType', 'X.bin not found' for a folder...)."""
+    damage, says, ext = DAMAGED[case]
+    prefix = _copy(corpus["train"], tmp_path / "train")
+    damage(prefix)
+    results = tmp_path / "results"
+    code, out, launched = _run_cli(["--results", str(results), "--data-path", str(prefix), "--eval-data-path",
+                                    str(corpus["eval"])], definitions, monkeypatch, capsys)
+    _assert_refused(code, out, launched, results, "--data-path", f"{prefix}{ext}", says)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("small") / "small", 3, 100, 4)
+
+
+def test_too_little_data_is_refused_before_launch(definitions: Path, corpus: dict, small: Path, tmp_path: Path,
+                                                  monkeypatch, capsys) -> None:
+    """Both were found after run_start: 'too few to hold out 8193 eval tokens' and 'the eval data provides 5
+    sequences of 64; the run needs 128'; a weighted eval blend kept whole failed inside megatron."""
+    results = tmp_path / "results"
+    run = ["--results", str(results), "--data-path"]
+    _assert_refused(*_run_cli([*run, str(small)], definitions, monkeypatch, capsys), results,
+                    "--data-path", f"{small}.idx", "3 documents, 300 tokens: too few to hold out 8193 eval tokens")
+    _assert_refused(*_run_cli([*run, str(corpus["train"]), "--eval-data-path", str(small)], definitions,
+                              monkeypatch, capsys), results,
+                    "--eval-data-path", f"{small}.idx", "make 5 eval sequences of 64; the run evaluates on 128")
+    _assert_refused(*_run_cli([*run, str(corpus["train"]), "--eval-data-path", f"1 {corpus['eval']} 1 {small}"],
+                              definitions, monkeypatch, capsys), results,
+                    "--eval-data-path", "a weighted eval blend cannot be evaluated whole")
+
+
+def test_a_prefix_holding_a_space_is_named(definitions: Path, corpus: dict, tmp_path: Path, monkeypatch,
+                                          capsys) -> None:
+    """It was split as a blend: '.../sp.bin and .../sp.idx not found'."""
+    (tmp_path / "sp ace").mkdir()
+    prefix = _copy(corpus["train"], tmp_path / "sp ace" / "train")
+    results = tmp_path / "results"
+    code, out, launched = _run_cli(["--results", str(results), "--data-path", str(prefix)], definitions,
+                                   monkeypatch, capsys)
+    _assert_refused(code, out, launched, results, f"{prefix} is a dataset prefix holding a space")
+
+
+def test_a_relative_prefix_is_recorded_absolute(definitions: Path, corpus: dict, monkeypatch, capsys,
+                                               tmp_path: Path) -> None:
+    """The run record stored --data-path train as given: it did not say which data the run used."""
+    monkeypatch.chdir(corpus["train"].parent)
+    code, out, launched = _run_cli(["--results", str(tmp_path / "results"), "--data-path", "0.5 train 0.5 ./eval",
+                                    "--eval-data-path", "eval"], definitions, monkeypatch, capsys)
+    assert code == 0, out
+    data = launched["bench"].data
+    assert data.path == f"0.5 {corpus['train']} 0.5 {corpus['eval']}" and data.eval_path == str(corpus["eval"])
+
+
+def test_the_dtype_codes_are_megatrons() -> None:
+    from megatron.core.datasets.indexed_dataset import DType
+
+    from mlbench.train.data.indexed import DTYPES
+
+    assert {d.value: getattr(np, d.name) for d in DType} == DTYPES

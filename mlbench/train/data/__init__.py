@@ -19,13 +19,21 @@ from typing import TYPE_CHECKING
 from mlbench.errors import UserError
 from mlbench.models import family
 from mlbench.spec import Benchmark
-from mlbench.train.data.indexed import indexed_source, parse_blend
+from mlbench.train.data.indexed import (
+    absolute_blend,
+    eval_shortfall,
+    holdout_split,
+    holdout_tokens,
+    indexed_source,
+    parse_blend,
+    read_index,
+)
 from mlbench.train.data.source import PAD, MarkovTokens, TokenSource, markov_source
 
 if TYPE_CHECKING:
     from mlbench.run_plan import RunPlan
 
-__all__ = ["PAD", "TokenSource", "build_source", "cache_dir", "check", "parse_blend"]
+__all__ = ["PAD", "TokenSource", "absolute_blend", "build_source", "cache_dir", "check", "parse_blend"]
 
 
 # ---- selection ------------------------------------------------------------------------------------------
@@ -79,20 +87,27 @@ def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> N
                                 f"given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
             files(spec, flag)
         return
+    _check_indexed(bench, nodes)
+
+
+def _check_indexed(bench: Benchmark, nodes: int) -> None:
+    d = bench.data
     if not d.path.strip():
         readme = next((s for s in bench.sources if s.endswith("README.md")), "")
         raise UserError(f"{bench.name} trains on its prepared corpus (data.source indexed) but no data path is given: "
                         f"pass --data-path PREFIX, the megatron indexed dataset prefix (PREFIX.bin and PREFIX.idx)"
                         + (f"; MLPerf's preprocessing is described in {readme}" if readme else ""))
-    train, _ = parse_blend(d.path)
-    for flag, prefixes in (("--data-path", train), ("--eval-data-path", parse_blend(d.eval_path)[0] if
-                                                     d.eval_path.strip() else [])):
-        for p in prefixes:
-            missing = [f"{p}{ext}" for ext in (".bin", ".idx") if not Path(f"{p}{ext}").is_file()]
-            if missing:
-                raise UserError(f"{flag}: {' and '.join(missing)} not found (a prefix names PREFIX.bin and PREFIX.idx)")
-    if len(train) > 1 and not d.eval_path.strip():
+    train = parse_blend(d.path)[0]
+    evals = parse_blend(d.eval_path) if d.eval_path.strip() else None
+    train_lengths = [read_index(p, "--data-path") for p in train]
+    eval_lengths = [read_index(p, "--eval-data-path") for p in evals[0]] if evals else []
+    if len(train) > 1 and not evals:
         raise UserError("a blend of training prefixes needs a held-out eval set: pass --eval-data-path PREFIX")
+    # What indexed_source would find at run time, after run_start: too few tokens to hold out, or to evaluate on
+    if not evals:
+        holdout_split(train[0], train_lengths[0], holdout_tokens(bench))
+    elif shortfall := eval_shortfall(bench, evals, eval_lengths):
+        raise UserError(f"--eval-data-path: {shortfall}")
     if nodes > 1:
         folder = Path(train[0]).parent
         if not os.access(folder, os.W_OK):

@@ -1,11 +1,15 @@
 """megatron-core's indexed dataset (PREFIX.bin + PREFIX.idx, what megatron's preprocess_data.py writes and
 MLPerf's preprocessed C4 is), served by megatron-core's own GPTDataset and BlendedMegatronDatasetBuilder: their
 document shuffle, sample packing, blending and index caches. Imports nothing heavy at the top: the pre-launch
-checks read `parse_blend`."""
+checks read `parse_blend` and `read_index` (numpy only)."""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +84,153 @@ def _is_number(s: str) -> bool:
     return True
 
 
+def absolute_blend(spec: str, flag: str) -> str:
+    """`spec` with every prefix absolute, weights kept: the run record then says which data was used, wherever
+    the run was started from. A prefix holding a space, which the blend syntax would split, is refused."""
+    if not spec.strip():
+        return spec  # no data path: `check` says what to pass
+    parts = spec.split()
+    spaced = _spaced_prefix(parts)
+    if spaced:
+        raise UserError(f"{flag} {spec!r}: {spaced} is a dataset prefix holding a space, but a blend's prefixes "
+                        f"and weights are separated by spaces; link or move the data to a path without one")
+    prefixes, weights = parse_blend(spec)
+    absolute = [os.path.abspath(p) for p in prefixes]
+    if weights is None:
+        return " ".join(absolute)
+    parts[1::2] = absolute  # the weights as the user wrote them
+    return " ".join(parts)
+
+
+def _spaced_prefix(parts: list[str], longest: int = 8) -> str | None:
+    """Consecutive parts that, joined by a space, name an existing prefix no part names on its own."""
+    def exists(prefix: str) -> bool:
+        return any(os.path.lexists(f"{prefix}{ext}") for ext in (".bin", ".idx"))
+
+    for i, first in enumerate(parts):
+        if _is_number(first) or exists(first):
+            continue
+        for j in range(i + 2, min(len(parts), i + longest) + 1):
+            if exists(joined := " ".join(parts[i:j])):
+                return joined
+    return None
+
+
+# ---- the files, checked before launch -------------------------------------------------------------------
+
+# megatron-core's .idx (megatron/core/datasets/indexed_dataset.py, _IndexWriter and _IndexReader): the magic,
+# version 1 (<Q), the token dtype code (<B), the sequence and document counts (<Q each), then the sequence
+# lengths (int32), sequence pointers (int64, byte offsets into .bin) and document indices (int64).
+_MAGIC = b"MMIDIDX\x00\x00"
+_HEADER = struct.Struct("<9sQBQQ")
+# megatron's DType codes (its DType enum; a test holds the two equal): read here without importing megatron
+DTYPES: dict[int, type[np.number]] = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+                                      6: np.float64, 7: np.float32, 8: np.uint16}
+_FORMAT = "PREFIX.bin and PREFIX.idx as megatron's preprocess_data.py writes them"
+
+
+def read_index(prefix: str, flag: str) -> np.ndarray:
+    """The token count of each of a prefix's sequences (a read-only map of its .idx), after checking what
+    megatron reads mid-run, where it fails without naming the file: two regular files, the .idx header and
+    length, and the .bin's size against the index."""
+    idx, bin_ = f"{prefix}.idx", f"{prefix}.bin"
+    problems = [(path, _file_problem(path)) for path in (bin_, idx)]
+    if all(p == "not found" for _, p in problems):
+        raise UserError(f"{flag}: {bin_} and {idx} not found (a prefix names PREFIX.bin and PREFIX.idx)")
+    for path, problem in problems:
+        if problem:
+            raise UserError(f"{flag}: {path} {problem}; a prefix names {_FORMAT}")
+    size = os.path.getsize(idx)
+    with open(idx, "rb") as f:
+        head = f.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise UserError(f"{flag}: {idx} is {size} bytes, shorter than a megatron index's {_HEADER.size}-byte "
+                        f"header: truncated, or not an index ({_FORMAT})")
+    magic, version, code, sequences, documents = _HEADER.unpack(head)
+    if magic != _MAGIC:
+        raise UserError(f"{flag}: {idx} is not a megatron index: it starts {magic!r}, not {_MAGIC!r} ({_FORMAT})")
+    if version != 1:
+        raise UserError(f"{flag}: {idx} is index version {version}; megatron-core reads version 1")
+    if code not in DTYPES:
+        raise UserError(f"{flag}: {idx} gives token dtype code {code}; megatron's codes are "
+                        + ", ".join(f"{c} ({t.__name__})" for c, t in DTYPES.items()))
+    needed = _HEADER.size + sequences * (4 + 8) + documents * 8
+    if size < needed:
+        raise UserError(f"{flag}: {idx} is {size} bytes, but its header counts {sequences} sequences and "
+                        f"{documents} document indices, {needed} bytes: truncated?")
+    if sequences == 0:
+        raise UserError(f"{flag}: {idx} indexes no sequences; a prefix must hold tokens")
+    lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=_HEADER.size, shape=(sequences,))
+    last = np.memmap(idx, dtype=np.int64, mode="r", offset=_HEADER.size + 4 * sequences + 8 * (sequences - 1),
+                     shape=(1,))
+    expected, bin_size = int(last[0]) + int(lengths[-1]) * np.dtype(DTYPES[code]).itemsize, os.path.getsize(bin_)
+    if bin_size != expected:
+        raise UserError(f"{flag}: {bin_} is {bin_size} bytes, but its index {idx} says {expected} "
+                        f"({sequences} sequences of {DTYPES[code].__name__} tokens): truncated, or the .bin and "
+                        f".idx of different datasets?")
+    return lengths
+
+
+def _file_problem(path: str) -> str:
+    """What keeps `path` from being a readable regular file ('' if nothing): megatron memory-maps it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symbolic link loop, not a file"
+        if os.path.islink(path):
+            return f"is a broken symbolic link (to {os.readlink(path)}), not a file"
+        return "not found" if e.errno == errno.ENOENT else f"cannot be read ({e.strerror})"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"is {kind}, not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read by this user"
+    return ""
+
+
+def tokens(lengths: np.ndarray) -> int:
+    return int(lengths.sum(dtype=np.int64))
+
+
+def holdout_tokens(bench: Benchmark) -> int:
+    """The eval tokens held out of a single training prefix given without an eval set."""
+    return bench.eval.samples * bench.model.seq_length + 1
+
+
+def holdout_split(prefix: str, lengths: np.ndarray, tokens_needed: int) -> str:
+    """megatron's split string for one prefix: the last documents holding `tokens_needed` tokens are the
+    validation split, the rest is training (split by whole documents, as megatron splits)."""
+    n = len(lengths)
+    k = int(np.searchsorted(np.cumsum(lengths[::-1], dtype=np.int64), tokens_needed)) + 1
+    if k >= n:
+        raise UserError(f"--data-path: {prefix}.idx indexes {n} documents, {tokens(lengths)} tokens: too few to "
+                        f"hold out {tokens_needed} eval tokens and still train; pass --eval-data-path, or more data")
+    return f"{n - k},{k},0"
+
+
+def eval_shortfall(bench: Benchmark, blend: Blend, lengths: list[np.ndarray]) -> str:
+    """Why the eval blend cannot give the run's `eval.samples` sequences as `indexed_source` builds it ('' if
+    it can). Kept whole, each prefix is one epoch; otherwise megatron repeats a prefix's epochs to fill the
+    size asked, except in a blend weighted by size, which takes one epoch of each. The count per epoch is
+    GPTDataset.__len__'s: (tokens - the extra token) / seq_length, rounded up where the partial sequence is
+    kept."""
+    prefixes, weights = blend
+    keep, seq, extra = bench.eval.keep_partial_sequence, bench.model.seq_length, bench.data.add_extra_token_to_sequence
+    if keep and weights is not None and len(prefixes) > 1:
+        return "a weighted eval blend cannot be evaluated whole (eval.keep_partial_sequence): drop its weights"
+    if not keep and (len(prefixes) == 1 or weights is not None):
+        return ""
+    count = sum(-(-(tokens(n) - extra) // seq) if keep else (tokens(n) - extra) // seq for n in lengths)
+    if count >= bench.eval.samples:
+        return ""
+    files = ", ".join(f"{p}.idx" for p in prefixes)
+    return (f"{files}: {sum(tokens(n) for n in lengths)} tokens make {count} eval sequences of {seq}; the run "
+            f"evaluates on {bench.eval.samples} (eval.samples): give a larger eval set")
+
+
 # ---- the indexed source ---------------------------------------------------------------------------------
 
 
@@ -96,22 +247,6 @@ class DefinitionTokenizer:
         return {"class": type(self).__name__, "vocab_size": self.vocab_size, "eod": self.eod}
 
 
-def _holdout_split(prefix: str, tokens_needed: int) -> str:
-    """megatron's split string for one prefix: the last documents holding `tokens_needed` tokens are the
-    validation split, the rest is training (split by whole documents, as megatron splits)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    dataset = IndexedDataset(prefix)
-    lengths = np.array(dataset.sequence_lengths)  # a copy: the memory map closes with `dataset`
-    del dataset
-    n = len(lengths)
-    k = int(np.searchsorted(np.cumsum(lengths[::-1], dtype=np.int64), tokens_needed)) + 1
-    if k >= n:
-        raise ValueError(f"{prefix}: {n} documents, {int(lengths.sum())} tokens: too few to hold out "
-                         f"{tokens_needed} eval tokens and still train; pass --eval-data-path")
-    return f"{n - k},{k},0"
-
-
 def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int, cache: Path) -> IndexedTokens:
     """megatron-core GPT datasets for a run: training shuffled by the run seed, eval fixed by the data seed."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -126,7 +261,8 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
                                     d.eod_id if d.eod_id is not None else bench.model.vocab_size)
     train_blend = parse_blend(d.path)
     eval_blend = parse_blend(d.eval_path) if d.eval_path.strip() else None
-    split = None if eval_blend else _holdout_split(train_blend[0][0], n_eval * seq + 1)
+    prefix = train_blend[0][0]
+    split = None if eval_blend else holdout_split(prefix, read_index(prefix, "--data-path"), holdout_tokens(bench))
 
     def build(random_seed: int, which: int, size: int) -> Any:
         common = dict(random_seed=random_seed, sequence_length=seq, path_to_cache=str(cache), tokenizer=tokenizer,
