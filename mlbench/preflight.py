@@ -287,6 +287,12 @@ def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
             raise UserError(str(e)) from None
     if req.save_checkpoint:
         check_new_folder("--save-checkpoint", req.save_checkpoint)
+        save, results = req.save_checkpoint.resolve(), Path(req.results_root).resolve()
+        if save == results or results in save.parents or save in results.parents:
+            # The results tree would be there at the end (the save refused it after the whole run), or the
+            # checkpoint folder would sit among the runs (as result_0.txt, even) that score reads
+            raise UserError(f"--save-checkpoint {req.save_checkpoint} and --results {req.results_root} overlap; "
+                            f"save the checkpoint outside the results folder")
 
 
 def check_new_folder(what: str, path: Path) -> None:

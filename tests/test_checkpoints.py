@@ -6,6 +6,8 @@ optimizer state comes along, and every bad checkpoint is refused with a message 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,11 @@ def _assert_refused(proc, *needles: str) -> None:
      ["sharded backend 'tensorstore'", "'torch_dist'", "'zarr'"]),
     (lambda p: (p.mkdir(), (p / "metadata.json").write_bytes(b"\xff\xfe{")), ["cannot read metadata.json"]),
     (lambda p: (p.mkdir(), (p / "metadata.json").write_text("[1]")), ["metadata.json is not a JSON object"]),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')),
+     ["no .metadata and no common.pt: a torch_dist checkpoint holds its tensor index"]),
+    # a FIFO blocked the check (and a run) for ever
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "torch_dist"}'),
+                os.mkfifo(p / "common.pt")), ["common.pt is not a regular file or a folder (a FIFO"]),
 ])
 def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, make, needles) -> None:
     ckpt = tmp_path / "ckpt"
@@ -100,6 +107,63 @@ def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, mak
     proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt))
     _assert_refused(proc, f"--init-checkpoint {ckpt}", *needles)
     assert not (tmp_path / "results").exists()
+
+
+def _damaged(ckpt: Path, to: Path, damage) -> Path:
+    shutil.copytree(ckpt, to)
+    damage(to)
+    return to
+
+
+def test_a_damaged_checkpoint_is_refused_before_launch(llama_checkpoint, tmp_path: Path) -> None:
+    """A data file cut short or missing, or garbage in the index or common.pt: named before launch (they failed only
+    as the run loaded them, outside its abort handler, or as a traceback of the check)."""
+    from mlbench.train import cpu_compat
+
+    cpu_compat.enable()  # before megatron-core's import here
+    from mlbench.train.checkpoint import CheckpointError, common_state, store
+
+    ckpt, _ = llama_checkpoint
+    data = next(ckpt.glob("*.distcp")).name
+    size = (ckpt / data).stat().st_size
+    cut = _damaged(ckpt, tmp_path / "cut", lambda c: os.truncate(c / data, 1000))
+    proc = _run(tmp_path / "results", "llama31_405b", "--init-checkpoint", str(cut))
+    _assert_refused(proc, f"{data} is 1,000 bytes; the checkpoint's index needs {size:,} (a damaged or partly copied")
+    assert not (tmp_path / "results").exists()
+    gone = _damaged(ckpt, tmp_path / "gone", lambda c: (c / data).unlink())
+    with pytest.raises(CheckpointError, match=f"{data} is missing; the checkpoint's index needs {size:,}"):
+        store._check_data_files(gone)
+    junk = _damaged(ckpt, tmp_path / "junk", lambda c: ((c / "common.pt").write_text("garbage"),
+                                                         (c / ".metadata").write_text("garbage")))
+    with pytest.raises(CheckpointError, match=r"cannot read common.pt \(UnpicklingError: Unsupported operand") as e:
+        common_state(junk)
+    assert "weights_only" not in str(e.value)
+    with pytest.raises(CheckpointError, match=r"cannot read its tensor index \(UnpicklingError"):
+        store.match(junk, {}, 32)
+
+
+def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llama_checkpoint, tmp_path: Path,
+                                                                              quick_env: dict) -> None:
+    """Bytes garbled in a data file (its size intact) pass every check and fail in torch's reader with a
+    CheckpointException, which is no Exception: the rank died outside its abort handler, with a traceback, and
+    the log had no run_stop."""
+    ckpt, _ = llama_checkpoint
+
+    def garble(c: Path) -> None:
+        f = next(c.glob("*.distcp"))
+        with open(f, "r+b") as out:  # the first tensor's header: its bytes are a zip archive's
+            out.write(b"\xff" * 64)
+
+    bad = _damaged(ckpt, tmp_path / "garbled", garble)
+    proc = _run(tmp_path / "results", "llama31_405b", "--init-checkpoint", str(bad), env=quick_env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = _records(tmp_path / "results", "llama31_405b")[0]
+    assert record["status"] == "aborted"
+    assert record["reason"].startswith("CheckpointException: rank 0: UnpicklingError: invalid load key"), record
+    log = (result_dir(tmp_path / "results", "llama31_405b") / "result_0.txt").read_text().splitlines()
+    stop = json.loads(log[-1].split(":::MLLOG ", 1)[1])
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
+    assert stop["metadata"]["reason"] == record["reason"]
 
 
 def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) -> None:
@@ -111,6 +175,10 @@ def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) 
     (tmp_path / "file").write_text("")
     _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "file" / "ck")),
                     f"{tmp_path / 'file'} is not a folder")
+    # inside the results tree, or holding it: the save refused the folder the run made, after the whole run
+    for save, results in (("r", "r"), ("r/ci/gpt3/result_0.txt", "r"), ("ck", "ck/r")):
+        _assert_refused(_run(tmp_path / results, "gpt3", "--save-checkpoint", str(tmp_path / save)),
+                        f"--save-checkpoint {tmp_path / save} and --results {tmp_path / results} overlap")
     assert not (tmp_path / "r").exists()
 
 

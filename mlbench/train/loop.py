@@ -36,7 +36,11 @@ def train(plan: RunPlan) -> int:
     try:
         report.preamble()
         status, save = ("success", None) if plan.dry_run else _train(plan, report)
-    except (Aborted, Exception) as e:  # any failure is an aborted run, logged as such
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    # Any other failure is an aborted run, logged as such. BaseException, not Exception: torch's
+    # CheckpointException (a damaged checkpoint's) derives from BaseException alone.
+    except BaseException as e:
         report.aborted(_reason(e))
         print(f"[rank {rank}] run aborted: {_reason(e)}", file=sys.stderr, flush=True)
         os._exit(3)  # skip interpreter teardown: peers may be gone and collectives would hang
@@ -45,7 +49,9 @@ def train(plan: RunPlan) -> int:
         t0 = time.perf_counter()
         try:
             save()
-        except (Aborted, Exception) as e:
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:
             report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=_reason(e))
             print(f"[rank {rank}] checkpoint not saved: {_reason(e)}", file=sys.stderr, flush=True)
             os._exit(4)
@@ -57,6 +63,12 @@ def train(plan: RunPlan) -> int:
 
 
 def _reason(e: BaseException) -> str:
+    failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's: each rank's (exception, traceback)
+    if isinstance(failures, dict) and failures:
+        rank, failure = next(iter(failures.items()))
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return f"{type(e).__name__}: rank {rank}: {_reason(inner)}"[:300]
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from mlbench.train.checkpoint.folder import CheckpointError, check_readable
 
-_STORE = ("has_optimizer_metadata", "load", "match", "model_state", "renamer", "resolve_names", "save",
+_STORE = ("common_state", "has_optimizer_metadata", "load", "match", "model_state", "renamer", "resolve_names", "save",
           "save_strategy")
 
 

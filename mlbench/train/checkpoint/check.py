@@ -17,8 +17,6 @@ from mlbench.train import checkpoint, one_process_world
 
 def check(plan: RunPlan) -> dict:
     one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
-    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
-
     from mlbench.train import model as model_lib
 
     m = plan.benchmark.model
@@ -33,7 +31,7 @@ def check(plan: RunPlan) -> dict:
             "vocab_padding_resized": found.resized,
             "optimizer_moments": all(f"optimizer.state.{kind}.{found.to_ckpt(k)}" in found.stored
                                      for k in found.keys for kind in ("exp_avg", "exp_avg_sq")),
-            "optimizer_metadata": checkpoint.has_optimizer_metadata(load_common_state_dict(plan.init_checkpoint))}
+            "optimizer_metadata": checkpoint.has_optimizer_metadata(checkpoint.common_state(plan.init_checkpoint))}
 
 
 def main(argv: list[str]) -> int:

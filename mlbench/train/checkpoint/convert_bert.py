@@ -24,16 +24,9 @@ import torch
 from mlbench.run_plan import benchmark_from_dict
 from mlbench.spec import Benchmark, ModelSpec
 from mlbench.train import checkpoint, one_process_world
+from mlbench.train.checkpoint.folder import load_error
 
 CheckpointError = checkpoint.CheckpointError
-
-
-def _why(e: Exception) -> str:
-    """One line of torch.load's error: for a file that is not a pickle, the unpickler's reason, not its advice to
-    load with weights_only=False (which runs whatever the file holds)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.endswith("WeightsUnpickler error:")]
-    return (after or lines or [""])[0][:200]
 
 
 def reference_state(src: str | Path) -> dict[str, torch.Tensor]:
@@ -41,8 +34,7 @@ def reference_state(src: str | Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise CheckpointError(f"not a PyTorch checkpoint torch.load can read as weights ({type(e).__name__}: "
-                              f"{_why(e)})") from None
+        raise CheckpointError(f"not a PyTorch checkpoint torch.load can read as weights ({load_error(e)})") from None
     sd = obj.get("model", obj) if isinstance(obj, dict) else None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError("expected a state dict of tensors (bare or under 'model')")

@@ -33,3 +33,22 @@ def check_readable(path: str | Path) -> None:
     if backend not in ("torch_dist", "zarr"):
         raise CheckpointError(f"--init-checkpoint {path}: sharded backend {backend!r}; readable: 'torch_dist' "
                               f"(megatron-core's) and 'zarr' (the MLPerf GPT-3 reference checkpoint's)")
+    # torch reads a checkpoint's files whole: a FIFO or a device among them blocked the check, and the run, for ever
+    odd = next((f for f in sorted(p.iterdir()) if not f.is_file() and not f.is_dir()), None)
+    if odd is not None:
+        raise CheckpointError(f"--init-checkpoint {path}: {odd.name} is not a regular file or a folder (a FIFO, a "
+                              f"device or a broken link); a checkpoint holds files")
+    if backend == "torch_dist":
+        absent = [n for n in (".metadata", "common.pt") if not (p / n).is_file()]
+        if absent:
+            raise CheckpointError(f"--init-checkpoint {path}: no {' and no '.join(absent)}: a torch_dist "
+                                  f"checkpoint holds its tensor index (.metadata) and its non-tensor state "
+                                  f"(common.pt); this one is incomplete")
+
+
+def load_error(e: BaseException) -> str:
+    """One line of why a checkpoint file did not load: for a file that is not a pickle, the unpickler's reason, not
+    torch.load's advice to load with weights_only=False (which runs whatever the file holds)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.endswith("WeightsUnpickler error:")]
+    return f"{type(e).__name__}: {(after or lines or [''])[0]}"[:200]

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mlbench.train.checkpoint.folder import CheckpointError, check_readable
+from mlbench.train.checkpoint.folder import CheckpointError, check_readable, load_error
 
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
 # How the distributed optimizer lays out its state, as megatron-LM's training passes it (`metadata` of
@@ -190,7 +190,11 @@ def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple
 
     check_readable(path)
     zarr_reference.register()
-    stored = load_sharded_metadata(str(path))
+    try:
+        stored = load_sharded_metadata(str(path))
+    except Exception as e:  # garbage where the index should be: torch's unpickler, megatron's or zarr's reasons
+        raise CheckpointError(f"--init-checkpoint {path}: cannot read its tensor index ({load_error(e)})") from None
+    _check_data_files(Path(path))
     items = {item.key: item for item in tensors(state)}
     to_ckpt = resolve_names(list(items), stored, names or {})
     if to_ckpt is None:
@@ -211,12 +215,41 @@ def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple
     return Match(to_ckpt, stored, list(items), [to_ckpt(k) for k in items if to_ckpt(k) != k], resized)
 
 
+def _check_data_files(path: Path) -> None:
+    """A torch_dist checkpoint's data files hold every byte its index points at: a file missing, or cut short by a
+    partial copy, failed only as the run loaded it (a CheckpointException, which is no Exception)."""
+    if not (path / ".metadata").is_file():
+        return  # zarr: each array's chunks are checked as they are read
+    from torch.distributed.checkpoint import FileSystemReader
+
+    needed: dict[str, int] = {}
+    for info in FileSystemReader(str(path)).read_metadata().storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        f = path / name
+        have = f.stat().st_size if f.is_file() else None
+        if have is None or have < size:
+            got = "is missing" if have is None else f"is {have:,} bytes"
+            raise CheckpointError(f"--init-checkpoint {path}: {name} {got}; the checkpoint's index needs {size:,} "
+                                  f"(a damaged or partly copied checkpoint)")
+
+
+def common_state(path: str | Path) -> dict:
+    """The checkpoint's non-tensor state (common.pt), {} where it holds no mapping; one line where it cannot be read."""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    try:
+        common = load_common_state_dict(str(path))
+    except Exception as e:  # torch.load's reason comes with a page of advice about weights_only
+        raise CheckpointError(f"--init-checkpoint {path}: cannot read common.pt ({load_error(e)})") from None
+    return common if isinstance(common, dict) else {}
+
+
 def load(path: str | Path, model: list, optimizer, vocab_size: int,
          names: dict[str, tuple[str, ...]] | None = None) -> dict:
     """Loads the model (and optimizer state when the checkpoint has it) from `path`, after `match`; returns
     what was loaded."""
     from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     state = model_state(model)
@@ -225,8 +258,7 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     _rekey(state, found.to_ckpt)
     # Per-layer extra state (Transformer Engine's FP8 metadata) that the checkpoint lacks is not requested.
     _drop_absent_objects(state, stored)
-    common = load_common_state_dict(str(path))
-    common = common if isinstance(common, dict) else {}
+    common = common_state(path)
     members = getattr(optimizer, "chained_optimizers", [optimizer])
     for m in members:
         _placeholder_adam_state(m.optimizer)
