@@ -6,6 +6,7 @@ PyTorch checkpoint into one a run starts from."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -166,6 +167,13 @@ def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:
              for n in ("query", "key", "value")}
     with pytest.raises(CheckpointError, match=r"query: shape \[1024, 1024\], this model needs \[64, 64\]"):
         to_megatron(wrong, tiny, 32)
+    # Weights that are no finite floats were copied in as they were: ints rounded, complex halved, NaN trained on
+    word = "bert.embeddings.word_embeddings.weight"
+    for bad, match in ((torch.zeros(32, 64, dtype=torch.int64), f"{word} is int64; a weight is floating point"),
+                       (torch.zeros(32, 64, dtype=torch.complex64), f"{word} is complex64"),
+                       (torch.full((32, 64), math.nan), f"{word} holds NaN or infinite values")):
+        with pytest.raises(CheckpointError, match=match):
+            to_megatron({word: bad}, tiny, 32)
     junk = tmp_path / "junk.pt"
     junk.write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="torch.load") as e:

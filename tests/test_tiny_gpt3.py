@@ -126,3 +126,17 @@ def test_unreachable_target_is_aborted(tmp_path: Path, benchmarks_copy: Path) ->
     record = json.loads((folder / "result_0.json").read_text())
     assert record["status"] == "aborted" and "budget" in record["reason"]
     assert len(record["steps"]) == 12
+
+
+def test_a_diverged_run_stops_at_its_first_non_finite_loss(tmp_path: Path) -> None:
+    """A learning rate of 1e30 makes the loss NaN at step 2: the run trained on to its budget of 300 steps of NaN
+    (or, from a converted checkpoint holding NaN, 600); every rank now stops there, together, logged aborted."""
+    root = tmp_path / "results"
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "1", "--lr", "1e30",
+                   "--warmup-steps", "0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = json.loads((result_dir(root, "gpt3") / "result_0.json").read_text())
+    assert record["status"] == "aborted" and len(record["steps"]) == 2, record["reason"]
+    assert record["reason"].startswith("Aborted: the training loss is nan at step 2: a run whose loss is not a finite")
+    stops = [e for e in mllog(result_dir(root, "gpt3") / "result_0.txt") if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["reason"] == record["reason"]

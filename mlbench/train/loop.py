@@ -8,6 +8,7 @@ Rank 0's reporter alone writes the MLPerf log and the progress events the launch
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -109,6 +110,9 @@ def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
             report.step(step, {"train_step_time": r.seconds, "reduced_train_loss": r.loss,
                                "tokens_per_s": gbs * seq / r.seconds, "tflops_per_device": tflops}
                         | ({"mfu": tflops / peak} if peak else {}), lr=r.lr, grad_norm=r.grad_norm)
+            if not math.isfinite(r.loss):  # all-reduced: every rank stops here, together
+                raise Aborted(f"the training loss is {r.loss} at step {step}: a run whose loss is not a finite "
+                              f"number cannot reach its target (diverged, or NaN in its data or checkpoint)")
         report.block_stop(first, last)
         if step * gbs < start_samples:
             continue

@@ -71,7 +71,14 @@ def to_megatron(ref: dict[str, torch.Tensor], m: ModelSpec, vocab_rows: int) -> 
         if name not in ref:
             missing.append(name)
             return None
-        return ref.pop(name)
+        t = ref.pop(name)
+        # Copied into float parameters as they are: an int or bool tensor would be rounded into weights, a
+        # complex one lose its imaginary part, a NaN train 600 steps of NaN loss
+        if not t.is_floating_point():
+            raise CheckpointError(f"{name} is {str(t.dtype).removeprefix('torch.')}; a weight is floating point")
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{name} holds NaN or infinite values; a weight is a finite number")
+        return t
 
     def pad(t: torch.Tensor | None, value: float = 0.0) -> torch.Tensor | None:
         if t is None:
