@@ -258,8 +258,10 @@ def _benchmark(req: RunRequest) -> Benchmark:
 
     bench = registry.load(req.name, tiny=req.tiny)
     given = {"path": ("--data-path", req.data_path), "eval_path": ("--eval-data-path", req.eval_data_path)}
-    # Indexed prefixes made absolute, so the record says which data was used (BERT's take files and globs)
-    overrides = {k: absolute_blend(v, flag) if bench.data.source == "indexed" else v
+    # Made absolute, so the record says which data was used: indexed prefixes (a blend's weights kept), and BERT's
+    # folder, glob or file
+    overrides = {k: absolute_blend(v, flag) if bench.data.source == "indexed" else
+                 os.path.abspath(os.path.expanduser(v)) if v.strip() else v
                  for k, (flag, v) in given.items() if v is not None}
     return dataclasses.replace(bench, data=dataclasses.replace(bench.data, **overrides)) if overrides else bench
 

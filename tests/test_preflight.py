@@ -247,3 +247,12 @@ def test_lr_and_warmup_flags_give_a_schedule_off_the_rcp_table(tmp_path: Path) -
     p = prepare(_request(tmp_path, lr=6e-4, warmup_steps=100, **at_48))
     assert (p.bench.optimizer.lr, p.bench.optimizer.warmup_steps) == (6e-4, 100)
     assert {"lr", "warmup_steps"} <= {o.name for o in cli.commands["run"].params}
+
+
+def test_bert_data_paths_are_recorded_absolute(tmp_path: Path, monkeypatch) -> None:
+    """A relative --data-path was stored as typed: the run record did not say which data the run read."""
+    monkeypatch.chdir(tmp_path)
+    p = prepare(_request(tmp_path, name="bert", tiny=False, dry_run=True, data_path="data/part-*",
+                         eval_data_path="data/eval_10k"))
+    assert p.bench.data.path == str(tmp_path / "data" / "part-*")
+    assert p.bench.data.eval_path == str(tmp_path / "data" / "eval_10k")
