@@ -434,11 +434,18 @@ def _event(payload: bytes, line: int) -> Event | None:
     return _as_event(_parse(payload), line)
 
 
+# 20 digits in a row: maybe an integer beyond 64 bits, which orjson reads as a float (10^29 as
+# 99999999999999991433150857216) where the official tools' json keeps it exact
+_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+
+
 def _parse(payload: bytes) -> object:
-    try:  # orjson: 4x the standard parser on MLLOG lines; what it refuses (NaN, Infinity, bad UTF-8) json reads
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return _loads(payload)
+    if _LONG_DIGITS.search(payload) is None:
+        try:  # orjson: 4x the standard parser on MLLOG lines; what it refuses (NaN, Infinity, bad UTF-8) json reads
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            pass
+    return _loads(payload)
 
 
 def _as_event(d: object, line: int) -> Event | None:

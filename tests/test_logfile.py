@@ -68,3 +68,13 @@ def test_reading_holds_a_few_lines_not_the_file(tmp_path):
     assert log.status == "success" and log.samples_to_converge == 80 and log.problems == []
     assert peak < 2e6, f"reading a 20 MB log took {peak / 1e6:.1f} MB"
     assert json.loads(step[len(":::MLLOG "):])["key"] == "tracked_stats"
+
+
+def test_integers_beyond_64_bits_are_read_exactly(tmp_path):
+    """orjson reads them as floats: a global_batch_size of 10^29 was shown as 99999999999999991433150857216."""
+    path = tmp_path / "big.txt"
+    big = 10**29
+    path.write_text(f':::MLLOG {{"key": "global_batch_size", "value": {big}, "metadata": {{}}}}\n'
+                    f':::MLLOG {{"key": "seed", "value": 18446744073709551615, "metadata": {{}}}}\n')
+    values = [e.value for e in LogReader(path)]
+    assert values == [big, 2**64 - 1] and type(values[0]) is int
