@@ -37,6 +37,11 @@ class RunPlan:
         return Path(self.run_dir) / "events.jsonl"
 
     @property
+    def stop_reason_path(self) -> Path:
+        """Where the supervisor says why it stops the ranks (a hang, a signal), before it sends them SIGTERM."""
+        return stop_reason_path(self.events_path)
+
+    @property
     def global_batch_size(self) -> int:
         return self.layout["global_batch_size"]
 
@@ -84,3 +89,7 @@ def eval_schedule(bench: Benchmark, gbs: int) -> Callable[[int], int]:
 def first_eval_samples(bench: Benchmark, gbs: int) -> int:
     """Evaluations before this many training samples are skipped (MLPerf's eval offsets)."""
     return int(evaluate(bench.eval.start_samples, global_batch_size=gbs))
+
+
+def stop_reason_path(events_path: Path) -> Path:
+    return Path(events_path).with_name("stop_reason")

@@ -81,11 +81,16 @@ def _wait_gone(tmp_path: Path, timeout: float = 15) -> None:
 
 def _assert_aborted(tmp_path: Path, proc: subprocess.Popen, reason_part: str) -> dict:
     folder = result_dir(tmp_path, "gpt3")
-    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    log = mllog(folder / "result_0.txt")
+    stops = [e for e in log if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted", stops
+    # the checker wants exactly one train_samples: a run_stop rank 0 wrote itself had none
+    assert [e["key"] for e in log].count("train_samples") == 1
     record = json.loads((folder / "result_0.json").read_text())
     assert record["status"] == "aborted"
     assert reason_part in record["reason"], record["reason"]
+    # the log says why too (rank 0 said only "signal SIGTERM" when the supervisor stopped it for a hang)
+    assert reason_part in stops[0]["metadata"]["reason"], stops[0]["metadata"]
     assert proc.returncode != 0
     assert not _worker_pids(tmp_path), "ranks left running"
     assert not list(folder.glob(".staging-*"))

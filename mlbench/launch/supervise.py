@@ -28,6 +28,7 @@ from pathlib import Path
 from mlbench import results
 from mlbench.launch import lifeline
 from mlbench.mlperf_log import finalize_aborted
+from mlbench.run_plan import stop_reason_path
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
 # What stops a run cleanly (logged aborted with the signal's name, published): every signal whose default is to
@@ -167,6 +168,13 @@ def _exit_reason(what: str, code: int) -> str:
     return f"{what} exited with code {code} (a rank failed; see the rank logs)"
 
 
+def _tell_ranks(events_path: Path, reason: str) -> None:
+    """Why the ranks are stopped, for rank 0's run_stop (it would say only that SIGTERM came); best effort: a full
+    disk leaves the reason to the record."""
+    with contextlib.suppress(OSError):
+        stop_reason_path(events_path).write_text(reason)
+
+
 def _complete_log(log_path: Path, reason: str) -> str:
     """Ends a log that has run_start but no run_stop with run_stop `aborted`; returns why the log is still not
     whole ("" when it is), e.g. a full disk."""
@@ -235,6 +243,7 @@ def supervise(
             elif not stepping and idle > init_timeout and not reason:
                 reason = f"hang: no training step within {init_timeout:g} s of start"
             if reason:
+                _tell_ranks(events_path, reason)
                 _stop_tree(proc)
     finally:
         for s, handler in previous.items():

@@ -26,13 +26,17 @@ class Aborted(Exception):
     pass
 
 
-def _on_sigterm(signum, frame):  # torchrun and SLURM send SIGTERM before killing
-    raise Aborted(f"signal {signal.Signals(signum).name}")
-
-
 def train(plan: RunPlan) -> int:
     rank = int(os.environ.get("RANK", "0"))
-    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    def on_sigterm(signum, frame):  # the supervisor, torchrun and SLURM send SIGTERM before killing
+        try:  # the supervisor says why it stops the run (a hang, a signal it received)
+            why = plan.stop_reason_path.read_text()
+        except OSError:
+            why = ""
+        raise Aborted(why or f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     report = Reporter(plan, rank)
     try:
         report.preamble()

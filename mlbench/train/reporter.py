@@ -24,6 +24,8 @@ class Reporter:
         self._gbs = gbs
         self._unit = bench.model.seq_length if bench.mlperf.eval_unit == "tokens" else 1  # eval metadata unit
         self._key = bench.mlperf.eval_metadata_key
+        self._step = 0  # the last step trained
+        self._stopped = False  # run_stop written
 
     def emit(self, kind: str, **fields) -> None:
         if self._events:
@@ -59,6 +61,7 @@ class Reporter:
     def step(self, step: int, stats: dict, **display) -> None:
         """A training step's statistics: in the log (tracked_stats) and the events (with what only the display
         shows: learning rate, gradient norm)."""
+        self._step = step
         if self.log:
             self.log.event("tracked_stats", value=stats, metadata={"step": step, "samples_count": step * self._gbs})
         self.emit("step", step=step, loss=stats["reduced_train_loss"], step_time=stats["train_step_time"],
@@ -82,13 +85,16 @@ class Reporter:
             # --rcp-bert-train-samples reads it) and in the eval unit (tokens for gpt3, as NVIDIA's GPT-3 does).
             self.log.event(C.TRAIN_SAMPLES, value=step * self._gbs * self._unit)
             self.log.end(C.RUN_STOP, metadata={"status": status} | ({"reason": reason} if reason else {}))
+        self._stopped = True
         self.emit("stopped", status=status, step=step, reason=reason)
 
     def aborted(self, reason: str) -> None:
-        """The run failed: run_stop with status aborted (the supervisor adds train_samples if it is missing)."""
-        if self.log:
-            self.log.end(C.RUN_STOP, metadata={"status": "aborted", "reason": reason})
-        self.emit("stopped", status="aborted", reason=reason)
+        """The run failed: train_samples (the checker wants exactly one) and run_stop with status aborted; after
+        run_stop (a failure in what follows it, untimed), the log's status stands and only the event says so."""
+        if self._stopped:
+            self.emit("failed_after_run_stop", reason=reason)
+            return
+        self.run_stop(self._step, "aborted", reason)
 
     def close(self) -> None:
         if self.log:
