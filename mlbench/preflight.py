@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -156,6 +157,9 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
 # ---- the request's own values ---------------------------------------------------------------------------
 
 
+MIN_HANG_TIMEOUT_S = 1.0
+
+
 def _check_options(req: RunRequest) -> None:
     """Values wrong whatever the benchmark: refused first, each naming its flag and the range it takes."""
     if req.runs < 1:
@@ -166,6 +170,9 @@ def _check_options(req: RunRequest) -> None:
         raise UserError(f"--seed {req.seed} is out of range: seeds are 0 to {SEED_MAX}{last}")
     if not 0 < req.hang_timeout < math.inf:  # also NaN
         raise UserError(f"--hang-timeout must be a positive number of seconds, got {req.hang_timeout}")
+    if req.hang_timeout < MIN_HANG_TIMEOUT_S:  # 0.001 stopped a healthy run as hung between two steps
+        raise UserError(f"--hang-timeout {req.hang_timeout:g} is shorter than a step can be counted on to take; "
+                        f"at least {MIN_HANG_TIMEOUT_S:g} s (it is the longest a step may take)")
     if req.lr is not None and not 0 < req.lr < math.inf:
         raise UserError(f"--lr must be a positive number, got {req.lr}")
     if req.threads < 1:
@@ -187,9 +194,16 @@ def _check_options(req: RunRequest) -> None:
         if not req.rdzv_endpoint:
             raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
         host, _, port = req.rdzv_endpoint.rpartition(":")
-        if not host or any(c.isspace() for c in host) or not (port.isascii() and port.isdigit()) \
-                or not 0 < int(port) < 65536:
-            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535")
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [IPv6]:PORT
+        if not bare or any(c.isspace() or c in "/@[]" for c in bare) or (":" in bare and bare == host) \
+                or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535 (a host "
+                            f"name or address, [ADDRESS] for IPv6; no scheme, no path)")
+        try:  # torchrun retried an unknown host for a minute and a half, then said only that it exited
+            socket.getaddrinfo(bare, int(port))
+        except (OSError, UnicodeError) as e:
+            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: the host {bare!r} does not resolve "
+                            f"({getattr(e, 'strerror', None) or e}); give node 0's host name or address") from None
     if req.launcher == "local" and ly.nodes > 1 and not req.dry_run:
         raise UserError(f"--launcher local runs on this machine only; for --nodes {ly.nodes} use --launcher "
                         f"torchrun (one invocation per node)")

@@ -91,6 +91,12 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"launcher": "slurm", "master_addr": ""}, r"--master-addr is empty"),
     ({"launcher": "slurm", "master_addr": "a b"}, r"--master-addr 'a b' is not a host name"),
     ({"launcher": "torchrun", "rdzv_endpoint": "a b:29500"}, r"--rdzv-endpoint 'a b:29500' must be HOST:PORT"),
+    # each launched torchrun, which failed after 3 s to 106 s saying only that it exited, with an empty log
+    ({"launcher": "torchrun", "rdzv_endpoint": "http://localhost:29651"}, r"must be HOST:PORT .*no scheme, no path"),
+    ({"launcher": "torchrun", "rdzv_endpoint": "127.0.0.1:29652:1"}, r"must be HOST:PORT with a port 1-65535"),
+    ({"launcher": "torchrun", "rdzv_endpoint": "no-such-host.invalid:29555"},
+     r"the host 'no-such-host.invalid' does not resolve"),
+    ({"hang_timeout": 0.001}, r"--hang-timeout 0.001 is shorter than a step .* at least 1 s"),  # killed a healthy run
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
