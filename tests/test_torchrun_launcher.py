@@ -42,3 +42,38 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path: Path, quick_benchmarks: P
     assert json.loads((folder / "result_0.json").read_text())["layout"]["world_size"] == 2
     (other,) = [f for f in folders if f is not folder]
     assert not list(other.glob("result_*")) and list((other / "logs").iterdir())  # only its rank logs
+
+
+def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Path) -> None:
+    """Two node invocations that disagree (--nproc-per-node 1 and 2 with --gbs 32) trained a world of 3 ranks
+    published as the layout of 2, compliant; the same world size with another --gbs hung or trained on. The ranks
+    are started here as torchrun starts them (its environment, a plan each), without it."""
+    import sys
+
+    from mlbench import layout, registry
+    from mlbench.run_plan import RunPlan
+
+    bench = registry.load("gpt3", tiny=True)
+    port = str(free_port("127.0.0.1"))
+
+    def rank(name: str, ly, rank: int, world: int) -> subprocess.Popen:
+        folder = tmp_path / name
+        folder.mkdir()
+        RunPlan(benchmark=bench, layout=ly.as_dict(), seed=1, run_dir=str(folder), system="ci").save(
+            folder / "plan.json")
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port)
+        return subprocess.Popen([sys.executable, "-m", "mlbench.train", str(folder / "plan.json")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    two = [layout.resolve(bench, 2, 1, global_batch_size=g) for g in (16, 32)]
+    procs = {"world": rank("world", layout.resolve(bench, 1, 1), 0, 3),
+             "rank0": rank("rank0", two[0], 0, 2), "rank1": rank("rank1", two[1], 1, 2)}
+    outs = {name: p.communicate(timeout=120)[0] for name, p in procs.items()}
+    assert all(p.returncode == 3 for p in procs.values()), outs  # each aborted, none trained
+    said = {name: json.loads((tmp_path / name / "mlperf.log").read_text().splitlines()[-1].split(" ", 1)[1])
+            for name in ("world", "rank0")}  # rank 0's logs
+    assert said["world"]["metadata"]["reason"] == ("RuntimeError: torchrun formed 3 ranks, and this node's layout is "
+                                                   "1 (1 nodes x 1): give every node the same layout flags")
+    assert said["rank0"]["metadata"]["reason"].startswith("RuntimeError: 1 rank(s) were started with another layout")
+    assert "run aborted: RuntimeError: 1 rank(s) were started with another layout" in outs["rank1"]

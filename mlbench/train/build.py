@@ -4,6 +4,8 @@ the starting checkpoint, the objective and the token source."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 from dataclasses import dataclass
@@ -27,13 +29,33 @@ class Device:
     info: dict  # the record's environment.device: type, name, per_node, precision, attention
 
 
+def _same_layout_as_rank0(plan: RunPlan) -> None:
+    """Every rank trains rank 0's layout, the one logged: a node started with other layout flags (--tp, --gbs, ...)
+    but the same world size is refused on every rank at once (a flag summed over all), not left to hang."""
+    layout = {k: v for k, v in plan.layout.items() if k != "source"}  # (how it was chosen may differ)
+    mine = int.from_bytes(hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).digest()[:7], "big")
+    theirs = torch.tensor([mine], dtype=torch.int64)
+    dist.broadcast(theirs, src=0)
+    differs = torch.tensor([int(int(theirs.item()) != mine)], dtype=torch.int64)
+    dist.all_reduce(differs)
+    if differs.item():
+        raise RuntimeError(f"{differs.item()} rank(s) were started with another layout than rank 0's: give every "
+                           f"node the same layout flags")
+
+
 def init_distributed(plan: RunPlan) -> Device:
     """The process group (gloo on CPU, NCCL on GPUs), every rank on rank 0's seed, and the device it trains on."""
     on_cpu = cpu_compat.enable()
     if not on_cpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     torch.set_num_threads(max(1, int(os.environ.get("MLBENCH_THREADS", "1"))))
+    world, planned = int(os.environ.get("WORLD_SIZE", "1")), plan.layout["world_size"]
+    if world != planned:  # nodes started with other --nodes / --nproc-per-node: trained a world nobody logged
+        ly = plan.layout
+        raise RuntimeError(f"torchrun formed {world} ranks, and this node's layout is {planned} ({ly['nodes']} nodes "
+                           f"x {ly['nproc_per_node']}): give every node the same layout flags")
     dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=120))
+    _same_layout_as_rank0(plan)
     # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
     seed_t = torch.tensor([plan.seed], dtype=torch.int64)
     dist.broadcast(seed_t, src=0)
