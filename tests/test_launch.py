@@ -235,3 +235,36 @@ def test_the_local_agent_stops_the_other_ranks_when_one_fails(tmp_path: Path) ->
     proc, took = _agent(tmp_path, fail=True)
     assert proc.returncode == 1 and "rank 1 exited with code 3; stopping the other ranks" in proc.stdout
     assert took < 20
+
+
+_FAKE_SLURM = {  # (sbatch, also squeue and scancel): a controller that does not answer, and one that answers junk
+    "hang": ("#!/bin/sh\nexec sleep 1000\n", True),
+    "garbage": ('#!/bin/sh\n[ "$1" = "--test-only" ] && exit 0\necho "garbage;"\nexec sleep 1000\n', True),
+    "no-squeue": ("#!/bin/sh\nexit 0\n", False),
+}
+
+
+@pytest.mark.parametrize(("fake", "said"), [
+    ("hang", "error: sbatch did not answer within 2 s: is the SLURM controller up? (`scontrol ping`)"),
+    ("garbage", "error: sbatch did not submit the job: it answered 'garbage;', not a job id"),
+    ("no-squeue", "error: squeue and scancel not found: --launcher slurm needs the SLURM client commands"),
+])
+def test_a_slurm_client_that_hangs_or_answers_junk_is_one_line_and_leaves_nothing(tmp_path: Path, fake: str,
+                                                                                said: str) -> None:
+    """A hanging sbatch or squeue was a TimeoutExpired traceback; a job id of junk was followed as a job; a refusal
+    left the job's folder (.slurm/<job>/job.sbatch) behind; without squeue a job was submitted, then unfollowed."""
+    sbatch, with_others = _FAKE_SLURM[fake]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", *(("squeue", "scancel") if with_others else ())):
+        (bin_dir / name).write_text(sbatch if name == "sbatch" else "#!/bin/sh\nexit 0\n")
+        (bin_dir / name).chmod(0o755)
+    path = f"{bin_dir}:{os.environ['PATH']}" if with_others else str(bin_dir)
+    code = ("import sys; from mlbench.launch import slurm; slurm.TIMEOUT_S = 2.0; from mlbench.cli import main; "
+            "sys.argv[0] = 'mlbench'; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "run", "gpt3", "--tiny", "--launcher", "slurm", "--results",
+                           str(tmp_path / "r"), "--system", "ci"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": path, "COLUMNS": "200"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and said in out and "Traceback" not in out, out
+    assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))

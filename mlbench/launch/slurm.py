@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -96,10 +97,21 @@ def write_job(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: Slur
     return job_dir
 
 
-def _slurm(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+CLIENT_COMMANDS = ("sbatch", "squeue", "scancel")  # what a run needs before it submits: to follow and to stop it
+TIMEOUT_S = 60.0  # the longest one SLURM client command may take: a controller that does not answer
+
+
+def _slurm(*argv: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """A SLURM client command's result; UserError where it is not there or does not answer in `timeout` s
+    (TIMEOUT_S by default)."""
     if shutil.which(argv[0]) is None:
         raise UserError(f"{argv[0]} not found: --launcher slurm needs the SLURM client commands on PATH")
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    timeout = timeout or TIMEOUT_S
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{argv[0]} did not answer within {timeout:g} s: is the SLURM controller up? "
+                        f"(`scontrol ping`)") from None
 
 
 class SlurmLauncher:
@@ -122,22 +134,46 @@ class SlurmLauncher:
                 ("sbatch script (not submitted)", script)]
 
     def prepare(self, folder: Path) -> None:
+        missing = [c for c in CLIENT_COMMANDS if shutil.which(c) is None]
+        if missing:  # before the job is written: a job submitted that could not be followed or stopped
+            raise UserError(f"{' and '.join(missing)} not found: --launcher slurm needs the SLURM client commands "
+                            f"({', '.join(CLIENT_COMMANDS)}) on PATH")
+        # The folders the job's folder is made in, from the results root down, that are not there yet
+        self._made = [p for p in (*reversed(folder.parents[:2]), folder, folder / ".slurm") if not p.exists()]
         self.job_dir = write_job(self.bench, self.layout, self.run_opts, self.opts, folder)
-        test = _slurm("sbatch", "--test-only", str(self.job_dir / "job.sbatch"))
+        try:
+            test = _slurm("sbatch", "--test-only", str(self.job_dir / "job.sbatch"))
+        except UserError:
+            self._drop_job()
+            raise
         if test.returncode != 0:
-            shutil.rmtree(self.job_dir, ignore_errors=True)
+            self._drop_job()
             msg = " ".join(test.stderr.split()) or "sbatch --test-only refused the job"
             raise UserError(f"SLURM cannot run this job: {msg} (check --nodes, --partition, --account, --time)")
+
+    def _drop_job(self) -> None:
+        """The job's folder, when no job was submitted from it, and the folders made for it (when nothing else
+        came into them meanwhile): a refused run leaves nothing."""
+        shutil.rmtree(self.job_dir, ignore_errors=True)
+        for made in reversed(self._made):
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
     def start(self) -> None:
         # The job runs on without this process (its driver supervises it); the waiting sbatch does not.
         self.proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(self.job_dir / "job.sbatch")],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      preexec_fn=lifeline.die_with_parent)
-        self.job_id = self.proc.stdout.readline().strip().split(";")[0]
-        if not self.job_id:
+        answer = self.proc.stdout.readline().strip()
+        self.job_id = answer.split(";")[0]
+        if not re.fullmatch(r"[0-9]+", self.job_id):  # --parsable: JOBID[;CLUSTER]
+            if self.job_id:
+                self.proc.kill()
             self.proc.wait()
-            raise UserError(f"sbatch did not submit the job: {' '.join(self.proc.stderr.read().split())}")
+            self._drop_job()
+            why = " ".join(self.proc.stderr.read().split()) if not self.job_id else f"it answered {answer!r}, " \
+                "not a job id"
+            raise UserError(f"sbatch did not submit the job: {why}")
         self.console.print(f"submitted SLURM job {self.job_id}; output {self.job_dir / 'job.out'}", highlight=False)
         with contextlib.suppress(OSError):  # for scripts and tests; the job runs (and says so) without it
             (self.job_dir / "job_id").write_text(self.job_id + "\n")
@@ -234,7 +270,10 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
                     console.out(chunk, end="", highlight=False)
             if runs is not None:
                 runs.poll()
-            state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r %N", timeout=30).stdout.split()
+            try:
+                state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r %N", timeout=30).stdout.split()
+            except UserError:  # the controller did not answer this time: the job's own end still comes
+                state = []
             if state and " ".join(state) != shown:  # the job's state as it changes: pending (why), running (where)
                 shown = " ".join(state)
                 where = f" on {state[2]}" if state[0] == "RUNNING" and len(state) > 2 else ""
