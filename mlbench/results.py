@@ -188,6 +188,10 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
         raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder}); nothing of it was "
                            f"left in {folder}") from None
     ranks = staging / "ranks"
+    with contextlib.suppress(OSError):  # a failed run's launcher log beside the ranks' (a rendezvous that failed)
+        if record.get("status") != "success" and (staging / "launcher.log").stat().st_size:
+            ranks.mkdir(exist_ok=True)
+            (staging / "launcher.log").rename(ranks / "launcher.log")
     if ranks.is_dir():  # the rank logs are kept where they can be; the result stands without them
         with contextlib.suppress(OSError):
             (folder / "logs").mkdir(exist_ok=True)

@@ -141,6 +141,19 @@ def test_a_command_killed_by_a_signal_is_named_in_the_reason(tmp_path: Path) -> 
     assert outcome.reason == "rank 0 (the only rank) killed by SIGKILL (see the rank logs)"
 
 
+def test_a_launcher_that_fails_before_any_rank_says_why(tmp_path: Path) -> None:
+    """torchrun's rendezvous failing (the store unreachable): no rank ran to say anything, and the reason was only
+    'exited with code 1 (a rank failed; see the rank logs)', the rank logs empty. Its own last error line now."""
+    said = ("echo '[W] Setting OMP_NUM_THREADS'; echo 'Traceback (most recent call last):'; echo '  File \"x\"'; "
+            "echo 'torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d "
+            "store has failed. See inner exception for details.'; exit 1")
+    cmd = Command(["bash", "-c", said], dict(os.environ), stdout=tmp_path / "launcher.log", what="the launcher")
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    assert outcome.status == "aborted" and outcome.exit_code == 1
+    assert outcome.reason == ("the launcher exited with code 1: RendezvousConnectionError: The connection to the C10d "
+                              "store has failed. See inner exception for details."), outcome.reason
+
+
 def test_a_command_that_cannot_start_ends_the_run_with_the_reason(tmp_path: Path) -> None:
     cmd = Command([str(tmp_path / "no-such-launcher")], dict(os.environ), stdout=tmp_path / "out.log")
     outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")

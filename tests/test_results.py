@@ -58,6 +58,18 @@ def test_publish_never_overwrites(tmp_path: Path) -> None:
     assert (folder / "logs" / "result_1" / "0" / "stderr.log").is_file()
 
 
+def test_a_failed_runs_launcher_log_is_kept_with_the_rank_logs(tmp_path: Path) -> None:
+    """A rendezvous that never formed leaves its reason in the launcher's log alone (no rank ran); it was deleted
+    with the staging folder. A successful run's stays out (its logs folder holds the ranks')."""
+    with results.result_folder(tmp_path, "sys", "gpt3") as folder:
+        for status in ("aborted", "success"):
+            staging = _staged(folder)
+            (staging / "launcher.log").write_text("RendezvousConnectionError: ...\n")
+            results.publish(folder, staging, {"status": status})
+    assert (folder / "logs" / "result_0" / "launcher.log").read_text() == "RendezvousConnectionError: ...\n"
+    assert not (folder / "logs" / "result_1" / "launcher.log").exists()
+
+
 @pytest.mark.parametrize("stale", ["result_0.json", "logs/result_0"])
 def test_an_index_a_dead_run_left_half_used_is_skipped(tmp_path: Path, stale: str) -> None:
     """A record without its log (or rank logs without either) from an earlier run: the next run takes the next

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -162,10 +163,28 @@ def _start(cmd: Command) -> subprocess.Popen:
                                 preexec_fn=lifeline.die_with_parent)
 
 
-def _exit_reason(what: str, code: int) -> str:
+def _exit_reason(what: str, code: int, output: Path | None = None) -> str:
     if code < 0:  # killed by a signal (the OOM killer, kill -9)
         return f"{what} killed by {signal.Signals(-code).name} (see the rank logs)"
+    last = _last_error(output) if output is not None else ""
+    if last:  # the launcher's own failure (a rendezvous that never formed): no rank ran to say anything
+        return f"{what} exited with code {code}: {last}"
     return f"{what} exited with code {code} (a rank failed; see the rank logs)"
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Timeout)): (.+)$")
+
+
+def _last_error(output: Path) -> str:
+    """The last exception line (`Type: message`) in the end of a command's output, shortened; "" if none."""
+    try:
+        with open(output, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    found = [m for line in tail.splitlines() if (m := _ERROR_LINE.match(line.strip()))]
+    return f"{found[-1][1]}: {found[-1][2]}"[:240] if found else ""
 
 
 def _tell_ranks(events_path: Path, reason: str) -> None:
@@ -261,7 +280,7 @@ def supervise(
     if not reason and last is not None:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = _exit_reason(cmd.what, code)
+        reason = _exit_reason(cmd.what, code, cmd.stdout)
     log_error = _complete_log(log_path, reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
