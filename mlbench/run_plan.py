@@ -37,11 +37,6 @@ class RunPlan:
         return Path(self.run_dir) / "events.jsonl"
 
     @property
-    def stop_reason_path(self) -> Path:
-        """Where the supervisor says why it stops the ranks (a hang, a signal), before it sends them SIGTERM."""
-        return stop_reason_path(self.events_path)
-
-    @property
     def global_batch_size(self) -> int:
         return self.layout["global_batch_size"]
 
@@ -92,4 +87,6 @@ def first_eval_samples(bench: Benchmark, gbs: int) -> int:
 
 
 def stop_reason_path(events_path: Path) -> Path:
+    """Where the supervisor says why it stops the ranks (a hang, a signal), before it sends them SIGTERM: beside
+    the run's events, which it and rank 0 both know."""
     return Path(events_path).with_name("stop_reason")

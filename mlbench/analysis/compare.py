@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench.analysis import published, step_times
-from mlbench.analysis.logs import ResultSet, RunLog, find_sets, record_number, run_record
+from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, record_number, run_record
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
 from mlbench.errors import UserError
@@ -209,29 +209,21 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
 
 def build_comparison(paths: list[str], ruleset: str | None = None, with_score: bool = True) -> Comparison:
     entries: list[Entry] = []
-    seen: dict[object, str] = {}  # what an entry is (a set's folder, a run's file, a published row): its PATH
-
-    def once(what: object, name: object, p: str) -> None:
-        # the same entry twice (or a set inside a PATH given too) would be compared with itself
-        if what in seen:
-            both = "" if seen[what] == p else f" (in {seen[what]} and in {p})"
-            raise UserError(f"{name} is given twice{both}; compare takes each run, set or published row once")
-        seen[what] = p
-
+    once = GivenOnce("compare takes each run, set or published row")
     for p in paths:
         if p.startswith(published.PREFIX):
             row = published.get(p)
-            once(("published", row.label), p, p)
+            once.add(("published", row.label), p, p)
             entries.append(Entry(label=row.label, kind="published", benchmark=row.benchmark,
                                  devices=row.devices, devices_from="published", published=row))
             continue
         path = Path(p)
         if path.is_file():
-            once(("run", path.resolve()), path, p)
+            once.add(("run", path.resolve()), path, p)
             entries.append(_entry_from_set(find_sets(path)[0], ruleset, with_score=False))
             continue
         for rs in find_sets(path):
-            once(("set", Path(rs.folder).resolve()), rs.folder, p)
+            once.add(("set", Path(rs.folder).resolve()), rs.folder, p)
             entries.append(_entry_from_set(rs, ruleset, with_score))
     if len(entries) < 2:
         raise UserError("compare needs at least two runs, sets or published rows; got "

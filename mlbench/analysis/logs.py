@@ -400,6 +400,22 @@ def run_record(result_file: Path) -> dict:
         return {}
 
 
+class GivenOnce:
+    """What a command's PATHs name (a set's folder, a run's file, a published row), each once: the same one given
+    twice, or inside another PATH given too, would count twice (scaling) or be compared with itself (compare)."""
+
+    def __init__(self, takes: str):
+        self.takes = takes  # e.g. "scaling takes each configuration"
+        self.seen: dict[object, object] = {}  # what, by key: the PATH that named it
+
+    def add(self, key: object, name: object, path: object) -> None:
+        if key in self.seen:
+            first = self.seen[key]
+            both = "" if Path(first).resolve() == Path(path).resolve() else f" (in {first} and in {path})"
+            raise UserError(f"{name} is given twice{both}; {self.takes} once")
+        self.seen[key] = path
+
+
 def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
     """Every benchmark folder under PATH: a folder of result_*.txt, a submission tree, or one file.
     steps: whether its runs are read with their per-step records."""

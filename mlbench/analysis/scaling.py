@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import mlperf_tools
-from mlbench.analysis.logs import ResultSet, find_sets
+from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets
 from mlbench.analysis.report import Report, plt
 from mlbench.errors import UserError
 
@@ -98,17 +98,13 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
     notes: list[str] = []
     points: list[Point] = []
     benches: dict[str, list[str]] = defaultdict(list)
-    seen: dict[Path, Path] = {}
+    once = GivenOnce("scaling takes each configuration")
     for i, p in enumerate(paths):
         sets = find_sets(Path(p))
         if devices and len(sets) > 1:
             raise UserError(f"{p} holds {len(sets)} benchmark folders; with --devices give one folder per PATH")
         for rs in sets:
-            if rs.folder in seen:  # the same folder twice (one PATH inside another): one point, counted twice
-                first = seen[rs.folder]
-                both = "" if Path(first).resolve() == Path(p).resolve() else f" (in {first} and in {p})"
-                raise UserError(f"{rs.folder} is given twice{both}; scaling takes each configuration once")
-            seen[rs.folder] = p
+            once.add(Path(rs.folder).resolve(), rs.folder, p)
             b = next((r.benchmark for r in rs.runs if r.benchmark), None) or rs.folder.name
             benches[b].append(rs.label)
             points.append(_point(rs, devices[i] if devices else None, notes))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from mlbench.launch.lifeline import exit_if_orphaned
-from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps
+from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
 from mlbench.train.reporter import Reporter
 
 
@@ -31,7 +31,7 @@ def train(plan: RunPlan) -> int:
 
     def on_sigterm(signum, frame):  # the supervisor, torchrun and SLURM send SIGTERM before killing
         try:  # the supervisor says why it stops the run (a hang, a signal it received)
-            why = plan.stop_reason_path.read_text()
+            why = stop_reason_path(plan.events_path).read_text()
         except OSError:
             why = ""
         raise Aborted(why or f"signal {signal.Signals(signum).name}")
