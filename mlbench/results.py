@@ -150,10 +150,11 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
     record or rank-log folder of that index, whatever a dead run left); returns the result's path. Raises
     PublishError, with nothing placed and the staging folder gone, if it cannot."""
     placed: list[Path] = []
+    log = staging / "mlperf.log"
+    if not log.exists():  # the supervisor begins the log of a run whose rank 0 never did: not expected here
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PublishError(f"run not published: it left no MLPerf log; nothing of it was left in {folder}")
     try:
-        log = staging / "mlperf.log"
-        if not log.exists():
-            log.write_text("")  # a run that died before logging still gets its (empty) result and record
         with open(log, "rb+") as f:
             os.fsync(f.fileno())  # on disk before it is a result
         i = 0

@@ -58,10 +58,12 @@ class RunResult:
     checkpoint_error: str = ""
     published: bool = True  # False: nothing of the run was left in the results folder (e.g. a full disk)
     stopped_by: str = ""  # a stop signal the run received (Ctrl-C, a closed terminal, preemption): the set ends
+    error_after_run_stop: str = ""  # the run reached its target, then a rank failed or a signal came
 
     @property
     def ok(self) -> bool:  # what the command's exit code reports
-        return self.status == "success" and not self.checkpoint_error and self.published
+        return self.status == "success" and not self.checkpoint_error and not self.error_after_run_stop \
+            and self.published
 
 
 def default_system() -> str:
@@ -110,6 +112,8 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "saved_checkpoint": next(({"path": e.get("path"), "seconds": e.get("seconds")} for e in outcome.events
                                   if e.get("event") == "checkpoint_saved"), None),
         "checkpoint_error": outcome.checkpoint_error or None,
+        # a failure after run_stop `success` (the log's status stands): a rank that failed, a signal in teardown
+        "error_after_run_stop": outcome.error_after_run_stop or None,
         # rank 0: the planner's per-GPU estimate and the bytes measured after run_stop (train/measured_memory.py)
         "memory": next(({k: e.get(k) for k in ("estimated", "measured")} for e in outcome.events
                         if e.get("event") == "memory"), None),
@@ -229,8 +233,10 @@ class RunSet:
                 self.announce.write_text(f"{staging}\n")
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
         with Progress(label, console) as progress:
+            # One node: its rank 0 writes the log. Of several, any may hold rank 0 (c10d assigns ranks).
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,
-                                hang_timeout=opts.hang_timeout, on_events=progress.on_events)
+                                hang_timeout=opts.hang_timeout, on_events=progress.on_events,
+                                plan=plan if layout.nodes == 1 else None)
         # The node that hosted global rank 0 has the log and publishes the run. With a c10d rendezvous that
         # need not be --node-rank 0: ranks are assigned in rendezvous order.
         if not plan.log_path.exists() and layout.nodes > 1:  # another node publishes it; this one keeps its logs
@@ -255,7 +261,8 @@ class RunSet:
             return RunResult(folder, "aborted", None, None, False, str(e), published=False,
                              stopped_by=outcome.signal)
         result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
-                           outcome.checkpoint_error, stopped_by=outcome.signal)
+                           outcome.checkpoint_error, stopped_by=outcome.signal,
+                           error_after_run_stop=outcome.error_after_run_stop)
         _summary(console, bench, result)
         return result
 
@@ -292,3 +299,6 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
         console.print(f"  reason: {r.reason}")
     if r.checkpoint_error:
         console.print(Text.assemble("  ", ("checkpoint not saved", "red"), f": {r.checkpoint_error}"))
+    if r.error_after_run_stop:
+        console.print(Text.assemble("  ", ("failed after run_stop", "red"), f" (the result stands): "
+                                    f"{r.error_after_run_stop}"))

@@ -5,6 +5,7 @@ supervisor's prompt end. Real processes where a process is the point."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mlbench
+from conftest import mlbench, mllog
 
 from mlbench import registry
 from mlbench.launch import lifeline, ports, slurm
@@ -281,3 +282,66 @@ def test_a_slurm_client_that_hangs_or_answers_junk_is_one_line_and_leaves_nothin
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and said in out and "Traceback" not in out, out
     assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
+
+
+def _plan(tmp_path: Path):
+    from mlbench.run_plan import RunPlan
+
+    return RunPlan(benchmark=registry.load("gpt3", tiny=True), layout=_layout().as_dict(), seed=5,
+                   run_dir=str(tmp_path), system="s")
+
+
+def test_a_rank_that_dies_before_logging_leaves_a_whole_aborted_log(tmp_path: Path) -> None:
+    """A rank killed while it imports torch wrote no log, and the result was an empty file. The supervisor now
+    writes the preamble rank 0 would have written and run_stop `aborted` with the reason; without the plan (a
+    node of a multi-node run, where another node may hold the log) it writes nothing."""
+    cmd = Command(["bash", "-c", "kill -9 $$"], dict(os.environ), stdout=tmp_path / "out.log",
+                  what="rank 0 (the only rank)")
+    plan = _plan(tmp_path)
+    outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path, plan=plan)
+    assert outcome.status == "aborted" and not outcome.log_error
+    events = mllog(plan.log_path)
+    keys = [e["key"] for e in events]
+    assert keys[:3] == ["cache_clear", "init_start", "submission_org"] and "seed" in keys
+    assert next(e["value"] for e in events if e["key"] == "seed") == 5
+    assert keys[-2:] == ["train_samples", "run_stop"] and keys.count("run_stop") == 1
+    assert events[-1]["metadata"]["status"] == "aborted"
+    assert events[-1]["metadata"]["reason"] == "rank 0 (the only rank) killed by SIGKILL (see the rank logs)"
+    elsewhere = tmp_path / "node1"
+    elsewhere.mkdir()
+    supervise(cmd, log_path=elsewhere / "mlperf.log", events_path=elsewhere / "events.jsonl")
+    assert not (elsewhere / "mlperf.log").exists()
+
+
+def test_a_failure_after_a_successful_run_stop_keeps_the_logs_status(tmp_path: Path) -> None:
+    """Rank 0 wrote run_stop `success`, then failed (the measured-memory record, a peer in teardown): the log said
+    success and the record aborted. The record now keeps the log's status and says what failed after it."""
+    plan = _plan(tmp_path)
+    script = (f"import json, sys; open({str(plan.events_path)!r}, 'a').write(json.dumps({{'event': 'stopped', "
+              f"'status': 'success', 'step': 3, 'reason': ''}}) + chr(10)); "
+              f"print('RuntimeError: injected after run_stop', file=sys.stderr); sys.exit(3)")
+    cmd = Command([sys.executable, "-c", script], dict(os.environ), stdout=tmp_path / "out.log",
+                  what="rank 0 (the only rank)")
+    outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path)
+    assert outcome.status == "success" and outcome.exit_code == 3
+    assert outcome.error_after_run_stop == "rank 0 (the only rank) exited with code 3: RuntimeError: injected " \
+                                           "after run_stop", outcome.error_after_run_stop
+
+
+def test_a_run_whose_rank_dies_at_start_publishes_its_aborted_log(tmp_path: Path) -> None:
+    """Through the CLI: the rank exits as the interpreter starts (a sitecustomize on its path), before torch. The
+    result is the preamble and run_stop `aborted` with the reason, and `score` judges it: no timed region."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os, sys\nif 'mlbench.train' in sys.orig_argv:\n    os._exit(7)\n")
+    out = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), "--system", "s", "--seed", "1",
+                  env={"PYTHONPATH": str(site)})
+    assert out.returncode == 1, out.stdout + out.stderr
+    folder = tmp_path / "r" / "s" / "gpt3"
+    events = mllog(folder / "result_0.txt")
+    assert events[0]["key"] == "cache_clear" and events[-1]["key"] == "run_stop"
+    reason = "rank 0 (the only rank) exited with code 7 (a rank failed; see the rank logs)"
+    assert events[-1]["metadata"]["status"] == "aborted" and events[-1]["metadata"]["reason"] == reason
+    assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+    score = mlbench("score", str(folder))
+    assert score.returncode == 0 and "no run_start: the run never started its timed region" in score.stdout

@@ -142,3 +142,16 @@ def test_zarr_arrays_read_by_slice_across_chunks(tmp_path: Path) -> None:
     wide = torch.randn(400, 16)  # over 200 rows: chunks [50, 2]
     write_array(tmp_path / "wide", wide.numpy())
     assert torch.equal(read(tmp_path / "wide", (slice(37, 301), slice(3, 9))), wide[37:301, 3:9])
+
+
+def test_finalize_aborted_ends_a_log_that_never_reached_run_start(tmp_path: Path) -> None:
+    """A rank killed during init, after its preamble: the log had no run_stop, as rank 0 itself writes for a run
+    that fails there."""
+    log_path = tmp_path / "log.txt"
+    log = MLPerfLog(log_path)
+    log.event("seed", 1)
+    log.close()
+    assert finalize_aborted(log_path, "killed in init")
+    assert [e["key"] for e in read(log_path)] == ["seed", "train_samples", "run_stop"]
+    assert not finalize_aborted(tmp_path / "never-begun.txt", "no plan: left alone")
+    assert not (tmp_path / "never-begun.txt").exists()

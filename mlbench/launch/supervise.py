@@ -9,8 +9,9 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
   checkpoint is saved after run_stop, for `init_timeout` seconds;
 - it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
   that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM: `--signal=USR1@60` in a job).
-Whatever the cause, a log with `run_start` but no `run_stop` gets `run_stop` with status `aborted` and the
-reason, written after every rank is gone, so one writer at a time still holds.
+Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
+never began gets the preamble it would have written first, where the supervisor is given the plan), written
+after every rank is gone, so one writer at a time still holds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from mlbench import results
 from mlbench.launch import lifeline
 from mlbench.mlperf_log import finalize_aborted
-from mlbench.run_plan import stop_reason_path
+from mlbench.run_plan import RunPlan, stop_reason_path
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
 # What stops a run cleanly (logged aborted with the signal's name, published): every signal whose default is to
@@ -47,6 +48,7 @@ class Outcome:
     checkpoint_error: str = ""  # a checkpoint save after run_stop failed (the run's own status stands)
     log_error: str = ""  # the log could not be completed (run_stop not written, e.g. a full disk)
     signal: str = ""  # the stop signal received (SIGINT: Ctrl-C), whatever the run's status: a set ends with it
+    error_after_run_stop: str = ""  # a failure after run_stop `success` (not the checkpoint's): the status stands
 
 
 @dataclass
@@ -194,12 +196,12 @@ def _tell_ranks(events_path: Path, reason: str) -> None:
         stop_reason_path(events_path).write_text(reason)
 
 
-def _complete_log(log_path: Path, reason: str) -> str:
-    """Ends a log that has run_start but no run_stop with run_stop `aborted`; returns why the log is still not
-    whole ("" when it is), e.g. a full disk."""
+def _complete_log(log_path: Path, reason: str, plan: RunPlan | None) -> str:
+    """Ends a log that has no run_stop with run_stop `aborted` (`finalize_aborted`); returns why the log is
+    still not whole ("" when it is), e.g. a full disk."""
     try:
         with results.log_write_errors_silenced():
-            finalize_aborted(log_path, reason)
+            finalize_aborted(log_path, reason, plan)
     except OSError as e:
         return f"the log could not be completed: {e.strerror or e}"
     problem = results.log_problem(log_path, "run_stop")
@@ -215,8 +217,10 @@ def supervise(
     init_timeout: float = 1800.0,
     on_events: Callable[[list[dict]], None] | None = None,
     poll_s: float = 0.2,
+    plan: RunPlan | None = None,
 ) -> Outcome:
-    """Run `argv` and return how the run ended; the MLPerf log is complete afterwards."""
+    """Run `argv` and return how the run ended; the MLPerf log is complete afterwards. PLAN: the run's, where
+    this supervisor's rank 0 writes the log (it begins the log if the rank never did)."""
     tail = EventTail(events_path)
     received: list[str] = []
 
@@ -230,8 +234,8 @@ def supervise(
     except OSError as e:  # a full disk (its output files), a missing program: the run never started
         for s, handler in previous.items():
             signal.signal(s, handler)
-        return Outcome(status="aborted", exit_code=127,
-                       reason=f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})")
+        reason = f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})"
+        return Outcome(status="aborted", exit_code=127, reason=reason, log_error=_complete_log(log_path, reason, plan))
     except BaseException:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -281,15 +285,18 @@ def supervise(
         reason = last.get("reason", "")
     if not reason and code != 0:
         reason = _exit_reason(cmd.what, code, cmd.stdout)
-    log_error = _complete_log(log_path, reason or "run ended without run_stop")
+    log_error = _complete_log(log_path, reason or "run ended without run_stop", plan)
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
         failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
         checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd.what, code)
-    # Once a checkpoint save began, run_stop was written: the run's status is the log's, whatever the save did.
+    # Once run_stop `success` is written, the run's status is the log's, whatever came after it (the checkpoint
+    # save, the measured-memory record, a signal in teardown); a failure there is said apart.
     stop_signal = received[0] if received else ""
-    if last is not None and last["status"] == "success" and (saving or code == 0 and not received):
+    if last is not None and last["status"] == "success":
+        after = "" if checkpoint_error or code == 0 and not received else \
+            reason or _exit_reason(cmd.what, code, cmd.stdout)
         return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error,
-                       log_error=log_error, signal=stop_signal)
+                       log_error=log_error, signal=stop_signal, error_after_run_stop=after)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
                    events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error, signal=stop_signal)
