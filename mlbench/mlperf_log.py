@@ -115,19 +115,19 @@ def read(path: str | Path) -> list[dict]:
     return logfile.read(path)
 
 
-def finalize_aborted(path: str | Path, reason: str, plan: RunPlan | None = None) -> bool:
+def finalize_aborted(path: str | Path, reason: str, plan: RunPlan | None = None, *, begin: bool = False) -> bool:
     """If the log has no run_stop, append train_samples (the checker wants exactly one) and run_stop with status
     aborted, as rank 0 itself does for a run that fails (before run_start too). Returns whether it did.
 
-    A log rank 0 never began (missing or empty: a rank killed while it imported) is begun from PLAN first, with
-    the preamble rank 0 would have written, so the result says which run died and why. Without PLAN (on a node of
-    a multi-node run, where another node may hold the log) such a log is left alone.
+    With BEGIN, a log rank 0 never began (missing or empty: a rank killed while it imported) is begun from PLAN
+    first, with the preamble rank 0 would have written, so the result says which run died and why. Without it (a
+    node of a multi-node run, where another node may hold the log) such a log is left alone.
 
     Called by the supervisor after every rank is gone, so one writer at a time still holds.
     """
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
-        if plan is None:
+        if plan is None or not begin:
             return False
         write_preamble(plan, MLPerfLog(path)).close()
     events = read(path)
@@ -136,9 +136,10 @@ def finalize_aborted(path: str | Path, reason: str, plan: RunPlan | None = None)
         return False
     log = MLPerfLog(path)
     try:
-        if C.TRAIN_SAMPLES not in keys:
+        if C.TRAIN_SAMPLES not in keys:  # the last logged step's samples, in the unit rank 0 logs them in
             steps = [e for e in events if e.get("key") == "tracked_stats"]
-            log.event(C.TRAIN_SAMPLES, value=steps[-1]["metadata"].get("samples_count", 0) if steps else 0)
+            samples = steps[-1]["metadata"].get("samples_count", 0) if steps else 0
+            log.event(C.TRAIN_SAMPLES, value=samples * (plan.benchmark.eval_unit_size if plan else 1))
         log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": reason})
     finally:
         log.close()

@@ -236,7 +236,7 @@ class RunSet:
             # One node: its rank 0 writes the log. Of several, any may hold rank 0 (c10d assigns ranks).
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,
                                 hang_timeout=opts.hang_timeout, on_events=progress.on_events,
-                                plan=plan if layout.nodes == 1 else None)
+                                plan=plan, owns_log=layout.nodes == 1)
         # The node that hosted global rank 0 has the log and publishes the run. With a c10d rendezvous that
         # need not be --node-rank 0: ranks are assigned in rendezvous order.
         if not plan.log_path.exists() and layout.nodes > 1:  # another node publishes it; this one keeps its logs

@@ -251,6 +251,11 @@ class Benchmark:
     def converged(self, value: float) -> bool:
         return reached(value, self.quality.target, self.quality.direction)
 
+    @property
+    def eval_unit_size(self) -> int:
+        """Samples in the unit the log counts them in (eval metadata, train_samples): gpt3's count tokens."""
+        return self.model.seq_length if self.mlperf.eval_unit == "tokens" else 1
+
 
 # ---- expressions ----------------------------------------------------------------------------------------
 # Learning-rate and schedule rules scale with the global batch (Llama 3.1 405B: lr = gbs * 8e-5 / 1152).

@@ -298,7 +298,7 @@ def test_a_rank_that_dies_before_logging_leaves_a_whole_aborted_log(tmp_path: Pa
     cmd = Command(["bash", "-c", "kill -9 $$"], dict(os.environ), stdout=tmp_path / "out.log",
                   what="rank 0 (the only rank)")
     plan = _plan(tmp_path)
-    outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path, plan=plan)
+    outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path, plan=plan, owns_log=True)
     assert outcome.status == "aborted" and not outcome.log_error
     events = mllog(plan.log_path)
     keys = [e["key"] for e in events]
@@ -309,7 +309,7 @@ def test_a_rank_that_dies_before_logging_leaves_a_whole_aborted_log(tmp_path: Pa
     assert events[-1]["metadata"]["reason"] == "rank 0 (the only rank) killed by SIGKILL (see the rank logs)"
     elsewhere = tmp_path / "node1"
     elsewhere.mkdir()
-    supervise(cmd, log_path=elsewhere / "mlperf.log", events_path=elsewhere / "events.jsonl")
+    supervise(cmd, log_path=elsewhere / "mlperf.log", events_path=elsewhere / "events.jsonl", plan=plan)
     assert not (elsewhere / "mlperf.log").exists()
 
 

@@ -155,3 +155,19 @@ def test_finalize_aborted_ends_a_log_that_never_reached_run_start(tmp_path: Path
     assert [e["key"] for e in read(log_path)] == ["seed", "train_samples", "run_stop"]
     assert not finalize_aborted(tmp_path / "never-begun.txt", "no plan: left alone")
     assert not (tmp_path / "never-begun.txt").exists()
+
+
+def test_finalize_aborted_counts_train_samples_in_the_logs_unit(tmp_path: Path) -> None:
+    """gpt3 logs samples as tokens (eval metadata and rank 0's own train_samples); the supervisor's train_samples
+    was in samples: 2048 times too small for a run that rank 0 could not end itself."""
+    from mlbench.run_plan import RunPlan
+
+    bench = registry.load("gpt3", tiny=True)
+    assert bench.eval_unit_size == bench.model.seq_length > 1
+    plan = RunPlan(benchmark=bench, layout={"global_batch_size": 16}, seed=1, run_dir=str(tmp_path), system="s")
+    log = MLPerfLog(tmp_path / "log.txt")
+    log.event("tracked_stats", value={}, metadata={"step": 3, "samples_count": 48})
+    log.close()
+    assert finalize_aborted(tmp_path / "log.txt", "killed", plan)
+    assert next(e for e in read(tmp_path / "log.txt") if e["key"] == "train_samples")["value"] == \
+        48 * bench.model.seq_length

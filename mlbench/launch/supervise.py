@@ -10,7 +10,7 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
 - it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
   that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM: `--signal=USR1@60` in a job).
 Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
-never began gets the preamble it would have written first, where the supervisor is given the plan), written
+never began gets the preamble it would have written first, where it is this node's), written
 after every rank is gone, so one writer at a time still holds.
 """
 
@@ -196,12 +196,12 @@ def _tell_ranks(events_path: Path, reason: str) -> None:
         stop_reason_path(events_path).write_text(reason)
 
 
-def _complete_log(log_path: Path, reason: str, plan: RunPlan | None) -> str:
+def _complete_log(log_path: Path, reason: str, plan: RunPlan | None, owns_log: bool) -> str:
     """Ends a log that has no run_stop with run_stop `aborted` (`finalize_aborted`); returns why the log is
     still not whole ("" when it is), e.g. a full disk."""
     try:
         with results.log_write_errors_silenced():
-            finalize_aborted(log_path, reason, plan)
+            finalize_aborted(log_path, reason, plan, begin=owns_log)
     except OSError as e:
         return f"the log could not be completed: {e.strerror or e}"
     problem = results.log_problem(log_path, "run_stop")
@@ -218,9 +218,10 @@ def supervise(
     on_events: Callable[[list[dict]], None] | None = None,
     poll_s: float = 0.2,
     plan: RunPlan | None = None,
+    owns_log: bool = False,
 ) -> Outcome:
-    """Run `argv` and return how the run ended; the MLPerf log is complete afterwards. PLAN: the run's, where
-    this supervisor's rank 0 writes the log (it begins the log if the rank never did)."""
+    """Run `argv` and return how the run ended; the MLPerf log is complete afterwards. PLAN: the run's; OWNS_LOG:
+    this supervisor's rank 0 writes the log (one node), so a log the rank never began is begun for it."""
     tail = EventTail(events_path)
     received: list[str] = []
 
@@ -235,7 +236,8 @@ def supervise(
         for s, handler in previous.items():
             signal.signal(s, handler)
         reason = f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})"
-        return Outcome(status="aborted", exit_code=127, reason=reason, log_error=_complete_log(log_path, reason, plan))
+        return Outcome(status="aborted", exit_code=127, reason=reason,
+                       log_error=_complete_log(log_path, reason, plan, owns_log))
     except BaseException:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -285,7 +287,7 @@ def supervise(
         reason = last.get("reason", "")
     if not reason and code != 0:
         reason = _exit_reason(cmd.what, code, cmd.stdout)
-    log_error = _complete_log(log_path, reason or "run ended without run_stop", plan)
+    log_error = _complete_log(log_path, reason or "run ended without run_stop", plan, owns_log)
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
         failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)

@@ -37,8 +37,7 @@ def _rcp_file(benchmark: str, ruleset: str) -> Path:
 
 def rcp_points(bench: Benchmark) -> list[RCPPoint]:
     """The pruned RCPs, in samples (gpt3's count tokens: divided by the sequence length), by batch."""
-    unit = bench.model.seq_length if bench.mlperf.eval_unit == "tokens" else 1
-    return list(_pruned_rcps(bench.mlperf.benchmark, bench.mlperf.ruleset, unit))
+    return list(_pruned_rcps(bench.mlperf.benchmark, bench.mlperf.ruleset, bench.eval_unit_size))
 
 
 @functools.cache  # a plan search asks at every layout it evaluates

@@ -22,7 +22,7 @@ class Reporter:
         bench = plan.benchmark
         gbs = plan.global_batch_size
         self._gbs = gbs
-        self._unit = bench.model.seq_length if bench.mlperf.eval_unit == "tokens" else 1  # eval metadata unit
+        self._unit = bench.eval_unit_size
         self._key = bench.mlperf.eval_metadata_key
         self._step = 0  # the last step trained
         self._stopped = False  # run_stop written
