@@ -87,3 +87,34 @@ def test_cpu_compatibility_layer_stays_off_where_cuda_is_present(monkeypatch) ->
     _cuda_present(monkeypatch)
     assert cpu_compat.enable() is False
     assert cpu_compat.active() == was_active  # nothing patched by this call
+
+
+def test_optimizers_step_as_before_without_importing_dynamo() -> None:
+    """On CPU, the layer keeps torch's optimizers from importing dynamo (0.5 s a process): AdamW's steps give the
+    same parameters as torch's own wrappers, grad mode is restored, and dynamo is never imported. Each in a fresh
+    interpreter (this one has imported dynamo already)."""
+    import subprocess
+    import sys
+
+    train = """
+import sys, torch
+if LAYER:
+    from mlbench.train import cpu_compat
+    cpu_compat._optimizers_without_dynamo()
+p = torch.nn.Parameter(torch.arange(4.0))
+opt = torch.optim.AdamW([p], lr=0.1, weight_decay=0.1)
+for i in range(3):
+    p.grad = torch.full((4,), float(i + 1))
+    opt.step()
+opt.zero_grad()
+opt.load_state_dict(opt.state_dict())
+assert torch.is_grad_enabled()
+print(p.tolist(), "torch._dynamo" in sys.modules)
+"""
+    runs = [subprocess.run([sys.executable, "-c", train.replace("LAYER", layer)], capture_output=True, text=True,
+                           timeout=120) for layer in ("False", "True")]
+    for out in runs:
+        assert out.returncode == 0, out.stderr[-2000:]
+    torch_own, layer = (out.stdout.rsplit(" ", 1) for out in runs)
+    assert torch_own[1].strip() == "True" and layer[1].strip() == "False"  # imported by torch's wrappers alone
+    assert layer[0] == torch_own[0]  # the same parameters, to the last digit

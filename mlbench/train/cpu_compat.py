@@ -10,9 +10,10 @@ checks. Rather than fork megatron-core, this layer redirects those few CUDA requ
   against; activation recompute's backward runs under it too;
 - `torch.cuda.current_device/synchronize/empty_cache` and the RNG-state functions map to CPU equivalents.
 
-Two changes only save time: megatron-core's fused kernels stay uncompiled (its `disable_jit_fuser`, applied
+Three changes only save time: megatron-core's fused kernels stay uncompiled (its `disable_jit_fuser`, applied
 before the import), since they only run with the GPU fusions on and compiling them costs every process
-seconds; and a synchronous all-reduce over a group of one process returns at once.
+seconds; a synchronous all-reduce over a group of one process returns at once; and torch's optimizers run
+without importing dynamo, which they ask for only to keep out of a compiled graph.
 """
 
 from __future__ import annotations
@@ -180,6 +181,50 @@ def _moe_on_cpu() -> None:
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
+def _optimizers_without_dynamo() -> None:
+    """torch's optimizers import dynamo (0.5 s of CPU a process) for what only matters to a torch.compile graph,
+    and nothing here runs compiled:
+    - add_param_group, state_dict, load_state_dict and zero_grad are wrapped by `torch._disable_dynamo`, which
+      imports it at their first call to build the disabled function: each wrapper is handed its own function
+      instead (in the attribute it caches that in);
+    - Adam's and the other optimizers' `step` is wrapped by `_use_grad_for_differentiable`, which imports it at
+      every call for a graph break around the step, a no-op outside a graph: the step runs in the same grad mode
+      without it.
+    Only wrappers found as torch 2.13 makes them are touched; any other stays as it is (and imports dynamo)."""
+    from torch.optim import optimizer as torch_optimizer
+
+    disabled = torch._disable_dynamo(lambda: None).__code__
+    use_grad = torch_optimizer._use_grad_for_differentiable(lambda self: None).__code__
+    classes, seen = [torch_optimizer.Optimizer], set()
+    while classes:
+        cls = classes.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        classes += cls.__subclasses__()
+        for name, wrapper in list(vars(cls).items()):
+            fn, code = getattr(wrapper, "__wrapped__", None), getattr(wrapper, "__code__", None)
+            if fn is None:
+                continue
+            if code is disabled:
+                setattr(fn, "__dynamo_disable", fn)
+            elif code is use_grad:
+                setattr(cls, name, _in_differentiable_grad_mode(fn))
+
+
+def _in_differentiable_grad_mode(step: Any) -> Any:
+    @functools.wraps(step)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        previous = torch.is_grad_enabled()
+        torch.set_grad_enabled(self.defaults["differentiable"])
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(previous)
+
+    return wrapper
+
+
 def enable() -> bool:
     """Activate the layer for the rest of the process if there is no CUDA. Returns whether it is active."""
     global _active
@@ -190,6 +235,7 @@ def enable() -> bool:
         _recompute_under_rewrite()
         _moe_on_cpu()
         _skip_all_reduce_over_one_process()
+        _optimizers_without_dynamo()
         _CudaToCpu().__enter__()  # process-wide: every rank's training runs inside it
         _active = True
     return True
