@@ -237,7 +237,7 @@ def supervise(
             signal.signal(s, handler)
         reason = f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})"
         return Outcome(status="aborted", exit_code=127, reason=reason,
-                       log_error=_complete_log(log_path, reason, plan, owns_log))
+                       log_error=_LogEnd(log_path, plan, owns_log).complete(reason))
     except BaseException:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -279,26 +279,42 @@ def supervise(
     new = tail.poll()
     if new and on_events:
         on_events(new)
-    saving = any(e.get("event") == "checkpoint_saving" for e in tail.events)  # events the loop may have missed
-    code = proc.returncode
-    last = next((e for e in reversed(tail.events) if e.get("event") == "stopped"), None)
+    return _judge(cmd, proc.returncode, tail.events, reason or (f"received {received[0]}" if received else ""),
+                  received[0] if received else "", _LogEnd(log_path, plan, owns_log))
+
+
+@dataclass
+class _LogEnd:
+    """What completes the run's log: its path, the run's plan, whether this node's rank 0 writes it."""
+
+    path: Path
+    plan: RunPlan | None
+    owns: bool
+
+    def complete(self, reason: str) -> str:
+        return _complete_log(self.path, reason, self.plan, self.owns)
+
+
+def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal: str, log: _LogEnd) -> Outcome:
+    """How the run ended, from the command's exit code, rank 0's events and what the supervisor did (REASON,
+    STOP_SIGNAL); the log is completed on the way."""
+    saving = any(e.get("event") == "checkpoint_saving" for e in events)
+    last = next((e for e in reversed(events) if e.get("event") == "stopped"), None)
     # Why it ended, most specific first: what the supervisor did, what rank 0 said, the launcher's exit code.
     if not reason and last is not None:
         reason = last.get("reason", "")
     if not reason and code != 0:
         reason = _exit_reason(cmd.what, code, cmd.stdout)
-    log_error = _complete_log(log_path, reason or "run ended without run_stop", plan, owns_log)
+    log_error = log.complete(reason or "run ended without run_stop")
     checkpoint_error = ""
-    if saving and not any(e.get("event") == "checkpoint_saved" for e in tail.events):
-        failed = next((e for e in tail.events if e.get("event") == "checkpoint_failed"), None)
+    if saving and not any(e.get("event") == "checkpoint_saved" for e in events):
+        failed = next((e for e in events if e.get("event") == "checkpoint_failed"), None)
         checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd.what, code)
     # Once run_stop `success` is written, the run's status is the log's, whatever came after it (the checkpoint
     # save, the measured-memory record, a signal in teardown); a failure there is said apart.
-    stop_signal = received[0] if received else ""
     if last is not None and last["status"] == "success":
-        after = "" if checkpoint_error or code == 0 and not received else \
-            reason or _exit_reason(cmd.what, code, cmd.stdout)
-        return Outcome(status="success", exit_code=code, events=tail.events, checkpoint_error=checkpoint_error,
+        after = "" if checkpoint_error or code == 0 and not stop_signal else reason
+        return Outcome(status="success", exit_code=code, events=events, checkpoint_error=checkpoint_error,
                        log_error=log_error, signal=stop_signal, error_after_run_stop=after)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
-                   events=tail.events, checkpoint_error=checkpoint_error, log_error=log_error, signal=stop_signal)
+                   events=events, checkpoint_error=checkpoint_error, log_error=log_error, signal=stop_signal)
