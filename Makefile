@@ -17,8 +17,8 @@ TORCH_INDEX ?=
 # bytecode, and ranks and tests start side by side. From torch._dynamo on, the list names what brings in the 1.1k
 # modules the suite imported beyond the rest (dynamo, which torch's optimizers import in test processes, not in
 # ranks; scipy and pandas under the RCP checker and the summarizer; megatron-core's checkpointing and BERT): 3 s
-# to compile once, 5 s more of the
-# install; on fresh clones back to back, 314 s of pytest with them warmed against 319 s without.
+# to compile once, 5 s more of the install; on fresh clones back to back, 314 s of pytest with them warmed against
+# 319 s without.
 # An environment's PYTHONDONTWRITEBYTECODE would make every process compile them again (0.2 s each for mlbench
 # alone), so make turns it off for what it runs.
 unexport PYTHONDONTWRITEBYTECODE
