@@ -434,6 +434,15 @@ def _event(payload: bytes, line: int) -> Event | None:
     return _as_event(_parse(payload), line)
 
 
+def whole_record(raw: bytes, line: int) -> Event | None:
+    """Line LINE (without its newline) as an event if it is exactly one record, as mlbench writes them: the token
+    at its start and nowhere else, then a JSON object with a key. None otherwise (a line a full disk cut short and
+    the next one ran into)."""
+    if not raw.startswith(TOKEN_B) or raw.count(TOKEN_B) != 1:
+        return None
+    return _event(raw[_TOKEN_LEN:], line)
+
+
 # 20 digits in a row: maybe an integer beyond 64 bits, which orjson reads as a float (10^29 as
 # 99999999999999991433150857216) where the official tools' json keeps it exact
 _LONG_DIGITS = re.compile(rb"[0-9]{20}")

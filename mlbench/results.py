@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from mlbench import logfile
 from mlbench.errors import UserError
 
 STAGING = ".staging-"
@@ -42,17 +43,21 @@ def log_write_errors_silenced() -> Iterator[None]:
 
 
 def log_problem(path: Path, last_key: str) -> str:
-    """Why the MLPerf log at `path` is not whole ("" when it is): its last line cut off, or, once it has
+    """Why the MLPerf log at `path`, written by mlbench, is not whole ("" when it is): a line that is not one whole
+    record (a write cut short by a full disk, the next line run into it), its last line cut off, or, once it has
     run_start, no `last_key` line (run_stop for a run; run_start for a log that stops there)."""
     if not path.exists() or path.stat().st_size == 0:
         return "" if last_key == "run_stop" else "it is empty"
     started = ended = False
     with open(path, "rb") as f:
-        for line in f:
-            started = started or b'"key": "run_start"' in line
-            ended = ended or f'"key": "{last_key}"'.encode() in line
-    if not line.endswith(b"\n"):
-        return "its last line is cut off (is the disk full?)"
+        for n, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                return "its last line is cut off (is the disk full?)"
+            event = logfile.whole_record(line[:-1], n)
+            if event is None:
+                return f"line {n} is not one whole MLPerf record (is the disk full?)"
+            started = started or event.key == "run_start"
+            ended = ended or event.key == last_key
     if (started or last_key == "run_start") and not ended:
         return f"it has no {last_key} (is the disk full?)"
     return ""

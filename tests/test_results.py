@@ -279,3 +279,25 @@ def test_a_full_disk_while_saving_the_checkpoint_leaves_no_partial_checkpoint(tm
 
 def _assert_readable_run(folder: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["logs", "result_0.json", "result_0.txt"]
+
+
+def test_a_log_with_a_line_cut_short_inside_it_is_not_whole(tmp_path: Path) -> None:
+    """A disk full for a moment: a line's write was cut short and the next line ran into it, and the log was
+    published with the record saying compliance ok (the checker and score skip a broken line). Only the last
+    line was looked at."""
+    from mlbench.mlperf_log import MLPerfLog
+
+    path = tmp_path / "mlperf.log"
+    log = MLPerfLog(path)
+    for key in ("run_start", "tracked_stats", "train_samples", "run_stop"):
+        log.event(key, 1)
+    log.close()
+    assert results.log_problem(path, "run_stop") == ""
+    lines = path.read_bytes().splitlines(keepends=True)
+    cut = lines[1][:40] + lines[2]  # the newline and the rest of line 2 lost
+    path.write_bytes(lines[0] + cut + lines[3])
+    assert results.log_problem(path, "run_stop") == "line 2 is not one whole MLPerf record (is the disk full?)"
+    path.write_bytes(lines[0] + lines[1][:-1] + lines[2] + lines[3])  # only the newline lost
+    assert results.log_problem(path, "run_stop") == "line 2 is not one whole MLPerf record (is the disk full?)"
+    path.write_bytes(b"".join(lines) + lines[3][:30])
+    assert results.log_problem(path, "run_stop") == "its last line is cut off (is the disk full?)"
