@@ -22,6 +22,7 @@ from rich.text import Text
 
 from mlbench import mlperf_tools, registry
 from mlbench.errors import UserError
+from mlbench.launch import lifeline
 from mlbench.logfile import BadField, LogReader, text
 
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
@@ -50,7 +51,10 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False) -> Verdict
     with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
         cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
                                            Path(scratch) / "checker.log", quiet)
-        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace")
+        # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
+        # published (the checker, interrupted, judged a good run non-compliant); it still dies with mlbench.
+        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace",
+                              start_new_session=True, preexec_fn=lifeline.die_with_parent)
     log, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
     messages = _messages(log)
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files

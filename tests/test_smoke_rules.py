@@ -109,3 +109,32 @@ def test_check_says_why_a_tiny_log_with_a_garbled_record_meets_the_closed_rules(
     out = io.StringIO()
     compliance.check_paths(log, "4.1.0", "auto", Console(file=out, width=300))
     assert "note:" not in out.getvalue()
+
+
+def test_ctrl_c_at_the_terminal_does_not_reach_the_checker(tmp_path: Path) -> None:
+    """Ctrl-C while a finished run was checked interrupted the checker too (it shared the terminal's process
+    group): the good run was recorded non-compliant ("the compliance checker crashed: KeyboardInterrupt"). A
+    driver in a session of its own sends SIGINT to its whole group once the checker has started; it holds the
+    signal itself, as `mlbench run` does between runs."""
+    import subprocess
+    import sys
+
+    log = _log(tmp_path, finish=True)
+    driver = f"""
+import os, signal, subprocess, threading, time
+from pathlib import Path
+from mlbench import compliance
+held = []
+signal.signal(signal.SIGINT, lambda *a: held.append(1))
+def interrupt():  # once the checker runs (exec'd: before that a signal would be lost)
+    while not subprocess.run(["pgrep", "-f", "-P", str(os.getpid()), "compliance_checker"],
+                             capture_output=True).stdout:
+        time.sleep(0.005)
+    os.killpg(os.getpgid(0), signal.SIGINT)
+threading.Thread(target=interrupt, daemon=True).start()
+v = compliance.check(Path({str(log)!r}), "4.1.0", smoke=True)
+print(v.ok, len(held), v.messages)
+"""
+    out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120,
+                         start_new_session=True)
+    assert out.stdout.split()[:2] == ["True", "1"], out.stdout + out.stderr[-2000:]
