@@ -6,8 +6,8 @@ half-written file. The record (`result_<i>.json`) is linked first and claims the
 a reader that finds `result_<i>.txt` finds its record too. Publishing is all or nothing: a failure (a full
 disk) removes whatever it had placed and the staging folder, and raises PublishError.
 
-A staging folder is named after its owner (`.staging-<pid>-<start time>-<host>-XXXX`), so a later run removes
-the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' alone.
+A staging folder is named after its owner (`.staging-<owner tag>-XXXX`, mlbench.owners), so a later run removes
+the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' and containers' alone.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlbench import logfile
+from mlbench import logfile, owners
 from mlbench.errors import UserError
 
 STAGING = ".staging-"
@@ -107,32 +106,17 @@ def _remove_empty(folder: Path, created: list[Path]) -> None:
             p.rmdir()  # only if empty
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (with the pid, it names one process), or None."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def stage(folder: Path) -> Path:
     """A fresh staging folder on the same filesystem as the results (so publishing is a link), named after
-    this process."""
-    pid = os.getpid()
-    return Path(tempfile.mkdtemp(prefix=f"{STAGING}{pid}-{_start_time(pid)}-{socket.gethostname()}-", dir=folder))
+    this process (`owners.tag`)."""
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING}{owners.tag()}-", dir=folder))
 
 
 def remove_stale(folder: Path) -> list[Path]:
-    """Removes the staging folders whose owner on this host is gone; returns them."""
-    host, removed = socket.gethostname(), []
+    """Removes the staging folders whose owner (on this host and in this PID namespace) is gone; returns them."""
+    removed = []
     for staging in folder.glob(f"{STAGING}*"):
-        try:
-            pid, start, rest = staging.name[len(STAGING):].split("-", 2)
-            owner_host = rest.rsplit("-", 1)[0]
-            alive = _start_time(int(pid)) == start
-        except ValueError:
-            continue  # not named by stage(): not ours to judge
-        if owner_host == host and not alive:
+        if owners.gone(staging.name[len(STAGING):].rpartition("-")[0]):
             shutil.rmtree(staging, ignore_errors=True)
             removed.append(staging)
     return removed

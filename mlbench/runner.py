@@ -8,7 +8,6 @@ import dataclasses
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import socket
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from mlbench.quality import operator
 from mlbench.registry import ROOT
 from mlbench.run_plan import RunPlan
 from mlbench.spec import Benchmark
+from mlbench.train.checkpoint import folder as checkpoint_folder
 
 
 @dataclass
@@ -185,6 +185,8 @@ class RunSet:
 
     def prepare(self, folder: Path) -> None:
         self.folder = folder
+        if self.opts.save_checkpoint:  # what a save killed with its run (kill -9) left beside the destination
+            checkpoint_folder.remove_dead_partials(Path(self.opts.save_checkpoint))
         self.seeds = seeds(self.opts.seed, self.opts.runs)
         self.env_info = environment.collect(ROOT)
 
@@ -245,7 +247,7 @@ class RunSet:
             status = "success" if outcome.exit_code == 0 else "aborted"
             return RunResult(logs or folder, status, None, None, True, outcome.reason, stopped_by=outcome.signal)
         if outcome.checkpoint_error:
-            _remove_partial_checkpoint(Path(opts.save_checkpoint))
+            checkpoint_folder.remove_dead_partials(Path(opts.save_checkpoint))
         try:
             if outcome.log_error:
                 results.discard(staging)
@@ -275,15 +277,6 @@ def _verdict(log: Path, bench: Benchmark) -> compliance.Verdict:
         return compliance.Verdict(path=log, ok=False, rules="smoke rules" if smoke else
                                   f"training {bench.mlperf.ruleset} rules",
                                   messages=[f"the compliance checker could not run: {e.strerror or e}"])
-
-
-def _remove_partial_checkpoint(dest: Path) -> None:
-    """A save that failed (a full disk) or was stopped leaves its staging folder beside the destination
-    (`.NAME.partial-PID`, PID rank 0's): removed once that process is gone, as every process of the run is by now."""
-    for partial in dest.parent.glob(f".{dest.name}.partial-*"):
-        pid = partial.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:

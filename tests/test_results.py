@@ -301,3 +301,57 @@ def test_a_log_with_a_line_cut_short_inside_it_is_not_whole(tmp_path: Path) -> N
     assert results.log_problem(path, "run_stop") == "line 2 is not one whole MLPerf record (is the disk full?)"
     path.write_bytes(b"".join(lines) + lines[3][:30])
     assert results.log_problem(path, "run_stop") == "its last line is cut off (is the disk full?)"
+
+
+def _dead_tag() -> str:
+    """The owner tag of a process that has exited (as after kill -9)."""
+    out = subprocess.run([sys.executable, "-c", "from mlbench import owners; print(owners.tag())"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_leftovers_of_a_container_on_this_host_are_left_alone(tmp_path: Path) -> None:
+    """A run in another PID namespace with this host's name (a container) numbers its processes anew: its live
+    staging folder looked dead from here and was deleted by any other run into the folder. Owners are judged only
+    in this namespace; a real one made with `unshare` where this machine allows it."""
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    container = folder / f"{results.STAGING}1-5-{socket.gethostname()}@1-abcd"  # pid 1 of another namespace
+    container.mkdir()
+    dead = folder / f"{results.STAGING}{_dead_tag()}-abcd"
+    dead.mkdir()
+    real = None
+    unshared = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                                 f"import time; from pathlib import Path; from mlbench import results; "
+                                 f"print(results.stage(Path({str(folder)!r})), flush=True); time.sleep(30)"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = unshared.stdout.readline().strip()
+        real = Path(line) if line else None
+        assert results.remove_stale(folder) == [dead]
+        assert container.is_dir() and (real is None or real.is_dir())
+    finally:
+        unshared.kill()
+        unshared.wait()
+
+
+def test_a_save_killed_with_its_run_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    """`kill -9` of mlbench while it saved a checkpoint left `.ckpt.partial-PID` for good: only a run whose own
+    save failed removed partials. A run that saves there now removes dead owners' first; a live save's, another
+    host's and another container's stay."""
+    from mlbench import owners, registry
+    from mlbench.layout import resolve
+    from mlbench.runner import RunOptions, RunSet, local_commands
+
+    dest = tmp_path / "ckpt"
+    prefix = f".{dest.name}.partial-"
+    dead, live = tmp_path / f"{prefix}{_dead_tag()}", tmp_path / f"{prefix}{owners.tag()}"
+    other_host = tmp_path / f"{prefix}{os.getpid()}-1-elsewhere@1"
+    for p in (dead, live, other_host):
+        p.mkdir()
+        (p / "common.pt").write_bytes(b"x")
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench)
+    opts = RunOptions(results=tmp_path / "r", system="s", save_checkpoint=str(dest))
+    RunSet(bench, layout, opts, None, local_commands(layout, opts)).prepare(tmp_path / "r")
+    assert not dead.exists() and live.is_dir() and other_host.is_dir()

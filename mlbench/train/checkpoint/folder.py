@@ -4,7 +4,10 @@ is a distributed checkpoint (metadata.json) in a backend this megatron-core read
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+from mlbench import owners
 
 
 class CheckpointError(Exception):
@@ -52,3 +55,16 @@ def load_error(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.endswith("WeightsUnpickler error:")]
     return f"{type(e).__name__}: {(after or lines or [''])[0]}"[:200]
+
+
+def partial_prefix(dest: Path) -> str:
+    """A save in progress is staged beside its destination as `.NAME.partial-<owner tag>` (mlbench.owners)."""
+    return f".{dest.name}.partial-"
+
+
+def remove_dead_partials(dest: Path) -> None:
+    """Removes the staging folders of saves to DEST whose process is gone (a failed save, a run killed with -9);
+    another host's or container's, and a live one, are left alone."""
+    for partial in dest.parent.glob(f"{partial_prefix(dest)}*"):
+        if owners.gone(partial.name[len(partial_prefix(dest)):]):
+            shutil.rmtree(partial, ignore_errors=True)

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from mlbench import owners
+from mlbench.train.checkpoint import folder
 from mlbench.train.checkpoint.folder import CheckpointError, check_readable, load_error
 
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
@@ -380,7 +382,7 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
     def start() -> Path:
         if dest.exists():
             raise CheckpointError(f"--save-checkpoint {dest}: exists; a checkpoint is never overwritten")
-        staging = dest.with_name(f".{dest.name}.partial-{os.getpid()}")  # unique to this save
+        staging = dest.with_name(f"{folder.partial_prefix(dest)}{owners.tag()}")  # unique to this save
         staging.mkdir(parents=True)
         return staging
 
