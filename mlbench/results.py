@@ -113,10 +113,12 @@ def stage(folder: Path) -> Path:
 
 
 def remove_stale(folder: Path) -> list[Path]:
-    """Removes the staging folders whose owner (on this host and in this PID namespace) is gone; returns them."""
+    """Removes the staging folders whose owner (on this host and in this PID namespace) is gone, finishing the
+    publishing of a result it had begun to place; returns them."""
     removed = []
     for staging in folder.glob(f"{STAGING}*"):
         if owners.gone(staging.name[len(STAGING):].rpartition("-")[0]):
+            _finish_publishing(folder, staging)
             shutil.rmtree(staging, ignore_errors=True)
             removed.append(staging)
     return removed
@@ -177,17 +179,46 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder}); nothing of it was "
                            f"left in {folder}") from None
+    _keep_rank_logs(folder, staging, i, record.get("status") != "success")
+    shutil.rmtree(staging, ignore_errors=True)
+    return folder / f"result_{i}.txt"
+
+
+def _keep_rank_logs(folder: Path, staging: Path, i: int, failed: bool) -> None:
+    """The rank logs, kept where they can be (the result stands without them), as logs/result_<i>; a failed run's
+    launcher log with them (a rendezvous that failed says why there alone)."""
     ranks = staging / "ranks"
-    with contextlib.suppress(OSError):  # a failed run's launcher log beside the ranks' (a rendezvous that failed)
-        if record.get("status") != "success" and (staging / "launcher.log").stat().st_size:
+    with contextlib.suppress(OSError):
+        if failed and (staging / "launcher.log").stat().st_size:
             ranks.mkdir(exist_ok=True)
             (staging / "launcher.log").rename(ranks / "launcher.log")
-    if ranks.is_dir():  # the rank logs are kept where they can be; the result stands without them
+    if ranks.is_dir():
         with contextlib.suppress(OSError):
             (folder / "logs").mkdir(exist_ok=True)
             ranks.rename(folder / "logs" / f"result_{i}")
-    shutil.rmtree(staging, ignore_errors=True)
-    return folder / f"result_{i}.txt"
+
+
+def _finish_publishing(folder: Path, staging: Path) -> None:
+    """A publisher killed between its two links left a record without its log: the log is linked after it (both
+    were on disk before the first link), or, where that name was taken meanwhile, the record is taken back. One
+    killed after both finds its result whole: only its rank logs are moved."""
+    for staged in staging.glob("result_*.json"):
+        placed, log = folder / staged.name, folder / f"{staged.stem}.txt"
+        with contextlib.suppress(OSError):
+            if not placed.samefile(staged):
+                continue  # the record never claimed its index
+            try:
+                if not (log.exists() or log.is_symlink()):
+                    os.link(staging / "mlperf.log", log)
+                elif not log.samefile(staging / "mlperf.log"):
+                    placed.unlink()  # the index is another result's: this record gives it up
+                    continue
+            except OSError:
+                placed.unlink()  # the log cannot be placed: the record goes too (complete or absent)
+                continue
+            _fsync_dir(folder)
+            status = json.loads(staged.read_text()).get("status")
+            _keep_rank_logs(folder, staging, int(staged.stem.split("_")[1]), status != "success")
 
 
 def _fsync_dir(folder: Path) -> None:

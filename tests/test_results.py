@@ -355,3 +355,31 @@ def test_a_save_killed_with_its_run_is_removed_by_the_next_run(tmp_path: Path) -
     opts = RunOptions(results=tmp_path / "r", system="s", save_checkpoint=str(dest))
     RunSet(bench, layout, opts, None, local_commands(layout, opts)).prepare(tmp_path / "r")
     assert not dead.exists() and live.is_dir() and other_host.is_dir()
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "another result took the index"])
+def test_a_publisher_killed_between_its_two_links_is_finished_by_the_next_run(tmp_path: Path, meanwhile: str) -> None:
+    """kill -9 between linking the record and the log left result_0.json without result_0.txt for good (the next
+    run removed the staging folder and took index 1). The next run now finishes the dead run's publishing from its
+    staging folder, or, where the log's name was taken meanwhile, takes the record back."""
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    staging = folder / f"{results.STAGING}{_dead_tag()}-abcd"  # as the dead publisher left it
+    staging.mkdir()
+    (staging / "mlperf.log").write_text(LOG)
+    (staging / "ranks" / "0").mkdir(parents=True)
+    (staging / "result_0.json").write_text(json.dumps({"status": "aborted", "result": "result_0.txt", "index": 0}))
+    os.link(staging / "result_0.json", folder / "result_0.json")
+    if meanwhile != "nothing":
+        (folder / "result_0.txt").write_text("another run's log\n")
+    with results.result_folder(tmp_path, "sys", "gpt3"):
+        pass
+    assert not staging.exists()
+    if meanwhile == "nothing":
+        assert (folder / "result_0.txt").read_text() == LOG
+        assert json.loads((folder / "result_0.json").read_text())["status"] == "aborted"
+        assert (folder / "logs" / "result_0" / "0").is_dir()
+        _assert_readable(folder)
+    else:
+        assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt"]
+        assert (folder / "result_0.txt").read_text() == "another run's log\n"
