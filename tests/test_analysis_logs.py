@@ -176,3 +176,28 @@ def test_analysis_never_imports_the_training_code():
             "or m.startswith('mlbench.train')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_a_stray_log_in_a_folder_of_our_runs_is_left_out_with_a_note(tmp_path):
+    """mlbench publishes the record before the log, so in a folder of its runs a log without a record is not one
+    of them: with one beside tiny runs, score judged the whole set by the closed rules (a set is tiny only if every
+    file's record says so) and the real runs non-compliant. A published folder (no records at all) is read whole."""
+    d = _our_set(tmp_path, "sysA", 8, 1.0, 16)
+    for i in range(3):
+        (d / f"result_{i}.json").write_text(json.dumps({"devices": 8, "variant": "tiny"}))
+    (d / "result_3.txt").write_text(tiny_log())  # a copy, no record
+    note = ("result_3.txt: left out: no run record (result_3.json) beside it, as every run mlbench publishes in "
+            "this folder has (a stray or copied log)")
+    rs = find_sets(d)[0]
+    assert [f.name for f in rs.files] == ["result_0.txt", "result_1.txt", "result_2.txt"] and rs.smoke
+    assert rs.left_out == [note]
+    res = CliRunner().invoke(score_cmd, [str(d), "--json"])
+    assert res.exit_code == 0, res.output
+    scored = json.loads(res.output)[0]
+    assert [r["file"] for r in scored["runs"]] == ["result_0.txt", "result_1.txt", "result_2.txt"]
+    assert note in scored["notes"]
+    res = CliRunner().invoke(scaling_cmd, [str(d), str(_our_set(tmp_path, "sysB", 16, 0.55, 16))])
+    assert res.exit_code == 0 and "left out: no run record" in res.output.replace("\n", " "), res.output
+    for i in range(3):
+        (d / f"result_{i}.json").unlink()
+    assert len(find_sets(d)[0].files) == 4  # no records: a published folder, every log read

@@ -203,7 +203,9 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
     for r in runs:
         e.problems += [f"{r.name}: {p}" for p in r.problems]
     if with_score and kind == "set":
-        e.score = score_set(rs, ruleset)
+        e.score = score_set(rs, ruleset)  # its notes say which files were left out
+    else:
+        e.problems += rs.left_out
     return e
 
 

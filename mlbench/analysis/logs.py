@@ -332,6 +332,7 @@ class ResultSet:
     system: str
     org_root: Path | None  # the organisation folder when the set sits in a submission tree
     steps: bool = True  # read per-step records (compare, scaling); scoring does not need them
+    left_out: list[str] = field(default_factory=list)  # files of the folder not read, and why
 
     @cached_property
     def runs(self) -> list[RunLog]:
@@ -443,12 +444,19 @@ def _natural(files: list[Path]) -> list[Path]:
 
 def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     folder = folder.resolve()
+    # mlbench publishes a run's record before its log: in a folder of its runs, a log without a record beside it
+    # was not published by it (left by hand, or a copy), and would be scored as a run of unknown kind
+    recorded = [f for f in files if f.with_suffix(".json").is_file()]
+    strays = [f for f in files if f not in recorded] if recorded else []
+    files = [f for f in files if f not in strays]
+    left_out = [f"{f.name}: left out: no run record ({f.with_suffix('.json').name}) beside it, as every run "
+                f"mlbench publishes in this folder has (a stray or copied log)" for f in strays]
     system = folder.parent.name
     org_root = None
     # ORG/results/<system>/<benchmark>/result_*.txt
     if folder.parent.parent.name == "results" and (folder.parent.parent.parent / "systems").is_dir():
         org_root = folder.parent.parent.parent
     return ResultSet(folder=folder, files=[f.resolve() for f in files], system=system, org_root=org_root,
-                     steps=steps)
+                     steps=steps, left_out=left_out)
 
 

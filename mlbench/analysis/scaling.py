@@ -75,6 +75,7 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
         raise UserError(f"{rs.folder}: device count unknown (no systems/<system>.json, no run record with "
                         "'devices'); give it with --devices, one per PATH")
     ok = [r for r in rs.runs if r.status == "success" and r.ttt_min is not None]
+    notes += [f"{rs.label}: {n}" for n in rs.left_out]
     for r in rs.runs:
         for p in r.problems:
             notes.append(f"{rs.label}/{r.name}: {p}")

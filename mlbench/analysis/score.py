@@ -161,7 +161,7 @@ def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
 def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = None,
               jobs: int | None = None) -> SetScore:
     runs = rs.runs
-    notes: list[str] = []
+    notes: list[str] = list(rs.left_out)
     benchmark = _benchmark(rs, runs, notes)
     ruleset = ruleset or infer_ruleset(rs.folder, benchmark)
     if benchmark and ruleset not in mlperf_tools.rulesets_with(benchmark):
