@@ -345,3 +345,26 @@ def test_a_run_whose_rank_dies_at_start_publishes_its_aborted_log(tmp_path: Path
     assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
     score = mlbench("score", str(folder))
     assert score.returncode == 0 and "no run_start: the run never started its timed region" in score.stdout
+
+
+def test_a_slurm_jobs_state_is_read_once_it_has_ended(tmp_path: Path, monkeypatch) -> None:
+    """sbatch --wait returns as the job leaves RUNNING; its state was read at once: "COMPLETING, exit code 0:9"
+    for a driver killed with -9 (FAILED in the end), and the summary read before the driver had written it. A
+    scontrol that says COMPLETING twice (a stand-in: the real cluster rarely shows it long enough to test)."""
+    import io
+
+    from rich.console import Console
+
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\necho x >> {calls}\nif [ "$(wc -l < {calls})" -le 2 ]; then\n'
+        '  echo "JobId=5 JobState=COMPLETING ExitCode=0:9"\nelse\n  echo "JobId=5 JobState=FAILED ExitCode=0:9"\nfi\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    said = io.StringIO()
+    assert slurm._ended_state("5", Console(file=said)) == "FAILED, exit code 0:9"
+    assert said.getvalue() == "SLURM job 5: COMPLETING; waiting for it to end\n"
+    calls.unlink()
+    assert slurm._ended_state("5", Console(file=io.StringIO()), limit_s=0) == "COMPLETING, exit code 0:9"

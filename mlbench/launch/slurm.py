@@ -284,6 +284,9 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
                 proc.wait()
                 raise UserError(f"SLURM job {job_id} cannot start ({state[1]}); cancelled it. Check --nodes, "
                                 f"--partition and --account against `sinfo`")
+        # sbatch returns as the job's state leaves RUNNING (or when it is interrupted itself); the driver may still
+        # be publishing its last run while the job is COMPLETING. Its state, and its summary, are read once ended.
+        state = _ended_state(job_id, console)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -293,9 +296,28 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
         with open(out) as f:
             f.seek(pos)
             console.out(f.read(), end="", highlight=False)
-    console.print(f"SLURM job {job_id}: {final_state(job_id) or 'ended'} (sbatch exit code {proc.returncode})",
-                  highlight=False)
+    console.print(f"SLURM job {job_id}: {state or 'ended'} (sbatch exit code {proc.returncode})", highlight=False)
     return proc.returncode
+
+
+# States of a job that has not ended (its processes may still run: COMPLETING waits for them)
+_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                     "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD"})
+END_WAIT_S = 120.0  # for the job to end after sbatch returned: the driver stops its run and publishes it
+
+
+def _ended_state(job_id: str, console: Console, limit_s: float = END_WAIT_S) -> str:
+    """`final_state` once the job has ended (waiting up to LIMIT_S, saying so), or its state then."""
+    deadline, said = time.monotonic() + limit_s, False
+    while True:
+        state = final_state(job_id)
+        word = state.split(",")[0]
+        if word not in _ACTIVE or time.monotonic() > deadline:
+            return state
+        if not said:
+            console.print(f"SLURM job {job_id}: {word}; waiting for it to end", highlight=False)
+            said = True
+        time.sleep(0.5)
 
 
 def final_state(job_id: str) -> str:
