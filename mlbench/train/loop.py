@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -57,14 +58,25 @@ def train(plan: RunPlan) -> int:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:
-            report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=_reason(e))
-            print(f"[rank {rank}] checkpoint not saved: {_reason(e)}", file=sys.stderr, flush=True)
+            why = _reason(e) + _free_space(plan.save_checkpoint)
+            report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=why)
+            print(f"[rank {rank}] checkpoint not saved: {why}", file=sys.stderr, flush=True)
             os._exit(4)
         report.emit("checkpoint_saved", path=plan.save_checkpoint, seconds=time.perf_counter() - t0)
     report.close()
     if dist.is_initialized():
         dist.barrier()  # every rank's last collective is done: nothing left that needs a peer
     return 0 if status == "success" else 1  # the entry point exits without interpreter teardown
+
+
+def _free_space(path: str) -> str:
+    """How much room the disk holding PATH has left, for a failed save's reason: a full disk fails inside torch's
+    writer with messages such as "unexpected pos 704 vs 598" that do not say so."""
+    try:
+        st = os.statvfs(Path(path).parent)
+    except OSError:
+        return ""
+    return f" (the disk holding {path} has {st.f_bavail * st.f_frsize / 1e6:,.1f} MB free)"
 
 
 def _reason(e: BaseException) -> str:
