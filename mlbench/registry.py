@@ -63,13 +63,19 @@ def names(directory: Path | None = None) -> list[str]:
 
 def _read(path: Path) -> dict:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+        text = path.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=_Loader)
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the benchmark file ({getattr(e, 'strerror', None) or e})") from None
+    except yaml.reader.ReaderError as e:  # a character YAML refuses (a control character, a NUL): its line
+        raise UserError(f"{path}: not valid YAML at line {text.count(chr(10), 0, e.position) + 1}: unacceptable "
+                        f"character #x{ord(e.character) if isinstance(e.character, str) else e.character:04x} "
+                        f"({e.reason})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())  # one line
+        raise UserError(f"{path}: not valid YAML{at}: {problem}") from None
     except (ValueError, RecursionError) as e:  # a value YAML parses but Python cannot build: a 5000-digit integer
         raise UserError(f"{path}: a value the YAML loader cannot build ({str(e).partition(';')[0]})") from None
     if not isinstance(data, dict):

@@ -356,8 +356,11 @@ def _at(names: dict[str, float]) -> str:
     return ", ".join(f"{k} = {v}" for k, v in names.items()) or "no names"
 
 
-# Keys whose expressions must give a number >= this (warm-up 0 and max_steps 0 mean "none" / "the schedule").
-_EXPRESSION_MINIMUM = {"eval.interval_samples": 1}
+# What an expression's value must be: at least 0 (warm-up 0 and max_steps 0 mean "none" / "the schedule"), above 0
+# for these, and a whole number for counts of steps or samples (4.5 steps is a typo, not a budget).
+_POSITIVE = frozenset({"eval.interval_samples", "optimizer.lr"})
+_WHOLE = frozenset({"optimizer.warmup_steps", "optimizer.decay_steps", "train.max_steps", "train.init_checkpoint_step",
+                    "eval.interval_samples", "eval.start_samples"})
 
 
 def expressions(b: Benchmark) -> dict[str, int | float | str]:
@@ -403,10 +406,13 @@ def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -
                 value = _bounded(evaluate(expr, global_batch_size=gbs, **names))
             except (UserError, ValueError) as e:
                 raise UserError(f"{where}: {key}: {e}") from None
-            minimum = _EXPRESSION_MINIMUM.get(key, 0)
-            if value < minimum:
+            positive = key in _POSITIVE
+            if value < 0 or positive and value <= 0:
                 raise UserError(f"{where}: {key} = {expr!r} is {value} at global_batch_size = {gbs}; it must be "
-                                f"{'positive' if minimum else 'at least 0'}")
+                                f"{'positive' if positive else 'at least 0'}")
+            if key in _WHOLE and value != int(value):
+                raise UserError(f"{where}: {key} = {expr!r} is {value} at global_batch_size = {gbs}; it counts "
+                                f"steps or samples: a whole number (ceil() or floor() of it, say)")
 
 
 def resolved(b: Benchmark, global_batch_size: int | None = None) -> dict:
@@ -493,7 +499,9 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
             raise UserError(f"{where}: expected a mapping, got {_shown(value)}")
         (key_tp, item_tp) = typing.get_args(tp)
         if key_tp is int:  # JSON (a run plan) writes every mapping key as a string
-            value = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
+            # ASCII digits only: str.isdigit() takes '²' (which int() refuses) and '١٦' (read as 16)
+            value = {int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else k: v
+                     for k, v in value.items()}
         return {_check_value(f"{where} key", k, key_tp): _check_value(f"{where}.{k}", v, item_tp)
                 for k, v in value.items()}
     if dataclasses.is_dataclass(tp):

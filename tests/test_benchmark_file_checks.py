@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,38 @@ def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path) 
     (benchmarks_copy / "bert.yaml").write_text("\n".join(ln for ln in (benchmarks_copy / "bert.yaml").read_text()
                                                          .split("\ntiny:")[0].splitlines()))
     assert not registry.has_tiny("bert", directory=benchmarks_copy)
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ("max_steps: floor(20000000 / global_batch_size) - ceil(4000 * 1536 / global_batch_size)",
+     "max_steps: 1.5 * 3", "train.max_steps = '1.5 * 3' is 4.5 at global_batch_size = 1; it counts steps or "
+                           "samples: a whole number"),
+    ("lr: max(2e-5, 3e-5 * min(1, max(0, global_batch_size - 3599)))", "lr: 0 * global_batch_size",
+     "optimizer.lr = '0 * global_batch_size' is 0 at global_batch_size = 1; it must be positive"),
+], ids=["fractional-steps", "zero-lr"])
+def test_values_an_expression_cannot_take_are_refused(benchmarks_copy: Path, old: str, new: str,
+                                                      needle: str) -> None:
+    """A budget of 4.5 steps and a learning rate of 0 loaded (the tiny variant overrides both, so the full one)."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace(old, new, 1))
+    with pytest.raises(UserError, match=re.escape(needle)):
+        registry.load("gpt3", directory=benchmarks_copy)
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda t: t + 'x: "\x1b"\n', "not valid YAML at line {n}: unacceptable character #x001b (control characters "
+                                  "are not allowed)"),
+    (lambda t: t.replace("lr_table: {16: 4.0e-4,", 'lr_table: {"\u00b2": 1.0, 16: 4.0e-4,'),
+     "optimizer.lr_table key: expected an integer, got '\u00b2'"),
+    (lambda t: t.replace("lr_table: {16: 4.0e-4,", 'lr_table: {"\u0661\u0666": 1.0, 16: 4.0e-4,'),
+     "optimizer.lr_table key: expected an integer, got '\u0661\u0666'"),
+], ids=["control-character", "superscript-digit-key", "arabic-indic-digits-key"])
+def test_characters_that_are_not_what_they_look_like(benchmarks_copy: Path, edit, said: str) -> None:
+    """A control character was a two-line error without its line; a table key '²' (str.isdigit, which int()
+    refuses) a traceback; '١٦' was read as 16, one of two values for 16 silently dropped."""
+    f = benchmarks_copy / "llama31_8b.yaml"
+    text = edit(f.read_text())
+    f.write_text(text)
+    with pytest.raises(UserError) as e:
+        registry.load("llama31_8b", directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said.format(n=text.count("\n")) in str(e.value), str(e.value)
