@@ -36,6 +36,9 @@ SEED_MAX = 2**32 - 1
 # Devices in one run: 2**20, ten times the largest training clusters built so far (and a bound on the layout's
 # divisor searches).
 MAX_DEVICES = 2**20
+# Sequences a step: 128 times the largest MLPerf LLM batch (gpt3's 8,192), and a bound on what a step's data
+# may hold (2**40 asked a tiny run for 512 TiB).
+MAX_GLOBAL_BATCH = 2**20
 # FP8 tensor cores: compute capability 8.9 (Ada) and newer (Hopper 9.0, Blackwell 10.0); what Transformer
 # Engine's FP8 recipes require.
 FP8_COMPUTE_CAPABILITY = 8.9
@@ -377,6 +380,9 @@ def check_request(bench: Benchmark, req: LayoutRequest) -> None:
     if req.nodes * req.nproc_per_node > MAX_DEVICES:
         raise UserError(f"--nodes {req.nodes} x --nproc-per-node {req.nproc_per_node} = "
                         f"{req.nodes * req.nproc_per_node:,} devices; at most {MAX_DEVICES:,}")
+    if req.global_batch_size is not None and req.global_batch_size > MAX_GLOBAL_BATCH:
+        raise UserError(f"--global-batch-size {req.global_batch_size:,} is beyond any training run: at most "
+                        f"{MAX_GLOBAL_BATCH:,} sequences a step")
     unknown = set(req.features) - {f.name for f in dataclasses.fields(FeaturesSpec)}
     if unknown:
         raise UserError(f"unknown feature {sorted(unknown)[0]!r}; known: "

@@ -41,6 +41,13 @@ def test_layout_that_does_not_divide(tmp_path: Path, flags: list[str], needles: 
     assert not any(tmp_path.iterdir())
 
 
+def test_a_global_batch_beyond_any_run_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """--gbs 2**40 launched; the rank died asking for 512 TiB and the aborted run was published."""
+    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), "--gbs", str(2**40))
+    _assert_clean_error(proc, "--global-batch-size 1,099,511,627,776 is beyond any training run: at most 1,048,576")
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; uses a file in place of a folder instead")
 def test_unwritable_results_folder_as_user(tmp_path: Path) -> None:
     ro = tmp_path / "ro"

@@ -272,6 +272,9 @@ def test_plan_search_keeps_the_expert_parallel_size_given() -> None:
     (("--device", "h100", "--nproc-per-node", "8", "--ep", "2"), "gpt3 is a dense model"),
     (("--device", "h100", "--nodes", "1,2", "--tp", "64"), "world size 1 (nodes 1 x 1 per node) is not a multiple"),
     (("--device", "h100", "--nodes", "8,16,8"), "'8,16,8': 8 is given twice"),  # was the same point three times
+    # a curve of 1999 points searched for minutes in silence; a global batch of 2**40 asked a tiny run for 512 TiB
+    (("--device", "h100", "--nodes", ",".join(map(str, range(1, 100)))), "99 node counts: a curve of at most 64"),
+    (("--device", "h100", "--gbs", str(2**40)), "--global-batch-size 1,099,511,627,776 is beyond any training run"),
     # feature flags no layout can take: each candidate of the search refused them, read as "6336 do not divide"
     (("--device", "h100", "--nproc-per-node", "8", "--recompute-layers", "0"), "--recompute-layers must be at least 1"),
     (("--device", "h100", "--nproc-per-node", "8", "--recompute-layers", "2"), "it needs --recompute full"),

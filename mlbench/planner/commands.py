@@ -19,6 +19,9 @@ from mlbench.preflight import LayoutRequest
 _LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "micro_batch_size")
 
 
+MAX_CURVE_POINTS = 64
+
+
 class _NodeCounts(click.ParamType):
     """--nodes N, or N1,N2,... for a predicted scaling curve."""
 
@@ -33,6 +36,8 @@ class _NodeCounts(click.ParamType):
             self.fail(f"{value!r}: give a node count or a comma-separated list of them (8,16,32)", param, ctx)
         if any(n < 1 for n in counts):
             self.fail(f"{value!r}: node counts must be at least 1", param, ctx)
+        if len(counts) > MAX_CURVE_POINTS:  # each is a layout search of its own
+            self.fail(f"{len(counts)} node counts: a curve of at most {MAX_CURVE_POINTS} points", param, ctx)
         twice = next((n for i, n in enumerate(counts) if n in counts[:i]), None)
         if twice is not None:  # the same point of the curve twice over
             self.fail(f"{value!r}: {twice} is given twice; give each node count once", param, ctx)
