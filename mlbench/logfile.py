@@ -234,12 +234,14 @@ class Take:
     Lines of the layout of a record RECORD took (`_Layout`: the per-step lines of a big log) are read in batches
     instead, where ROWS is given: it gets their rows, 5 float64s a record, FIELDS(record) as numbers (a field not
     logged: NaN). So RECORD must take a record whose FIELDS are finite numbers (or not logged) and store just
-    that row."""
+    that row; where RECORD refuses some such rows too (an implausible value), KEEP(rows) says which it takes (a
+    mask), and the others are read one by one, as RECORD would have them."""
 
     key: str
     record: Callable[[dict, int], bool]
     fields: Callable[[dict], tuple] | None = None
     rows: Callable[[np.ndarray], None] | None = None
+    keep: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 _BATCHES = True  # whether lines of a layout are read in batches (a test compares with reading them one by one)
@@ -263,13 +265,27 @@ class BadField(ValueError):
     """A field of a log line that is not what MLPerf logs hold: names the file, line and key."""
 
     def __init__(self, path: Path | str, event: Event, name: str, got: object, want: str):
-        try:
-            shown = json.dumps(got)  # as the log holds it: NaN, Infinity, ["a"]
-        except (TypeError, ValueError):
-            shown = repr(got)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         where = f"{event.key}" if name == "value" else f"{event.key} {name}"
-        super().__init__(f"{path}:{event.line}: {where} is {shown}, expected {want}")
+        super().__init__(f"{path}:{event.line}: {where} is {shown(got)}, expected {want}")
+
+
+def shown(value: object, width: int = 60) -> str:
+    """An input value as its file holds it (NaN, Infinity, ["a"]), cut to WIDTH characters: a reason stays one
+    line whatever the value (a string of 5000 digits)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def load_json(path: Path | str) -> object:
+    """A JSON input file (a run record, a systems json) parsed: OSError where it cannot be read, ValueError where it
+    is not JSON, nesting too deep for the parser included (RecursionError, which no caller expects of a file)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
 
 
 @dataclass
@@ -383,6 +399,10 @@ class LogReader:
             return fast, np.zeros((0, 5))
         at = np.flatnonzero(direct)
         ok, rows = known[1].rows(data, pos, cut, starts[at], ends[at])
+        if take.keep is not None and len(rows):
+            kept = take.keep(rows)
+            ok[np.flatnonzero(ok)[~kept]] = False  # read one by one, so RECORD refuses them with their line
+            rows = rows[kept]
         fast[at[ok]] = True
         return fast, rows
 
@@ -436,9 +456,9 @@ def _event(payload: bytes, line: int) -> Event | None:
 
 def whole_record(raw: bytes, line: int) -> Event | None:
     """Line LINE (without its newline) as an event if it is exactly one record, as mlbench writes them: the token
-    at its start and nowhere else, then a JSON object with a key. None otherwise (a line a full disk cut short and
-    the next one ran into)."""
-    if not raw.startswith(TOKEN_B) or raw.count(TOKEN_B) != 1:
+    at its start, then one JSON object with a key and nothing after it. None otherwise (a line a full disk cut
+    short and the next one ran into: the JSON does not parse, whatever strings it holds)."""
+    if not raw.startswith(TOKEN_B):
         return None
     return _event(raw[_TOKEN_LEN:], line)
 
@@ -483,13 +503,18 @@ def read(path: Path | str) -> list[dict]:
 
 # --- fields, checked where read ---------------------------------------------------------------------------
 
+def is_number(value: object) -> bool:
+    """Whether a parsed JSON value is a finite number: an int or float (not bool), not inf or nan, an int a float
+    can hold (so arithmetic on it never overflows: math.isfinite(10**400) raises)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) if isinstance(value, float) else -(2.0**1023) < value < 2.0**1023
+
+
 def number(path: Path | str, event: Event, name: str, value: object, *, positive: bool = False,
            integer: bool = False) -> float:
     """A finite number (int or float, not bool) from a log field, or BadField naming file, line and key."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        ok = False
-    else:  # finite: a float that is not inf or nan, an int that a float can hold
-        ok = math.isfinite(value) if isinstance(value, float) else -(2.0**1023) < value < 2.0**1023
+    ok = is_number(value)
     if ok and positive:
         ok = value > 0
     if ok and integer:
@@ -518,8 +543,9 @@ def metadata(path: Path | str, event: Event) -> dict:
 
 def time_to_train_s(start_ms: float | None, stop_ms: float | None) -> float | None:
     """Seconds from the first run_start to the first run_stop, as MLPerf scores it. None when either is missing
-    or run_stop comes before run_start (no time to train: such a run never counts as a success)."""
-    if start_ms is None or stop_ms is None or stop_ms < start_ms:
+    or run_stop is not after run_start (no time to train: a run of no length, or one that stopped before it
+    started, never counts as a success)."""
+    if start_ms is None or stop_ms is None or stop_ms <= start_ms:
         return None
     return (stop_ms - start_ms) / 1000
 
