@@ -7,7 +7,6 @@ in parallel processes.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -23,7 +22,7 @@ from rich.text import Text
 from mlbench import mlperf_tools, registry
 from mlbench.errors import UserError
 from mlbench.launch import lifeline
-from mlbench.logfile import BadField, LogReader, text
+from mlbench.logfile import BadField, LogReader, load_json, text
 
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
 _SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
@@ -161,7 +160,7 @@ def _run_record(result_file: Path) -> tuple[dict, str]:
     if not rec.exists():
         return {}, ""
     try:
-        data = json.loads(rec.read_text())
+        data = load_json(rec)
     except (OSError, ValueError) as e:
         return {}, f"{rec.name} cannot be read ({getattr(e, 'strerror', None) or str(e).splitlines()[0]})"
     return (data, "") if isinstance(data, dict) else ({}, f"{rec.name} is not a run record (a JSON object)")

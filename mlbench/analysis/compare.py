@@ -11,10 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench.analysis import published, step_times
-from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, record_number, run_record
+from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, passed_over, record_number, run_record
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
 from mlbench.errors import UserError
+from mlbench.logfile import is_number
 
 # Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
 LAYOUT = ("global_batch_size", "micro_batch_size", "tensor_parallelism", "pipeline_parallelism",
@@ -132,7 +133,7 @@ class Entry:
         """The planner's step time for the run's own layout and device, from our run records (`prediction`,
         written before the run's figures are read): the median over runs, and the device(s) it was predicted on."""
         preds = [p for r in self.runs if isinstance(p := run_record(r.path).get("prediction"), dict)]
-        times = [t for p in preds if isinstance(t := p.get("step_time_s"), int | float) and not isinstance(t, bool)]
+        times = [t for p in preds if is_number(t := p.get("step_time_s")) and 0 < t <= step_times.MAX_STEP_S]
         return self._median(times), ", ".join(sorted({str(p["device"]) for p in preds if p.get("device")}))
 
     def predicted_over_measured(self) -> float | None:
@@ -241,8 +242,9 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
         cmp.notes += [f"{e.label}: {p}" for p in e.problems]
         if e.score:
             cmp.notes += [f"{e.label}: {n}" for n in e.score.notes]
-        if e.devices is None and e.kind != "published":
-            cmp.notes.append(f"{e.label}: device count unknown (no systems json or run record), "
+        why = passed_over(e.devices_from)[1]
+        if e.devices is None and e.kind != "published" and not (e.score and why):  # (a score's notes say why)
+            cmp.notes.append(f"{e.label}: device count unknown ({why or 'no systems json or run record'}), "
                              "so no per-device throughput")
     return cmp
 

@@ -8,7 +8,6 @@ set; a run whose timing, status or batch is garbled is `invalid` and never count
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -17,7 +16,19 @@ from pathlib import Path
 
 from mlbench.analysis import step_times as st
 from mlbench.errors import UserError
-from mlbench.logfile import BadField, Event, LogReader, Take, metadata, number, text, time_to_train_s
+from mlbench.logfile import (
+    BadField,
+    Event,
+    LogReader,
+    Take,
+    is_number,
+    load_json,
+    metadata,
+    number,
+    shown,
+    text,
+    time_to_train_s,
+)
 
 RESULT_GLOB = "result_*.txt"
 
@@ -35,6 +46,12 @@ _BLOCK_KEYS = ("block_start", "epoch_start", "block_stop", "epoch_stop")
 _SCORE_KEYS = frozenset({*_TEXT_KEYS, "global_batch_size", "max_sequence_length", "run_start", "run_stop",
                          "eval_accuracy"})
 _STEP_KEYS = frozenset({*_SCORE_KEYS, "tracked_stats", *_BLOCK_KEYS})
+# A samples (or epoch) counter is at least 0 and below 2^53, where a float still counts by ones: a negative one
+# made a negative "samples to converge", 1e300 an absurd one. A batch or sequence length is below it too (the
+# product of two of 1e300 overflowed a float)
+_MAX_SAMPLES = 2.0**53
+# A device count (per node, of nodes, in all) is a whole number from 1 to this
+_MAX_DEVICES = 1_000_000
 
 
 @dataclass
@@ -197,6 +214,8 @@ class _Pass:
                     return False
             elif type(x) is not int or not -_BIG < x < _BIG:
                 return False
+        if not 0 < fields[1] <= st.MAX_STEP_S or fields[3] < 0 or fields[4] < 0:  # as st.plausible
+            return False
         self.log.tracked.add(*fields)
         return True
 
@@ -211,7 +230,7 @@ class _Pass:
         name = "samples_count" if "samples_count" in md else "epoch_num"
         if name not in md:
             return
-        count = number(path, e, name, md[name])
+        count = _samples(path, e, name, md[name])
         value = number(path, e, "value", e.value)
         self.log.eval_points.append((count, value, number(path, e, "time_ms", e.time_ms)))
 
@@ -222,10 +241,12 @@ class _Pass:
         name = next((n for n in st.STEP_TIME_KEYS if n in e.value), None)
         if name is None:
             return
-        secs = number(path, e, name, e.value[name])
+        secs = number(path, e, name, e.value[name], positive=True)
+        if secs > st.MAX_STEP_S:
+            raise BadField(path, e, name, secs, f"a step time in seconds, above 0 and at most {st.MAX_STEP_S:g}")
         md = metadata(path, e)
         step = number(path, e, "step", md["step"]) if "step" in md else math.nan
-        extra = [number(path, e, n, e.value[n]) if n in e.value else math.nan
+        extra = [_at_least_0(path, e, n, e.value[n]) if n in e.value else math.nan
                  for n in ("tokens_per_s", "tflops_per_device")]
         self.log.tracked.add(step, secs, number(path, e, "time_ms", e.time_ms), *extra)
 
@@ -236,8 +257,8 @@ class _Pass:
             self.open_block = None
             size, first = md.get("epoch_count"), md.get("first_epoch_num", md.get("samples_count"))
             name = "first_epoch_num" if "first_epoch_num" in md else "samples_count"
-            self.open_block = (t, number(path, e, "epoch_count", size) if size is not None else None,
-                               number(path, e, name, first) if first is not None else None)
+            self.open_block = (t, _samples(path, e, "epoch_count", size) if size is not None else None,
+                               _samples(path, e, name, first) if first is not None else None)
             return
         if self.open_block is None:
             return
@@ -278,8 +299,26 @@ def _clock(path: Path, e: Event) -> float:
     return t
 
 
+def _at_least_0(path: Path, e: Event, name: str, value: object) -> float:
+    v = number(path, e, name, value)
+    if v < 0:
+        raise BadField(path, e, name, v, "a finite number at least 0")
+    return v
+
+
+def _samples(path: Path, e: Event, name: str, value: object) -> float:
+    """A samples (tokens, epochs) counter: at least 0 and below 2^53."""
+    v = number(path, e, name, value)
+    if not 0 <= v < _MAX_SAMPLES:
+        raise BadField(path, e, name, v, "a count at least 0 and below 2^53")
+    return v
+
+
 def _whole(path: Path, e: Event) -> int:
-    return int(number(path, e, "value", e.value, positive=True, integer=True))
+    v = number(path, e, "value", e.value, positive=True, integer=True)
+    if v >= _MAX_SAMPLES:
+        raise BadField(path, e, "value", v, "a positive integer below 2^53")
+    return int(v)
 
 
 def read_log(path: Path, steps: bool = True) -> RunLog:
@@ -289,7 +328,8 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
     log = RunLog(Path(path))
     reader = LogReader(log.path)
     scan = _Pass(log, steps)
-    take = Take("tracked_stats", scan.take_step, _step_fields, log.tracked.add_rows)  # (the reader's: no cycle)
+    take = Take("tracked_stats", scan.take_step, _step_fields, log.tracked.add_rows,  # (the reader's: no cycle)
+                st.plausible)
     events = 0
     try:
         for e in reader:
@@ -312,10 +352,11 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
     elif log.run_stop_ms is None:
         if not scan.seen["run_stop"]:
             log.problems.append("no run_stop: the run did not finish (crashed or the log is truncated)")
-    elif log.run_stop_ms < log.run_start_ms:
+    elif log.run_stop_ms <= log.run_start_ms:  # (time_to_train_s: no time to train)
         log.invalid = True
-        log.problems.append(f"run_stop is {(log.run_start_ms - log.run_stop_ms) / 1000:g} s before run_start: "
-                            "no time to train, the run cannot count")
+        when = (f"{(log.run_start_ms - log.run_stop_ms) / 1000:g} s before" if log.run_stop_ms < log.run_start_ms
+                else "at the same time as")
+        log.problems.append(f"run_stop is {when} run_start: no time to train, the run cannot count")
     elif log.logged_status not in ("success", "aborted"):
         log.problems.append(f"run_stop has status {log.logged_status!r}")
     if log.benchmark is None:
@@ -344,16 +385,26 @@ class ResultSet:
                              self.folder.name) if p]
         return "/".join(parts)
 
-    @cached_property
+    @property
     def system_desc(self) -> dict | None:
+        """systems/<system>.json of the submission tree, where there is a readable one."""
+        return self._system[0]
+
+    @cached_property
+    def _system(self) -> tuple[dict | None, str]:
+        """(systems/<system>.json, or None; why a file that is there cannot be used, or "")."""
         if self.org_root is None:
-            return None
+            return None, ""
         p = self.org_root / "systems" / f"{self.system}.json"
+        if not p.exists():
+            return None, ""
         try:
-            d = json.loads(p.read_text())
-        except (OSError, ValueError):
-            return None
-        return d if isinstance(d, dict) else None
+            d = load_json(p)
+        except OSError as e:
+            return None, f"systems/{p.name} cannot be read ({e.strerror or e})"
+        except ValueError as e:
+            return None, f"systems/{p.name} is not JSON ({str(e).splitlines()[0][:80]})"
+        return (d, "") if isinstance(d, dict) else (None, f"systems/{p.name} is not a JSON object")
 
     @property
     def smoke(self) -> bool:
@@ -361,44 +412,64 @@ class ResultSet:
         return bool(self.files) and all(run_record(f).get("variant") == "tiny" for f in self.files)
 
     def devices(self, given: int | None = None) -> tuple[int | None, str]:
-        """Device count and where it came from: given, systems/<system>.json, or our run record."""
+        """Device count and where it came from: given, systems/<system>.json, or our run record ("unknown" where
+        none says). A field that is there but garbled is passed over, never read as another count: the source then
+        says why, e.g. "run record (systems/X.json accelerators_per_node [8] is not a whole count ...)"."""
         if given:
             return given, "given"
+        why = [self._system[1]] if self._system[1] else []
         d = self.system_desc
-        if isinstance(d, dict):
-            nodes, per_node = (_count(d.get(k)) for k in ("number_of_nodes", "accelerators_per_node"))
-            if nodes:
-                return nodes * (per_node or 1), "systems json"
+        if d is not None and "number_of_nodes" in d:
+            name = f"systems/{self.system}.json"
+            nodes = _count(d, "number_of_nodes", name, why)
+            per_node = _count(d, "accelerators_per_node", name, why) if "accelerators_per_node" in d else 1
+            if nodes and per_node:
+                return nodes * per_node, _source("systems json", why)
         for f in self.files:
-            n = _count(run_record(f).get("devices"))
-            if n:
-                return n, "run record"
-        return None, "unknown"
+            record = run_record(f)
+            if "devices" in record and (n := _count(record, "devices", f.with_suffix(".json").name, why)):
+                return n, _source("run record", why)
+        return None, _source("unknown", why)
 
 
-def _count(v: object) -> int | None:
-    """A positive whole count from a JSON value (a number, or a string of digits as systems jsons write)."""
-    if isinstance(v, str) and v.strip().isdigit():
+def _source(where: str, why: list[str]) -> str:
+    return f"{where} ({'; '.join(why)})" if why else where
+
+
+def passed_over(source: str) -> tuple[str, str]:
+    """A source from `ResultSet.devices` split: where the count came from, and why a count that is there was passed
+    over ("" where none was)."""
+    where, _, why = source.partition(" (")
+    return where, why.removesuffix(")")
+
+
+def _count(d: dict, key: str, name: str, why: list[str]) -> int | None:
+    """D[KEY] as a device count, a whole number from 1 to _MAX_DEVICES (a number, or a string of digits as systems
+    jsons write); None, with the reason naming file NAME and the key added to WHY, for anything else."""
+    v = d[key]
+    if isinstance(v, str) and re.fullmatch(r"\s*[0-9]{1,7}\s*", v):  # (int() of 5000 digits raises)
         v = int(v)
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 1 and v == int(v):
-        return int(v)
+    if type(v) is float and v.is_integer():
+        v = int(v)
+    if type(v) is int and 1 <= v <= _MAX_DEVICES:
+        return v
+    why.append(f"{name} {key} {shown(v, 40)} is not a whole count from 1 to {_MAX_DEVICES:,}")
     return None
 
 
 def record_number(result_file: Path, key: str) -> float | None:
     """A finite number from our run record (None where absent or garbled)."""
     v = run_record(result_file).get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+    return float(v) if is_number(v) else None
 
 
 def run_record(result_file: Path) -> dict:
     """Our sidecar result_<i>.json (optional; published logs have none)."""
-    p = Path(result_file).with_suffix(".json")
     try:
-        d = json.loads(p.read_text())
-        return d if isinstance(d, dict) else {}
+        d = load_json(Path(result_file).with_suffix(".json"))
     except (OSError, ValueError):
         return {}
+    return d if isinstance(d, dict) else {}
 
 
 class GivenOnce:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlbench import compliance, mlperf_tools
-from mlbench.analysis.logs import ResultSet, RunLog, find_sets
+from mlbench.analysis.logs import ResultSet, RunLog, find_sets, passed_over
 
 
 def infer_ruleset(folder: Path, benchmark: str | None) -> str:
@@ -230,6 +230,9 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         notes.append(f"RCP check failed ({rcp.message}): not a valid closed-division result")
     score = olympic * factor if olympic is not None and scaling_ok and math.isfinite(factor) else None
     n_dev, dev_from = rs.devices(devices)
+    where, why = passed_over(dev_from)
+    if why:  # the table shows the count alone
+        notes.append(f"device count {f'{n_dev}, from the {where}' if n_dev else 'unknown'}: {why}")
     return SetScore(
         benchmark=benchmark, ruleset=ruleset, folder=str(rs.folder), label=rs.label, system=rs.system,
         division=division, devices=n_dev, devices_from=dev_from, runs=scored, required_runs=required,

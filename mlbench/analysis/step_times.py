@@ -14,7 +14,17 @@ import numpy as np
 # ours and NVIDIA llama: "train_step_time"; NVIDIA gpt3 (NeMo 24.09): "train_step_timing in s".
 STEP_TIME_KEYS = ("train_step_time", "train_step_timing in s")
 MAX_BLOCK_STEPS = 1_000_000  # a block claiming more steps than this is garbage, not a block
+# A step time is above 0 and at most this (11 days): anything else is a garbled log, and would show as a negative
+# throughput or overflow the statistics (1e308 s)
+MAX_STEP_S = 1e6
 NO_STATS = {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
+
+
+def plausible(rows: np.ndarray) -> np.ndarray:
+    """Which tracked rows (step, seconds, time_ms, tokens_per_s, tflops; `Tracked`) hold a plausible step: 0 <
+    seconds <= MAX_STEP_S, and a throughput logged (not NaN) not negative."""
+    secs, tps, tfl = rows[:, 1], rows[:, 3], rows[:, 4]
+    return (secs > 0) & (secs <= MAX_STEP_S) & ~(tps < 0) & ~(tfl < 0)
 
 
 def step_stats(seconds: np.ndarray) -> dict[str, float | None]:
@@ -22,6 +32,11 @@ def step_stats(seconds: np.ndarray) -> dict[str, float | None]:
     range relative to the median."""
     if len(seconds) == 0:
         return dict(NO_STATS)
+    with np.errstate(all="ignore"):  # plausible times never overflow; a report must not print numpy's warnings
+        return _stats(seconds)
+
+
+def _stats(seconds: np.ndarray) -> dict[str, float | None]:
     p10, med, p90, p99 = np.percentile(seconds, [10, 50, 90, 99])
     return {"median": float(med), "p90": float(p90), "p99": float(p99),
             "jitter": float((p90 - p10) / med) if med > 0 else None, "mean": float(np.mean(seconds))}
@@ -141,7 +156,7 @@ def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
         if size:
             n_steps = size * samples_per_count / gbs
             dur = (b.stop_ms - b.start_ms) / 1000
-            if 1 <= n_steps <= MAX_BLOCK_STEPS and dur > 0:
+            if 1 <= n_steps <= MAX_BLOCK_STEPS and 0 < dur / n_steps <= MAX_STEP_S:
                 out.extend([dur / n_steps] * round(n_steps))
     if not out:
         return None

@@ -1,0 +1,228 @@
+"""Hostile input files for the analysis (score, compare, scaling, check): values a parser or a float cannot hold
+(5000 digits, 10^400, nesting 100,000 deep) and values that parse but cannot be true (a negative samples count or
+step time, a run of no length, a device count of [8]). Each is a one-line reason naming the file, never a
+traceback, a warning on stderr, or a figure silently computed from a replacement."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_analysis_garbled import RULESET, _garble, _sets, _strict, mlbench
+from test_analysis_logs import _line, tiny_log
+
+from mlbench import logfile
+from mlbench.analysis import step_times
+from mlbench.analysis.logs import find_sets, read_log
+from mlbench.logfile import load_json, time_to_train_s
+
+DEEP = "[" * 100_000 + "]" * 100_000  # parses with no limit on depth, but not with Python's recursion limit
+
+
+# --- device counts ----------------------------------------------------------------------------------------------
+
+def _tree(root: Path, system: dict | str, record: dict | None = None) -> Path:
+    """ORG/systems/sys.json (SYSTEM, as it is when a string) and ORG/results/sys/llama31_8b/result_0.txt, with a
+    run record RECORD beside it when given."""
+    (root / "ORG" / "systems").mkdir(parents=True)
+    (root / "ORG" / "systems" / "sys.json").write_text(system if isinstance(system, str) else json.dumps(system))
+    d = root / "ORG" / "results" / "sys" / "llama31_8b"
+    d.mkdir(parents=True)
+    (d / "result_0.txt").write_text(tiny_log())
+    if record is not None:
+        (d / "result_0.json").write_text(json.dumps(record))
+    return d
+
+
+# (systems json as written, what the reason says) - each was read as a count or crashed
+BAD_SYSTEMS = [
+    ('{"number_of_nodes": "%s", "accelerators_per_node": "8"}' % ("1" * 5000),  # ValueError: 4300 digits
+     'number_of_nodes "1111111111'),
+    ('{"number_of_nodes": %s, "accelerators_per_node": 8}' % ("1" + "0" * 400), "number_of_nodes 1000000000"),
+    ('{"number_of_nodes": "1", "accelerators_per_node": [8]}', "accelerators_per_node [8] is not a whole count"),
+    ('{"number_of_nodes": "1", "accelerators_per_node": "8.5"}', 'accelerators_per_node "8.5" is not a whole'),
+    ('{"number_of_nodes": "1", "accelerators_per_node": "\u00b2"}', 'accelerators_per_node "\\u00b2"'),  # isdigit
+    ('{"number_of_nodes": 0, "accelerators_per_node": 8}', "number_of_nodes 0 is not a whole count"),
+    (DEEP, "systems/sys.json is not JSON (JSON nested too deeply to parse)"),  # RecursionError
+]
+
+
+@pytest.mark.parametrize("system,reason", BAD_SYSTEMS, ids=["5000 digits", "10^400", "[8]", '"8.5"', "superscript",
+                                                             "0", "deep"])
+def test_a_bad_systems_json_count_is_passed_over_and_said(tmp_path, system, reason):
+    """[8] or "8.5" per node gave 1 device a node, labelled as from the systems json: per-device figures 8x off."""
+    d = _tree(tmp_path, system, {"devices": 4})
+    rs = find_sets(d)[0]
+    n, source = rs.devices()
+    assert n == 4 and source.startswith("run record (") and reason in source, source
+    assert "systems/sys.json" in source and len(source.splitlines()) == 1 and len(source) < 200
+    (d / "result_0.json").unlink()
+    n, source = find_sets(d)[0].devices()
+    assert n is None and source.startswith("unknown (") and reason in source
+
+
+def test_a_good_systems_json_still_counts(tmp_path):
+    d = _tree(tmp_path, {"number_of_nodes": "2", "accelerators_per_node": 8.0}, {"devices": 4})
+    assert find_sets(d)[0].devices() == (16, "systems json")
+    assert find_sets(d)[0].devices(3) == (3, "given")
+
+
+def test_score_and_compare_say_why_a_count_was_passed_over(tmp_path, capsys, monkeypatch):
+    d = _tree(tmp_path / "a", '{"number_of_nodes": "1", "accelerators_per_node": [8]}', {"devices": 4})
+    other = _tree(tmp_path / "b", {"number_of_nodes": "1", "accelerators_per_node": "8"}, {"devices": 8})
+    why = "systems/sys.json accelerators_per_node [8] is not a whole count"
+    code, out = mlbench(capsys, monkeypatch, "score", str(d), "--ruleset", RULESET, "--json")
+    assert code == 0, out
+    s = _strict(out)[0]
+    assert s["devices"] == 4 and why in s["devices_from"]
+    assert any(n.startswith("device count 4, from the run record: ") and why in n for n in s["notes"]), s["notes"]
+    code, out = mlbench(capsys, monkeypatch, "compare", str(d), str(other), "--no-score")
+    flat = " ".join(out.split())
+    assert code == 0 and "4 (run record" in flat and why in flat, out
+
+
+@pytest.mark.parametrize("devices", ["1" + "0" * 5000, 10**400, 1e300, "8.5", [8], True],
+                         ids=["5001 digits", "10^400", "1e300", '"8.5"', "[8]", "true"])
+def test_a_bad_run_record_count_is_unknown_and_said(tmp_path, capsys, monkeypatch, devices):
+    a, b = _sets(tmp_path, tiny_log())
+    # mfu and the prediction are read from the record too: 10^400 overflowed math.isfinite
+    (a / "result_0.json").write_text(json.dumps({"devices": devices, "mfu": 10**400,
+                                                 "prediction": {"step_time_s": 10**400, "device": "h100"}}))
+    n, source = find_sets(a)[0].devices()
+    assert n is None and source.startswith("unknown (result_0.json devices ") and "not a whole count" in source
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    assert code == 0 and "device count unknown (result_0.json devices" in " ".join(out.split()), out
+    code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and "device count unknown" in out, out
+
+
+# --- run records and systems jsons nested too deeply ---------------------------------------------------------------
+
+def test_json_nested_too_deeply_is_bad_json(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text(DEEP)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        load_json(f)
+
+
+def test_a_deep_run_record_is_no_crash_in_any_command(tmp_path, capsys, monkeypatch):
+    a, b = _sets(tmp_path, tiny_log())
+    (a / "result_0.json").write_text(DEEP)
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    assert code == 0 and _strict(out)[0]["devices"] is None, out
+    for args in (("compare", str(a), str(b), "--no-score"), ("compare", str(a / "result_0.txt"), str(b))):
+        code, out = mlbench(capsys, monkeypatch, *args)
+        assert code == 0 and "Traceback" not in out, out
+    code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b), "--devices", "8", "--devices", "16")
+    assert code == 0, out
+    code, out = mlbench(capsys, monkeypatch, "check", str(a / "result_0.txt"), "--ruleset", RULESET)
+    assert code in (0, 1) and "result_0.json cannot be read (JSON nested too deeply to parse)" in out, out
+
+
+# --- log values that parse but cannot be true -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("new,shown", [('"samples_count": -172000', "-172000"),
+                                       ('"samples_count": 1.5e300', "1.5e+300"), ('"epoch_num": -1', "-1")],
+                         ids=["negative", "1.5e300", "epoch -1"])
+def test_a_samples_count_below_0_or_absurd_invalidates_the_run(tmp_path, new, shown):
+    text, line = _garble(tiny_log(), "eval_accuracy", '"samples_count": 40', new)
+    f = tmp_path / "result_0.txt"
+    f.write_text(text)
+    log = read_log(f)
+    name = new.split('"')[1]
+    assert f"{f}:{line}: eval_accuracy {name} is {shown}, expected a count at least 0 and below 2^53: the run " \
+           "cannot count" in log.problems, log.problems
+    assert log.status == "invalid" and log.samples_to_converge is None and log.ttt_min is None
+
+
+@pytest.mark.parametrize("old,new,shown", [
+    ('"train_step_time": 0.5', '"train_step_time": -0.05', "train_step_time is -0.05"),
+    ('"train_step_time": 0.5', '"train_step_time": 0', "train_step_time is 0"),
+    ('"train_step_time": 0.5', '"train_step_time": 1e308', "train_step_time is 1e+308"),
+    ('"tokens_per_s": 2048.0', '"tokens_per_s": -2048.0', "tokens_per_s is -2048.0"),
+], ids=["negative", "zero", "1e308", "negative tokens"])
+def test_an_implausible_step_is_a_problem_left_out_of_the_statistics(tmp_path, old, new, shown):
+    text, line = _garble(tiny_log(), "tracked_stats", old, new)
+    f = tmp_path / "result_0.txt"
+    f.write_text(text)
+    log = read_log(f)
+    assert any(p.startswith(f"{f}:{line}: tracked_stats {shown}, expected") for p in log.problems), log.problems
+    assert log.status == "success"  # a step record does not decide the run
+    assert len(log.step_times.seconds) == 4 and log.step_times.stats()["median"] == pytest.approx(0.5)
+
+
+def test_compare_shows_no_negative_step_time_and_prints_no_warning(tmp_path, capsys, monkeypatch):
+    """Every step time -0.05 showed a step time of -0.05 s and negative tokens/s; 1e308 printed numpy's and
+    matplotlib's overflow warnings to stderr under --html."""
+    a, b = _sets(tmp_path, tiny_log().replace('"train_step_time": 0.5', '"train_step_time": -0.05'))
+    c = tmp_path / "c"
+    _sets(c, tiny_log().replace('"train_step_time": 0.5', '"train_step_time": 1e308'))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), str(c / "sysA" / "llama31_8b"),
+                            "--no-score", "--html", str(tmp_path / "c.html"))
+    assert code == 0, out
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+    flat = " ".join(out.split())
+    assert "-0.05" not in out.replace("is -0.05", "") and "train_step_time is -0.05" in flat, out
+
+
+def test_step_statistics_never_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = step_times.step_stats(np.full(10, 1e308))
+    assert stats["median"] == 1e308
+
+
+def test_a_run_of_no_length_is_not_a_success(tmp_path, capsys, monkeypatch):
+    """run_stop at run_start: time to train 0, a success, counted (was)."""
+    text, _ = _garble(tiny_log(), "run_stop", '"time_ms": 1700000003510', '"time_ms": 1700000001000')
+    a, _b = _sets(tmp_path, text)
+    assert time_to_train_s(5.0, 5.0) is None and logfile.log_time_to_train(a / "result_0.txt") is None
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    run0 = _strict(out)[0]["runs"][0]
+    assert run0["status"] == "invalid" and run0["ttt_min"] is None and not run0["counted"], run0
+    assert "run_stop is at the same time as run_start: no time to train, the run cannot count" in run0["problems"]
+
+
+def test_an_implausible_step_in_a_batch_is_read_at_its_own_line(tmp_path, monkeypatch):
+    """Per-step lines of one layout are read in batches (`logfile._Layout`) without their lines: a bad step among
+    them is left to the one-by-one reading, which names its line, as reading every line one by one does."""
+    monkeypatch.setattr(logfile, "_BLOCK", 4096)
+    t0 = 1_700_000_000_000
+    lines = [_line("submission_benchmark", t0, "llama31_8b"), _line("global_batch_size", t0, 8),
+             _line("max_sequence_length", t0, 128), _line("run_start", t0)]
+    bad = {300: -0.05, 301: 1e300, 302: 0.0}
+    for s in range(1, 600):
+        lines.append(_line("tracked_stats", t0 + s * 500, {"train_step_time": bad.get(s, 0.5)}, step=s))
+    lines.append(_line("run_stop", t0 + 600 * 500, None, status="success"))
+    f = tmp_path / "result_0.txt"
+    f.write_text("".join(lines))
+    batched = []
+    add_rows = step_times.Tracked.add_rows
+    monkeypatch.setattr(step_times.Tracked, "add_rows", lambda self, rows: (batched.append(len(rows)),
+                                                                            add_rows(self, rows)))
+    log = read_log(f)
+    assert sum(batched) > 400  # the batches were used
+    assert log.problems == [f"{f}:304: tracked_stats train_step_time is -0.05, expected a finite positive number",
+                            f"{f}: 2 more line(s) with a bad tracked_stats field"]
+    assert len(log.step_times.seconds) == 596 and set(log.step_times.seconds) == {0.5}
+    monkeypatch.setattr(logfile, "_BATCHES", False)
+    one_by_one = read_log(f)
+    assert one_by_one.problems == log.problems and one_by_one.tracked.rows.tobytes() == log.tracked.rows.tobytes()
+
+
+def test_an_absurd_batch_is_a_problem_not_an_overflow(tmp_path, capsys, monkeypatch):
+    """Global batch and sequence length of 1e300: their product, an int, overflowed a float (OverflowError)."""
+    text, line = _garble(tiny_log(), "global_batch_size", '"value": 8', '"value": 1e300')
+    text, _ = _garble(text, "max_sequence_length", '"value": 128', '"value": 1e300')
+    a, b = _sets(tmp_path, text)
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    flat = " ".join(out.split())
+    assert code == 0 and f"{a / 'result_0.txt'}:{line}: global_batch_size is 1e+300, expected a positive integer " \
+           "below 2^53" in flat, out
+    code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b))
+    assert code == 0, out
