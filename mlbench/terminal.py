@@ -1,9 +1,10 @@
 """The console every command prints through. On a terminal, rich's own width; elsewhere (CI logs, `| tee`, SLURM
 output files) rich would wrap at 80 columns, cutting progress lines mid-word and squeezing tables, so lines are
-printed whole and tables get room."""
+printed whole and tables at their natural width, whatever COLUMNS says."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import shutil
@@ -11,7 +12,31 @@ import sys
 
 from rich.console import Console
 
-WIDTH_WITHOUT_TERMINAL = 170
+# Without a terminal nothing is wrapped or cut: a width no table reaches, so each takes its natural width (rich
+# pads nothing to the console's width: soft wrap for lines, tables as wide as their cells).
+WIDTH_WITHOUT_TERMINAL = 1 << 20
+
+SAFE_ERRORS = "mlbench-safe"
+
+
+def _safe(err: UnicodeError) -> tuple[str | bytes, int]:
+    """Encoding errors handler: a path from the command line, decoded under a C/POSIX locale, holds its undecodable
+    bytes as surrogates (surrogateescape): those go out as the bytes they were (as `ls` prints the name); any other
+    character the encoding lacks becomes '?'."""
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    bad = err.object[err.start:err.end]
+    if all("\udc80" <= c <= "\udcff" for c in bad):
+        return bytes(ord(c) - 0xDC00 for c in bad), err.end
+    return "?" * len(bad), err.end
+
+
+codecs.register_error(SAFE_ERRORS, _safe)
+
+
+def encode(text: str, encoding: str = "utf-8") -> bytes:
+    """TEXT in ENCODING, never failing (SAFE_ERRORS)."""
+    return text.encode(encoding, SAFE_ERRORS)
 
 
 class _Stdout:
@@ -25,9 +50,23 @@ class _Stdout:
     def write(self, text: str) -> int:
         if not _Stdout.lost:
             try:
-                return sys.stdout.write(text)
+                try:
+                    return sys.stdout.write(text)
+                except UnicodeEncodeError:  # a name the stream's encoding lacks (LC_ALL=C, PYTHONIOENCODING=ascii)
+                    return self._write_encoded(text)
             except OSError:
                 self._lose()
+        return len(text)
+
+    @staticmethod
+    def _write_encoded(text: str) -> int:
+        encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+        data = encode(text, encoding)
+        if buffer := getattr(sys.stdout, "buffer", None):
+            sys.stdout.flush()
+            buffer.write(data)
+        else:  # a text-only stream: the characters it can take
+            sys.stdout.write(data.decode(encoding, "replace"))
         return len(text)
 
     def flush(self) -> None:
@@ -51,15 +90,14 @@ STDOUT = _Stdout()
 
 
 def console(**kwargs) -> Console:
-    """A set COLUMNS is the user's width, terminal or not; COLUMNS=0 is no width (rich would print every line at
-    width 0: nothing at all), so the terminal's, or 170 without one. No markup: what is printed holds paths and
-    log values, and a `[/red]` in one was read as a closing tag (a MarkupError traceback); styled words are
-    `Text` (`Text.assemble(("error:", "red"), " ", message)`)."""
-    columns = os.environ.get("COLUMNS", "")
-    width = int(columns) if columns.isdigit() and int(columns) > 0 else None
+    """On a terminal, its width (a set COLUMNS, else the terminal's; COLUMNS=0 is no width: rich would print every
+    line at width 0, nothing at all). Without one, whole lines and tables at their natural width whatever COLUMNS
+    says: a log or a file has no width to fit (COLUMNS=5 gave tables of empty cells, 170 columns cut numbers).
+    No markup: what is printed holds paths and log values, and a `[/red]` in one was read as a closing tag (a
+    MarkupError traceback); styled words are `Text` (`Text.assemble(("error:", "red"), " ", message)`)."""
     kwargs.setdefault("file", STDOUT)
     kwargs.setdefault("markup", False)
     c = Console(**kwargs)
     if c.is_terminal:
         return c if c.width > 0 else Console(width=shutil.get_terminal_size().columns, **kwargs)
-    return Console(width=width or WIDTH_WITHOUT_TERMINAL, soft_wrap=True, **kwargs)
+    return Console(width=WIDTH_WITHOUT_TERMINAL, soft_wrap=True, **kwargs)

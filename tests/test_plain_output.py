@@ -47,3 +47,28 @@ def test_output_nobody_reads_is_dropped_and_the_command_goes_on() -> None:
         os.close(write)
     assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "done", out.stderr
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+WIDE_TABLE = """
+from rich.table import Table
+from mlbench.cli import console
+
+t = Table(title="wide")
+for i in range(3):
+    t.add_column(f"column {i}")
+t.add_row(*(f"a cell of {n} characters ".ljust(n, "x") for n in (90, 60, 70)))
+console.print(t)
+"""
+
+
+def test_tables_without_a_terminal_take_their_natural_width_whatever_columns_says() -> None:
+    """Capped at 170 columns without a terminal (a cell split over two lines), and at COLUMNS where set: COLUMNS=5
+    printed a table of empty cells. A log or a file has no width to fit."""
+    for columns in (None, "5", "80"):
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+        env.update({"COLUMNS": columns} if columns else {})
+        out = subprocess.run([sys.executable, "-c", WIDE_TABLE], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        row = [ln for ln in out.stdout.splitlines() if "a cell of" in ln]
+        assert len(row) == 1 and all(f"a cell of {n} characters ".ljust(n, "x") in row[0] for n in (90, 60, 70)), \
+            (columns, out.stdout)

@@ -29,6 +29,25 @@ def strict_json(doc: object) -> str:
     return json.dumps(clean(doc), indent=2, default=str, allow_nan=False)
 
 
+# Far above any machine built: a count past it is a typo, and bounds the efficiency arithmetic (10**400 devices was
+# an OverflowError) and the plot's axis (10**30 was a TypeError in matplotlib).
+MAX_DEVICES = 10_000_000
+
+
+class DeviceCount(click.IntRange):
+    """A device count from 1 to MAX_DEVICES; a refused value is shown shortened (a 400-digit one filled the screen)."""
+
+    def __init__(self) -> None:
+        super().__init__(min=1, max=MAX_DEVICES)
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:12]}... ({len(str(value))} characters)"
+            self.fail(f"{shown} is not a device count; give a whole number from 1 to {MAX_DEVICES:,}", param, ctx)
+
+
 def _console() -> Console:
     return terminal.console()
 
@@ -46,7 +65,7 @@ def _fmt(v: object, nd: int = 4) -> str:
 @click.option("--ruleset", default=None,
               help="Training ruleset to check against (default: from a training_results_vX.Y path, else the "
                    "newest one in mlperf-logging that holds the benchmark).")
-@click.option("--devices", type=click.IntRange(min=1), default=None,
+@click.option("--devices", type=DeviceCount(), default=None,
               help="Device count, where no systems json or run record says.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
 def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
@@ -66,7 +85,7 @@ def _print_set(console: Console, s) -> None:
     t = Table(title=f"{s.label}  ({s.benchmark}, ruleset {s.ruleset}, {s.devices or '?'} devices)",
               title_justify="left")
     for c in ("file", "status", "compliant", "time to train (min)", "samples to converge", "global batch", "counted"):
-        t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left")
+        t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left", overflow="fold")
     for r in s.runs:
         t.add_row(r.file, r.status, "yes" if r.compliant else "NO", _fmt(r.ttt_min), _fmt(r.samples_to_converge, 0),
                   _fmt(r.global_batch), "yes" if r.counted else "no")
@@ -117,7 +136,7 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 @click.option("--html", "html_out", type=PathParam(), default=None,
               help="Write a self-contained HTML report.")
 @click.option("--md", "md_out", type=PathParam(), default=None, help="Write a Markdown report.")
-@click.option("--devices", "devices", multiple=True, type=click.IntRange(min=1),
+@click.option("--devices", "devices", multiple=True, type=DeviceCount(),
               help="Device count per PATH, in order (where no systems json or run record says).")
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""
@@ -133,13 +152,13 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
 
 
 def _write_reports(build, html_out: Path | None, md_out: Path | None) -> None:
-    """Build the report (plots take a while) only when one is asked for."""
-    from mlbench.analysis.report import write_html, write_markdown
+    """Build the report (plots take a while) only when one is asked for; write the two whole or not at all."""
+    from mlbench.analysis.report import write_reports
 
     if not (html_out or md_out):
         return
-    rep = build()
-    for out, write in ((html_out, write_html), (md_out, write_markdown)):
+    write_reports(build(), html_out, md_out)
+    console = _console()
+    for out in (html_out, md_out):
         if out:
-            write(rep, out)
-            click.echo(f"wrote {out}")
+            console.print(f"wrote {out}", highlight=False)

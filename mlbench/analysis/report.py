@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fnmatch
 import html
 import io
 import os
 import re
+import shutil
+import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: reports are written on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mlbench import terminal  # noqa: E402
 from mlbench.analysis.logs import RESULT_GLOB  # noqa: E402
 from mlbench.errors import UserError  # noqa: E402
 
@@ -42,6 +47,8 @@ class Report:
         self.parts.append(("table", header, rows))
 
     def img(self, name: str, fig, alt: str) -> None:
+        if len(name) + 4 > len(_LONGEST_IMAGE):  # the image folder was checked for names up to that long
+            raise ValueError(f"image name {name!r} is longer than {len(_LONGEST_IMAGE) - 4} characters")
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
@@ -112,36 +119,102 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
 
 def check_outputs(html: Path | None, md: Path | None) -> None:
     """`--html` and `--md` of one command, each checked (`check_output`), and not one file (the second would
-    replace the first)."""
+    replace the first), nor the HTML in the Markdown's image folder."""
     check_output(html, "--html")
     check_output(md, "--md")
-    if html is not None and md is not None and Path(html).resolve() == Path(md).resolve():
-        raise UserError(f"--html and --md are both {md}: the Markdown would replace the HTML; give each its own name")
+    if html is not None and md is not None:
+        if _guard("--html", html, lambda: Path(html).resolve() == Path(md).resolve()):
+            raise UserError(f"--html and --md are both {md}: the Markdown would replace the HTML; give each its own "
+                            "name")
+        if _guard("--html", html, lambda: Path(html).resolve() == markdown_files(Path(md)).resolve()):
+            raise UserError(f"--html {html} is where --md {md} puts its images; give each its own name")
 
 
 def check_output(path: Path | None, option: str) -> None:
     """Refuse a report path that cannot be written, before any work: its folder must exist (it is not created)
-    and take a file; the path must not be a folder, a device or a pipe, nor an MLPerf result log (a report may
-    replace an earlier report, never a run); a Markdown report's image folder must be a folder where it exists."""
+    and take a file of that name; the path must not be a symbolic link (the report would replace the link, not
+    write where it points: `--html /dev/stdout` replaced the system's link), a folder, a device or a pipe, nor an
+    MLPerf result log (a report may replace an earlier report, never a run); a Markdown report's image folder
+    likewise must be a folder, not a link, where it exists. Any error of the system (a name too long) names the
+    path, never a traceback."""
     if path is None:
         return
     path = Path(path)
+    _guard(option, path, lambda: _check_file(path, option))
+    if option == "--md":
+        files = markdown_files(path)
+        _guard(option, path, lambda: _check_images_folder(path, files, option))
+
+
+def _guard(option: str, path: Path, check: Callable[[], object]) -> object:
+    """CHECK(), its OSError (ENAMETOOLONG, ELOOP, EACCES...) one line naming PATH."""
+    try:
+        return check()
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.errno == errno.ENAMETOOLONG:
+            why += f"; a name takes at most {_name_max(path.parent)} bytes"
+        failed = f"cannot write {e.filename}" if e.filename and str(e.filename) != str(path) else "cannot be written"
+        raise UserError(f"{option} {path}: {failed} ({why}); give another name") from None
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    """What PATH is itself (a link not followed); None where nothing is. A name too long raises."""
+    try:
+        return path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _check_file(path: Path, option: str) -> None:
     folder = path.parent
-    if path.is_dir():
+    st = _lstat(path)
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{option} {path}: is a symbolic link (to {os.readlink(path)}); give the file itself, "
+                        "a report never replaces a link")
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise UserError(f"{option} {path}: is a folder; give a file name")
-    if path.exists() and not path.is_file():
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise UserError(f"{option} {path}: is not a regular file (a device or a pipe); give a file name")
-    if path.is_file() and _is_result_log(path):
+    if st is not None and _is_result_log(path):
         raise UserError(f"{option} {path}: is an MLPerf result log; a report never replaces one, give another name")
-    if option == "--md" and (files := markdown_files(path)).exists() and not files.is_dir():
-        raise UserError(f"{option} {path}: its images go in {files}, which is not a folder")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist (create it first)")
+    _check_name(path)
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".probe"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=_TMP_PREFIX, suffix=".probe"):
             pass
     except OSError as e:
         raise UserError(f"{option} {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def _check_images_folder(path: Path, files: Path, option: str) -> None:
+    st = _lstat(files)
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{option} {path}: its images go in {files}, a symbolic link; give the folder itself or "
+                        "another name")
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{option} {path}: its images go in {files}, which is not a folder")
+    if st is not None and (odd := next((p for p in files.glob("*.png") if not _regular(p)), None)):
+        raise UserError(f"{option} {path}: its images go in {files}, and {odd.name} there is not a regular file "
+                        "(a symbolic link, a folder, a device or a pipe); remove it or give another name")
+    _check_name(files)
+    _check_name(files / _LONGEST_IMAGE)
+
+
+def _check_name(path: Path) -> None:
+    """Raise ENAMETOOLONG where the system would: a name past its folder's limit, or a path past PATH_MAX."""
+    if len(os.fsencode(path.name)) > _name_max(path.parent if path.parent.is_dir() else Path(".")):
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), str(path))
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        path.lstat()  # a path too long as a whole raises
 
 
 def _is_result_log(path: Path) -> bool:
@@ -155,40 +228,95 @@ def _is_result_log(path: Path) -> bool:
         return False
 
 
-def _write(path: Path, data: str | bytes) -> None:
-    """Atomically: a reader sees the old file or the new one, never half of one."""
+# Temporary files beside a report: short names, so any name the folder takes can be written (a name of 250 bytes
+# with the report's name in its temporary one went past the limit).
+_TMP_PREFIX = ".mlbench-"
+# The longest image name a report writes (`Report.img` refuses a longer one), probed in the image folder.
+_LONGEST_IMAGE = "x" * 32 + ".png"
+
+
+def write_reports(rep: Report, html_out: Path | None, md_out: Path | None) -> None:
+    """The HTML and Markdown reports (the Markdown's images beside it), whole or not at all: every file is
+    rendered and staged beside its place first, then each put in place; on any failure what was staged or made
+    is removed and nothing is left half written (a failure while putting files in place, after every check, is
+    what remains possible: then the files already in place stay, each one whole)."""
+    files: dict[Path, bytes] = {}
+    folder = None
+    if html_out is not None:
+        files[Path(html_out)] = terminal.encode(render_html(rep))
+    if md_out is not None:
+        text, images = render_markdown(rep, Path(md_out))
+        if images:
+            folder = markdown_files(Path(md_out))
+            files.update({folder / name: png for name, png in images.items()})
+        files[Path(md_out)] = terminal.encode(text)  # last: the text, once its images are there
+    _publish(files, folder)
+
+
+def _publish(files: dict[Path, bytes], folder: Path | None) -> None:
+    """FILES (path: content) in place together, FOLDER (the images') made where it is not; on failure, undone."""
+    made = None
+    staged: list[tuple[str, Path]] = []
     try:
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                         delete=False) as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(f.name, 0o666 & ~_umask())  # as a file opened for writing gets (the temporary file is 0600)
-        os.replace(f.name, path)
-    except OSError as e:
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(f.name)
-        raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
+        if folder is not None and (st := _lstat(folder)) is None:
+            folder.mkdir()
+            made = folder
+        elif folder is not None and not stat.S_ISDIR(st.st_mode):  # a link put there since the check
+            raise UserError(f"{folder}: is not a folder (a symbolic link?); the report is not written")
+        for dest, data in files.items():
+            staged.append((_stage(dest, data), dest))
+        for _tmp, dest in staged:
+            _refuse_non_file(dest)  # again: a link put there since the check is never replaced
+        while staged:
+            tmp, dest = staged[0]
+            os.replace(tmp, dest)
+            staged.pop(0)
+    except (OSError, UserError) as e:
+        _undo(staged, made)
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{e.filename or ''}: cannot write the report ({e.strerror or e})") from None
+    except BaseException:  # Ctrl-C, or a fault of ours: still nothing half written
+        _undo(staged, made)
+        raise
+
+
+def _stage(dest: Path, data: bytes) -> str:
+    """DATA in a temporary file beside DEST, with the mode a file opened for writing gets (it is made 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=_TMP_PREFIX, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _regular(path: Path) -> bool:
+    """PATH is a regular file itself (not a link to one), or nothing."""
+    st = _lstat(path)
+    return st is None or stat.S_ISREG(st.st_mode)
+
+
+def _refuse_non_file(dest: Path) -> None:
+    if not _regular(dest):
+        raise UserError(f"{dest}: is not a regular file (a symbolic link, a folder, a device or a pipe); the "
+                        "report is not written")
+
+
+def _undo(staged: list[tuple[str, Path]], made: Path | None) -> None:
+    for tmp, _dest in staged:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    if made is not None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(made)
 
 
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def write_html(rep: Report, path: Path) -> None:
-    _write(Path(path), render_html(rep))
-
-
-def write_markdown(rep: Report, path: Path) -> None:
-    """The images first, then the text that links them."""
-    path = Path(path)
-    text, images = render_markdown(rep, path)
-    if images:
-        files = markdown_files(path)
-        try:
-            files.mkdir(exist_ok=True)
-        except OSError as e:
-            raise UserError(f"{path}: cannot make {files} for its images ({e.strerror})") from None
-        for name, png in images.items():
-            _write(files / name, png)
-    _write(path, text)

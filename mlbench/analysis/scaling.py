@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,13 +44,13 @@ class Point:
 
     @property
     def per_device_batch(self) -> float | None:
-        return self.gbs / self.devices if self.gbs else None
+        return ratio(self.gbs, self.devices)
 
     @property
     def tokens_per_s_per_device(self) -> float | None:
         if not (self.gbs and self.step_s):
             return None
-        return self.gbs * (self.seq or 1) / self.step_s / self.devices
+        return ratio(ratio(self.gbs * (self.seq or 1), self.step_s), self.devices)
 
 
 @dataclass
@@ -62,11 +63,23 @@ class Scaling:
     notes: list[str] = field(default_factory=list)
 
 
-def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -> float | None:
-    """T_base x N_base / (T_n x N_n)."""
-    if not t_base or not t_n:
+def ratio(a: float | None, b: float | None) -> float | None:
+    """A / B, or None where either is missing or zero or the quotient is no finite float (device counts are ints
+    of any size: 10**400 / 1 is an OverflowError)."""
+    if not a or not b:
         return None
-    return t_base * n_base / (t_n * n_n)
+    try:
+        q = a / b
+    except (OverflowError, ZeroDivisionError):
+        return None
+    return q if math.isfinite(q) else None
+
+
+def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -> float | None:
+    """T_base x N_base / (T_n x N_n), as (T_base / T_n) x (N_base / N_n): each quotient a float, whatever the
+    size of the counts."""
+    t, n = ratio(t_base, t_n), ratio(n_base, n_n)
+    return ratio(t * n, 1.0) if t is not None and n is not None else None
 
 
 def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
@@ -123,7 +136,8 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
     for q in points:
         if q.gbs:
             by_gbs[q.gbs].append(q)
-            by_pdb[round(q.gbs / q.devices, 9)].append(q)
+            if (pdb := q.per_device_batch) is not None:
+                by_pdb[round(pdb, 9)].append(q)
     for g, qs in sorted(by_gbs.items()):
         if len(qs) > 1:
             b = qs[0]
@@ -131,8 +145,7 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
     for pdb, qs in sorted(by_pdb.items()):
         if len(qs) > 1:
             b = qs[0]
-            sc.weak[pdb] = [(q, (q.tokens_per_s_per_device / b.tokens_per_s_per_device)
-                             if q.tokens_per_s_per_device and b.tokens_per_s_per_device else None) for q in qs]
+            sc.weak[pdb] = [(q, ratio(q.tokens_per_s_per_device, b.tokens_per_s_per_device)) for q in qs]
     if not sc.strong_step:
         sc.notes.append("no two configurations share a global batch: no per-step strong scaling")
     if not sc.weak:
@@ -156,8 +169,8 @@ def tables(sc: Scaling) -> list[tuple[str, list[str], list[list[str]]]]:
     b = sc.points[0]
     out.append(("strong scaling, time to train (base: " + b.label + ")",
                 ["configuration", "devices", "speed-up T_base/T_n", "ideal N_n/N_base", "efficiency"],
-                [[q.label, str(q.devices), _f(b.ttt_min / q.ttt_min if b.ttt_min and q.ttt_min else None),
-                  _f(q.devices / b.devices), _f(e)] for q, e in sc.strong_ttt]))
+                [[q.label, str(q.devices), _f(ratio(b.ttt_min, q.ttt_min)), _f(ratio(q.devices, b.devices)), _f(e)]
+                 for q, e in sc.strong_ttt]))
     for g, rows in sc.strong_step.items():
         bb = rows[0][0]
         out.append((f"strong scaling per step, global batch {g} (base: {bb.label})",
@@ -187,18 +200,18 @@ def print_scaling(console: Console, sc: Scaling) -> None:
 
 def efficiency_plot(sc: Scaling):
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    x = [q.devices for q, _ in sc.strong_ttt]
+    x = [float(q.devices) for q, _ in sc.strong_ttt]  # floats: numpy's log2 takes no int past 64 bits
     ax.plot(x, [e if e is not None else np.nan for _, e in sc.strong_ttt], "o-", label="strong, time to train")
     for g, rows in sc.strong_step.items():
-        ax.plot([q.devices for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "s--",
+        ax.plot([float(q.devices) for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "s--",
                 label=f"strong per step, global batch {g}")
     for pdb, rows in sc.weak.items():
-        ax.plot([q.devices for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "^:",
+        ax.plot([float(q.devices) for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "^:",
                 label=f"weak, per-device batch {pdb:g}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlim(min(x) / 1.25, max(x) * 1.25)  # fixed: with no efficiency to draw, autoscaling has no data
-    ax.set_xticks(x, [str(v) for v in x], rotation=60, fontsize=8)
+    ax.set_xticks(x, [str(q.devices) for q, _ in sc.strong_ttt], rotation=60, fontsize=8)
     ax.set_xlabel("devices")
     ax.set_ylabel("efficiency")
     ax.set_ylim(0, max([1.1, *(e for _, e in sc.strong_ttt if e is not None)]) * 1.05)

@@ -1,0 +1,206 @@
+"""Hostile report paths and options for `compare` and `scaling`: a name too long, a symbolic link, a name the locale
+cannot encode, a device count past any machine, output without a terminal. Each is one line and exit 2 before
+anything is written, or a report written whole; never a traceback, never a link replaced."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlbench.analysis import report
+from mlbench.analysis.scaling import efficiency
+from mlbench.errors import UserError
+
+SET = (Path(__file__).parent / "data" / "mlperf-results" / "training_results_v5.1" / "AMD" / "results"
+       / "MI355X_EPYC_9575F_pytorch" / "llama31_8b")
+
+
+def run(*args: str | bytes | Path, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`mlbench ARGS` with stdout a pipe (no terminal); output as bytes (a name may be no valid UTF-8)."""
+    full = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LC_ALL", "LANG", "PYTHONIOENCODING")}
+    proc = subprocess.run([sys.executable, "-m", "mlbench.cli", *map(os.fsencode, args)], capture_output=True,
+                          cwd=cwd, env={**full, **(env or {})}, timeout=300)
+    assert b"Traceback" not in proc.stderr + proc.stdout, proc.stderr.decode(errors="replace")
+    return proc
+
+
+def one_error(proc: subprocess.CompletedProcess, *words: str) -> str:
+    """The single line of a refusal (exit 2), holding each of WORDS."""
+    out = (proc.stdout + proc.stderr).decode(errors="replace").strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1 and out.startswith("error:"), out
+    assert all(w in out for w in words), (words, out)
+    return out
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """tmp_path with a second set (`s2`, a copy of SET) and an empty folder `out` for reports."""
+    shutil.copytree(SET, tmp_path / "s2")
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def compare(work: Path, *options: str | bytes, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run("compare", "--no-score", SET, "s2", *options, cwd=work, env=env)
+
+
+def test_a_report_name_too_long_is_refused_naming_it(work: Path) -> None:
+    """300 bytes: OSError 'File name too long' from check_output (was a traceback, exit 1). 250 bytes: the report
+    fits, its `<name>_files` folder does not (was the same traceback, after the tables were printed)."""
+    for option, name, failed in (("--md", "a" * 300 + ".md", "a" * 300), ("--html", "h" * 300 + ".html", "h" * 300),
+                                 ("--md", "b" * 250 + ".md", "b" * 250 + "_files")):
+        out = one_error(compare(work, option, f"out/{name}"), option, f"out/{name}", "too long", failed)
+        assert "give another name" in out
+        assert os.listdir(work / "out") == [], os.listdir(work / "out")
+    # the longest name the folder takes is written whole: its temporary file's name is short
+    html = "c" * 250 + ".html"
+    proc = compare(work, "--html", f"out/{html}")
+    assert proc.returncode == 0 and os.listdir(work / "out") == [html], proc.stdout
+
+
+def test_a_report_path_that_is_a_symbolic_link_is_refused_and_the_link_kept(work: Path) -> None:
+    """`--html out/so.html` a link: the check followed it, the atomic rename replaced the link with a file (as
+    root, `--html /dev/stdout` replaced the system's link). A link is never replaced, nor written through."""
+    target = work / "target.html"
+    (work / "out" / "so.html").symlink_to(target)
+    (work / "out" / "so.md").symlink_to(work / "target.md")
+    (work / "elsewhere").mkdir()
+    (work / "out" / "r_files").symlink_to(work / "elsewhere")
+    for option, path, words in (("--html", "out/so.html", ("is a symbolic link", str(target), "the file itself")),
+                                ("--md", "out/so.md", ("is a symbolic link",)),
+                                ("--md", "out/r.md", ("out/r_files", "a symbolic link"))):
+        one_error(compare(work, option, path), option, path, *words)
+    assert (work / "out" / "so.html").is_symlink() and (work / "out" / "so.md").is_symlink()
+    assert (work / "out" / "r_files").is_symlink() and os.listdir(work / "elsewhere") == []
+    assert not target.exists() and not (work / "target.md").exists()
+    assert sorted(os.listdir(work / "out")) == ["r_files", "so.html", "so.md"]
+
+
+def test_a_link_in_the_image_folder_is_not_replaced_and_nothing_is_written(work: Path) -> None:
+    """An image folder of the user's holding a link where an image goes: refused before any work (the HTML asked
+    beside it not written either), the link kept; the rename had replaced it."""
+    files = work / "out" / "r_files"
+    files.mkdir()
+    (files / "step_times.png").symlink_to(work / "theirs.png")
+    proc = compare(work, "--md", "out/r.md", "--html", "out/r.html")
+    out = one_error(proc, "step_times.png", "not a regular file", "out/r_files")
+    assert (files / "step_times.png").is_symlink() and not (work / "theirs.png").exists(), out
+    assert sorted(os.listdir(work / "out")) == ["r_files"] and os.listdir(files) == ["step_times.png"]
+
+
+POSIX = {"LC_ALL": "POSIX", "PYTHONUTF8": "0"}  # file names decoded as ASCII: é is held as two surrogates
+
+
+def test_a_non_ascii_report_name_under_a_posix_locale_is_written(work: Path) -> None:
+    """Was a UnicodeEncodeError ('surrogates not allowed') writing the Markdown, after its images were written:
+    `rép_files/` left with two PNGs and no report."""
+    md, html = "out/r\u00e9p.md".encode(), "out/r\u00e9p.html".encode()
+    proc = compare(work, "--md", md, "--html", html, env=POSIX)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert b"wrote " + html in proc.stdout and b"wrote " + md in proc.stdout
+    out = work / "out"
+    text = (out / "r\u00e9p.md").read_text()
+    assert "](r\u00e9p_files/convergence.png)" in text and "](r\u00e9p_files/step_times.png)" in text
+    assert sorted(os.listdir(out / "r\u00e9p_files")) == ["convergence.png", "step_times.png"]
+    assert (out / "r\u00e9p.html").read_text().endswith("</html>")
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary file left
+
+
+def test_a_failure_while_writing_leaves_no_part_of_a_report(work: Path, monkeypatch) -> None:
+    """Any failure between the check and the last file (a full disk, here) removes what was staged and the image
+    folder it made: no images without their text, no HTML without the Markdown asked beside it."""
+    from mlbench.analysis.compare import build_comparison, comparison_report
+
+    rep = comparison_report(build_comparison([str(SET), str(work / "s2")], with_score=False))
+    out = work / "out"
+    (out / "old.html").write_text("earlier report")
+    stage = report._stage
+
+    def full_disk(dest: Path, data: bytes) -> str:
+        if dest.suffix == ".md":
+            raise OSError(28, "No space left on device", str(dest))
+        return stage(dest, data)
+
+    monkeypatch.setattr(report, "_stage", full_disk)
+    with pytest.raises(UserError, match="r.md: cannot write the report .No space left on device"):
+        report.write_reports(rep, out / "old.html", out / "r.md")
+    assert os.listdir(out) == ["old.html"] and (out / "old.html").read_text() == "earlier report"
+
+
+def test_check_prints_a_name_its_output_encoding_lacks(work: Path) -> None:
+    """`check` of a path with ü, stdout ASCII: a UnicodeEncodeError in mlbench/terminal.py (it caught OSError
+    only). The verdict is printed, the character it cannot encode as '?'; a name's undecodable bytes (a POSIX
+    locale) go out as they were."""
+    for name, env, shown in (("\u00fc", {"LC_ALL": "C", "PYTHONIOENCODING": "ascii"}, b"?"),
+                             ("\u00fc", {**POSIX, "PYTHONIOENCODING": "ascii"}, "\u00fc".encode()),
+                             ("\u00fc", {**POSIX, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"}, "\u00fc".encode())):
+        d = work / name
+        d.mkdir(exist_ok=True)
+        shutil.copy(SET / "result_0.txt", d)
+        proc = run("check", f"{name}/result_0.txt", cwd=work, env=env)
+        assert proc.returncode == 0 and b"PASS " + shown + b"/result_0.txt" in proc.stdout, (env, proc.stdout)
+    # an error naming such a path is its one line too
+    env = {**POSIX, "PYTHONIOENCODING": "ascii"}
+    proc = run("compare", "--no-score", SET, "s2", "--md", "nowhere/\u00fc.md", cwd=work, env=env)
+    assert proc.returncode == 2 and "nowhere/\u00fc.md".encode() in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("devices", [str(10**400), str(10**30), "9" * 5000, "10000001"])
+def test_a_device_count_past_any_machine_is_refused(work: Path, devices: str) -> None:
+    """10**400: OverflowError in scaling.efficiency; 10**30 with --md: TypeError in matplotlib's log2; both after
+    the logs were read. One line naming the bound, the value shortened."""
+    proc = run("scaling", "--devices", devices, "--devices", "1", SET, "s2", "--md", "out/x.md", cwd=work)
+    out = one_error(proc, "--devices", "from 1 to 10,000,000")
+    assert len(out) < 200 and os.listdir(work / "out") == [], out
+
+
+def test_the_largest_device_count_is_computed_and_drawn(work: Path) -> None:
+    proc = run("scaling", "--devices", "10000000", "--devices", "1", SET, "s2", "--md", "out/x.md", cwd=work)
+    assert proc.returncode == 0 and (work / "out" / "x_files" / "efficiency.png").exists(), proc.stdout
+
+
+def test_efficiency_takes_counts_of_any_size() -> None:
+    assert efficiency(10.0, 10**400, 1.0, 1) is None  # no finite float: not an OverflowError
+    assert efficiency(10.0, 1, 1.0, 10**400) is None
+    assert efficiency(100.0, 8, 60.0, 16) == pytest.approx(100 * 8 / (60 * 16))
+    assert efficiency(None, 8, 60.0, 16) is None and efficiency(1e308, 10**300, 1e-308, 1) is None
+
+
+LONG = "a-system-name-long-enough-to-make-the-configuration-table-wider-than-any-cap-x" * 2
+
+
+@pytest.mark.parametrize("columns", [None, "5", "80"])
+def test_tables_without_a_terminal_are_whole_lines_at_their_natural_width(work: Path, columns: str | None) -> None:
+    """stdout a file or a pipe: tables were capped at 170 columns (a configuration cell split over two lines),
+    COLUMNS=5 printed a table of empty cells, and `score` cut numbers with '…'."""
+    label = f"{LONG}/llama31_8b"
+    shutil.copytree(SET, work / LONG / "llama31_8b")
+    env = {"COLUMNS": columns} if columns else None
+    proc = run("scaling", "--devices", "8", "--devices", "16", SET, f"{LONG}/llama31_8b", cwd=work, env=env)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0 and "…" not in out, out
+    rows = [ln for ln in out.splitlines() if label in ln]
+    assert len(rows) >= 2 and all("16 (given)" in ln for ln in rows[:1]), out
+    proc = run("score", SET, cwd=work, env=env)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0 and "…" not in out, out
+    row = next(ln for ln in out.splitlines() if "result_0.txt" in ln)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert [cells[i] for i in (0, 1, 3, 4, 5)] == ["result_0.txt", "success", "95.9689", "172000", "32"], row
+
+
+def test_a_link_put_in_place_after_the_check_is_not_replaced(work: Path) -> None:
+    """Between the check and the writing (plots take a while) a link appears where the report goes: the rename
+    would replace it; the report is refused whole instead, nothing staged left."""
+    from mlbench.analysis.report import Report
+
+    out = work / "out"
+    (out / "r.md").symlink_to(work / "theirs.md")
+    with pytest.raises(UserError, match="r.md: is not a regular file"):
+        report.write_reports(Report("t"), out / "r.html", out / "r.md")
+    assert os.listdir(out) == ["r.md"] and (out / "r.md").is_symlink() and not (work / "theirs.md").exists()
