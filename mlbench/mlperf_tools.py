@@ -118,8 +118,8 @@ def scaling_factor(folder: Path) -> float | None:
     f = _internal(_result_summarizer(), "_get_scaling_factor", "result_summarizer")
     try:
         v = f(str(folder))
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        raise ValueError(f"{path}: no scaling_factor in it ({type(e).__name__}: {e})") from None
+    except (ValueError, KeyError, TypeError, OSError, RecursionError) as e:  # deep nesting: RecursionError
+        raise ValueError(f"{path}: no scaling_factor in it ({type(e).__name__}: {str(e)[:120]})") from None
     if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v < float("inf")):
         raise ValueError(f"{path}: scaling_factor is {v!r}, expected a finite positive number")
     return float(v)

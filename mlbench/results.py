@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlbench import logfile, owners
+from mlbench import owners
 from mlbench.errors import UserError
 
 STAGING = ".staging-"
@@ -45,6 +45,8 @@ def log_problem(path: Path, last_key: str) -> str:
     """Why the MLPerf log at `path`, written by mlbench, is not whole ("" when it is): a line that is not one whole
     record (a write cut short by a full disk, the next line run into it), its last line cut off, or, once it has
     run_start, no `last_key` line (run_stop for a run; run_start for a log that stops there)."""
+    from mlbench import logfile  # here: numpy and orjson, which the CLI's start-up need not import
+
     if not path.exists() or path.stat().st_size == 0:
         return "" if last_key == "run_stop" else "it is empty"
     started = ended = False

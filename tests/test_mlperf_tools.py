@@ -42,6 +42,9 @@ def test_result_summarizer_get_scaling_factor(tmp_path):
     (tmp_path / "scaling.json").write_text('{"scaling_factor": NaN}')
     with pytest.raises(ValueError, match="scaling.json: scaling_factor is nan"):
         tools.scaling_factor(tmp_path)
+    (tmp_path / "scaling.json").write_text("[" * 100000 + "]" * 100000)  # was a RecursionError out of score
+    with pytest.raises(ValueError, match="scaling.json: no scaling_factor in it .RecursionError"):
+        tools.scaling_factor(tmp_path)
 
 
 def test_rcp_checker_read_submission_file(tmp_path):

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import terminal
+from mlbench.analysis import MAX_DEVICES
 from mlbench.cli_paths import PathParam
 from mlbench.errors import UserError
 
@@ -29,9 +30,6 @@ def strict_json(doc: object) -> str:
     return json.dumps(clean(doc), indent=2, default=str, allow_nan=False)
 
 
-# Far above any machine built: a count past it is a typo, and bounds the efficiency arithmetic (10**400 devices was
-# an OverflowError) and the plot's axis (10**30 was a TypeError in matplotlib).
-MAX_DEVICES = 10_000_000
 
 
 class DeviceCount(click.IntRange):

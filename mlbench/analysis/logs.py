@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from mlbench.analysis import MAX_DEVICES
 from mlbench.analysis import step_times as st
 from mlbench.errors import UserError
 from mlbench.logfile import (
@@ -50,8 +51,6 @@ _STEP_KEYS = frozenset({*_SCORE_KEYS, "tracked_stats", *_BLOCK_KEYS})
 # made a negative "samples to converge", 1e300 an absurd one. A batch or sequence length is below it too (the
 # product of two of 1e300 overflowed a float)
 _MAX_SAMPLES = 2.0**53
-# A device count (per node, of nodes, in all) is a whole number from 1 to this
-_MAX_DEVICES = 1_000_000
 
 
 @dataclass
@@ -444,16 +443,16 @@ def passed_over(source: str) -> tuple[str, str]:
 
 
 def _count(d: dict, key: str, name: str, why: list[str]) -> int | None:
-    """D[KEY] as a device count, a whole number from 1 to _MAX_DEVICES (a number, or a string of digits as systems
+    """D[KEY] as a device count, a whole number from 1 to MAX_DEVICES (a number, or a string of digits as systems
     jsons write); None, with the reason naming file NAME and the key added to WHY, for anything else."""
     v = d[key]
     if isinstance(v, str) and re.fullmatch(r"\s*[0-9]{1,7}\s*", v):  # (int() of 5000 digits raises)
         v = int(v)
     if type(v) is float and v.is_integer():
         v = int(v)
-    if type(v) is int and 1 <= v <= _MAX_DEVICES:
+    if type(v) is int and 1 <= v <= MAX_DEVICES:
         return v
-    why.append(f"{name} {key} {shown(v, 40)} is not a whole count from 1 to {_MAX_DEVICES:,}")
+    why.append(f"{name} {key} {shown(v, 40)} is not a whole count from 1 to {MAX_DEVICES:,}")
     return None
 
 
