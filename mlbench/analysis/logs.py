@@ -517,10 +517,10 @@ def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     # mlbench publishes a run's record before its log: in a folder of its runs, a log without a record beside it
     # was not published by it (left by hand, or a copy), and would be scored as a run of unknown kind
     recorded = [f for f in files if f.with_suffix(".json").is_file()]
-    strays = [f for f in files if f not in recorded] if recorded else []
-    files = [f for f in files if f not in strays]
+    strays = [f for f in files if not f.with_suffix(".json").is_file()] if recorded else []
     left_out = [f"{f.name}: left out: no run record ({f.with_suffix('.json').name}) beside it, as every run "
                 f"mlbench publishes in this folder has (a stray or copied log)" for f in strays]
+    files = recorded or files
     system = folder.parent.name
     org_root = None
     # ORG/results/<system>/<benchmark>/result_*.txt
