@@ -118,3 +118,67 @@ print(p.tolist(), "torch._dynamo" in sys.modules)
     torch_own, layer = (out.stdout.rsplit(" ", 1) for out in runs)
     assert torch_own[1].strip() == "True" and layer[1].strip() == "False"  # imported by torch's wrappers alone
     assert layer[0] == torch_own[0]  # the same parameters, to the last digit
+
+
+def test_swiglu_is_fused_on_gpu_for_dense_models_and_not_for_experts(monkeypatch) -> None:
+    """Dense SwiGLU models fuse their activation on a GPU (megatron's bias_swiglu_impl, as Megatron-LM runs them:
+    what the memory plan counts there); on CPU and in a mixture's experts the unfused glu runs."""
+    llama, moe = (registry.load(n, tiny=True).model for n in ("llama31_8b", "gpt_oss_20b"))
+    assert not M.transformer_config(llama, tp=1, pp=1, vp=1, cp=1, bf16=False).bias_activation_fusion
+    _cuda_present(monkeypatch)
+    gpu = M.transformer_config(llama, tp=1, pp=1, vp=1, cp=1, bf16=True)
+    assert gpu.bias_activation_fusion and gpu.gated_linear_unit and gpu.activation_func is F.silu
+    assert not M.transformer_config(moe, tp=1, pp=1, vp=1, cp=1, bf16=True).bias_activation_fusion
+
+
+def test_fused_swiglu_computes_the_same_and_saves_what_the_plan_counts_on_a_gpu() -> None:
+    """megatron's fused SwiGLU (run here uncompiled, on CPU) gives the unfused glu's output and gradients and keeps
+    two ffn-wide tensors fewer for backward: fc1's input and output and fc2's input, the plan's GPU MLP terms
+    (planner/memory.py: h + fc1 + ffn elements a token). In a fresh interpreter: it builds a megatron world."""
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import json, torch
+from mlbench.train import one_process_world
+one_process_world.init()
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from mlbench import registry
+from mlbench.train.measured_memory import saved_activation_bytes
+from mlbench.train.model import transformer_config
+m = registry.load("llama31_8b", tiny=True).model
+out = {}
+for fused in (False, True):
+    cfg = transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+    cfg.bias_activation_fusion = fused
+    torch.manual_seed(0)
+    mlp = MLP(cfg, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+    x = torch.randn(64, 8, m.hidden_size, requires_grad=True)
+    held = []
+    saved = saved_activation_bytes(lambda: held.append(mlp(x)[0]), list(mlp.parameters()))
+    held[0].square().sum().backward()
+    out[fused] = {"saved": saved, "y": held[0].flatten()[:50].tolist(), "dx": x.grad.flatten()[:50].tolist(),
+                  "dw": mlp.linear_fc1.weight.grad.flatten()[:50].tolist()}
+print(json.dumps([out[False], out[True], m.hidden_size, m.ffn_hidden_size]))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    unfused, fused, h, ffn = json.loads(run.stdout.splitlines()[-1])
+    for k in ("y", "dx", "dw"):
+        assert torch.allclose(torch.tensor(fused[k]), torch.tensor(unfused[k]), rtol=1e-5, atol=1e-6), k
+    tokens, fp32 = 64 * 8, 4
+    assert fused["saved"] == tokens * (h + 2 * ffn + ffn) * fp32  # x (fc1's input), fc1's output, fc2's input
+    assert unfused["saved"] - fused["saved"] == tokens * 2 * ffn * fp32  # silu(x_glu), x_linear + offset
+
+
+def test_collective_tensors_live_where_the_backend_takes_them(monkeypatch) -> None:
+    """NCCL takes only the rank's GPU: the layout check, seed broadcast and loss sums put their tensors there (on
+    an H100 every run aborted at the first with 'No backend type associated with device type cpu'; run there by
+    perf/gpu_check.py, mocked here)."""
+    from mlbench.train.build import collectives_device
+
+    assert collectives_device(on_cpu=True) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert collectives_device(on_cpu=False) == torch.device("cuda", 3)

@@ -29,18 +29,24 @@ class Device:
     info: dict  # the record's environment.device: type, name, per_node, precision, attention
 
 
-def _same_layout_as_rank0(plan: RunPlan) -> None:
+def _same_layout_as_rank0(plan: RunPlan, dev: torch.device) -> None:
     """Every rank trains rank 0's layout, the one logged: a node started with other layout flags (--tp, --gbs, ...)
     but the same world size is refused on every rank at once (a flag summed over all), not left to hang."""
     layout = {k: v for k, v in plan.layout.items() if k != "source"}  # (how it was chosen may differ)
     mine = int.from_bytes(hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).digest()[:7], "big")
-    theirs = torch.tensor([mine], dtype=torch.int64)
+    theirs = torch.tensor([mine], dtype=torch.int64, device=dev)
     dist.broadcast(theirs, src=0)
-    differs = torch.tensor([int(int(theirs.item()) != mine)], dtype=torch.int64)
+    differs = torch.tensor([int(int(theirs.item()) != mine)], dtype=torch.int64, device=dev)
     dist.all_reduce(differs)
     if differs.item():
         raise RuntimeError(f"{differs.item()} rank(s) were started with another layout than rank 0's: give every "
                            f"node the same layout flags")
+
+
+def collectives_device(on_cpu: bool) -> torch.device:
+    """Where a tensor handed to a collective must live: NCCL takes only this rank's GPU ("No backend type
+    associated with device type cpu"), gloo only the CPU."""
+    return torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
 
 
 def init_distributed(plan: RunPlan) -> Device:
@@ -55,9 +61,9 @@ def init_distributed(plan: RunPlan) -> Device:
         raise RuntimeError(f"torchrun formed {world} ranks, and this node's layout is {planned} ({ly['nodes']} nodes "
                            f"x {ly['nproc_per_node']}): give every node the same layout flags")
     dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=120))
-    _same_layout_as_rank0(plan)
+    _same_layout_as_rank0(plan, collectives_device(on_cpu))
     # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
-    seed_t = torch.tensor([plan.seed], dtype=torch.int64)
+    seed_t = torch.tensor([plan.seed], dtype=torch.int64, device=collectives_device(on_cpu))
     dist.broadcast(seed_t, src=0)
     plan.seed = int(seed_t.item())
 

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def train(plan: RunPlan) -> int:
     # CheckpointException (a damaged checkpoint's) derives from BaseException alone.
     except BaseException as e:
         report.aborted(_reason(e))
+        if not isinstance(e, Aborted):  # the rank's log keeps where it failed; the last line stays the reason
+            traceback.print_exception(e, file=sys.stderr)
         print(f"[rank {rank}] run aborted: {_reason(e)}", file=sys.stderr, flush=True)
         os._exit(3)  # skip interpreter teardown: peers may be gone and collectives would hang
     if plan.save_checkpoint and save:  # after run_stop, untimed; a failure here leaves the run's result alone

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from mlbench.run_plan import RunPlan
-from mlbench.train.build import Parts
+from mlbench.train.build import Parts, collectives_device
 from mlbench.train.model import context_parallel
 
 # An eval micro-batch holds up to this many training micro-batches' rows: a forward pass saves nothing for
@@ -97,7 +97,7 @@ class Stepper:
                             model=model if self.vp > 1 else model[0], num_microbatches=len(batches),
                             seq_length=self.seq, micro_batch_size=mbs, forward_only=forward_only)
         keys = ("loss_sum", "tokens", "correct")
-        local = torch.zeros(len(keys), dtype=torch.float64)
+        local = torch.zeros(len(keys), dtype=torch.float64, device=collectives_device(self.on_cpu))
         for stats in out or []:
             for i, k in enumerate(keys):
                 if k in stats:

@@ -93,7 +93,7 @@ class LAMB(torch.optim.Optimizer):
             if any(split):
                 # Split parameters: sum their shards' squared norms over the tensor-parallel group. Replicated
                 # ones are masked out of the sum and keep their local norms (each rank holds the whole tensor).
-                mask = torch.tensor(split, dtype=sq.dtype).unsqueeze(1)
+                mask = torch.tensor(split, dtype=sq.dtype, device=sq.device).unsqueeze(1)
                 shard = sq * mask
                 dist.all_reduce(shard, group=self.tp_group)
                 sq = shard + sq * (1 - mask)
