@@ -49,7 +49,12 @@ def layer_spec(m: ModelSpec, backend: str) -> Any:
         return get_gpt_layer_with_transformer_engine_spec(num_experts=m.num_experts, moe_grouped_gemm=True,
                                                           qk_layernorm=m.qk_layernorm)
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.moe import moe_utils
 
+    # megatron-core 0.16.1's router tests `te_general_gemm` before its torch GEMM, and moe_utils defines the name
+    # only where Transformer Engine imports: a NameError on every router call, on a GPU as on the CPU.
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     # "sdpa" keeps megatron's own core attention: mlbench's SDPA module has no sliding-window mask.
     return get_gpt_layer_local_spec(num_experts=m.num_experts, moe_grouped_gemm=False,
                                     qk_layernorm=m.qk_layernorm, normalization=m.normalization)

@@ -156,17 +156,14 @@ _DEFAULT_STREAM = _NoStream()
 
 
 def _moe_on_cpu() -> None:
-    """1. Without Transformer Engine, moe_utils never defines `te_general_gemm`, which the router's GEMM tests
-    first (NameError on every router call): None sends it to its torch path. 2. The all-to-all dispatcher
-    creates a CUDA stream for its device-to-host copies and waits on it: stand-ins. 3. Its split sizes reach
-    all_to_all_single as numpy arrays only when they were CUDA tensors (`maybe_move_tensor_to_cpu` converts only
-    those); on CPU they stay tensors, which the binding refuses: converted here as well."""
+    """1. The all-to-all dispatcher creates a CUDA stream for its device-to-host copies and waits on it:
+    stand-ins. 2. Its split sizes reach all_to_all_single as numpy arrays only when they were CUDA tensors
+    (`maybe_move_tensor_to_cpu` converts only those); on CPU they stay tensors, which the binding refuses:
+    converted here as well. (The router's missing `te_general_gemm` is not the CPU's: mlbench.models.moe.)"""
     import contextlib
 
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
     torch.cuda.Stream = lambda *a, **k: _NoStream()  # type: ignore[assignment,misc]
     torch.cuda.current_stream = lambda *a, **k: _DEFAULT_STREAM  # type: ignore[assignment]
     torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
