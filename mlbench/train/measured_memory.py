@@ -94,6 +94,14 @@ def measure(parts: Any, batch: dict[str, torch.Tensor] | None) -> dict[str, int]
     return out
 
 
+def allocator_peak() -> dict[str, int]:
+    """On a GPU, the CUDA caching allocator's high-water marks over the whole run: every tensor at once at the
+    worst moment (allocated; what the plan's total estimates, less the CUDA context, which the allocator does not
+    see) and what the allocator held from the driver for it (reserved: allocated plus fragmentation)."""
+    return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+
+
 def record(plan: Any, parts: Any, stepper: Any, on_cpu: bool) -> dict:
     """The run record's memory for rank 0: `measured` (above) and `estimated`, the planner's per-GPU plan for this
     layout's first pipeline stage, rank 0's (mlbench.planner.memory.estimate, in the precision the run trained in:
@@ -102,10 +110,11 @@ def record(plan: Any, parts: Any, stepper: Any, on_cpu: bool) -> dict:
 
     # After run_stop the run's result is settled: a measurement that fails is recorded as such, never turned
     # into a failed run.
+    peak = {} if on_cpu else allocator_peak()  # before the measured forward below adds its own
     try:
-        measured = measure(parts, stepper.first_micro_batch())
+        measured = measure(parts, stepper.first_micro_batch()) | peak
     except Exception as e:
-        measured = {"error": f"{type(e).__name__}: {e}"[:300]}
+        measured = {"error": f"{type(e).__name__}: {e}"[:300]} | peak
     try:
         estimated = estimate(plan.benchmark, _layout(plan.layout, on_cpu), stage=0).as_dict()
     except Exception as e:
