@@ -44,22 +44,70 @@ def require_ruleset(ruleset: str) -> str:
     return ruleset
 
 
-def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False) -> Verdict:
+# The checker reads about 5 MB a second (a 250 MB log: 50-61 s, perf/log_reading.py); the limit is several times
+# that for a log of any size. What outruns it is a long line: the checker strips each line with
+# re.sub(".*:::MLLOG ", ...), whose time grows with the square of the line's length (64 KiB: 2.6 s, 256 KiB: 54 s,
+# 2 MB: over 5 minutes, on this project's 2-core machine); no MLPerf record is longer than a few KiB.
+CHECK_TIME_BASE_S, CHECK_TIME_PER_MB_S = 60.0, 1.0
+LONG_LINE_BYTES = 64 * 1024
+
+
+def time_limit_s(path: Path) -> float:
+    """How long the checker may take on PATH before mlbench stops it (its verdict then: not compliant)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    return CHECK_TIME_BASE_S + CHECK_TIME_PER_MB_S * size / 1e6
+
+
+def longest_line(path: Path) -> tuple[int, int]:
+    """(line number from 1, length in bytes) of PATH's longest line, read in blocks (a line may be gigabytes)."""
+    best, line, current = (0, 0), 1, 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            *ended, rest = block.split(b"\n")
+            for part in ended:
+                if current + len(part) > best[1]:
+                    best = (line, current + len(part))
+                line, current = line + 1, 0
+            current += len(rest)
+    return (line, current) if current > best[1] else best
+
+
+def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None) -> Verdict:
     """The official checker's verdict on one file: the closed rules of RULESET, or our smoke rules.
-    quiet: leave out its warnings (as the result summarizer does)."""
+    quiet: leave out its warnings (as the result summarizer does). time_limit: seconds before it is stopped and
+    the file judged not compliant (default: time_limit_s)."""
+    limit = time_limit_s(path) if time_limit is None else time_limit
+    rules = "smoke rules" if smoke else f"training {ruleset} rules"
     with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
         cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
                                            Path(scratch) / "checker.log", quiet)
         # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
         # published (the checker, interrupted, judged a good run non-compliant); it still dies with mlbench.
-        proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace",
-                              start_new_session=True, preexec_fn=lifeline.die_with_parent)
+        try:
+            proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace",
+                                  start_new_session=True, preexec_fn=lifeline.die_with_parent, timeout=limit)
+        except subprocess.TimeoutExpired:  # subprocess.run has killed it
+            return Verdict(path=Path(path), ok=False, rules=rules, messages=[_timed_out(Path(path), limit)])
     log, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
     messages = _messages(log)
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
         messages.append("the compliance checker crashed: " + trace.strip().splitlines()[-1][:300])
-    return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages,
-                   rules="smoke rules" if smoke else f"training {ruleset} rules")
+    return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages, rules=rules)
+
+
+def _timed_out(path: Path, limit: float) -> str:
+    why = ""
+    try:
+        number, length = longest_line(path)
+    except OSError:
+        number = length = 0
+    if length > LONG_LINE_BYTES:
+        why = (f": line {number} is {length:,} bytes long, and the checker's time grows with the square of a line's "
+               f"length (64 KiB: about 3 s); an MLPerf record is at most a few KiB")
+    return f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
 
 
 # The checker holds a whole log in memory: 1,807 MiB for a 250 MB log (perf/log_reading.py), about 7.6 bytes a byte.

@@ -263,3 +263,27 @@ def test_scaling_report_when_no_configuration_has_a_time(tmp_path, capsys, monke
     code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b), "--html", str(tmp_path / "s.html"))
     assert code == 0, out
     assert (tmp_path / "s.html").read_text().count("<img") == 1
+
+
+def test_a_line_the_checker_would_take_minutes_on_is_stopped_and_judged_not_compliant(tmp_path):
+    """The official checker strips every line with re.sub(".*:::MLLOG ", ...), whose time grows with the square
+    of the line's length (2 MB: over 5 minutes). mlbench stops it at a time limit (60 s + 1 s a MB; 3 s here): the
+    file is judged not compliant, and the reason names the line and why."""
+    from mlbench import compliance
+
+    f = tmp_path / "result_0.txt"
+    note = {"namespace": "", "time_ms": 1_700_000_000_000, "event_type": "POINT_IN_TIME", "key": "note",
+            "value": "x" * 1_000_000, "metadata": {"file": "a.py", "lineno": 1}}
+    lines = tiny_log().splitlines(keepends=True)
+    f.write_text("".join(lines[:3]) + ":::MLLOG " + json.dumps(note) + "\n" + "".join(lines[3:]))
+    assert compliance.time_limit_s(f) == pytest.approx(60 + f.stat().st_size / 1e6)
+    number, length = compliance.longest_line(f)
+    assert number == 4 and length > 1_000_000
+    v = compliance.check(f, RULESET, smoke=False, time_limit=3)
+    assert not v.ok and v.messages == [
+        f"the compliance checker did not finish within 3 s and was stopped: line 4 is {length:,} bytes long, and "
+        f"the checker's time grows with the square of a line's length (64 KiB: about 3 s); an MLPerf record is at "
+        f"most a few KiB"]
+    ok = tmp_path / "ok.txt"
+    ok.write_text(tiny_log())
+    assert not any("did not finish" in m for m in compliance.check(ok, RULESET, smoke=False).messages)
