@@ -58,8 +58,11 @@ GARBLES = [
      'run_start time_ms is "1700000001000", expected a finite number'),
     # a time to train of 54 years, counted as a success (was)
     ("run_start time negative", "run_start", '"time_ms": 1700000001000', '"time_ms": -1', "run_start time_ms is -1, "
-     "expected a finite number at least 0"),
+     "expected milliseconds since the epoch, from 0 to 1e+14"),
     ("run_stop time negative", "run_stop", '"time_ms": 1700000003510', '"time_ms": -1', "run_stop time_ms is -1"),
+    # a success with a time to train of 300 digits (was)
+    ("run_stop time 1e300", "run_stop", '"time_ms": 1700000003510', '"time_ms": 1e300',
+     "run_stop time_ms is 1e+300, expected milliseconds since the epoch"),
     ("benchmark a list", "submission_benchmark", '"value": "llama31_8b"', '"value": ["llama31_8b"]',
      'submission_benchmark is ["llama31_8b"]'),
     ("step time Infinity", "tracked_stats", '"train_step_time": 0.5', '"train_step_time": Infinity',
@@ -287,3 +290,19 @@ def test_a_line_the_checker_would_take_minutes_on_is_stopped_and_judged_not_comp
     ok = tmp_path / "ok.txt"
     ok.write_text(tiny_log())
     assert not any("did not finish" in m for m in compliance.check(ok, RULESET, smoke=False).messages)
+
+
+def test_an_eval_value_near_the_float_maximum_is_left_off_the_plot_with_a_note(tmp_path, capsys, monkeypatch):
+    """1.7e308 is a finite eval_accuracy, but matplotlib's axis arithmetic overflows on it (a ValueError out of
+    its ticker; 1e307: overflow warnings): compare --html leaves the point off the plot and says so."""
+    import warnings
+
+    text, _ = _garble(tiny_log(), "eval_accuracy", '"value": 3.5', '"value": 1.7e308')
+    a, b = _sets(tmp_path, text)
+    html = tmp_path / "report.html"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow warning fails the test
+        code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score", "--html", str(html))
+    assert code == 0 and html.is_file(), out
+    assert "1 eval point(s) with a value of magnitude 1e+150 or more left off the convergence plot" in \
+        html.read_text()

@@ -306,6 +306,9 @@ def comparison_report(cmp: Comparison) -> Report:
     return rep
 
 
+PLOTTABLE = 1e150  # far beyond any metric, time or count a log can hold; far below where axis arithmetic overflows
+
+
 def _convergence_plot(cmp):
     series = [(e, r) for e in cmp.entries for r in e.runs if r.evals]
     if not series:
@@ -314,7 +317,14 @@ def _convergence_plot(cmp):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, e in enumerate(cmp.entries):
         for j, r in enumerate(x for x in e.runs if x.evals):
-            ev = np.array(r.evals)
+            ev = np.array(r.evals, dtype=float)
+            # matplotlib's axis limits overflow near the float maximum (1.7e308: a ValueError out of its ticker;
+            # 1e307: overflow warnings): such a point is left off the plot, and the notes say so
+            plottable = np.isfinite(ev).all(axis=1) & (np.abs(ev) < PLOTTABLE).all(axis=1)
+            if not plottable.all():
+                cmp.notes.append(f"{e.label}: {int((~plottable).sum())} eval point(s) with a value of "
+                                 f"magnitude {PLOTTABLE:g} or more left off the convergence plot")
+                ev = ev[plottable]
             kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
                   "label": e.label if j == 0 else None}
             a.plot(ev[:, 0], ev[:, 1], **kw)

@@ -289,12 +289,17 @@ def _step_fields(record: dict) -> tuple:
             v.get("tflops_per_device", _NAN))
 
 
+# Milliseconds since the epoch before the year 5138: no clock logs more (mlperf_logging's is time.time() x 1000,
+# 1.7e12 in 2024); 1e300 made a success with a time to train of 300 digits.
+MAX_EPOCH_MS = 1e14
+
+
 def _clock(path: Path, e: Event) -> float:
     """A run_start or run_stop time: milliseconds since the epoch, so never negative (a negative one made a
-    time to train of a century)."""
+    time to train of a century) nor past MAX_EPOCH_MS."""
     t = number(path, e, "time_ms", e.time_ms)
-    if t < 0:
-        raise BadField(path, e, "time_ms", t, "a finite number at least 0 (milliseconds since the epoch)")
+    if not 0 <= t < MAX_EPOCH_MS:
+        raise BadField(path, e, "time_ms", t, f"milliseconds since the epoch, from 0 to {MAX_EPOCH_MS:.0e}")
     return t
 
 
