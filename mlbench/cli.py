@@ -144,8 +144,13 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
 @click.option("--launcher", type=click.Choice(["local", "torchrun", "slurm"]), default="local", show_default=True,
               help="local: the ranks on this machine; torchrun: one invocation per node; slurm: an sbatch job.")
-@click.option("--rdzv-endpoint", help="torchrun launcher: HOST:PORT of the c10d rendezvous.")
-@click.option("--node-rank", default=0, show_default=True, type=int, help="torchrun launcher: this node's rank.")
+@click.option("--rdzv-endpoint", help="torchrun launcher: HOST:PORT of the rendezvous, on node 0's host (the same "
+                                      "on every node; node 0 listens on PORT).")
+@click.option("--node-rank", default=0, show_default=True, type=int,
+              help="torchrun launcher: this node's rank; node 0 hosts global rank 0 and publishes the run.")
+@click.option("--rdzv-timeout", default=600.0, show_default=True, type=float,
+              help="torchrun launcher: seconds the nodes wait for each other at the rendezvous (node 0 for every "
+                   "node to join) before the run is aborted.")
 @click.option("--hang-timeout", default=300.0, show_default=True, type=float,
               help="Seconds without step progress before a run is aborted as hung.")
 @click.option("--partition", help="slurm: partition.")

@@ -76,6 +76,7 @@ class RunRequest:
     launcher: Literal["local", "torchrun", "slurm"] = "local"
     rdzv_endpoint: str | None = None
     node_rank: int = 0
+    rdzv_timeout: float = 600.0
     hang_timeout: float = 300.0
     threads: int = 1
     dry_run: bool = False
@@ -146,6 +147,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
                              hang_timeout=req.hang_timeout, node_rank=req.node_rank,
                              rdzv_endpoint=req.rdzv_endpoint if req.launcher == "torchrun" else None,
+                             rdzv_timeout=req.rdzv_timeout,
                              threads=req.threads,
                              init_checkpoint=str(req.init_checkpoint.resolve()) if req.init_checkpoint else "",
                              save_checkpoint=str(req.save_checkpoint.resolve()) if req.save_checkpoint else "",
@@ -161,6 +163,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
 
 
 MIN_HANG_TIMEOUT_S = 1.0
+MIN_RDZV_TIMEOUT_S, MAX_RDZV_TIMEOUT_S = 1.0, 7 * 86400.0  # a week: the longest a cluster queue plausibly holds a node
 
 
 def _check_options(req: RunRequest) -> None:
@@ -176,6 +179,9 @@ def _check_options(req: RunRequest) -> None:
     if req.hang_timeout < MIN_HANG_TIMEOUT_S:  # 0.001 stopped a healthy run as hung between two steps
         raise UserError(f"--hang-timeout {req.hang_timeout:g} is shorter than a step can be counted on to take; "
                         f"at least {MIN_HANG_TIMEOUT_S:g} s (it is the longest a step may take)")
+    if not MIN_RDZV_TIMEOUT_S <= req.rdzv_timeout <= MAX_RDZV_TIMEOUT_S:  # also NaN
+        raise UserError(f"--rdzv-timeout must be {MIN_RDZV_TIMEOUT_S:g} to {MAX_RDZV_TIMEOUT_S:g} seconds, got "
+                        f"{req.rdzv_timeout}")
     if req.lr is not None and not 0 < req.lr < math.inf:
         raise UserError(f"--lr must be a positive number, got {req.lr}")
     if req.threads < 1:
@@ -217,7 +223,7 @@ def _check_options(req: RunRequest) -> None:
 # The options of one launcher, by flag and field. Given with another launcher they would be dropped without a word:
 # a --partition without --launcher slurm would train on the machine the command was typed on.
 LAUNCHER_OPTIONS = {
-    "torchrun": {"--rdzv-endpoint": "rdzv_endpoint", "--node-rank": "node_rank"},
+    "torchrun": {"--rdzv-endpoint": "rdzv_endpoint", "--node-rank": "node_rank", "--rdzv-timeout": "rdzv_timeout"},
     "slurm": {"--partition": "partition", "--account": "account", "--time": "time_limit", "--sbatch-arg": "sbatch_args",
               "--container-image": "container_image", "--container-mounts": "container_mounts",
               "--master-addr": "master_addr", "--gpus-per-node": "gpus_per_node"},

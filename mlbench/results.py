@@ -237,15 +237,18 @@ def discard(staging: Path) -> None:
 
 
 def keep_node_logs(folder: Path, staging: Path, node_rank: int, seed: int) -> Path | None:
-    """On a node other than node 0 (which publishes the run): keep its rank logs, drop the staging folder.
-    Returns where the logs went (None if they could not be kept, e.g. on a full disk)."""
+    """On a node other than node 0 (which publishes the run): keep its rank logs and its launcher's output (why a
+    rendezvous failed), drop the staging folder. Returns where the logs went (None if they could not be kept, e.g.
+    on a full disk)."""
     dest = folder / "logs" / f"node{node_rank}-seed{seed}-{uuid.uuid4().hex[:6]}"
-    ranks = staging / "ranks"
+    ranks, launcher = staging / "ranks", staging / "launcher.log"
     kept = None
     if ranks.is_dir():
         with contextlib.suppress(OSError):
             dest.parent.mkdir(exist_ok=True)
             ranks.rename(dest)
             kept = dest
+            if launcher.exists():
+                launcher.rename(dest / launcher.name)
     shutil.rmtree(staging, ignore_errors=True)
     return kept

@@ -41,6 +41,7 @@ class RunOptions:
     hang_timeout: float = 300.0
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # the torchrun launcher: one invocation per node
+    rdzv_timeout: float = 600.0  # the torchrun launcher: how long node 0 waits for the other nodes
     threads: int = 1  # CPU threads per rank
     init_checkpoint: str = ""  # megatron-core distributed checkpoint every run starts from
     save_checkpoint: str = ""  # where the (single) run saves its final state
@@ -146,8 +147,9 @@ def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
                            stdout=staging / "launcher.log")
         argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes, nproc_per_node=layout.nproc_per_node,
                              node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
-                             rdzv_id=f"mlbench-run{i}")  # the same on every node
-        return Command(argv, env, stdout=staging / "launcher.log")
+                             rdzv_id=f"mlbench-run{i}", rdzv_timeout=opts.rdzv_timeout)  # the same on every node
+        return torchrun.node_command(argv, env, staging / "launcher.log", torchrun.Rendezvous(
+            opts.rdzv_endpoint, layout.nodes, opts.node_rank, opts.rdzv_timeout, staging / "ranks"))
     return command_for
 
 
@@ -235,16 +237,17 @@ class RunSet:
                 self.announce.write_text(f"{staging}\n")
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
         with Progress(label, console) as progress:
-            # One node: its rank 0 writes the log. Of several, any may hold rank 0 (c10d assigns ranks).
+            # Node 0 hosts global rank 0, which writes the log (every launcher's rendezvous is static: one node,
+            # torchrun's nodes, a SLURM job whose driver runs on its first node); its supervisor owns the log.
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,
                                 hang_timeout=opts.hang_timeout, on_events=progress.on_events,
-                                plan=plan, owns_log=layout.nodes == 1)
-        # The node that hosted global rank 0 has the log and publishes the run. With a c10d rendezvous that
-        # need not be --node-rank 0: ranks are assigned in rendezvous order.
-        if not plan.log_path.exists() and layout.nodes > 1:  # another node publishes it; this one keeps its logs
+                                plan=plan, owns_log=opts.node_rank == 0)
+        if opts.node_rank != 0:  # node 0 publishes the run; this one keeps its rank logs
             logs = results.keep_node_logs(folder, staging, opts.node_rank, seed)
-            console.print(f"node {opts.node_rank}: launcher exited with code {outcome.exit_code}; rank logs in {logs}")
             status = "success" if outcome.exit_code == 0 else "aborted"
+            said = outcome.reason if status == "aborted" and outcome.reason else \
+                f"launcher exited with code {outcome.exit_code}"
+            console.print(f"node {opts.node_rank}: {said}; rank logs in {logs}", highlight=False, soft_wrap=True)
             return RunResult(logs or folder, status, None, None, True, outcome.reason, stopped_by=outcome.signal)
         if outcome.checkpoint_error:
             checkpoint_folder.remove_dead_partials(Path(opts.save_checkpoint))

@@ -18,7 +18,7 @@ import pytest
 from conftest import mlbench, mllog
 
 from mlbench import registry
-from mlbench.launch import lifeline, ports, slurm
+from mlbench.launch import lifeline, ports, slurm, torchrun
 from mlbench.launch.slurm_job import rendezvous_problem
 from mlbench.launch.supervise import Command, _alive, supervise
 from mlbench.layout import resolve
@@ -45,10 +45,15 @@ def test_a_one_process_run_starts_the_rank_without_torchrun(tmp_path: Path) -> N
     assert two.argv[1:4] == ["-m", "mlbench.launch.local_ranks", "--nproc-per-node=2"]
     assert f"--log-dir={tmp_path / 'ranks'}" in two.argv and two.argv[-3:] == ["-m", "mlbench.train",
                                                                                str(tmp_path / "plan.json")]
-    # a rendezvous endpoint (the torchrun launcher, one invocation per node): torchrun itself
-    rdzv = RunOptions(results=tmp_path, system="s", rdzv_endpoint="h:29500")
+    # a rendezvous endpoint (the torchrun launcher, one invocation per node): torchrun itself, at a static rendezvous
+    # (node rank R holds global ranks R x nproc..: node 0 hosts rank 0) that waits --rdzv-timeout for the nodes
+    rdzv = RunOptions(results=tmp_path, system="s", rdzv_endpoint="h:29500", node_rank=1, rdzv_timeout=5)
     node = local_commands(_layout(nodes=2), rdzv)(tmp_path / "plan.json", tmp_path, 0, {})
     assert "torch.distributed.run" in node.argv and "--rdzv-endpoint=h:29500" in node.argv
+    assert {"--rdzv-backend=static", "--rdzv-conf=timeout=5", "--node-rank=1"} <= set(node.argv)
+    # each rank claims its node rank first (a second node with the same --node-rank stops), by its node's mark
+    assert node.argv[-3:] == ["-m", "mlbench.launch.torchrun_rank", str(tmp_path / "plan.json")]
+    assert len(node.env[torchrun.NODE_TOKEN]) == 32 and node.rendezvous.deadline_s == 2 * 5 + torchrun.FORMED_MARGIN_S
 
 
 def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
@@ -153,6 +158,59 @@ def test_a_launcher_that_fails_before_any_rank_says_why(tmp_path: Path) -> None:
     assert outcome.status == "aborted" and outcome.exit_code == 1
     assert outcome.reason == ("the launcher exited with code 1: RendezvousConnectionError: The connection to the C10d "
                               "store has failed. See inner exception for details."), outcome.reason
+
+
+# torch 2.13's own words at a static rendezvous that fails, as torchrun's output ends with them
+_TORCH_SAID = {
+    "alone": "DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined.",
+    "taken": "DistNetworkError: The server socket has failed to listen on any local network address. port: 29500, "
+             "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+    "absent": "DistNetworkError: The client socket has timed out after 5000ms while trying to connect to (h, 29500).",
+    "another program": "DistNetworkError: Ping failed, invalid value returned from server. Expected: 4315, Got: 7597",
+}
+
+
+def test_a_failed_rendezvous_is_said_in_plain_words(tmp_path: Path) -> None:
+    """torch's message named neither the node nor the option: "Timed out after 6 seconds waiting for clients. 1/2
+    clients joined." was the whole reason of a run whose node 1 never came."""
+    four = torchrun.Rendezvous("h:29500", 4, 0, 5, tmp_path)
+    assert four.explain(_TORCH_SAID["alone"]).startswith("the rendezvous failed: nodes 1 to 3 of 4 did not join "
+                                                         "within 5 s (--rdzv-timeout); start every node with "
+                                                         "--rdzv-endpoint h:29500 and its own --node-rank (0 to 3)")
+    assert four.explain(_TORCH_SAID["alone"].replace("1/2", "3/4")).startswith(
+        "the rendezvous failed: 1 of the 4 nodes did not join within 5 s")
+    assert "port 29500 (--rdzv-endpoint h:29500) is already in use on this host, by another program or by another " \
+           "node started with --node-rank 0" in four.explain(_TORCH_SAID["taken"])
+    assert four.explain(_TORCH_SAID["absent"]).startswith("the rendezvous failed: node 0 did not answer at h:29500 "
+                                                          "within 5 s (--rdzv-timeout)")
+    assert "is not node 0's torchrun (another program holds port 29500 there)" in four.explain(
+        _TORCH_SAID["another program"])
+    assert four.explain("RuntimeError: something else") == ""  # left to the launcher's own words
+
+
+class _Stuck:
+    """A rendezvous that never forms (torchrun's client on a port of a program that answers nothing)."""
+
+    deadline_s = 0.5
+
+    def formed(self) -> bool:
+        return False
+
+    def not_formed(self) -> str:
+        return "the rendezvous did not form"
+
+    def explain(self, error: str) -> str:
+        return ""
+
+
+def test_a_rendezvous_that_never_forms_ends_at_its_deadline(tmp_path: Path) -> None:
+    """torch's timeouts do not cover a client that connected to a program which answers nothing: node 1 waited for
+    the 30-minute start-up limit."""
+    cmd = Command(["sleep", "60"], dict(os.environ), stdout=tmp_path / "out.log", rendezvous=_Stuck())
+    t0 = time.monotonic()
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl", poll_s=0.05)
+    assert time.monotonic() - t0 < 5 and outcome.status == "aborted"
+    assert outcome.reason == "the rendezvous did not form"
 
 
 def test_a_command_that_cannot_start_ends_the_run_with_the_reason(tmp_path: Path) -> None:

@@ -1,47 +1,100 @@
-"""`--launcher torchrun`: one invocation per node meeting at a c10d rendezvous (here two "nodes" on this host)."""
+"""`--launcher torchrun`: one invocation per node meeting at a static rendezvous (here "nodes" on this host): node 0
+hosts global rank 0 and publishes the run, and a rendezvous that fails ends with the reason in plain words."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from conftest import MLBENCH, mllog, result_dir
 
-from mlbench.launch.ports import free_port
+from mlbench.launch.ports import free_port, free_ports
 
 pytestmark = pytest.mark.slow
 
 
-def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path: Path, quick_benchmarks: Path) -> None:
-    """20 steps (quick_benchmarks' target): the rendezvous is the point, convergence is test_tiny_gpt3's."""
-    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
-    procs = [subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
-                               "--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--node-rank", str(r),
-                               "--results", str(tmp_path / f"node{r}"), "--system", "ci", "--seed", str(30 + r)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=dict(os.environ, COLUMNS="200", MLBENCH_BENCHMARKS=str(quick_benchmarks)))
-             for r in (0, 1)]
+def _node(tmp_path: Path, name: str, endpoint: str, rank: int, *flags: str,
+          env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
+                             "--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--node-rank", str(rank),
+                             "--results", str(tmp_path / name), "--system", "ci", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, COLUMNS="200", **(env or {})))
+
+
+def _ends(procs: dict[str, subprocess.Popen], timeout: float = 300) -> dict[str, str]:
     try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
+        return {name: p.communicate(timeout=timeout)[0] for name, p in procs.items()}
     finally:
-        for p in procs:
+        for p in procs.values():
             p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
-    # c10d assigns global ranks in rendezvous order: either node may host rank 0, which publishes the run.
-    folders = [result_dir(tmp_path / f"node{r}", "gpt3") for r in (0, 1)]
-    published = [f for f in folders if (f / "result_0.txt").exists()]
-    assert len(published) == 1, outs
-    (folder,) = published
+
+
+def test_two_nodes_meet_at_a_static_rendezvous_and_node_0_publishes(tmp_path: Path, quick_benchmarks: Path) -> None:
+    """20 steps (quick_benchmarks' target): the rendezvous is the point, convergence is test_tiny_gpt3's. Under c10d
+    either node could get global rank 0 and publish; now node 0 always does. A third node started with --node-rank 1
+    as well was given rank 1 too and hung (or joined the others' process group); now it stops at once, saying why,
+    and the run goes on without it."""
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    env = {"MLBENCH_BENCHMARKS": str(quick_benchmarks)}
+    procs = {name: _node(tmp_path, name, endpoint, rank, "--seed", str(seed), "--rdzv-timeout", "120", env=env)
+             for name, rank, seed in (("node0", 0, 30), ("node1", 1, 31), ("again1", 1, 32))}
+    outs = _ends(procs)
+    codes = {name: p.returncode for name, p in procs.items()}
+    assert codes["node0"] == 0 and sorted([codes["node1"], codes["again1"]]) == [0, 1], outs
+    folder = result_dir(tmp_path / "node0", "gpt3")
     log = mllog(folder / "result_0.txt")
     assert [e["metadata"]["status"] for e in log if e["key"] == "run_stop"] == ["success"]
-    seeds = [e["value"] for e in log if e["key"] == "seed"]
-    assert len(seeds) == 1 and seeds[0] in (30, 31)  # the leader's seed, broadcast to the other node
+    assert [e["value"] for e in log if e["key"] == "seed"] == [30]  # node 0's seed, broadcast to the other node
     assert json.loads((folder / "result_0.json").read_text())["layout"]["world_size"] == 2
-    (other,) = [f for f in folders if f is not folder]
-    assert not list(other.glob("result_*")) and list((other / "logs").iterdir())  # only its rank logs
+    for name in ("node1", "again1"):  # the other nodes keep their rank logs and their launcher's output
+        other = result_dir(tmp_path / name, "gpt3")
+        assert not list(other.glob("result_*")) and [p.name for p in other.glob("logs/node1-*/launcher.log")], outs
+    stopped = "again1" if codes["again1"] else "node1"
+    assert ("node 1: two nodes were started with --node-rank 1: the other joined the rendezvous first and trains; "
+            "this one stops. Give every node its own --node-rank, 0 to 1; rank logs in") in outs[stopped], outs
+
+
+def test_a_rendezvous_that_fails_ends_at_once_with_the_reason(tmp_path: Path) -> None:
+    """Without training. Node 0 alone (a node that never comes): torch's default 600 s join timeout, then "exited
+    with code 1" and, under c10d, no record on any node; now the aborted run is published after --rdzv-timeout, its
+    log begun by node 0's supervisor (rank 0 never ran) and the reason in plain words. Node 0 on a port another
+    program listens on, and node 1 whose node 0 never came, end the same way, each within seconds."""
+    held = socket.create_server(("127.0.0.1", 0))  # a program that is not torch's rendezvous, on the endpoint
+    taken, (alone, absent) = held.getsockname()[1], free_ports(2, "127.0.0.1")
+    start = time.monotonic()
+    procs = {"alone": _node(tmp_path, "alone", f"127.0.0.1:{alone}", 0, "--rdzv-timeout", "1"),
+             "taken": _node(tmp_path, "taken", f"127.0.0.1:{taken}", 0, "--rdzv-timeout", "1"),
+             "node1": _node(tmp_path, "node1", f"127.0.0.1:{absent}", 1, "--rdzv-timeout", "1")}
+    try:
+        outs = _ends(procs, timeout=120)
+    finally:
+        held.close()
+    assert time.monotonic() - start < 60 and all(p.returncode == 1 for p in procs.values()), outs
+    said = {"alone": f"the rendezvous failed: node 1 of 2 did not join within 1 s (--rdzv-timeout); start every "
+                     f"node with --rdzv-endpoint 127.0.0.1:{alone} and its own --node-rank (0 to 1), or give a longer "
+                     f"--rdzv-timeout",
+            "taken": f"the rendezvous failed: port {taken} (--rdzv-endpoint 127.0.0.1:{taken}) is already in use on "
+                     f"this host, by another program or by another node started with --node-rank 0; give a free "
+                     f"port, the same on every node"}
+    for name, reason in said.items():
+        folder = result_dir(tmp_path / name, "gpt3")
+        log = mllog(folder / "result_0.txt")
+        keys = [e["key"] for e in log]
+        assert keys[:3] == ["cache_clear", "init_start", "submission_org"] and "seed" in keys, keys
+        assert keys[-1] == "run_stop" and log[-1]["metadata"] == {**log[-1]["metadata"], "status": "aborted",
+                                                                 "reason": reason}, outs[name]
+        assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+        assert f"reason: {reason}" in outs[name] and (folder / "logs" / "result_0" / "launcher.log").is_file()
+    assert (f"node 1: the rendezvous failed: node 0 did not answer at 127.0.0.1:{absent} within 1 s "
+            f"(--rdzv-timeout); start node 0 (--node-rank 0) on that host with the same --rdzv-endpoint, or give a "
+            f"longer --rdzv-timeout; rank logs in") in outs["node1"], outs["node1"]
+    assert not list(result_dir(tmp_path / "node1", "gpt3").glob("result_*"))
 
 
 def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Path) -> None:

@@ -3,8 +3,8 @@ elastic agent: `python -m mlbench.launch.local_ranks --nproc-per-node=N --log-di
 
 torchrun's agent imports torch before it starts a rank and polls its workers after they exit: about 1.5 s of
 start-up and 0.7 s of teardown a run (perf/launch_overhead.py), for no elasticity a single static node can use.
-This agent imports nothing but the standard library (and mlbench's port finder). Multi-node runs keep torchrun (its c10d
-rendezvous), and so does every node of a SLURM job.
+This agent imports nothing but the standard library (and mlbench's port finder). Multi-node runs keep torchrun (its
+static rendezvous), and so does every node of a SLURM job.
 
 - Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
   ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and its output in the files torchrun's

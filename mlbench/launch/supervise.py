@@ -7,6 +7,7 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
 - the command exits (the agent, like torchrun, stops every rank when one dies and exits non-zero);
 - no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
   checkpoint is saved after run_stop, for `init_timeout` seconds;
+- a launcher that meets other nodes first (torchrun's rendezvous) has started no rank by its deadline;
 - it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
   that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM: `--signal=USR1@60` in a job).
 Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from mlbench import results
 from mlbench.launch import lifeline
@@ -51,6 +53,21 @@ class Outcome:
     error_after_run_stop: str = ""  # a failure after run_stop `success` (not the checkpoint's): the status stands
 
 
+class Rendezvous(Protocol):
+    """A launcher's meeting with other nodes before its ranks start (mlbench.launch.torchrun.Rendezvous)."""
+
+    deadline_s: float  # from the launcher's start: past it with no rank started, the run is aborted
+
+    def formed(self) -> bool:
+        """Whether this node's ranks have started (the rendezvous is done)."""
+
+    def not_formed(self) -> str:
+        """The reason a run ends whose rendezvous did not form by the deadline."""
+
+    def explain(self, error: str) -> str:
+        """Plain words for the launcher's own last error line (torch's raw rendezvous message); "" if not one."""
+
+
 @dataclass
 class Command:
     """What one run starts: argv and environment, stdout to a file (stderr with it unless given its own)."""
@@ -60,6 +77,7 @@ class Command:
     stdout: Path
     stderr: Path | None = None
     what: str = "launcher"  # what it is, in the reason a run ended: "launcher", "rank 0 (the only rank)"
+    rendezvous: Rendezvous | None = None  # where the launcher meets other nodes first (torchrun's)
 
 
 class EventTail:
@@ -165,10 +183,12 @@ def _start(cmd: Command) -> subprocess.Popen:
                                 preexec_fn=lifeline.die_with_parent)
 
 
-def _exit_reason(what: str, code: int, output: Path | None = None) -> str:
+def _exit_reason(what: str, code: int, output: Path | None = None, rendezvous: Rendezvous | None = None) -> str:
     if code < 0:  # killed by a signal (the OOM killer, kill -9)
         return f"{what} killed by {signal.Signals(-code).name} (see the rank logs)"
     last = _last_error(output) if output is not None else ""
+    if last and rendezvous and (plain := rendezvous.explain(last)):
+        return plain
     if last:  # the launcher's own failure (a rendezvous that never formed): no rank ran to say anything
         return f"{what} exited with code {code}: {last}"
     return f"{what} exited with code {code} (a rank failed; see the rank logs)"
@@ -243,7 +263,8 @@ def supervise(
             signal.signal(s, handler)
         raise
     reason = ""
-    last_progress = time.monotonic()
+    last_progress = started = time.monotonic()
+    formed = cmd.rendezvous is None
     # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
     # closed); from then on, no progress for hang_timeout seconds is a hang.
     stepping = saving = False
@@ -259,8 +280,13 @@ def supervise(
                 if on_events:
                     on_events(new)
             idle = time.monotonic() - last_progress
+            formed = formed or bool(tail.events) or cmd.rendezvous.formed()  # events: rank 0 is running
             if received and not reason:
                 reason = f"received {received[0]}"
+            elif not formed and time.monotonic() - started > cmd.rendezvous.deadline_s and not reason:
+                # torch's own timeouts end a rendezvous that fails; this one for a launcher stuck in it (its
+                # client connected to another program's port, which answers nothing)
+                reason = cmd.rendezvous.not_formed()
             elif saving and idle > init_timeout and not reason:
                 reason = f"hang: checkpoint save not done within {init_timeout:g} s"
             elif stepping and not saving and idle > hang_timeout and not reason:
@@ -304,7 +330,7 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     if not reason and last is not None:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = _exit_reason(cmd.what, code, cmd.stdout)
+        reason = _exit_reason(cmd.what, code, cmd.stdout, cmd.rendezvous)
     log_error = log.complete(reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):

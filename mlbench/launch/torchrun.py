@@ -1,10 +1,24 @@
-"""How one run starts on a node: `torchrun` is one invocation per node meeting at a c10d rendezvous (and SLURM
+"""How one run starts on a node: `torchrun` is one invocation per node meeting at a static rendezvous (and SLURM
 runs one per node); `local` starts the rank itself for one process (`direct`: no agent to start and stop) and
-mlbench.launch.local_ranks for more. Every rank runs `python -m mlbench.train PLAN`."""
+mlbench.launch.local_ranks for more. Every rank runs `python -m mlbench.train PLAN` (a rank of a node that meets
+others, by way of mlbench.launch.torchrun_rank).
+
+Static, not c10d: node rank R holds global ranks R x nproc to (R + 1) x nproc - 1, so node 0 always hosts rank 0
+and its supervisor owns the run's log. It writes the aborted log of a rank 0 that died before logging, or of a
+rendezvous that failed (a node that never came). Under c10d any node may get rank 0, and none of them could tell.
+Node 0 also hosts the rendezvous store on the endpoint's port: a port already taken there fails at once. torch's
+own words for a rendezvous that failed name neither the node nor the option to change; Rendezvous says them plainly.
+
+The static rendezvous counts the nodes that connect, not which: a second node started with the same --node-rank
+was given the same global ranks, which hung (or joined another node's). So each rank first claims its node rank
+for its node (mlbench.launch.torchrun_rank), then trains; a node whose rank is taken stops before its ranks meet."""
 
 from __future__ import annotations
 
+import re
 import sys
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlbench.launch import local_ranks
@@ -12,6 +26,11 @@ from mlbench.launch.ports import free_port
 from mlbench.launch.supervise import Command
 
 RANK_MODULE = ["-m", "mlbench.train"]
+NODE_RANK_MODULE = ["-m", "mlbench.launch.torchrun_rank"]  # a rank of a node that meets others: claims, then trains
+NODE_TOKEN = "MLBENCH_NODE_TOKEN"  # this node's own mark, set by its supervisor: whose claim a node rank is
+# Past torch's own timeouts (2 x --rdzv-timeout at most: node 0's wait for the nodes, then theirs for their ranks),
+# what a healthy rendezvous may still take before the ranks start: torchrun's own start, a slow disk
+FORMED_MARGIN_S = 120.0
 
 
 def argv(
@@ -23,6 +42,7 @@ def argv(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "mlbench",
+    rdzv_timeout: float = 600.0,
 ) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
            f"--nproc-per-node={nproc_per_node}",
@@ -33,11 +53,67 @@ def argv(
            # perf/launch_overhead.py --agent)
            "--monitor-interval=0.1"]
     if rdzv_endpoint:
-        cmd += [f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                f"--rdzv-id={rdzv_id}"]
+        # timeout: how long node 0 waits for every node to join (torch's default is 600 s)
+        cmd += [f"--node-rank={node_rank}", "--rdzv-backend=static", f"--rdzv-endpoint={rdzv_endpoint}",
+                f"--rdzv-id={rdzv_id}", f"--rdzv-conf=timeout={max(1, round(rdzv_timeout))}",
+                *NODE_RANK_MODULE]
     else:
-        cmd += ["--standalone"]
-    return cmd + [*RANK_MODULE, str(plan_path)]
+        cmd += ["--standalone", *RANK_MODULE]
+    return cmd + [str(plan_path)]
+
+
+def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous: Rendezvous) -> Command:
+    """A node's torchrun under the static rendezvous: its ranks claim the node rank with a mark of their own."""
+    return Command(argv, {**env, NODE_TOKEN: uuid.uuid4().hex}, stdout=stdout, rendezvous=rendezvous)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """This node's view of the static rendezvous (mlbench.launch.supervise.Rendezvous): whether its ranks have
+    started, and plain words for torch's failures at it, which name neither the node nor the option to change."""
+
+    endpoint: str
+    nodes: int
+    node_rank: int
+    timeout: float
+    ranks_dir: Path  # torchrun's --log-dir: <run id>_<random>/attempt_0 appears there as the ranks start
+
+    @property
+    def deadline_s(self) -> float:
+        return 2 * self.timeout + FORMED_MARGIN_S
+
+    def formed(self) -> bool:
+        return next(self.ranks_dir.rglob("attempt_*"), None) is not None  # at any depth: torch's layout may change
+
+    def _port(self) -> str:
+        return self.endpoint.rpartition(":")[2]
+
+    def not_formed(self) -> str:
+        return (f"the rendezvous at {self.endpoint} did not form within {self.deadline_s:g} s: node "
+                f"{self.node_rank}'s torchrun neither joined it nor failed (a program other than node 0's torchrun "
+                f"may hold port {self._port()} there, answering nothing); give --rdzv-endpoint node 0's host and a "
+                f"free port, the same on every node")
+
+    def explain(self, error: str) -> str:
+        t, e = f"{self.timeout:g} s (--rdzv-timeout)", self.endpoint
+        if m := re.search(r"waiting for clients\. (\d+)/\d+ clients joined", error):  # node 0: not all came
+            joined, n = int(m[1]), self.nodes
+            missing = (f"node 1 of {n}" if n == 2 else f"nodes 1 to {n - 1} of {n}") if joined == 1 else \
+                f"{n - joined} of the {n} nodes"
+            return (f"the rendezvous failed: {missing} did not join within {t}; start every node with "
+                    f"--rdzv-endpoint {e} and its own --node-rank (0 to {n - 1}), or give a longer --rdzv-timeout")
+        if "EADDRINUSE" in error:  # node 0: the store cannot listen
+            return (f"the rendezvous failed: port {self._port()} (--rdzv-endpoint {e}) is already in use on this "
+                    f"host, by another program or by another node started with --node-rank 0; give a free port, "
+                    f"the same on every node")
+        if re.search(r"client socket has timed out .* trying to connect", error):  # another node: nobody listens
+            return (f"the rendezvous failed: node 0 did not answer at {e} within {t}; start node 0 "
+                    f"(--node-rank 0) on that host with the same --rdzv-endpoint, or give a longer --rdzv-timeout")
+        if re.search(r"Ping failed|Connection reset by peer|Broken pipe", error):  # another node: not a store
+            return (f"the rendezvous failed: what answered at {e} is not node 0's torchrun (another program holds "
+                    f"port {self._port()} there), or node 0 ended (see its record); give --rdzv-endpoint node 0's "
+                    f"host and a free port, the same on every node")
+        return ""
 
 
 def direct(plan_path: Path, ranks_dir: Path, env: dict[str, str]) -> Command:

@@ -1,0 +1,64 @@
+"""A rank of a node under torchrun's static rendezvous (`--launcher torchrun`): claims its node rank, then trains.
+
+The static rendezvous counts the nodes that connect, not which: a node started with another's --node-rank joined,
+was given that node's global ranks, and its ranks hung in the process group's setup (or took part in the other
+node's). Here each rank first claims its node rank in the rendezvous store (node 0's torchrun) for its node, by
+the mark its supervisor gave it (torchrun.NODE_TOKEN). The first node's claim holds; the ranks of a node that came
+second stop before the process group, saying why to their supervisor (a `stopped` event, as rank 0's would be).
+
+`python -m mlbench.launch.torchrun_rank PLAN.json`, as torchrun starts it; then `python -m mlbench.train PLAN.json`
+in the same process (torch imported once)."""
+
+from mlbench.launch import lifeline
+
+lifeline.install_pdeathsig()  # first, as in mlbench.train: a rank never outlives its launcher, even while importing
+
+import json  # noqa: E402 - after the lifeline
+import os  # noqa: E402
+import runpy  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+from mlbench.launch.torchrun import NODE_TOKEN  # noqa: E402
+from mlbench.run_plan import RunPlan  # noqa: E402
+
+STOP_EXIT = 4  # this rank may not train: another node holds its node rank, or node 0 is gone
+CLAIM_TIMEOUT_S = 30.0  # the store is up (torchrun has just met it), unless node 0 has ended since
+
+
+def why_not(env: Mapping[str, str]) -> str:
+    """Why this rank must stop ("" if it may train): another node claimed its node rank (GROUP_RANK) first, or
+    the store is gone (node 0 ended before this node's ranks started)."""
+    from torch.distributed import DistError, TCPStore
+
+    addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    node, mine = env["GROUP_RANK"], env[NODE_TOKEN]
+    try:
+        store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=CLAIM_TIMEOUT_S), wait_for_workers=False)
+        holder = store.compare_set(f"mlbench/{env['TORCHELASTIC_RUN_ID']}/node{node}", "", mine).decode()
+    except DistError:
+        return (f"node 0 ended before node {node}'s ranks started (its rendezvous at {addr} no longer answers); "
+                f"see node 0's record")
+    if holder == mine:
+        return ""
+    return (f"two nodes were started with --node-rank {node}: the other joined the rendezvous first and trains; "
+            f"this one stops. Give every node its own --node-rank, 0 to {int(env['GROUP_WORLD_SIZE']) - 1}")
+
+
+def main() -> None:
+    env = os.environ
+    if NODE_TOKEN in env and (why := why_not(env)):
+        print(f"error: {why}", file=sys.stderr, flush=True)
+        if env.get("LOCAL_RANK") == "0":  # one line for the node's supervisor, which reads it as the reason
+            with open(RunPlan.load(sys.argv[1]).events_path, "a") as f:
+                f.write(json.dumps({"event": "stopped", "time": time.time(), "status": "aborted", "step": 0,
+                                    "reason": why}) + "\n")
+        sys.exit(STOP_EXIT)
+    runpy.run_module("mlbench.train", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
