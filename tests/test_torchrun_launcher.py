@@ -56,6 +56,10 @@ def test_two_nodes_meet_at_a_static_rendezvous_and_node_0_publishes(tmp_path: Pa
         other = result_dir(tmp_path / name, "gpt3")
         assert not list(other.glob("result_*")) and [p.name for p in other.glob("logs/node1-*/launcher.log")], outs
     stopped = "again1" if codes["again1"] else "node1"
+    trained = "node1" if stopped == "again1" else "again1"
+    # node 1's first rank tells its own supervisor its steps: its progress shows there, and its hang watch sees
+    # steps (with none it stopped a healthy run after 30 minutes as one that never stepped)
+    assert "step 20/" in outs[trained] and "step 20/" in outs["node0"], outs
     assert ("node 1: two nodes were started with --node-rank 1: the other joined the rendezvous first and trains; "
             "this one stops. Give every node its own --node-rank, 0 to 1; rank logs in") in outs[stopped], outs
 

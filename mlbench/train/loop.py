@@ -39,7 +39,7 @@ def train(plan: RunPlan) -> int:
         raise Aborted(why or f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    report = Reporter(plan, rank)
+    report = Reporter(plan, rank, int(os.environ.get("LOCAL_RANK", "0")))
     try:
         report.preamble()
         status, save = ("success", None) if plan.dry_run else _train(plan, report)

@@ -1,6 +1,8 @@
-"""What a run tells the world, owned by rank 0 alone: the MLPerf log, and the progress events the launcher
-follows for the live display, hang detection and the run record. On every other rank the reporter is silent,
-so the loop reports without asking which rank it is."""
+"""What a run tells the world: the MLPerf log, owned by rank 0 alone, and the progress events the launcher follows
+for the live display, hang detection and the run record, written by rank 0 and by the first rank of every other
+node (each node's supervisor judges hangs by its own node's events: a node that saw none stopped a healthy run
+after 30 minutes as one that never stepped). Elsewhere the reporter is silent, so the loop reports without asking
+which rank it is."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ from mlbench.run_plan import RunPlan
 
 
 class Reporter:
-    def __init__(self, plan: RunPlan, rank: int):
+    def __init__(self, plan: RunPlan, rank: int, local_rank: int = 0):
         self.plan = plan
         self.active = rank == 0
         self.log = MLPerfLog(plan.log_path) if self.active else None
-        self._events = open(plan.events_path, "a", buffering=1) if self.active else None  # noqa: SIM115 - run-long
+        follows = self.active or local_rank == 0  # the events path is this node's (its plan's staging folder)
+        self._events = open(plan.events_path, "a", buffering=1) if follows else None  # noqa: SIM115 - run-long
         bench = plan.benchmark
         gbs = plan.global_batch_size
         self._gbs = gbs
