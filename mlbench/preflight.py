@@ -120,6 +120,7 @@ class DeviceFacts:
     name: str
     gpu: bool
     fp8: bool | None  # None: not known (a GPU nvidia-smi could not describe)
+    count: int | None = None  # GPUs a rank here may take (nvidia-smi's, within CUDA_VISIBLE_DEVICES); None: unknown
 
 
 def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
@@ -140,6 +141,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_precision(layout.precision, req.layout.precision is not None, local_device())
     if (layout.cp > 1 or layout.features.sequence_parallel) and not req.dry_run and req.launcher != "slurm":
         check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
+    if not req.dry_run and req.launcher != "slurm":
+        check_gpus_here(layout.nproc_per_node, local_device())
     device = memory_device(req)
     check_memory(bench, layout, device)
     check_results_folder(req.results_root, system, bench.name)
@@ -467,10 +470,23 @@ def local_device() -> DeviceFacts:
     if not first:  # nvidia-smi without a working driver is a CPU machine
         return DeviceFacts(name="this machine's GPU", gpu=True, fp8=None) if driver else cpu
     name, _, cap = first.rpartition(",")
+    count = len(proc.stdout.strip().splitlines())
+    if visible is not None:  # a list of indices or UUIDs: torch sees those of them that exist
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
     try:
-        return DeviceFacts(name=name.strip(), gpu=True, fp8=float(cap) >= FP8_COMPUTE_CAPABILITY)
+        return DeviceFacts(name=name.strip(), gpu=True, fp8=float(cap) >= FP8_COMPUTE_CAPABILITY, count=count)
     except ValueError:
-        return DeviceFacts(name=name.strip() or first, gpu=True, fp8=None)
+        return DeviceFacts(name=name.strip() or first, gpu=True, fp8=None, count=count)
+
+
+def check_gpus_here(nproc_per_node: int, device: DeviceFacts) -> None:
+    """On a GPU machine each of this node's ranks takes a GPU of its own (its LOCAL_RANK): more ranks than GPUs
+    failed in the ranks past the last GPU ("invalid device ordinal") after the run had been started and logged.
+    A CPU machine runs any number of gloo ranks."""
+    if device.gpu and device.count is not None and nproc_per_node > device.count:
+        raise UserError(f"--nproc-per-node {nproc_per_node} starts {nproc_per_node} ranks on this machine, one per "
+                        f"GPU, and it has {device.count} ({device.name}, as nvidia-smi and CUDA_VISIBLE_DEVICES say): "
+                        f"give --nproc-per-node {device.count} or fewer, and more --nodes")
 
 
 # ---- launcher options -----------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -267,3 +269,34 @@ def test_bert_data_paths_are_recorded_absolute(tmp_path: Path, monkeypatch) -> N
                          eval_data_path="data/eval_10k"))
     assert p.bench.data.path == str(tmp_path / "data" / "part-*")
     assert p.bench.data.eval_path == str(tmp_path / "data" / "eval_10k")
+
+
+def test_more_ranks_than_this_machines_gpus_are_refused_before_launch(tmp_path: Path, monkeypatch) -> None:
+    """A rank takes the GPU of its LOCAL_RANK: on a machine with one, --nproc-per-node 2 started a run whose second
+    rank failed ('invalid device ordinal') after the run was logged. Now one line and exit 2 before anything is
+    written (a stand-in nvidia-smi listing GPUs: none here). The count is nvidia-smi's, within
+    CUDA_VISIBLE_DEVICES; a CPU machine runs any number of ranks."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 9.0'\necho 'NVIDIA H100 80GB HBM3, 9.0'\n")
+    smi.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert preflight.local_device().count == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    one = preflight.local_device()
+    assert one.count == 1 and one.gpu
+    preflight.check_gpus_here(1, one)
+    with pytest.raises(UserError, match=r"--nproc-per-node 2 starts 2 ranks on this machine, one per GPU, and it has "
+                                        r"1 \(NVIDIA H100 80GB HBM3, .*\): give --nproc-per-node 1 or fewer"):
+        preflight.check_gpus_here(2, one)
+    preflight.check_gpus_here(64, CPU)
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "mlbench.cli", "run", "gpt3", "--tiny", "--nproc-per-node", "2",
+                           "--results", str(results)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": "0"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and len(out.strip().splitlines()) == 1, out
+    assert "--nproc-per-node 2 starts 2 ranks on this machine" in out and not results.exists()
