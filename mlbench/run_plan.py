@@ -27,6 +27,9 @@ class RunPlan:
     env: dict = field(default_factory=dict)
     init_checkpoint: str = ""  # a megatron-core distributed checkpoint to start from
     save_checkpoint: str = ""  # where to save one when the run stops ("" for nowhere)
+    # Each node's first rank writes this node's progress events too: where every node has a plan and a supervisor
+    # of its own (the torchrun launcher). Nodes that share one plan (SLURM's, one supervisor) leave them to rank 0.
+    events_every_node: bool = False
 
     @property
     def log_path(self) -> Path:

@@ -230,7 +230,8 @@ class RunSet:
         bench, layout, opts, folder, console = self.bench, self.layout, self.opts, self.folder, self.console
         staging, plan = _staged_plan(folder, lambda d: RunPlan(
             benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(d), system=opts.system,
-            init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint))
+            init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint,
+            events_every_node=opts.rdzv_endpoint is not None))
         cmd = self.command_for(staging / "plan.json", staging, i, env)
         if self.announce:
             with contextlib.suppress(OSError):  # only a display follows it

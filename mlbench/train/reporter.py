@@ -1,8 +1,8 @@
 """What a run tells the world: the MLPerf log, owned by rank 0 alone, and the progress events the launcher follows
-for the live display, hang detection and the run record, written by rank 0 and by the first rank of every other
-node (each node's supervisor judges hangs by its own node's events: a node that saw none stopped a healthy run
-after 30 minutes as one that never stepped). Elsewhere the reporter is silent, so the loop reports without asking
-which rank it is."""
+for the live display, hang detection and the run record, written by rank 0 and, where every node has a supervisor
+of its own (RunPlan.events_every_node: the torchrun launcher), by the first rank of every other node into its
+node's plan's folder (a node whose supervisor saw no events stopped a healthy run after 30 minutes as one that
+never stepped). Elsewhere the reporter is silent, so the loop reports without asking which rank it is."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Reporter:
         self.plan = plan
         self.active = rank == 0
         self.log = MLPerfLog(plan.log_path) if self.active else None
-        follows = self.active or local_rank == 0  # the events path is this node's (its plan's staging folder)
+        follows = self.active or plan.events_every_node and local_rank == 0
         self._events = open(plan.events_path, "a", buffering=1) if follows else None  # noqa: SIM115 - run-long
         bench = plan.benchmark
         gbs = plan.global_batch_size
