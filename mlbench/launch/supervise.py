@@ -5,8 +5,9 @@ process group, dies with the supervisor (lifeline), and leaves no process behind
 re-parented to the supervisor, which stops and reaps them before the run is judged. The supervisor follows rank
 0's progress events for the live display, and ends the run when:
 - the command exits (the agent, like torchrun, stops every rank when one dies and exits non-zero);
-- no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step and while a
-  checkpoint is saved after run_stop, for `init_timeout` seconds;
+- no step progress arrives for `hang_timeout` seconds (a hang), or, before the first step (counted from the
+  ranks' start: a rendezvous has a deadline of its own) and while a checkpoint is saved after run_stop, for
+  `init_timeout` seconds;
 - a launcher that meets other nodes first (torchrun's rendezvous) has started no rank by its deadline;
 - it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
   that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM: `--signal=USR1@60` in a job).
@@ -279,8 +280,11 @@ def supervise(
                 saving = saving or any(e.get("event") == "checkpoint_saving" for e in new)
                 if on_events:
                     on_events(new)
+            if not formed and (tail.events or cmd.rendezvous.formed()):  # events: rank 0 is running
+                # the start-up limit counts from the ranks' start: waiting for nodes is --rdzv-timeout's to judge
+                # (up to a week), and a wait over 1800 s stopped node 0 as a hang while nodes could still come
+                formed, last_progress = True, time.monotonic()
             idle = time.monotonic() - last_progress
-            formed = formed or bool(tail.events) or cmd.rendezvous.formed()  # events: rank 0 is running
             if received and not reason:
                 reason = f"received {received[0]}"
             elif not formed and time.monotonic() - started > cmd.rendezvous.deadline_s and not reason:
