@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -174,11 +175,34 @@ print(json.dumps([out[False], out[True], m.hidden_size, m.ffn_hidden_size]))
 
 
 def test_collective_tensors_live_where_the_backend_takes_them(monkeypatch) -> None:
-    """NCCL takes only the rank's GPU: the layout check, seed broadcast and loss sums put their tensors there (on
-    an H100 every run aborted at the first with 'No backend type associated with device type cpu'; run there by
-    perf/gpu_check.py, mocked here)."""
+    """NCCL takes only the rank's GPU: the layout check and the loss sums hand their collectives tensors on the
+    device they are given (on an H100 every run aborted at the first with 'No backend type associated with device
+    type cpu'; run there by perf/gpu_check.py). Here the device is torch's meta device and the collectives record
+    where their tensor lives, then stop the call: a tensor made on the CPU again fails this."""
+    import torch.distributed as dist
+
+    from mlbench.train import build, step
     from mlbench.train.build import collectives_device
 
     assert collectives_device(on_cpu=True) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert collectives_device(on_cpu=False) == torch.device("cuda", 3)
+
+    class Handed(Exception):
+        pass
+
+    seen = []
+
+    def collective(tensor, *args, **kwargs):
+        seen.append(tensor.device)
+        raise Handed
+
+    monkeypatch.setattr(dist, "broadcast", collective)
+    monkeypatch.setattr(dist, "all_reduce", collective)
+    meta = torch.device("meta")
+    plan = type("Plan", (), {"layout": {"tp": 1}})()
+    for call in (lambda: build._same_layout_as_rank0(plan, meta),
+                 lambda: step.sum_over_ranks([{"loss_sum": 1.0, "tokens": 2.0}], ("loss_sum", "tokens"), meta)):
+        with pytest.raises(Handed):
+            call()
+    assert seen == [meta, meta]

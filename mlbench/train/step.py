@@ -96,15 +96,7 @@ class Stepper:
         out = self._fwd_bwd(forward_step_func=self._forward_step, data_iterator=iters,
                             model=model if self.vp > 1 else model[0], num_microbatches=len(batches),
                             seq_length=self.seq, micro_batch_size=mbs, forward_only=forward_only)
-        keys = ("loss_sum", "tokens", "correct")
-        local = torch.zeros(len(keys), dtype=torch.float64, device=collectives_device(self.on_cpu))
-        for stats in out or []:
-            for i, k in enumerate(keys):
-                if k in stats:
-                    local[i] += float(stats[k])
-        # Only last-stage ranks hold losses; tensor-parallel peers hold equal copies, which cancel in ratios.
-        dist.all_reduce(local)
-        return dict(zip(keys, local.tolist(), strict=True))
+        return sum_over_ranks(out or [], ("loss_sum", "tokens", "correct"), collectives_device(self.on_cpu))
 
     def train_step(self, step: int) -> StepResult:
         """Step `step` (0-based): its global batch, forward and backward, the optimizer and the schedule."""
@@ -140,3 +132,17 @@ def eval_micro_batch(n: int, dp: int, mbs: int, pp: int) -> int:
     rows = -(-n // dp)
     count = max(min(pp, rows), -(-rows // (EVAL_ROWS_PER_TRAIN_MICRO_BATCH * mbs)))
     return -(-rows // count)
+
+
+def sum_over_ranks(stats: list[dict], keys: tuple[str, ...], device: torch.device) -> dict[str, float]:
+    """Each key's sum over this rank's micro-batch statistics and over every rank, in float64, through a tensor on
+    DEVICE (NCCL's: the rank's GPU). Only last-stage ranks hold losses; tensor-parallel peers hold equal copies,
+    which cancel in the ratios taken of them."""
+    local = [0.0] * len(keys)
+    for s in stats:  # in order, one addition at a time (Python 3.12's sum() of floats compensates: other digits)
+        for i, k in enumerate(keys):
+            if k in s:
+                local[i] += float(s[k])
+    total = torch.tensor(local, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return dict(zip(keys, total.tolist(), strict=True))
