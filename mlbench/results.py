@@ -243,12 +243,15 @@ def keep_node_logs(folder: Path, staging: Path, node_rank: int, seed: int) -> Pa
     dest = folder / "logs" / f"node{node_rank}-seed{seed}-{uuid.uuid4().hex[:6]}"
     ranks, launcher = staging / "ranks", staging / "launcher.log"
     kept = None
-    if ranks.is_dir():
-        with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):
+        if ranks.is_dir():
             dest.parent.mkdir(exist_ok=True)
             ranks.rename(dest)
             kept = dest
-            if launcher.exists():
-                launcher.rename(dest / launcher.name)
+        elif launcher.exists():  # torchrun failed before its ranks' folder: its output alone says why
+            dest.mkdir(parents=True)
+            kept = dest
+        if kept and launcher.exists():
+            launcher.rename(dest / launcher.name)
     shutil.rmtree(staging, ignore_errors=True)
     return kept

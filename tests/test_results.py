@@ -385,3 +385,21 @@ def test_a_publisher_killed_between_its_two_links_is_finished_by_the_next_run(tm
     else:
         assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt"]
         assert (folder / "result_0.txt").read_text() == "another run's log\n"
+
+
+def test_a_node_whose_torchrun_failed_before_its_ranks_keeps_its_launcher_log(tmp_path: Path) -> None:
+    """Another node than node 0 keeps its rank logs and its torchrun's output; a torchrun that failed before it
+    made the ranks' folder (at the rendezvous) left the one file saying why, and it was deleted with the staging
+    folder."""
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    for name, ranks in (("early", False), ("late", True)):
+        staging = tmp_path / name
+        staging.mkdir()
+        (staging / "launcher.log").write_text(f"{name}: torch.distributed.DistStoreError: timed out\n")
+        if ranks:
+            (staging / "ranks" / "0").mkdir(parents=True)
+        kept = results.keep_node_logs(folder, staging, node_rank=1, seed=7)
+        assert kept is not None and not staging.exists()
+        assert (kept / "launcher.log").read_text().startswith(f"{name}: ")
+        assert (kept / "0").is_dir() is ranks
