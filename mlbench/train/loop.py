@@ -3,7 +3,8 @@
 Initialisation (untimed, MLPerf's init_start..init_stop) builds everything (build.py); the timed region
 (run_start..run_stop) trains in blocks of one eval interval (step.py), evaluates after each block, and stops
 with `success` when the quality target is reached or `aborted` when the step budget runs out or the run fails.
-Rank 0's reporter alone writes the MLPerf log and the progress events the launcher shows and watches.
+Rank 0's reporter alone writes the MLPerf log; it and, under the torchrun launcher, each other node's first
+rank write the progress events their node's launcher shows and watches (reporter.py).
 """
 
 from __future__ import annotations
