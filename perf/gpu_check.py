@@ -2,7 +2,7 @@
 
 1. Every benchmark's tiny variant through the CLI as a user runs it (`mlbench run NAME --tiny`): NCCL, CUDA,
    PyTorch's fused attention, megatron's fused kernels, the MLPerf log, the official checker, the run record.
-2. A GPU-sized variant of llama31_8b (1.1B parameters: 16 layers, hidden 2048, GQA 16 heads over 8 groups,
+2. A GPU-sized variant of llama31_8b (1.04B parameters: 16 layers, hidden 2048, GQA 16 heads over 8 groups,
    SwiGLU 8192, vocabulary 8192, sequence 2048, bf16; the seeded Markov data, so nothing is downloaded) for a
    bounded number of steps, under a few feature settings. Its record holds the memory plan beside the bytes
    measured (tensors, saved activations, the allocator's peak) and the planner's step time beside the measured
