@@ -226,3 +226,17 @@ def test_an_absurd_batch_is_a_problem_not_an_overflow(tmp_path, capsys, monkeypa
            "below 2^53" in flat, out
     code, out = mlbench(capsys, monkeypatch, "scaling", str(a), str(b))
     assert code == 0, out
+
+
+def test_compare_says_what_a_prediction_does_not_model(tmp_path, capsys, monkeypatch):
+    """A GPU run without Transformer Engine: its record's prediction carries a note (planner/prediction.py), and
+    compare prints it beside the predicted step time, once however many runs repeat it; a note that is not text is
+    passed over."""
+    a, b = _sets(tmp_path, tiny_log())
+    note = "predicted for a Transformer Engine stack"
+    (a / "result_0.json").write_text(json.dumps({"devices": 8, "prediction": {"step_time_s": 0.3, "device": "h100",
+                                                                               "note": note}}))
+    (b / "result_0.json").write_text(json.dumps({"devices": 16, "prediction": {"step_time_s": 0.3, "note": [1]}}))
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    flat = " ".join(out.split())
+    assert code == 0 and flat.count(note) == 1 and "[1]" not in flat, out

@@ -136,6 +136,11 @@ class Entry:
         times = [t for p in preds if is_number(t := p.get("step_time_s")) and 0 < t <= step_times.MAX_STEP_S]
         return self._median(times), ", ".join(sorted({str(p["device"]) for p in preds if p.get("device")}))
 
+    def prediction_notes(self) -> list[str]:
+        """What the runs' predictions say they do not model (a GPU run without Transformer Engine), once each."""
+        preds = [run_record(r.path).get("prediction") for r in self.runs]
+        return sorted({p["note"] for p in preds if isinstance(p, dict) and isinstance(p.get("note"), str)})
+
     def predicted_over_measured(self) -> float | None:
         predicted, measured = self.prediction()[0], self.step_stats()["median"]
         return predicted / measured if predicted and measured else None
@@ -240,6 +245,7 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
         if e.published and e.published.note:
             cmp.notes.append(f"{e.label}: {e.published.note} [{e.published.source}]")
         cmp.notes += [f"{e.label}: {p}" for p in e.problems]
+        cmp.notes += [f"{e.label}: {n}" for n in e.prediction_notes()]
         if e.score:
             cmp.notes += [f"{e.label}: {n}" for n in e.score.notes]
         why = passed_over(e.devices_from)[1]
