@@ -136,14 +136,15 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
     bench = rcp_schedule.for_run(bench, layout.global_batch_size, req.lr, req.warmup_steps)
-    # FP8 against this machine's GPU; a dry run or a SLURM job trains elsewhere.
-    if layout.precision == "fp8" and not req.dry_run and req.launcher != "slurm":
-        check_precision(layout.precision, req.layout.precision is not None, local_device())
-    if (layout.cp > 1 or layout.features.sequence_parallel) and not req.dry_run and req.launcher != "slurm":
-        check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
-    if not req.dry_run and req.launcher != "slurm":
-        check_gpus_here(layout.nproc_per_node, local_device())
-    device = memory_device(req)
+    # This machine's device (nvidia-smi, asked once), where the run trains here; a dry run or a SLURM job trains
+    # elsewhere.
+    here = None if req.dry_run or req.launcher == "slurm" else local_device()
+    if here is not None:
+        check_precision(layout.precision, req.layout.precision is not None, here)
+        if layout.cp > 1 or layout.features.sequence_parallel:
+            check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
+        check_gpus_here(layout.nproc_per_node, here)
+    device = memory_device(req, here)
     check_memory(bench, layout, device)
     check_results_folder(req.results_root, system, bench.name)
     slurm_opts = _slurm_options(req, bench, layout)
@@ -513,10 +514,10 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
 # ---- memory ---------------------------------------------------------------------------------------------
 
 
-def memory_device(req: RunRequest) -> tuple[str, float] | None:
+def memory_device(req: RunRequest, here: DeviceFacts | None) -> tuple[str, float] | None:
     """(name, memory bytes) of the device the run's memory plan must fit: --device; else, for a run on this
-    machine, its GPU where the device table knows it, or this machine's memory for a CPU run; None where the run
-    trains elsewhere (a dry run, a SLURM job) and no --device is given."""
+    machine (HERE: its device), its GPU where the device table knows it, or this machine's memory for a CPU run;
+    None where the run trains elsewhere (a dry run, a SLURM job: HERE is None) and no --device is given."""
     from mlbench.planner import devices
 
     if req.device is not None:
@@ -525,11 +526,10 @@ def memory_device(req: RunRequest) -> tuple[str, float] | None:
                             f"names a GPU: one of {', '.join(n for n in devices.names() if n != 'cpu')}")
         d = devices.get(req.device)  # an unknown name: UserError naming the known ones
         return d.name, d.memory_bytes
-    if req.dry_run or req.launcher == "slurm":
+    if here is None:
         return None
-    local = local_device()
-    if local.gpu:
-        d = devices.find(local.name)
+    if here.gpu:
+        d = devices.find(here.name)
         return (d.name, d.memory_bytes) if d else None
     import psutil
 

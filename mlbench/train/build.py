@@ -61,9 +61,10 @@ def init_distributed(plan: RunPlan) -> Device:
         raise RuntimeError(f"torchrun formed {world} ranks, and this node's layout is {planned} ({ly['nodes']} nodes "
                            f"x {ly['nproc_per_node']}): give every node the same layout flags")
     dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=120))
-    _same_layout_as_rank0(plan, collectives_device(on_cpu))
+    dev = collectives_device(on_cpu)
+    _same_layout_as_rank0(plan, dev)
     # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
-    seed_t = torch.tensor([plan.seed], dtype=torch.int64, device=collectives_device(on_cpu))
+    seed_t = torch.tensor([plan.seed], dtype=torch.int64, device=dev)
     dist.broadcast(seed_t, src=0)
     plan.seed = int(seed_t.item())
 
