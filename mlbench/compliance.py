@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.text import Text
 
@@ -45,11 +46,14 @@ def require_ruleset(ruleset: str) -> str:
 
 
 # The checker reads about 5 MB a second (a 250 MB log: 50-61 s, perf/log_reading.py); the limit is several times
-# that for a log of any size. What outruns it is a long line: the checker strips each line with
-# re.sub(".*:::MLLOG ", ...), whose time grows with the square of the line's length (64 KiB: 2.6 s, 256 KiB: 54 s,
-# 2 MB: over 5 minutes, on this project's 2-core machine); no MLPerf record is longer than a few KiB.
+# that for a log of any size. What outruns it is long lines: the checker strips each line with
+# re.sub(".*:::MLLOG ", ...), whose time grows with the square of the line's length. Measured on this project's
+# 2-core machine: one 60 KB line 2.35 s, ten of them 19.4 s, one 120 KB line 7.6 s, 2 MB over 5 minutes (about
+# 6e-10 s a byte squared); no MLPerf record is longer than a few KiB.
 CHECK_TIME_BASE_S, CHECK_TIME_PER_MB_S = 60.0, 1.0
-LONG_LINE_BYTES = 64 * 1024
+LONG_LINE_BYTES = 16 * 1024  # from here on a line costs the checker a noticeable time (16 KiB: about 0.15 s)
+CHECKER_S_PER_BYTE2 = 6e-10  # the checker's time for a line of n bytes: n * n * this (measured, above)
+FASTEST_MACHINE = 4.0  # how much faster than the measuring machine a checker may run: the skip is decided on that
 
 
 def time_limit_s(path: Path) -> float:
@@ -61,26 +65,63 @@ def time_limit_s(path: Path) -> float:
     return CHECK_TIME_BASE_S + CHECK_TIME_PER_MB_S * size / 1e6
 
 
-def longest_line(path: Path) -> tuple[int, int]:
-    """(line number from 1, length in bytes) of PATH's longest line, read in blocks (a line may be gigabytes)."""
-    best, line, current = (0, 0), 1, 0
+@dataclass(frozen=True)
+class LineLengths:
+    longest: tuple[int, int]  # (line number from 1, length in bytes)
+    long_lines: int  # lines of LONG_LINE_BYTES or more
+    square_sum: float  # the sum of every line's length squared: what the checker's time grows with
+
+    def checker_s(self) -> float:
+        """The checker's time on these lines at the measured rate (its reading of the rest is not counted)."""
+        return self.square_sum * CHECKER_S_PER_BYTE2
+
+    def reason(self) -> str:
+        line, length = self.longest
+        more = self.long_lines - 1 if length >= LONG_LINE_BYTES else 0
+        others = f" and {more:,} more line{'s' if more > 1 else ''} of {LONG_LINE_BYTES // 1024} KiB or more" \
+            if more > 0 else ""
+        return (f"line {line} is {length:,} bytes long{others}, and the checker's time grows with the square of a "
+                f"line's length (60 KB: about 2.4 s; here about {self.checker_s():,.0f} s); an MLPerf record is at "
+                f"most a few KiB")
+
+
+def line_lengths(path: Path) -> LineLengths:
+    """PATH's longest line, its long lines and the sum of its lines' squared lengths, read in blocks (a line may
+    be gigabytes long)."""
+    best, number, carry, long_lines, square_sum = (0, 0), 1, 0, 0, 0.0
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
-            *ended, rest = block.split(b"\n")
-            for part in ended:
-                if current + len(part) > best[1]:
-                    best = (line, current + len(part))
-                line, current = line + 1, 0
-            current += len(rest)
-    return (line, current) if current > best[1] else best
+            ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 0x0A)
+            if ends.size:
+                lengths = np.diff(ends, prepend=-1).astype(np.float64) - 1  # without the newline
+                lengths[0] += carry
+                i = int(np.argmax(lengths))
+                if lengths[i] > best[1]:
+                    best = (number + i, int(lengths[i]))
+                long_lines += int(np.count_nonzero(lengths >= LONG_LINE_BYTES))
+                square_sum += float(np.dot(lengths, lengths))
+                number, carry = number + ends.size, len(block) - 1 - int(ends[-1])
+            else:
+                carry += len(block)
+    if carry:  # the last line, without its newline
+        best = (number, carry) if carry > best[1] else best
+        long_lines += carry >= LONG_LINE_BYTES
+        square_sum += float(carry) * carry
+    return LineLengths(best, long_lines, square_sum)
 
 
 def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None) -> Verdict:
     """The official checker's verdict on one file: the closed rules of RULESET, or our smoke rules.
     quiet: leave out its warnings (as the result summarizer does). time_limit: seconds before it is stopped and
-    the file judged not compliant (default: time_limit_s)."""
+    the file judged not compliant (default: time_limit_s). A file whose long lines would keep the checker past
+    the limit even on a machine FASTEST_MACHINE times faster than the one measured is judged so without it."""
     limit = time_limit_s(path) if time_limit is None else time_limit
     rules = "smoke rules" if smoke else f"training {ruleset} rules"
+    lines = _line_lengths(Path(path))
+    if lines is not None and lines.checker_s() / FASTEST_MACHINE > limit:
+        return Verdict(path=Path(path), ok=False, rules=rules, messages=[
+            f"the compliance checker was not run, as it could not finish within the {limit:.0f} s limit: "
+            + lines.reason()])
     with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
         cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
                                            Path(scratch) / "checker.log", quiet)
@@ -90,7 +131,9 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
             proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace",
                                   start_new_session=True, preexec_fn=lifeline.die_with_parent, timeout=limit)
         except subprocess.TimeoutExpired:  # subprocess.run has killed it
-            return Verdict(path=Path(path), ok=False, rules=rules, messages=[_timed_out(Path(path), limit)])
+            why = f": {lines.reason()}" if lines is not None and lines.checker_s() > limit / 2 else ""
+            stopped = f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
+            return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
     log, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
     messages = _messages(log)
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
@@ -98,16 +141,11 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
     return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages, rules=rules)
 
 
-def _timed_out(path: Path, limit: float) -> str:
-    why = ""
+def _line_lengths(path: Path) -> LineLengths | None:
     try:
-        number, length = longest_line(path)
-    except OSError:
-        number = length = 0
-    if length > LONG_LINE_BYTES:
-        why = (f": line {number} is {length:,} bytes long, and the checker's time grows with the square of a line's "
-               f"length (64 KiB: about 3 s); an MLPerf record is at most a few KiB")
-    return f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
+        return line_lengths(path)
+    except OSError:  # unreadable: the checker says so in its own words
+        return None
 
 
 # The checker holds a whole log in memory: 1,807 MiB for a 250 MB log (perf/log_reading.py), about 7.6 bytes a byte.
