@@ -144,7 +144,7 @@ def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
             return torchrun.direct(plan_path, staging / "ranks", env)
         if layout.nodes == 1 and not opts.rdzv_endpoint:
             return Command(local_ranks.argv(plan_path, staging / "ranks", layout.nproc_per_node), env,
-                           stdout=staging / "launcher.log")
+                           stdout=staging / "launcher.log", rank_failure=local_ranks.rank_failure)
         argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes, nproc_per_node=layout.nproc_per_node,
                              node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
                              rdzv_id=f"mlbench-run{i}", rdzv_timeout=opts.rdzv_timeout)  # the same on every node
@@ -294,6 +294,8 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
                                 f"time-to-train {ttt}; compliance ({'ok' if r.compliant else 'FAILED'}); {r.path}"))
     if not reached:
         console.print(f"  reason: {r.reason}")
+        if (logs := r.path.parent / "logs" / r.path.stem).is_dir():  # a reason's "see the rank logs" is here
+            console.print(f"  rank logs in {logs}", highlight=False, soft_wrap=True)
     if r.checkpoint_error:
         console.print(Text.assemble("  ", ("checkpoint not saved", "red"), f": {r.checkpoint_error}"))
     if r.error_after_run_stop:

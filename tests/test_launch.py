@@ -405,6 +405,65 @@ def test_a_run_whose_rank_dies_at_start_publishes_its_aborted_log(tmp_path: Path
     assert score.returncode == 0 and "no run_start: the run never started its timed region" in score.stdout
 
 
+def test_a_run_of_two_ranks_whose_rank_dies_at_start_names_it(tmp_path: Path) -> None:
+    """Through the CLI, as above with two ranks (mlbench's agent): the reason was "launcher exited with code 1 (a
+    rank failed; see the rank logs)", the agent's line naming the rank left in its log with a staging folder that is
+    gone once the run is published. The reason now names the rank, how it ended and its logs under the result's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\nif 'mlbench.train' in sys.orig_argv and os.environ.get('RANK') == '0':\n    os._exit(7)\n")
+    out = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path / "r"), "--system",
+                  "s", "--seed", "1", env={"PYTHONPATH": str(site)})
+    assert out.returncode == 1, out.stdout + out.stderr
+    folder = tmp_path / "r" / "s" / "gpt3"
+    reason = "rank 0 exited with code 7 (see the rank logs: local/attempt_0/0)"
+    assert mllog(folder / "result_0.txt")[-1]["metadata"]["reason"] == reason, out.stdout
+    assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+    assert (folder / "logs" / "result_0" / "local" / "attempt_0" / "0" / "stderr.log").is_file()
+    assert f"reason: {reason}\n  rank logs in {folder / 'logs' / 'result_0'}\n" in out.stdout, out.stdout
+
+
+# torch 2.13's last words when a rank of its node is killed (ChildFailedError), after a long traceback
+_TORCH_RANK_KILLED = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+mlbench.launch.torchrun_rank FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-27_03:49:13
+  host      : localhost
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 26601) (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 26601
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_03:49:13
+  host      : localhost
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 26600) (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 26600
+============================================================
+"""
+
+
+def test_torchruns_failed_rank_is_named_in_the_reason(tmp_path: Path) -> None:
+    """A node's torchrun whose rank was killed (the OOM killer): the reason was "launcher exited with code 1 (a rank
+    failed; see the rank logs)"; torch names the rank at the end of its output, and so does the reason now."""
+    ranks = tmp_path / "ranks"
+    (ranks / "mlbench-run0_ab12cd34" / "attempt_0" / "1").mkdir(parents=True)
+    (tmp_path / "said.txt").write_text(_TORCH_RANK_KILLED)
+    rendezvous = torchrun.Rendezvous("127.0.0.1:29500", 2, 1, 60.0, ranks)
+    cmd = torchrun.node_command(["bash", "-c", f"cat {tmp_path / 'said.txt'}; exit 1"], dict(os.environ),
+                                tmp_path / "launcher.log", rendezvous)
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    assert outcome.reason == ("rank 3 (node 1's local rank 1) killed by SIGKILL (see the rank logs: "
+                              "mlbench-run0_ab12cd34/attempt_0/1)"), outcome.reason
+
+
 def test_a_slurm_jobs_state_is_read_once_it_has_ended(tmp_path: Path, monkeypatch) -> None:
     """sbatch --wait returns as the job leaves RUNNING; its state was read at once: "COMPLETING, exit code 0:9"
     for a driver killed with -9 (FAILED in the end), and the summary read before the driver had written it. A

@@ -101,6 +101,34 @@ def test_a_rendezvous_that_fails_ends_at_once_with_the_reason(tmp_path: Path) ->
     assert not list(result_dir(tmp_path / "node1", "gpt3").glob("result_*"))
 
 
+def test_a_rank_of_node_0_that_dies_at_start_is_named_in_the_published_record(tmp_path: Path) -> None:
+    """Node 0's rank 0 exits 7 as its interpreter starts (a sitecustomize on node 0's path), before it logs anything:
+    node 0's record and log said only "launcher exited with code 1 (a rank failed; see the rank logs)" (torchrun's
+    own words name the rank at the end of a long traceback). They now name the rank, how it ended and its logs."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\nif 'mlbench.launch.torchrun_rank' in sys.orig_argv and os.environ.get('RANK') == '0':\n"
+        "    os._exit(7)\n")
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    node0 = _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env={"PYTHONPATH": str(site)})
+    node1 = _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60")
+    try:
+        out = node0.communicate(timeout=120)[0]
+    finally:  # node 1 is not the point: its ranks would wait for node 0's store to answer (about a minute)
+        node1.terminate()
+        _ends({"node0": node0, "node1": node1}, timeout=60)
+    assert node0.returncode == 1, out
+    folder = result_dir(tmp_path / "node0", "gpt3")
+    [logs] = [p.relative_to(folder / "logs" / "result_0") for p in folder.glob("logs/result_0/*/attempt_0/0")]
+    reason = f"rank 0 (node 0's local rank 0) exited with code 7 (see the rank logs: {logs})"
+    log = mllog(folder / "result_0.txt")
+    assert log[-1]["key"] == "run_stop" and log[-1]["metadata"]["status"] == "aborted", out
+    assert log[-1]["metadata"]["reason"] == reason, out
+    assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+    assert f"reason: {reason}\n  rank logs in {folder / 'logs' / 'result_0'}\n" in out, out
+
+
 def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Path) -> None:
     """Two node invocations that disagree (--nproc-per-node 1 and 2 with --gbs 32) trained a world of 3 ranks
     published as the layout of 2, compliant; the same world size with another --gbs hung or trained on. The ranks

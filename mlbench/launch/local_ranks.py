@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,8 +74,27 @@ def _reap(procs: dict[int, subprocess.Popen], codes: dict[int, int], block: bool
     return pid
 
 
-def _describe(code: int) -> str:
-    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+def describe(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+_FAILED = re.compile(r"^rank (\d+) (exited with code -?\d+|killed by [\w ]+); stopping the other ranks", re.M)
+
+
+def rank_failure(output: str) -> str:
+    """Which rank's failure ended the agent and how, from the agent's output (its line above names the staging
+    folder, gone once the run is published); "" if it names none."""
+    found = _FAILED.findall(output)
+    if not found:
+        return ""
+    rank, how = found[-1]
+    return f"rank {rank} {how} (see the rank logs: local/attempt_0/{rank})"
 
 
 def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
@@ -104,7 +124,7 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
     while len(codes) < len(procs):
         pid = _reap(procs, codes, block=True)
         if pid is not None and codes[pid] != 0:
-            print(f"rank {ranks[pid]} {_describe(codes[pid])}; stopping the other ranks "
+            print(f"rank {ranks[pid]} {describe(codes[pid])}; stopping the other ranks "
                   f"(see {log_dir / 'local' / 'attempt_0' / str(ranks[pid])})", flush=True)
             _stop(procs, codes)
             return 1

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mlbench import results
-from mlbench.launch import lifeline
+from mlbench.launch import lifeline, local_ranks
 from mlbench.mlperf_log import finalize_aborted
 from mlbench.run_plan import RunPlan, stop_reason_path
 
@@ -79,6 +79,9 @@ class Command:
     stderr: Path | None = None
     what: str = "launcher"  # what it is, in the reason a run ended: "launcher", "rank 0 (the only rank)"
     rendezvous: Rendezvous | None = None  # where the launcher meets other nodes first (torchrun's)
+    # which rank's failure ended the launcher (an agent's: torchrun's, local_ranks'), how, and where its output is,
+    # from the end of the launcher's output; "" where it names none
+    rank_failure: Callable[[str], str] | None = None
 
 
 class EventTail:
@@ -184,12 +187,18 @@ def _start(cmd: Command) -> subprocess.Popen:
                                 preexec_fn=lifeline.die_with_parent)
 
 
-def _exit_reason(what: str, code: int, output: Path | None = None, rendezvous: Rendezvous | None = None) -> str:
+def _exit_reason(cmd: Command, code: int, output: bool = True) -> str:
+    """Why the command ended with CODE, from its own output where `output` (which rank failed, the launcher's own
+    failure), else from the code alone."""
+    what = cmd.what
     if code < 0:  # killed by a signal (the OOM killer, kill -9)
-        return f"{what} killed by {signal.Signals(-code).name} (see the rank logs)"
-    last = _last_error(output) if output is not None else ""
-    if last and rendezvous and (plain := rendezvous.explain(last)):
+        return f"{what} {local_ranks.describe(code)} (see the rank logs)"
+    tail = _tail(cmd.stdout) if output else ""
+    last = _last_error(tail)
+    if last and cmd.rendezvous and (plain := cmd.rendezvous.explain(last)):
         return plain
+    if tail and cmd.rank_failure and (failed := cmd.rank_failure(tail)):  # the agent named the rank that failed
+        return failed
     if last:  # the launcher's own failure (a rendezvous that never formed): no rank ran to say anything
         return f"{what} exited with code {code}: {last}"
     return f"{what} exited with code {code} (a rank failed; see the rank logs)"
@@ -198,14 +207,18 @@ def _exit_reason(what: str, code: int, output: Path | None = None, rendezvous: R
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Timeout)): (.+)$")
 
 
-def _last_error(output: Path) -> str:
-    """The last exception line (`Type: message`) in the end of a command's output, shortened; "" if none."""
+def _tail(output: Path) -> str:
+    """The end of a command's output (64 KiB); "" if it cannot be read."""
     try:
         with open(output, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            tail = f.read().decode("utf-8", errors="replace")
+            return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def _last_error(tail: str) -> str:
+    """The last exception line (`Type: message`) in the end of a command's output, shortened; "" if none."""
     found = [m for line in tail.splitlines() if (m := _ERROR_LINE.match(line.strip()))]
     return f"{found[-1][1]}: {found[-1][2]}"[:240] if found else ""
 
@@ -334,12 +347,12 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     if not reason and last is not None:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = _exit_reason(cmd.what, code, cmd.stdout, cmd.rendezvous)
+        reason = _exit_reason(cmd, code)
     log_error = log.complete(reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):
         failed = next((e for e in events if e.get("event") == "checkpoint_failed"), None)
-        checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd.what, code)
+        checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd, code, output=False)
     # Once run_stop `success` is written, the run's status is the log's, whatever came after it (the checkpoint
     # save, the measured-memory record, a signal in teardown); a failure there is said apart.
     if last is not None and last["status"] == "success":

@@ -64,7 +64,26 @@ def argv(
 
 def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous: Rendezvous) -> Command:
     """A node's torchrun under the static rendezvous: its ranks claim the node rank with a mark of their own."""
-    return Command(argv, {**env, NODE_TOKEN: uuid.uuid4().hex}, stdout=stdout, rendezvous=rendezvous)
+    return Command(argv, {**env, NODE_TOKEN: uuid.uuid4().hex}, stdout=stdout, rendezvous=rendezvous,
+                   rank_failure=lambda output: rank_failure(output, rendezvous.ranks_dir, rendezvous.node_rank))
+
+
+# torchrun's last words when a rank fails (ChildFailedError): the first rank that failed, and how
+_ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):\n\[\d+\]:\n(?:  .*\n)*?"
+                         r"  rank\s*: (\d+) \(local_rank: (\d+)\)\n  exitcode\s*: (-?\d+)", re.M)
+
+
+def rank_failure(output: str, ranks_dir: Path, node_rank: int) -> str:
+    """Which rank's failure ended this node's torchrun, how, and where its output is (torch's own words, at the end
+    of a long traceback, name the rank and its exit code alone); "" if torchrun's output names none."""
+    found = _ROOT_CAUSE.findall(output)
+    if not found:
+        return ""
+    rank, local, code = found[-1]
+    # torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>/, kept as the run's rank logs
+    logs = sorted(ranks_dir.glob(f"*/attempt_*/{local}"))
+    where = f"see the rank logs: {logs[-1].relative_to(ranks_dir)}" if logs else "see the rank logs"
+    return f"rank {rank} (node {node_rank}'s local rank {local}) {local_ranks.describe(int(code))} ({where})"
 
 
 @dataclass(frozen=True)
