@@ -84,6 +84,9 @@ def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_pat
             assert time.monotonic() < deadline and proc.poll() is None, "no training step"
             time.sleep(0.5)
         job_id = next(root.glob("ci/gpt3/.slurm/*/job_id")).read_text().strip()
+        # each node's torchrun waits for the others as long as --rdzv-timeout says (it kept torch's own 600 s
+        # whatever the run's; 600 is the run's default): both "nodes" are this host, their torchruns seen here
+        assert _torchrun_node_ranks("--rdzv-conf=timeout=600") == {"0", "1"}
         cluster.run(["scancel", "--signal=TERM", "--batch", job_id])
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -94,6 +97,19 @@ def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_pat
     assert [s["metadata"]["status"] for s in stops] == ["aborted"]
     record = json.loads((folder / "result_0.json").read_text())
     assert record["status"] == "aborted" and "SIGTERM" in record["reason"]
+
+
+def _torchrun_node_ranks(word: str) -> set[str]:
+    """The --node-rank of every torchrun running on this host whose argv holds WORD."""
+    ranks = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if word in argv and any(a.endswith("torchrun") or a == "torch.distributed.run" for a in argv):
+            ranks |= {a.split("=", 1)[1] for a in argv if a.startswith("--node-rank=")}
+    return ranks
 
 
 def test_an_unresolvable_rendezvous_address_fails_fast_with_the_reason(cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -129,8 +129,47 @@ def test_render_defaults_and_variants() -> None:
         {"nodes": 0},
         {"master_port": 70000},
         {"time_limit": "00:01:00", "signal": "TERM@120"},  # the warning would come at once
+        {"rdzv_timeout": 0.0},
+        {"rdzv_timeout": float("nan")},
     ],
 )
 def test_render_rejects_bad_input(kw: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         render(_full_job(**kw))
+
+
+def test_the_nodes_wait_for_each_other_as_long_as_rdzv_timeout_says() -> None:
+    """--rdzv-timeout reached the torchrun launcher's static rendezvous alone: every SLURM job's torchrun kept torch's
+    600 s. The job's torchrun line now takes it as the torchrun launcher's does (c10d's key is join_timeout)."""
+    assert "--rdzv-conf" not in torchrun_command(SlurmJob(job_name="j", command=["true"]))  # torch's default
+    assert shlex.split(torchrun_command(SlurmJob(job_name="j", command=["true"], rdzv_timeout=89.6)))[-2:] == [
+        "--rdzv-conf=timeout=90", "true"]
+    assert "--rdzv-conf=join_timeout=90 " in torchrun_command(SlurmJob(job_name="j", command=["true"],
+                                                                       rdzv_backend="c10d", rdzv_timeout=90))
+
+
+def test_a_slurm_runs_torchrun_and_start_up_deadline_follow_rdzv_timeout(tmp_path: Path) -> None:
+    """The driver's srun line for each run, and what the dry run shows of it, carry the run's --rdzv-timeout; the
+    supervisor's start-up limit counts from the ranks' start and its deadline is past torch's waits (2 x the timeout
+    and a margin), as on the torchrun launcher's nodes (a start-up limit of 1800 s from srun's start stopped a job
+    whose nodes still rightly waited for each other)."""
+    from rich.console import Console
+
+    from mlbench import registry
+    from mlbench.launch import torchrun
+    from mlbench.launch.slurm import SlurmLauncher, SlurmOptions
+    from mlbench.launch.slurm_job import run_commands
+    from mlbench.layout import resolve
+    from mlbench.runner import RunOptions
+
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench, 2, 1, None, None, None, None, None, None)
+    opts = RunOptions(results=tmp_path, system="s", rdzv_timeout=1200.0)
+    cmd = run_commands(bench.name, layout, opts, SlurmOptions(), tmp_path)(tmp_path / "plan.json", tmp_path, 0, {})
+    assert "--rdzv-conf=timeout=1200" in shlex.split(cmd.argv[-1]), cmd.argv
+    assert cmd.rendezvous.deadline_s == 2 * 1200 + torchrun.FORMED_MARGIN_S
+    assert not cmd.rendezvous.formed()
+    (tmp_path / "ranks" / "mlbench_ab12" / "attempt_0").mkdir(parents=True)  # as torchrun starts the ranks
+    assert cmd.rendezvous.formed()
+    shown = SlurmLauncher(bench, layout, opts, SlurmOptions(), Console()).describe(tmp_path)[0][1]
+    assert "--rdzv-conf=timeout=1200" in shown, shown

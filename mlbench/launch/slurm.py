@@ -54,7 +54,8 @@ class SlurmOptions:
 
 
 def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver: list[str] | None,
-            command: list[str] = (), ranks_dir: Path | None = None, master_port: int | None = None) -> SlurmJob:
+            command: list[str] = (), ranks_dir: Path | None = None, master_port: int | None = None,
+            rdzv_timeout: float | None = None) -> SlurmJob:
     try:  # SLURM's warning before the time limit: 120 s, where the limit leaves room for it
         warn = "B:TERM@120" if time_limit_seconds(opts.time_limit) > 240 else None
     except ValueError:
@@ -68,7 +69,8 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
         env={"PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}, master_addr=opts.master_addr,
         master_port=master_port or opts.master_port, signal=warn,
         torchrun=str(Path(sys.executable).with_name("torchrun")),  # this environment's, on every node
-        torchrun_args=[f"--log-dir={ranks_dir}", "--redirects=3"] if ranks_dir else (), driver=driver)
+        torchrun_args=[f"--log-dir={ranks_dir}", "--redirects=3"] if ranks_dir else (), driver=driver,
+        rdzv_timeout=rdzv_timeout)
 
 
 def _script(bench: Benchmark, layout: Layout, opts: SlurmOptions, job_dir: Path) -> str:
@@ -125,7 +127,8 @@ class SlurmLauncher:
 
     def describe(self, folder: Path) -> list[tuple[str, str]]:
         per_run = job_for(self.layout, self.opts, self.bench.name, folder / ".slurm" / "JOB", driver=None,
-                          command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("STAGING/ranks"))
+                          command=["-m", "mlbench.train", "PLAN.json"], ranks_dir=Path("STAGING/ranks"),
+                          rdzv_timeout=self.run_opts.rdzv_timeout)
         try:
             script = _script(self.bench, self.layout, self.opts, folder / ".slurm" / "JOB")
         except ValueError as e:

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlbench import runner, terminal
@@ -13,6 +14,7 @@ from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import Command
+from mlbench.launch.torchrun import FORMED_MARGIN_S
 from mlbench.layout import Layout
 from mlbench.results import result_folder
 from mlbench.run_plan import benchmark_from_dict
@@ -29,6 +31,45 @@ def rendezvous_problem(addr: str) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class JobRendezvous:
+    """The job's nodes meeting at the static rendezvous (srun's torchrun on every node), as the supervisor sees it
+    (mlbench.launch.supervise.Rendezvous): the start-up limit counts from the ranks' start, and a run whose ranks
+    never start ends past torch's own waits (--rdzv-timeout), as on the torchrun launcher's nodes."""
+
+    addr: str  # MASTER_ADDR:MASTER_PORT
+    timeout: float
+    ranks_dir: Path  # torchrun's --log-dir on every node: <run id>_<random>/attempt_0 appears as its ranks start
+
+    @property
+    def deadline_s(self) -> float:
+        return 2 * self.timeout + FORMED_MARGIN_S
+
+    def formed(self) -> bool:
+        return next(self.ranks_dir.rglob("attempt_*"), None) is not None
+
+    def not_formed(self) -> str:
+        return (f"the job's nodes did not meet at {self.addr} within {self.deadline_s:g} s: no node's torchrun "
+                f"started its ranks (srun may not have started one on every node); see the run's launcher.log")
+
+    def explain(self, error: str) -> str:
+        return ""  # torch's own words (with the launcher's exit code) name what failed; no flag of the user's to give
+
+
+def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: SlurmOptions,
+                 job_dir: Path) -> runner.CommandFor:
+    """Each run of the job: srun starts one torchrun per node at a static rendezvous on this (the first) node."""
+    def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
+        port = free_port()  # a fresh port per run: the batch step runs on the first node, where the rendezvous lives
+        job = job_for(layout, slurm, name, job_dir, driver=None, command=["-m", "mlbench.train", str(plan_path)],
+                      ranks_dir=staging / "ranks", master_port=port, rdzv_timeout=opts.rdzv_timeout)
+        # srun passes the port on to every node
+        return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log",
+                       rendezvous=JobRendezvous(f"{os.environ.get('MASTER_ADDR', '')}:{port}", opts.rdzv_timeout,
+                                                staging / "ranks"))
+    return command_for
+
+
 def main(spec_path: str) -> int:
     job_dir = Path(spec_path).parent
     spec = json.loads(Path(spec_path).read_text())
@@ -43,15 +84,8 @@ def main(spec_path: str) -> int:
         (job_dir / "summary.json").write_text(json.dumps({"runs": [], "error": problem}, indent=1))
         return 1
 
-    def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
-        # A fresh port per run: the batch step runs on the first node, where the static rendezvous lives.
-        port = free_port()
-        job = job_for(layout, slurm, bench.name, job_dir, driver=None, command=["-m", "mlbench.train", str(plan_path)],
-                      ranks_dir=staging / "ranks", master_port=port)
-        # srun passes the port on to every node
-        return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log")
-
-    run_set = runner.RunSet(bench, layout, opts, terminal.console(), command_for, announce=job_dir / CURRENT_RUN)
+    commands = run_commands(bench.name, layout, opts, slurm, job_dir)
+    run_set = runner.RunSet(bench, layout, opts, terminal.console(), commands, announce=job_dir / CURRENT_RUN)
     with result_folder(opts.results, opts.system, bench.name) as folder:
         run_set.prepare(folder)
         run_set.start()

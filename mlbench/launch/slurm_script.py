@@ -10,6 +10,7 @@ in the batch shell (where it is always 0).
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,8 @@ class SlurmJob:
     signal: str | None = "TERM@120"
     torchrun: str = "torchrun"
     torchrun_args: Sequence[str] = ()  # extra torchrun options, e.g. --log-dir for per-rank logs
+    # Seconds the nodes wait for each other at the rendezvous (--rdzv-timeout); None: torch's default, 600 s
+    rdzv_timeout: float | None = None
     # When set, the script ends by exec-ing this driver on the batch host (which then starts each run with
     # `srun_argv`), instead of a single srun line.
     driver: Sequence[str] | None = None
@@ -84,6 +87,8 @@ class SlurmJob:
             raise ValueError(f"master_port out of range: {self.master_port}")
         if self.rdzv_backend not in ("static", "c10d"):
             raise ValueError(f"rdzv_backend must be static or c10d, not {self.rdzv_backend!r}")
+        if self.rdzv_timeout is not None and not 1 <= self.rdzv_timeout < math.inf:  # also NaN
+            raise ValueError(f"rdzv_timeout must be at least 1 second, not {self.rdzv_timeout!r}")
         for name in self.env:
             if not _ENV_NAME_RE.match(name):
                 raise ValueError(f"not an environment variable name: {name!r}")
@@ -130,6 +135,9 @@ def torchrun_command(job: SlurmJob) -> str:
     ]
     if job.rdzv_backend == "c10d":
         args += ['--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"']
+    if job.rdzv_timeout is not None:  # as the torchrun launcher's: how long node 0 waits for every node
+        key = "timeout" if job.rdzv_backend == "static" else "join_timeout"
+        args.append(f"--rdzv-conf={key}={max(1, round(job.rdzv_timeout))}")
     args += [shlex.quote(a) for a in job.torchrun_args]
     return " ".join(args + [shlex.quote(a) for a in job.command])
 
