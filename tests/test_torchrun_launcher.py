@@ -129,6 +129,58 @@ def test_a_rank_of_node_0_that_dies_at_start_is_named_in_the_published_record(tm
     assert f"reason: {reason}\n  rank logs in {folder / 'logs' / 'result_0'}\n" in out, out
 
 
+def _other_host() -> tuple[list[str], str, subprocess.Popen]:
+    """Another host for one node: a network namespace of its own (a process in `unshare --net`), joined to this
+    one by a veth pair; they go with the process. Returns (the prefix that runs a command there, this host's
+    address as the other sees it, the process holding the namespace)."""
+    import secrets
+    import shutil
+
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "nsenter")):
+        pytest.skip("another network namespace needs root, ip, unshare and nsenter")
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "300"])
+    ns = ["nsenter", "-t", str(holder.pid), "-n"]
+    here, there = f"mlb{secrets.token_hex(3)}", f"mlb{secrets.token_hex(3)}"
+    net = 4 * secrets.randbelow(64)  # a /30 of TEST-NET-1 (192.0.2.0/24: documentation, never routed)
+    a, b = f"192.0.2.{net + 1}", f"192.0.2.{net + 2}"
+    for argv in (["ip", "link", "add", here, "type", "veth", "peer", "name", there, "netns", str(holder.pid)],
+                 ["ip", "addr", "add", f"{a}/30", "dev", here], ["ip", "link", "set", here, "up"],
+                 [*ns, "ip", "addr", "add", f"{b}/30", "dev", there], [*ns, "ip", "link", "set", there, "up"],
+                 [*ns, "ip", "link", "set", "lo", "up"]):
+        subprocess.run(argv, check=True, capture_output=True)
+    return ns, a, holder
+
+
+def test_a_second_node_0_on_another_host_stops_and_the_run_goes_on(tmp_path: Path, quick_benchmarks: Path) -> None:
+    """A second invocation with --node-rank 0 on another host (a network namespace here) serves a rendezvous store
+    of its own there, which nobody joins, and its torchrun meets the first node 0's at the endpoint: it counted as
+    a node, took global rank 0 too, and its ranks could claim node rank 0 first; the first node 0's ranks stopped
+    and its store went with them, so node 1 and the second node 0 failed after 2 minutes. The second node 0 now
+    stops at once, saying why, and the run goes on."""
+    ns, host, holder = _other_host()
+    try:
+        endpoint = f"{host}:{free_port(host)}"
+        env = {"MLBENCH_BENCHMARKS": str(quick_benchmarks)}
+        procs = {"node0": _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env=env)}
+        dup = subprocess.Popen([*ns, *MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
+                                "--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--node-rank", "0",
+                                "--results", str(tmp_path / "again0"), "--system", "ci", "--rdzv-timeout", "60"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, COLUMNS="200", **env))
+        procs |= {"again0": dup, "node1": _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60", env=env)}
+        outs = _ends(procs, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert {name: p.returncode for name, p in procs.items()} == {"node0": 0, "again0": 1, "node1": 0}, outs
+    assert "target reached" in outs["node0"], outs
+    reason = (f"two nodes were started with --node-rank 0: the rendezvous at {endpoint} is another machine's, where "
+              f"node 0 runs (this node's torchrun started a store of its own that no node joins); this one stops. "
+              f"Start node 0 once, on the host --rdzv-endpoint names, and every other node with its own --node-rank, "
+              f"1")
+    assert f"reason: {reason}\n" in outs["again0"], outs["again0"]
+
+
 def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Path) -> None:
     """Two node invocations that disagree (--nproc-per-node 1 and 2 with --gbs 32) trained a world of 3 ranks
     published as the layout of 2, compliant; the same world size with another --gbs hung or trained on. The ranks

@@ -11,7 +11,12 @@ own words for a rendezvous that failed name neither the node nor the option to c
 
 The static rendezvous counts the nodes that connect, not which: a second node started with the same --node-rank
 was given the same global ranks, which hung (or joined another node's). So each rank first claims its node rank
-for its node (mlbench.launch.torchrun_rank), then trains; a node whose rank is taken stops before its ranks meet."""
+for its node (mlbench.launch.torchrun_rank), then trains; a node whose rank is taken stops before its ranks meet.
+A second node 0 is one of them: on node 0's host its store cannot listen (EADDRINUSE, said as such); on another
+host it serves a store of its own that nobody joins, while its torchrun counts itself in at the first node 0's
+store, so its ranks start and could claim node rank 0 first (the first node 0's ranks then stopped, and the run's
+store with them). Node 0's ranks therefore first check that the store the endpoint reaches is their own machine's
+(a mark written through the endpoint, read through this machine's port), and a second node 0 stops, saying so."""
 
 from __future__ import annotations
 
