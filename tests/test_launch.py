@@ -181,8 +181,15 @@ def test_a_failed_rendezvous_is_said_in_plain_words(tmp_path: Path) -> None:
         "the rendezvous failed: 1 of the 4 nodes did not join within 5 s")
     assert "port 29500 (--rdzv-endpoint h:29500) is already in use on this host, by another program or by another " \
            "node started with --node-rank 0" in four.explain(_TORCH_SAID["taken"])
-    assert four.explain(_TORCH_SAID["absent"]).startswith("the rendezvous failed: node 0 did not answer at h:29500 "
-                                                          "within 5 s (--rdzv-timeout)")
+    node1 = torchrun.Rendezvous("h:29500", 4, 1, 5, tmp_path)
+    assert node1.explain(_TORCH_SAID["absent"]).startswith("the rendezvous failed: node 0 did not answer at h:29500 "
+                                                           "within 5 s (--rdzv-timeout)")
+    # node 0 whose endpoint names another host: its store listens here, and its torchrun found none there ("node 0
+    # did not answer", said to node 0 itself)
+    assert four.explain(_TORCH_SAID["absent"]) == (
+        "the rendezvous failed: nothing answered at h:29500 within 5 s (--rdzv-timeout), where this node, node 0, "
+        "serves it on its own host: give --rdzv-endpoint this host's name or address (node 0's) and a free port, the "
+        "same on every node")
     assert "is not node 0's torchrun (another program holds port 29500 there)" in four.explain(
         _TORCH_SAID["another program"])
     assert four.explain("RuntimeError: something else") == ""  # left to the launcher's own words

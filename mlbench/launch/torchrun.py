@@ -130,6 +130,11 @@ class Rendezvous:
             return (f"the rendezvous failed: port {self._port()} (--rdzv-endpoint {e}) is already in use on this "
                     f"host, by another program or by another node started with --node-rank 0; give a free port, "
                     f"the same on every node")
+        if re.search(r"client socket has timed out .* trying to connect", error) and self.node_rank == 0:
+            # node 0 serves the store on its own host, whatever host the endpoint names, and meets it there
+            return (f"the rendezvous failed: nothing answered at {e} within {t}, where this node, node 0, serves it "
+                    f"on its own host: give --rdzv-endpoint this host's name or address (node 0's) and a free port, "
+                    f"the same on every node")
         if re.search(r"client socket has timed out .* trying to connect", error):  # another node: nobody listens
             return (f"the rendezvous failed: node 0 did not answer at {e} within {t}; start node 0 "
                     f"(--node-rank 0) on that host with the same --rdzv-endpoint, or give a longer --rdzv-timeout")
