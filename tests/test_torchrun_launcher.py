@@ -3,11 +3,13 @@ hosts global rank 0 and publishes the run, and a rendezvous that fails ends with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -129,26 +131,42 @@ def test_a_rank_of_node_0_that_dies_at_start_is_named_in_the_published_record(tm
     assert f"reason: {reason}\n  rank logs in {folder / 'logs' / 'result_0'}\n" in out, out
 
 
-def _other_host() -> tuple[list[str], str, subprocess.Popen]:
-    """Another host for one node: a network namespace of its own (a process in `unshare --net`), joined to this
-    one by a veth pair; they go with the process. Returns (the prefix that runs a command there, this host's
-    address as the other sees it, the process holding the namespace)."""
+@contextlib.contextmanager
+def _other_host() -> Iterator[tuple[list[str], str]]:
+    """Another host for one node: a network namespace of its own (held by a process in `unshare --net`), joined to
+    this one by a veth pair; both go when it ends. Yields (the prefix that runs a command there, this host's
+    address as the other sees it)."""
     import secrets
     import shutil
 
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "nsenter")):
         pytest.skip("another network namespace needs root, ip, unshare and nsenter")
     holder = subprocess.Popen(["unshare", "--net", "sleep", "300"])
-    ns = ["nsenter", "-t", str(holder.pid), "-n"]
     here, there = f"mlb{secrets.token_hex(3)}", f"mlb{secrets.token_hex(3)}"
-    net = 4 * secrets.randbelow(64)  # a /30 of TEST-NET-1 (192.0.2.0/24: documentation, never routed)
-    a, b = f"192.0.2.{net + 1}", f"192.0.2.{net + 2}"
-    for argv in (["ip", "link", "add", here, "type", "veth", "peer", "name", there, "netns", str(holder.pid)],
-                 ["ip", "addr", "add", f"{a}/30", "dev", here], ["ip", "link", "set", here, "up"],
-                 [*ns, "ip", "addr", "add", f"{b}/30", "dev", there], [*ns, "ip", "link", "set", there, "up"],
-                 [*ns, "ip", "link", "set", "lo", "up"]):
-        subprocess.run(argv, check=True, capture_output=True)
-    return ns, a, holder
+    try:
+        deadline = time.monotonic() + 20
+        while os.readlink(f"/proc/{holder.pid}/ns/net") == os.readlink("/proc/self/ns/net"):  # not unshared yet
+            assert time.monotonic() < deadline and holder.poll() is None, "unshare --net did not start"
+            time.sleep(0.02)
+        ns = ["nsenter", "-t", str(holder.pid), "-n"]
+        net = 4 * secrets.randbelow(64)  # a /30 of TEST-NET-1 (192.0.2.0/24: documentation, never routed)
+        a, b = f"192.0.2.{net + 1}", f"192.0.2.{net + 2}"
+        for argv in (["ip", "link", "add", here, "type", "veth", "peer", "name", there, "netns", str(holder.pid)],
+                     ["ip", "addr", "add", f"{a}/30", "dev", here], ["ip", "link", "set", here, "up"],
+                     [*ns, "ip", "addr", "add", f"{b}/30", "dev", there], [*ns, "ip", "link", "set", there, "up"],
+                     [*ns, "ip", "link", "set", "lo", "up"]):
+            subprocess.run(argv, check=True, capture_output=True)
+        # a link set up is not yet carrying: a connection made then fails at once (no route to host), not retried
+        with socket.create_server((a, 0)) as probe:
+            reach = [*ns, "bash", "-c", f"exec 3<>/dev/tcp/{a}/{probe.getsockname()[1]}"]
+            while subprocess.run(reach, capture_output=True).returncode != 0:
+                assert time.monotonic() < deadline, "the other namespace never reached this one"
+                time.sleep(0.1)
+        yield ns, a
+    finally:
+        holder.kill()
+        holder.wait()
+        subprocess.run(["ip", "link", "del", here], capture_output=True)  # gone with the namespace, unless it failed
 
 
 def test_a_second_node_0_on_another_host_stops_and_the_run_goes_on(tmp_path: Path, quick_benchmarks: Path) -> None:
@@ -157,8 +175,7 @@ def test_a_second_node_0_on_another_host_stops_and_the_run_goes_on(tmp_path: Pat
     a node, took global rank 0 too, and its ranks could claim node rank 0 first; the first node 0's ranks stopped
     and its store went with them, so node 1 and the second node 0 failed after 2 minutes. The second node 0 now
     stops at once, saying why, and the run goes on."""
-    ns, host, holder = _other_host()
-    try:
+    with _other_host() as (ns, host):
         endpoint = f"{host}:{free_port(host)}"
         env = {"MLBENCH_BENCHMARKS": str(quick_benchmarks)}
         procs = {"node0": _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env=env)}
@@ -169,9 +186,6 @@ def test_a_second_node_0_on_another_host_stops_and_the_run_goes_on(tmp_path: Pat
                                env=dict(os.environ, COLUMNS="200", **env))
         procs |= {"again0": dup, "node1": _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60", env=env)}
         outs = _ends(procs, timeout=120)
-    finally:
-        holder.kill()
-        holder.wait()
     assert {name: p.returncode for name, p in procs.items()} == {"node0": 0, "again0": 1, "node1": 0}, outs
     assert "target reached" in outs["node0"], outs
     reason = (f"two nodes were started with --node-rank 0: the rendezvous at {endpoint} is another machine's, where "
