@@ -149,8 +149,8 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--node-rank", default=0, show_default=True, type=int,
               help="torchrun launcher: this node's rank; node 0 hosts global rank 0 and publishes the run.")
 @click.option("--rdzv-timeout", default=600.0, show_default=True, type=float,
-              help="torchrun launcher: seconds the nodes wait for each other at the rendezvous (node 0 for every "
-                   "node to join) before the run is aborted.")
+              help="torchrun and slurm launchers: seconds the nodes wait for each other at the rendezvous (node 0 "
+                   "for every node to join) before the run is aborted.")
 @click.option("--hang-timeout", default=300.0, show_default=True, type=float,
               help="Seconds without step progress before a run is aborted as hung.")
 @click.option("--partition", help="slurm: partition.")

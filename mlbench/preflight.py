@@ -225,12 +225,13 @@ def _check_options(req: RunRequest) -> None:
 
 
 # The options of one launcher, by flag and field. Given with another launcher they would be dropped without a word:
-# a --partition without --launcher slurm would train on the machine the command was typed on.
+# a --partition without --launcher slurm would train on the machine the command was typed on. A flag may belong to
+# several (--rdzv-timeout: the nodes' wait for each other under torchrun and in a SLURM job).
 LAUNCHER_OPTIONS = {
     "torchrun": {"--rdzv-endpoint": "rdzv_endpoint", "--node-rank": "node_rank", "--rdzv-timeout": "rdzv_timeout"},
     "slurm": {"--partition": "partition", "--account": "account", "--time": "time_limit", "--sbatch-arg": "sbatch_args",
               "--container-image": "container_image", "--container-mounts": "container_mounts",
-              "--master-addr": "master_addr", "--gpus-per-node": "gpus_per_node"},
+              "--master-addr": "master_addr", "--gpus-per-node": "gpus_per_node", "--rdzv-timeout": "rdzv_timeout"},
 }
 
 
@@ -238,14 +239,18 @@ def _check_launcher_options(req: RunRequest) -> None:
     """Options of another launcher than the one chosen (set to other than their defaults) are refused, and the
     chosen launcher's text options may not be empty."""
     defaults = {f.name: f.default for f in dataclasses.fields(RunRequest)}
+    owners: dict[str, list[str]] = {}
     for launcher, options in LAUNCHER_OPTIONS.items():
-        for flag, name in options.items():
-            value = getattr(req, name)
-            if launcher != req.launcher and value != defaults[name]:
-                raise UserError(f"{flag} is an option of --launcher {launcher}, and this run's launcher is "
-                                f"{req.launcher}: add --launcher {launcher}, or leave {flag} out")
-            if launcher == req.launcher and isinstance(value, str) and not value.strip():
-                raise UserError(f"{flag} is empty; give a value, or leave it out for the default")
+        for flag in options:
+            owners.setdefault(flag, []).append(launcher)
+    for flag, launchers in owners.items():
+        name = LAUNCHER_OPTIONS[launchers[0]][flag]
+        value = getattr(req, name)
+        if req.launcher not in launchers and value != defaults[name]:
+            raise UserError(f"{flag} is an option of --launcher {' or '.join(launchers)}, and this run's launcher "
+                            f"is {req.launcher}: add --launcher {launchers[0]}, or leave {flag} out")
+        if req.launcher in launchers and isinstance(value, str) and not value.strip():
+            raise UserError(f"{flag} is empty; give a value, or leave it out for the default")
     if req.master_addr is not None and any(c.isspace() for c in req.master_addr):
         raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds a space)")
 

@@ -90,7 +90,7 @@ def test_bad_runs_and_launcher_flags(tmp_path: Path) -> None:
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--launcher", "torchrun", "--results", str(tmp_path)),
                         "--rdzv-endpoint")
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--rdzv-timeout", "5", "--results", str(tmp_path)),
-                        "--rdzv-timeout is an option of --launcher torchrun")
+                        "--rdzv-timeout is an option of --launcher torchrun or slurm")
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
                                 "127.0.0.1:29500", "--rdzv-timeout", "0", "--results", str(tmp_path)),
                         "--rdzv-timeout must be 1 to 604800 seconds, got 0.0")

@@ -63,6 +63,10 @@ def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
     two = mlbench("run", "gpt3", "--tiny", "--dry-run", "--nproc-per-node", "2", "--results", str(tmp_path),
                   "--system", "s")
     assert "-m mlbench.launch.local_ranks --nproc-per-node=2" in two.stdout
+    # --rdzv-timeout reaches a SLURM job's torchruns (it was refused with --launcher slurm: torch's 600 s held)
+    job = mlbench("run", "gpt3", "--tiny", "--dry-run", "--nodes", "2", "--launcher", "slurm", "--rdzv-timeout", "45",
+                  "--results", str(tmp_path), "--system", "j")
+    assert job.returncode == 0 and "--rdzv-conf=timeout=45" in job.stdout, job.stdout + job.stderr
 
 
 def test_two_slurm_jobs_prepared_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:

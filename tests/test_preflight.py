@@ -103,7 +103,8 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"--rdzv-timeout must be 1 to 604800 seconds, got 0.0"),
     ({"launcher": "torchrun", "rdzv_endpoint": "h:1", "layout": {"nodes": 2}, "rdzv_timeout": float("nan")},
      r"--rdzv-timeout must be 1 to 604800 seconds, got nan"),
-    ({"rdzv_timeout": 5.0}, r"--rdzv-timeout is an option of --launcher torchrun, and this run's launcher is local"),
+    ({"rdzv_timeout": 5.0},
+     r"--rdzv-timeout is an option of --launcher torchrun or slurm, and this run's launcher is local"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
