@@ -157,16 +157,19 @@ def assert_tiny_converges(benchmark: str, flags: list[str], root: Path, seed: in
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-# The modules that train, slowest first (seconds measured on 2 cores). `make test` hands whole files to its two
-# workers in collection order (--dist loadfile --no-loadscope-reorder): the long ones start first, and the many
-# short files fill in at the end, so both workers finish together. Left to itself xdist starts the files with
-# the most tests, which leaves the long single-training files for last.
+# The slowest modules first (seconds of wall time each took in `make test` on 2 cores, 2026-11-27: 84 down to
+# 9). `make test` hands whole files to its workers in collection order (--dist loadfile --no-loadscope-reorder):
+# the long ones start first, and the many short files fill in at the end, so the workers finish together (the
+# longest-first rule). Left to itself xdist starts the files with the most tests, which leaves the long
+# single-training files for last; with only the training files ranked, a 22 s file of reports came last and one
+# worker finished 20 s after the others.
 SLOWEST_FIRST = [
-    "test_features", "test_checkpoint_names", "test_checkpoints", "test_slurm_run", "test_failures",
-    "test_tiny_gpt3", "test_interleaved_pipeline", "test_analysis_score", "test_bert_reference",
-    "test_current_suite_moe", "test_indexed_data", "test_results", "test_bert_data", "test_tiny_llama",
-    "test_tiny_bert", "test_features_memory", "test_slurm_cluster", "test_planner", "test_benchmarks_full",
-    "test_torchrun_launcher", "test_current_suite",
+    "test_checkpoints", "test_features", "test_bert_reference", "test_failures", "test_slurm_run", "test_tiny_gpt3",
+    "test_checkpoint_names", "test_torchrun_launcher", "test_current_suite_moe", "test_interleaved_pipeline",
+    "test_analysis_score", "test_indexed_data", "test_planner", "test_bert_data", "test_reports_hostile_inputs",
+    "test_launch", "test_current_suite", "test_tiny_llama", "test_dry_run", "test_features_memory", "test_results",
+    "test_benchmarks_full", "test_bad_input", "test_tiny_bert", "test_gpu_config", "test_analysis_garbled",
+    "test_slurm_cluster",
 ]
 
 
