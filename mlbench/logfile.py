@@ -8,10 +8,13 @@ with its file, line and key, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
+import os
 import re
+import stat
 from array import array
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -279,11 +282,47 @@ def shown(value: object, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+# The most a JSON input file (a run record, a systems json, scaling.json) may hold: each is a few KiB, so this is
+# room to spare, while /dev/zero or a log renamed .json is refused rather than read into memory.
+MAX_JSON_BYTES = 64 << 20
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_json_file(path: Path | str, st: os.stat_result) -> OSError | None:
+    """Why a file with stat ST cannot be a JSON input (an OSError whose strerror says it), or None."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "something else")
+        return OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+    if st.st_size > MAX_JSON_BYTES:
+        return OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the {MAX_JSON_BYTES >> 20} MiB a JSON input "
+                                    "file may hold", str(path))
+    return None
+
+
+def check_json_file(path: Path | str) -> None:
+    """OSError naming why PATH cannot be read as a JSON input file: not a regular file where it leads (a pipe
+    would block the read forever, /dev/zero fill the memory) or larger than MAX_JSON_BYTES. Asks the file system
+    only; opens nothing."""
+    if (why := _not_json_file(path, os.stat(path))) is not None:
+        raise why
+
+
 def load_json(path: Path | str) -> object:
-    """A JSON input file (a run record, a systems json) parsed: OSError where it cannot be read, ValueError where it
-    is not JSON, nesting too deep for the parser included (RecursionError, which no caller expects of a file)."""
+    """A JSON input file (a run record, a systems json) parsed: OSError where it cannot be read (not a regular
+    file or larger than MAX_JSON_BYTES included: `check_json_file`), ValueError where it is not JSON, nesting too
+    deep for the parser included (RecursionError, which no caller expects of a file). Never blocks: the file is
+    checked before it is opened, and opened without waiting (a pipe put in its place meanwhile is refused too)."""
+    check_json_file(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if (why := _not_json_file(path, os.fstat(fd))) is not None:
+            raise why
+        data = f.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:  # it grew since
+        raise OSError(errno.EFBIG, f"over the {MAX_JSON_BYTES >> 20} MiB a JSON input file may hold", str(path))
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(data)  # UTF-8 (a BOM allowed), -16 or -32, as the standard says
     except RecursionError:
         raise ValueError("JSON nested too deeply to parse") from None
 

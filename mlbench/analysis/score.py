@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mlbench import compliance, mlperf_tools
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets, passed_over
+from mlbench.logfile import check_json_file
 
 
 def infer_ruleset(folder: Path, benchmark: str | None) -> str:
@@ -150,9 +151,16 @@ def _benchmark(rs: ResultSet, runs: list[RunLog], notes: list[str]) -> str | Non
 
 
 def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
-    """(scaling.json's factor or None, whether the file is usable)."""
+    """(scaling.json's factor or None, whether the file is usable). One that is there but no regular file (a pipe
+    would block the summarizer's read, /dev/zero fill the memory) or too large is not usable, and said."""
+    path = rs.folder / "scaling.json"
     try:
+        if path.exists():
+            check_json_file(path)
         return mlperf_tools.scaling_factor(rs.folder), True
+    except OSError as e:
+        notes.append(f"{path}: cannot be read ({e.strerror or e}): no score")
+        return None, False
     except ValueError as e:
         notes.append(f"{e}: no score")
         return None, False
