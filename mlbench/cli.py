@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -292,6 +294,41 @@ def main() -> None:
         sys.exit(2)
     except SystemExit:
         raise
+    except OSError as e:  # a path that cannot be used as given (a name too long, a loop of links): one line
+        _error(_os_error(e))
+        sys.exit(2 if e.errno in _PATH_ERRNOS else 1)
+
+
+# What the system says of a path that is unusable as written: bad input, exit 2 as a UserError. Any other failure of
+# the system (a full disk, an I/O error) is one line too, with exit code 1.
+_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.EACCES,
+                          errno.EPERM, errno.EEXIST, errno.EROFS, errno.ENXIO, errno.ENODEV})
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError as '<path>: <what the system says>', with the limit where a name or path is too long."""
+    why = e.strerror or str(e)
+    if e.filename is None:
+        return why
+    path = os.fsdecode(e.filename)
+    if e.errno == errno.ENAMETOOLONG:
+        name_max = max((len(os.fsencode(n)) for n in Path(path).parts), default=0)
+        why += (f" (a name takes at most {_limit('PC_NAME_MAX', path, 255)} bytes; give a shorter one)"
+                if name_max > _limit("PC_NAME_MAX", path, 255)
+                else f" (a path takes at most {_limit('PC_PATH_MAX', path, 4096)} bytes; give a shorter one)")
+    return f"{path}: {why}"
+
+
+def _limit(name: str, path: str, default: int) -> int:
+    """os.pathconf of the nearest folder of PATH that exists (DEFAULT where none answers)."""
+    folder = Path(os.path.abspath(path)).parent
+    while True:
+        try:
+            return os.pathconf(folder, name)
+        except (OSError, ValueError):
+            if folder == folder.parent:
+                return default
+            folder = folder.parent
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ half-written results folder."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import signal
@@ -98,3 +99,50 @@ def test_a_run_record_linked_to_dev_zero_is_a_reason_not_all_memory(tmp_path):
                               timeout=120, preexec_fn=_limit_memory)
         assert "Traceback" not in proc.stderr and proc.returncode in (0, 1), proc.stderr[-2000:]
     assert "result_0.json cannot be read (a character device, not a regular file)" in proc.stdout, proc.stdout
+
+
+# --- paths the system refuses ---------------------------------------------------------------------------------------
+
+LONG = "x" * 300  # past any file system's longest name (255 bytes)
+
+
+@pytest.mark.parametrize("args", [
+    ("score", LONG), ("score", LONG, "--json"), ("compare", LONG, "{a}"), ("scaling", LONG, "{a}"), ("show", LONG),
+    ("plan", LONG, "--device", "h100"), ("run", "llama31_8b", "--tiny", "--dry-run", "--results", LONG),
+    ("run", "llama31_8b", "--tiny", "--dry-run", "--results", f"{{tmp}}/{LONG}/x"),
+    ("run", "llama31_8b", "--tiny", "--dry-run", "--save-checkpoint", LONG),
+    ("run", "llama31_8b", "--tiny", "--dry-run", "--init-checkpoint", LONG)],
+    ids=["score", "score --json", "compare", "scaling", "show", "plan", "run --results", "run --results DIR/LONG/x",
+         "run --save-checkpoint", "run --init-checkpoint"])
+def test_a_name_too_long_is_one_line_naming_it(tmp_path, capsys, monkeypatch, args):
+    """OSError 'File name too long' out of the command: a traceback, exit 1 (was)."""
+    a, _b = _sets(tmp_path / "sets", tiny_log())
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code, out = mlbench(capsys, monkeypatch, *(x.format(a=a, tmp=work) for x in args))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("error: "), out
+    assert LONG in out and "File name too long (a name takes at most 255 bytes; give a shorter one)" in out, out
+    assert os.listdir(work) == [], "written: " + ", ".join(os.listdir(work))
+
+
+def test_a_benchmark_folder_named_too_long_is_one_line(tmp_path, capsys, monkeypatch):
+    from mlbench import registry
+
+    monkeypatch.setattr(registry, "BENCHMARKS_DIR", tmp_path / LONG)
+    code, out = mlbench(capsys, monkeypatch, "list")
+    assert code == 2 and out == f"error: {tmp_path / LONG}: File name too long (a name takes at most 255 bytes; " \
+                                 "give a shorter one)\n", out
+
+
+@pytest.mark.parametrize("errno_,code", [(errno.ELOOP, 2), (errno.ENOTDIR, 2), (errno.EACCES, 2), (errno.EIO, 1)])
+def test_any_system_error_naming_a_path_is_one_line(tmp_path, capsys, monkeypatch, errno_, code):
+    """Whatever command meets it: a path the system refuses is bad input (exit 2), a failing disk is not (1)."""
+    from mlbench.analysis import score
+
+    def refused(path, *args):
+        raise OSError(errno_, os.strerror(errno_), str(path))
+
+    monkeypatch.setattr(score, "score_path", refused)
+    got, out = mlbench(capsys, monkeypatch, "score", "some/path")
+    assert (got, out) == (code, f"error: some/path: {os.strerror(errno_)}\n")
