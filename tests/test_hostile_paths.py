@@ -146,3 +146,20 @@ def test_any_system_error_naming_a_path_is_one_line(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(score, "score_path", refused)
     got, out = mlbench(capsys, monkeypatch, "score", "some/path")
     assert (got, out) == (code, f"error: some/path: {os.strerror(errno_)}\n")
+
+
+# --- reports named as a run's files -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("option,name", [("--md", "result_1.txt"), ("--html", "result_2.json"),
+                                         ("--html", "result_12.txt"), ("--md", "result_x.json")])
+def test_a_report_named_as_a_run_file_is_refused_and_nothing_written(tmp_path, capsys, monkeypatch, option, name):
+    """`--md SET/result_1.txt` wrote a log without a record (and result_1_files/), `--html SET/result_2.json` a
+    record without a log, exit 0; `mlbench check SET` then refused the whole folder (was)."""
+    a, b = _sets(tmp_path, tiny_log())
+    before = sorted(os.listdir(a))
+    for cmd in ("compare", "scaling"):
+        code, out = mlbench(capsys, monkeypatch, cmd, str(a), str(b), option, str(a / name))
+        assert code == 2 and out == (f"error: {option} {a / name}: is named as a run's file (result_*.txt, "
+                                     "result_*.json), and a results folder holds a run's log and record both or "
+                                     "neither; give another name\n"), out
+    assert sorted(os.listdir(a)) == before

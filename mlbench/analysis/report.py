@@ -134,8 +134,10 @@ def check_output(path: Path | None, option: str) -> None:
     """Refuse a report path that cannot be written, before any work: its folder must exist (it is not created)
     and take a file of that name; the path must not be a symbolic link (the report would replace the link, not
     write where it points: `--html /dev/stdout` replaced the system's link), a folder, a device or a pipe, nor an
-    MLPerf result log (a report may replace an earlier report, never a run); a Markdown report's image folder
-    likewise must be a folder, not a link, where it exists. Any error of the system (a name too long) names the
+    MLPerf result log (a report may replace an earlier report, never a run), nor named as a run's file, there or
+    not (result_1.txt written as a report was a log without its record, which failed `mlbench check` on the whole
+    folder); a Markdown report's image folder likewise must be a folder, not a link, where it exists, nor named
+    as a run's file. Any error of the system (a name too long) names the
     path, never a traceback."""
     if path is None:
         return
@@ -185,6 +187,9 @@ def _check_file(path: Path, option: str) -> None:
         raise UserError(f"{option} {path}: is not a regular file (a device or a pipe); give a file name")
     if st is not None and _is_result_log(path):
         raise UserError(f"{option} {path}: is an MLPerf result log; a report never replaces one, give another name")
+    if _is_result_name(path.name):  # one that is not there yet too: a log without its record, or a record alone
+        raise UserError(f"{option} {path}: is named as a run's file ({_RESULT_NAMES}), and a results folder holds a "
+                        "run's log and record both or neither; give another name")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist (create it first)")
     _check_name(path)
@@ -196,6 +201,9 @@ def _check_file(path: Path, option: str) -> None:
 
 
 def _check_images_folder(path: Path, files: Path, option: str) -> None:
+    if _is_result_name(files.name):
+        raise UserError(f"{option} {path}: its images would go in {files}, named as a run's file ({_RESULT_NAMES}); "
+                        "give another name")
     st = _lstat(files)
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise UserError(f"{option} {path}: its images go in {files}, a symbolic link; give the folder itself or "
@@ -215,6 +223,14 @@ def _check_name(path: Path) -> None:
         raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), str(path))
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         path.lstat()  # a path too long as a whole raises
+
+
+# The names of a run's files: MLPerf's result log, and the run record mlbench keeps beside it
+_RESULT_NAMES = "result_*.txt, result_*.json"
+
+
+def _is_result_name(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _RESULT_NAMES.split(", "))
 
 
 def _is_result_log(path: Path) -> bool:
