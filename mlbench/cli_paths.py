@@ -1,4 +1,5 @@
-"""The one click type for path arguments and options: `click.Path`, refusing an empty string.
+"""The click types for path arguments and options: `click.Path`, refusing an empty string; and a file to write,
+refusing a folder's path (`FileParam`).
 
 Path("") is the working directory, so `--results ""` (an unset shell variable, say) would write there and
 `score ""` would search it: never what an empty argument meant.
@@ -11,6 +12,8 @@ from typing import Any
 
 import click
 
+from mlbench.errors import UserError
+
 
 class PathParam(click.Path):
     def __init__(self, **kwargs: Any):
@@ -19,4 +22,17 @@ class PathParam(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value:
             self.fail("is empty; give a path", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FileParam(PathParam):
+    """The path of a file to write (a report): one that names a folder by its form, ending in '/' or '/.', is
+    refused. Path() drops that ending, so `--md r7.md/` wrote the file r7.md."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.endswith(("/", "/.")):
+            option = param.opts[0] if param is not None and param.opts else "PATH"
+            ending = "/" if value.endswith("/") else "/."
+            raise UserError(f"{option} {value}: ends with '{ending}', a folder's path; give the report's file name, "
+                            f"without the '{ending}'")
         return super().convert(value, param, ctx)

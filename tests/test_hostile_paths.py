@@ -163,3 +163,17 @@ def test_a_report_named_as_a_run_file_is_refused_and_nothing_written(tmp_path, c
                                      "result_*.json), and a results folder holds a run's log and record both or "
                                      "neither; give another name\n"), out
     assert sorted(os.listdir(a)) == before
+
+
+@pytest.mark.parametrize("value,ending", [("r7.md/", "/"), ("r7.md/.", "/."), ("r7.md//", "/")])
+def test_a_report_path_ending_as_a_folder_is_refused(tmp_path, capsys, monkeypatch, value, ending):
+    """`--md r7.md/` wrote the file r7.md, exit 0 (was): pathlib drops the slash."""
+    a, b = _sets(tmp_path / "sets", tiny_log())
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for cmd, option in (("compare", "--md"), ("compare", "--html"), ("scaling", "--md"), ("scaling", "--html")):
+        code, out = mlbench(capsys, monkeypatch, cmd, str(a), str(b), option, value)
+        assert code == 2 and out == (f"error: {option} {value}: ends with '{ending}', a folder's path; give the "
+                                     f"report's file name, without the '{ending}'\n"), out
+    assert os.listdir(work) == []

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from mlbench import terminal
 from mlbench.analysis import MAX_DEVICES
-from mlbench.cli_paths import PathParam
+from mlbench.cli_paths import FileParam, PathParam
 from mlbench.errors import UserError
 
 
@@ -107,9 +107,9 @@ def _print_set(console: Console, s) -> None:
 
 @click.command("compare")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--html", "html_out", type=PathParam(), default=None,
+@click.option("--html", "html_out", type=FileParam(), default=None,
               help="Write a self-contained HTML report.")
-@click.option("--md", "md_out", type=PathParam(), default=None,
+@click.option("--md", "md_out", type=FileParam(), default=None,
               help="Write a Markdown report (plots beside it).")
 @click.option("--ruleset", default=None, help="Ruleset for the scores (default: inferred per set).")
 @click.option("--no-score", is_flag=True, help="Skip compliance/RCP scoring (faster; time-to-train still shown).")
@@ -131,9 +131,9 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 
 @click.command("scaling")
 @click.argument("paths", nargs=-1, required=True, type=PathParam())
-@click.option("--html", "html_out", type=PathParam(), default=None,
+@click.option("--html", "html_out", type=FileParam(), default=None,
               help="Write a self-contained HTML report.")
-@click.option("--md", "md_out", type=PathParam(), default=None, help="Write a Markdown report.")
+@click.option("--md", "md_out", type=FileParam(), default=None, help="Write a Markdown report.")
 @click.option("--devices", "devices", multiple=True, type=DeviceCount(),
               help="Device count per PATH, in order (where no systems json or run record says).")
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
