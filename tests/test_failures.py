@@ -121,10 +121,10 @@ def test_hang_is_detected_and_aborted(tmp_path: Path) -> None:
     _assert_aborted(tmp_path, proc, "hang: no progress for 4 s")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT], ids=["SIGTERM", "SIGUSR1", "SIGQUIT"])
 def test_a_signal_aborts_cleanly_with_the_reason(tmp_path: Path, sig: signal.Signals) -> None:
-    """SIGTERM (preemption, scancel), and a signal whose default would end the supervisor alone (SIGUSR1: it left
-    the run unlogged in its staging folder)."""
+    """SIGTERM (preemption, scancel), and signals whose default would end the supervisor alone (SIGUSR1; SIGQUIT,
+    Ctrl-\\: each left the run unlogged in its staging folder, SIGQUIT with exit -3)."""
     proc = _start(tmp_path, nproc=1)
     _wait_for_steps(tmp_path, 1)
     assert not any(_run_pids(tmp_path).values()), "a one-process run starts no agent"

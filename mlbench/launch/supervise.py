@@ -9,8 +9,9 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
   ranks' start: a rendezvous has a deadline of its own) and while a checkpoint is saved after run_stop, for
   `init_timeout` seconds;
 - a launcher that meets other nodes first (torchrun's rendezvous) has started no rank by its deadline;
-- it receives SIGTERM, SIGINT or SIGHUP (a user, SLURM preemption, or the terminal closing: an SSH session
-  that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM: `--signal=USR1@60` in a job).
+- it receives SIGTERM, SIGINT, SIGQUIT or SIGHUP (a user: Ctrl-C, Ctrl-\\; SLURM preemption; the terminal
+  closing: an SSH session that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM:
+  `--signal=USR1@60` in a job).
 Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
 never began gets the preamble it would have written first, where it is this node's), written
 after every rank is gone, so one writer at a time still holds.
@@ -38,8 +39,10 @@ from mlbench.run_plan import RunPlan, stop_reason_path
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
 # What stops a run cleanly (logged aborted with the signal's name, published): every signal whose default is to
 # end the process and that a process may catch. Left to its default, one would kill the supervisor alone: its
-# ranks die with it (lifeline), but the run is left unlogged in its staging folder.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+# ranks die with it (lifeline), but the run is left unlogged in its staging folder (SIGQUIT, Ctrl-\, did: its
+# default also dumps core).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGALRM)
 
 
 @dataclass
