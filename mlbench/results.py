@@ -6,6 +6,9 @@ half-written file. The record (`result_<i>.json`) is linked first and claims the
 a reader that finds `result_<i>.txt` finds its record too. Publishing is all or nothing: a failure (a full
 disk) removes whatever it had placed and the staging folder, and raises PublishError.
 
+The record is strict JSON, for any script's parser: a number that is not finite (a diverged run's NaN loss) is
+null. (The MLPerf log beside it is the official logger's, which writes such a number as NaN, as Python reads it.)
+
 A staging folder is named after its owner (`.staging-<owner tag>-XXXX`, mlbench.owners), so a later run removes
 the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' and containers' alone.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -22,6 +26,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from mlbench import owners
 from mlbench.errors import UserError
@@ -138,6 +143,19 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def strict_json(value: Any) -> Any:
+    """VALUE with every float that is not finite (NaN, infinity) as None, in dicts, lists and tuples at any depth:
+    json.dumps writes them as NaN and Infinity, which are not JSON, and a strict parser (jq, JavaScript's
+    JSON.parse, Go's encoding/json) rejects the whole record. A diverged run's steps hold a NaN loss."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def publish(folder: Path, staging: Path, record: dict) -> Path:
     """Moves a finished run from its staging folder into place under the next free index (free: no result,
     record or rank-log folder of that index, whatever a dead run left); returns the result's path. Raises
@@ -157,8 +175,8 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
                 continue
             staged = staging / f"result_{i}.json"
             if not staged.exists():
-                _write_synced(staged, json.dumps(record | {"result": f"result_{i}.txt", "index": i}, indent=1,
-                                                 default=str) + "\n")
+                _write_synced(staged, json.dumps(strict_json(record | {"result": f"result_{i}.txt", "index": i}),
+                                                 indent=1, default=str, allow_nan=False) + "\n")
             try:  # the record claims the index: exclusive, so two runs publishing at once take different ones
                 os.link(staged, folder / f"result_{i}.json")
             except FileExistsError:

@@ -58,6 +58,29 @@ def test_publish_never_overwrites(tmp_path: Path) -> None:
     assert (folder / "logs" / "result_1" / "0" / "stderr.log").is_file()
 
 
+def _strict(text: str):
+    """JSON as a strict parser reads it: NaN and Infinity are not JSON (jq, JSON.parse and Go refuse them)."""
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_record_is_strict_json_with_non_finite_numbers_as_null(tmp_path: Path) -> None:
+    """A diverged run's record held "loss": NaN and "grad_norm": NaN, which strict parsers reject whole."""
+    nan, inf = float("nan"), float("inf")
+    record = {"status": "aborted", "quality": {"last": nan}, "mfu": -inf,
+              "steps": [{"step": 1, "loss": 4.86, "grad_norm": 1.33}, {"step": 4, "loss": nan, "grad_norm": inf}],
+              "layout": ({"tp": 1},)}
+    with results.result_folder(tmp_path, "sys", "gpt3") as folder:
+        results.publish(folder, _staged(folder), record)
+    written = _strict((folder / "result_0.json").read_text())
+    assert written["steps"] == [{"step": 1, "loss": 4.86, "grad_norm": 1.33}, {"step": 4, "loss": None,
+                                                                               "grad_norm": None}]
+    assert written["quality"] == {"last": None} and written["mfu"] is None and written["layout"] == [{"tp": 1}]
+    assert record["steps"][1]["grad_norm"] == inf  # the caller's record is left as it was
+
+
 def test_a_failed_runs_launcher_log_is_kept_with_the_rank_logs(tmp_path: Path) -> None:
     """A rendezvous that never formed leaves its reason in the launcher's log alone (no rank ran); it was deleted
     with the staging folder. A successful run's stays out (its logs folder holds the ranks')."""
