@@ -15,7 +15,7 @@ from rich.text import Text
 from mlbench import registry, terminal
 from mlbench.cli_options import layout_options
 from mlbench.cli_paths import PathParam
-from mlbench.errors import UserError
+from mlbench.errors import Stopped, UserError, stops_on_signals
 from mlbench.preflight import LayoutRequest, check_new_folder
 from mlbench.quality import operator
 
@@ -238,6 +238,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
 @click.option("--ruleset", help="Training ruleset. Default: the benchmark's own (from its definition).")
 @click.option("--rules", type=click.Choice(["auto", "smoke", "closed"]), default="auto", show_default=True,
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")
+@stops_on_signals
 def check(path: Path, ruleset: str | None, rules: str) -> None:
     """The official compliance checker's verdict on a result file or a folder of them."""
     from mlbench import compliance
@@ -280,9 +281,10 @@ def main() -> None:
     except UserError as e:
         _error(str(e))
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        console.print("aborted")
-        sys.exit(130)
+    except click.exceptions.Abort as e:  # Ctrl-C (KeyboardInterrupt), or SIGTERM or SIGHUP in an analysis command
+        stopped = e.__cause__ if isinstance(e.__cause__, Stopped) else None
+        console.print(f"aborted ({stopped})" if stopped else "aborted", highlight=False)
+        sys.exit(stopped.exit_code if stopped else 130)
     except click.UsageError as e:  # an unknown option, a bad choice: one line, and where to read more
         if type(e).__name__ == "NoArgsIsHelpError":  # `mlbench` alone (click >= 8.2): the help, as click gives it
             click.echo(e.ctx.get_help() if e.ctx else e.format_message())

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -128,9 +129,8 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
         # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
         # published (the checker, interrupted, judged a good run non-compliant); it still dies with mlbench.
         try:
-            proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, errors="replace",
-                                  start_new_session=True, preexec_fn=lifeline.die_with_parent, timeout=limit)
-        except subprocess.TimeoutExpired:  # subprocess.run has killed it
+            proc = _run_checker(cmd, scratch, limit)
+        except subprocess.TimeoutExpired:  # _run_checker has killed it
             why = f": {lines.reason()}" if lines is not None and lines.checker_s() > limit / 2 else ""
             stopped = f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
             return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
@@ -139,6 +139,49 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
         messages.append("the compliance checker crashed: " + trace.strip().splitlines()[-1][:300])
     return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages, rules=rules)
+
+
+# The checkers running, so that `check_all` stopped (Ctrl-C, SIGTERM: a KeyboardInterrupt in the main thread) stops
+# them at once: each worker then removes its scratch folder and ends, where it would have waited out its checker
+# (up to the time limit: minutes for a big log) before the folder went, or stayed behind.
+_checkers: set[subprocess.Popen] = set()
+_checkers_lock = threading.Lock()
+_stopping = False
+
+
+class _Stopping(Exception):
+    """A checker not started: the check_all it was for has stopped."""
+
+
+def _run_checker(cmd: list[str], scratch: str, limit: float) -> subprocess.CompletedProcess:
+    """subprocess.run of the checker in SCRATCH, for at most LIMIT seconds (TimeoutExpired, the checker killed),
+    kept in _checkers while it runs."""
+    with _checkers_lock:
+        if _stopping:
+            raise _Stopping
+        proc = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", start_new_session=True, preexec_fn=lifeline.die_with_parent)
+        _checkers.add(proc)
+    try:
+        with proc:
+            try:
+                out, err = proc.communicate(timeout=limit)
+            except BaseException:  # the time limit, or this thread stopped: the checker goes too
+                proc.kill()
+                raise
+    finally:
+        with _checkers_lock:
+            _checkers.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stop_checkers(stopping: bool) -> None:
+    """STOPPING: kill the checkers running and start no other; False: let them start again."""
+    global _stopping
+    with _checkers_lock:
+        _stopping = stopping
+        for proc in _checkers if stopping else ():
+            proc.kill()
 
 
 def _line_lengths(path: Path) -> LineLengths | None:
@@ -156,8 +199,16 @@ def check_all(items: list[tuple[Path, str, bool]], quiet: bool = False, jobs: in
     """Verdicts for (path, ruleset, smoke) items, in order, checked in up to JOBS processes at once (default: the
     CPU count, at most 8, and no more than half the free memory holds checkers of the largest log)."""
     jobs = max(1, default_jobs([p for p, _, _ in items]) if jobs is None else jobs)
-    with ThreadPoolExecutor(max_workers=jobs) as ex:
-        return list(ex.map(lambda it: check(*it, quiet=quiet), items))
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as ex:
+            try:
+                return list(ex.map(lambda it: check(*it, quiet=quiet), items))
+            except BaseException:  # stopped (Ctrl-C, SIGTERM): no checker left running, none started, then out
+                ex.shutdown(wait=False, cancel_futures=True)
+                _stop_checkers(True)
+                raise
+    finally:  # the workers are done (the pool waited for them): checkers may start again
+        _stop_checkers(False)
 
 
 def default_jobs(paths: list[Path]) -> int:

@@ -1,9 +1,62 @@
-"""The one error type a user sees: a message, no traceback, exit code 2."""
+"""The one error type a user sees (a message, no traceback, exit code 2), and SIGTERM or SIGHUP taken as Ctrl-C is."""
 
 from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class UserError(Exception):
     """Bad input: what is wrong and what would be right. The CLI prints it on one line and exits 2."""
 
     exit_code = 2
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, as Ctrl-C raises KeyboardInterrupt: whatever cleans up
+    after Ctrl-C (a scratch folder, a half-staged report, a running checker) cleans up after it too. The CLI exits
+    128 + the signal's number, as a shell reports a process the signal stopped."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP raise `Stopped` (by default they end the process at once, and a scratch folder
+    or a staged file stays behind). For the analysis commands, not `run`, whose supervisor has its own handlers.
+    The handlers before are put back after; in a thread other than the main one (which alone gets signals in
+    Python) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        for s in STOP_SIGNALS:  # one is enough: a second one would cut short the cleaning up this one starts
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    before = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def stops_on_signals(command: Callable[..., Any]) -> Callable[..., Any]:
+    """COMMAND (an analysis command's function, under its click decorators) run within `stopped_by_signals`."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with stopped_by_signals():
+            return command(*args, **kwargs)
+    return run

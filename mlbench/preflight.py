@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlbench import rcp_schedule, registry, results
+from mlbench import rcp_schedule, registry, results, spec
 from mlbench.errors import UserError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 # numpy's legacy seeding takes 0 .. 2**32 - 1 and every library a run seeds accepts that range; run i of a set
 # uses seed + i, so the last run's seed must fit too.
-SEED_MAX = 2**32 - 1
+SEED_MAX = spec.SEED_MAX
 # Devices in one run: 2**20, ten times the largest training clusters built so far (and a bound on the layout's
 # divisor searches).
 MAX_DEVICES = 2**20
@@ -132,6 +132,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     system = req.system if req.system is not None else runner.default_system()
     results.check_name("--system" if req.system is not None else "this host's name (the default --system)", system)
     bench = _benchmark(req)
+    check_lr(bench, req.lr)
     _check_data(bench, req)
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
@@ -222,6 +223,19 @@ def _check_options(req: RunRequest) -> None:
                         f"torchrun (one invocation per node)")
     if req.save_checkpoint and req.runs != 1:
         raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
+    for flag, path in (("--results", req.results_root), ("--save-checkpoint", req.save_checkpoint)):
+        _check_printable(flag, path)
+
+
+def _check_printable(flag: str, path: Path | None) -> None:
+    """A folder mlbench makes and names in its output (the result's path on the last line, the rank logs', the
+    checkpoint's): without control characters (a newline split the final line in two), as --system is."""
+    import unicodedata
+
+    bad = next((c for c in str(path) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None) if path else None
+    if bad is not None:
+        raise UserError(f"{flag} {str(path)!r} holds a control character ({bad!r}), which would break the lines "
+                        f"that name the folder; choose a name without one")
 
 
 # The options of one launcher, by flag and field. Given with another launcher they would be dropped without a word:
@@ -253,6 +267,15 @@ def _check_launcher_options(req: RunRequest) -> None:
             raise UserError(f"{flag} is empty; give a value, or leave it out for the default")
     if req.master_addr is not None and any(c.isspace() for c in req.master_addr):
         raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds a space)")
+
+
+def check_lr(bench: Benchmark, lr: float | None) -> None:
+    """--lr against what the benchmark's optimizer can take (spec.max_lr: its first step, in float32)."""
+    beta1 = bench.optimizer.beta1
+    if lr is not None and lr > spec.max_lr(beta1):
+        raise UserError(f"--lr {lr:g} is more than {bench.name}'s optimizer can take: its first step moves each "
+                        f"weight by up to lr / (1 - beta1) (optimizer.beta1 {beta1:g}) in float32, whose largest "
+                        f"number is {spec.FLOAT32_MAX:.3g}; at most {spec.max_lr(beta1):.3g}")
 
 
 def check_results_folder(root: Path, system: str, benchmark: str) -> None:
@@ -383,7 +406,47 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
     where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
     check_expressions(bench, where, [layout.global_batch_size])
+    check_recompute_layers(bench, layout, "recompute_layers" in req.features)
     return layout
+
+
+def chunk_layers(num_layers: int, layout: Layout) -> list[int]:
+    """The distinct transformer-layer counts of the layout's model chunks (a pipeline stage's, or each virtual
+    stage's under vp), ascending: megatron's even split, where the embedding and the loss each take one layer's
+    place in the first and the last chunk when counted (the asymmetric split). A chunk may have none."""
+    embed, loss = layout.account_for_embedding_in_pipeline_split, layout.account_for_loss_in_pipeline_split
+    chunks = layout.pp * layout.vp
+    per = (num_layers + int(embed) + int(loss)) // chunks
+    if chunks == 1:
+        return [per - int(embed) - int(loss)]
+    return sorted({per - int(embed), per - int(loss)} | ({per} if chunks > 2 else set()))
+
+
+def check_recompute_layers(bench: Benchmark, layout: Layout, from_flag: bool) -> None:
+    """Full recompute's layer count against the layers megatron-core applies it to: each model chunk's
+    (TransformerBlock._checkpointed_forward, over the chunk's own layers). `uniform` recomputes the chunk in groups
+    of that many layers, so it must divide every chunk's layers: a last, short group indexed past the chunk
+    (IndexError once the run had started). `block` recomputes the first that many layers of each chunk: more
+    than a chunk has would read as recomputing more than it does."""
+    f = layout.features
+    if f.recompute != "full":
+        return
+    n = f.recompute_layers
+    sizes = [c for c in chunk_layers(bench.model.num_layers, layout) if c > 0]
+    what = f"--recompute-layers {n}" if from_flag else \
+        f"features.recompute_layers {n} ({Path(bench.path).name}; --recompute-layers sets it)"
+    asymmetric = layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split
+    split = (f"{bench.name}'s {bench.model.num_layers} layers over pp {layout.pp} x vp {layout.vp} give "
+             f"{' and '.join(map(str, sizes))} layer{'' if sizes == [1] else 's'} a pipeline chunk"
+             + (" (the embedding and the loss take a layer's place in the first and the last)" if asymmetric else ""))
+    if f.recompute_method == "uniform" and any(c % n for c in sizes):
+        valid = [d for d in range(1, min(sizes) + 1) if all(c % d == 0 for c in sizes)]
+        raise UserError(f"{what}: full recompute (uniform) recomputes each pipeline chunk's layers in groups of "
+                        f"{n}, which must divide them, and {split}: give one of {', '.join(map(str, valid))}, or "
+                        f"--recompute-method block")
+    if f.recompute_method == "block" and n > max(sizes):
+        raise UserError(f"{what}: full recompute (block) recomputes the first {n} layers of each pipeline chunk, "
+                        f"and {split}: at most {max(sizes)}")
 
 
 def check_request(bench: Benchmark, req: LayoutRequest) -> None:

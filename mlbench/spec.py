@@ -268,6 +268,22 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod}
 _FUNCS = {"ceil": math.ceil, "floor": math.floor, "min": min, "max": max, "int": int}
 MAX_MAGNITUDE = 2**63  # an int64; far above any step count, sample count or learning rate
+# float32's largest number and its smallest normal one (numpy.finfo(numpy.float32).max and .tiny): the range of a
+# value the optimizer or the model computes with in float32 (an epsilon, a weight decay, an init scale).
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+# Seeds, of a run (--seed) or of the data (data.seed): 0 .. 2**32 - 1, what numpy's legacy seeding and every
+# library a run seeds accept.
+SEED_MAX = 2**32 - 1
+
+
+def max_lr(beta1: float) -> float:
+    """The largest learning rate the optimizer can take, wherever it comes from (--lr, optimizer.lr_table; an
+    `optimizer.lr` number or expression is below it already, bounded by MAX_MAGNITUDE). Adam's first step moves
+    each weight by up to lr / (1 - beta1) (its bias correction; later steps by less), computed in float32 by
+    torch: past float32's largest number it refused the step ("value cannot be converted to type float without
+    overflow") after the run had started. Half that number leaves room for the schedule's rounding."""
+    return FLOAT32_MAX / 2 * (1 - beta1)
 MAX_EXPRESSION_CHARS = 1000  # bounds the parser's recursion too
 
 

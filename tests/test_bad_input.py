@@ -129,8 +129,15 @@ def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmark
         (["--overlap-param-gather", "--no-distributed-optimizer"], ["needs --distributed-optimizer"]),
         (["--precision", "fp8"], ["--precision fp8", "use --precision bf16"]),
         (["--recompute", "most"], ["Invalid value for '--recompute'", "'mlbench run -h'"]),
+        # each went through --dry-run and started, died and was published as aborted
+        (["--recompute", "full", "--recompute-layers", "99"], ["--recompute-layers 99: full recompute (uniform)",
+                                                               "give one of 1, 2"]),
+        (["--lr", "1e308"], ["--lr 1e+308 is more than gpt3's optimizer can take", "at most 1.7e+37"]),
+        (["--launcher", "slurm", "--container-mounts", ":::", "--dry-run"], ["container mount ':::'"]),
+        (["--launcher", "slurm", "--time", "0:00:00", "--dry-run"], ["time_limit 0:00:00 is zero"]),
     ],
-    ids=["nodes-0", "system-newline", "sp-tp1", "cp", "overlap-gather", "fp8", "bad-choice"],
+    ids=["nodes-0", "system-newline", "sp-tp1", "cp", "overlap-gather", "fp8", "bad-choice", "recompute-layers",
+         "huge-lr", "empty-mount", "zero-time"],
 )
 def test_bad_run_flags_through_the_cli(tmp_path: Path, flags: list[str], needles: list[str]) -> None:
     """What the preflight refuses reaches the user as one line, exit 2 (tests/test_preflight.py has every variant
@@ -140,6 +147,14 @@ def test_bad_run_flags_through_the_cli(tmp_path: Path, flags: list[str], needles
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), *flags)
     _assert_clean_error(proc, *needles)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path) -> None:
+    """It trained, and the last line, 'target reached: ... <path>/result_0.txt', came out split in two."""
+    results = tmp_path / "two\nlines"
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--results", str(results)),
+                        f"--results {str(results)!r} holds a control character ('\\n')")
+    assert not any(tmp_path.iterdir())
 
 
 def test_missing_benchmark_folder(tmp_path: Path) -> None:

@@ -223,3 +223,17 @@ def test_characters_that_are_not_what_they_look_like(benchmarks_copy: Path, edit
     with pytest.raises(UserError) as e:
         registry.load("llama31_8b", directory=benchmarks_copy)
     assert "\n" not in str(e.value) and said.format(n=text.count("\n")) in str(e.value), str(e.value)
+
+
+def test_full_recompute_layers_from_the_file_are_checked_against_the_pipeline_chunks(benchmarks_copy: Path) -> None:
+    """A file's recompute_layers that does not divide a chunk's layers: IndexError in megatron-core's uniform
+    recompute once the run had started; named by its key, with the flag that overrides it."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("  recompute: none\n", "  recompute: full\n  recompute_layers: 5\n", 1))
+    bench = registry.load("gpt3", directory=benchmarks_copy)
+    with pytest.raises(UserError) as e:
+        resolve_layout(bench, LayoutRequest(nodes=32, nproc_per_node=8))  # tp4 pp8 vp6: 2 layers a chunk
+    assert str(e.value) == (
+        "features.recompute_layers 5 (gpt3.yaml; --recompute-layers sets it): full recompute (uniform) recomputes "
+        "each pipeline chunk's layers in groups of 5, which must divide them, and gpt3's 96 layers over pp 8 x vp 6 "
+        "give 2 layers a pipeline chunk: give one of 1, 2, or --recompute-method block")

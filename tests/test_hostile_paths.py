@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from test_analysis_garbled import RULESET, _sets, mlbench
@@ -177,3 +178,43 @@ def test_a_report_path_ending_as_a_folder_is_refused(tmp_path, capsys, monkeypat
         assert code == 2 and out == (f"error: {option} {value}: ends with '{ending}', a folder's path; give the "
                                      f"report's file name, without the '{ending}'\n"), out
     assert os.listdir(work) == []
+
+
+# --- check stopped by a signal ------------------------------------------------------------------------------------
+
+# `mlbench check` whose checker takes two minutes (a stand-in for the checker on a big log)
+_SLOW_CHECK = """
+import sys
+from mlbench import cli, mlperf_tools
+mlperf_tools.checker_command = lambda *args, **kwargs: [sys.executable, "-c", "import time; time.sleep(120)"]
+sys.argv = ["mlbench", "check", *sys.argv[1:]]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["TERM", "HUP", "INT"])
+def test_check_stopped_by_a_signal_removes_its_scratch_folder_at_once(tmp_path, sig):
+    """SIGTERM or SIGHUP ended check at once, leaving /tmp/mlbench-check-XXXX behind (was); Ctrl-C removed it, once
+    the checker had finished (minutes for a big log). Now each stops the checker and removes the folder at once, and
+    exits 128 + the signal."""
+    log = tmp_path / "result_0.txt"
+    log.write_text(tiny_log())
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_CHECK, str(log), "--ruleset", RULESET], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TMPDIR": str(scratch)})
+    try:
+        for _ in range(600):  # the checker started in its scratch folder
+            if os.listdir(scratch) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert [p.startswith("mlbench-check-") for p in os.listdir(scratch)] == [True], proc.poll()
+        time.sleep(0.3)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig and "Traceback" not in out, out
+    assert out.strip().endswith("aborted" if sig == signal.SIGINT else f"aborted ({sig.name})"), out
+    assert os.listdir(scratch) == []

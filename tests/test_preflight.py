@@ -3,6 +3,7 @@ nothing is written for a refused one. In-process and fast (no training, no helpe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import subprocess
@@ -105,6 +106,27 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"--rdzv-timeout must be 1 to 604800 seconds, got nan"),
     ({"rdzv_timeout": 5.0},
      r"--rdzv-timeout is an option of --launcher torchrun or slurm, and this run's launcher is local"),
+    # each passed --dry-run, then the run died and was published as aborted: IndexError in megatron-core's uniform
+    # recompute (the tiny model has 2 layers), and "value cannot be converted to type float without overflow"
+    ({"layout": {"features": {"recompute": "full", "recompute_layers": 99}}},
+     r"^--recompute-layers 99: full recompute \(uniform\) recomputes each pipeline chunk's layers in groups of 99, "
+     r"which must divide them, and gpt3's 2 layers over pp 1 x vp 1 give 2 layers a pipeline chunk: give one of 1, "
+     r"2, or --recompute-method block$"),
+    ({"layout": {"features": {"recompute": "full", "recompute_method": "block", "recompute_layers": 2}, "pp": 2,
+                 "nproc_per_node": 2}},
+     r"--recompute-layers 2: full recompute \(block\) recomputes the first 2 layers of each pipeline chunk, and "
+     r"gpt3's 2 layers over pp 2 x vp 1 give 1 layer a pipeline chunk: at most 1"),
+    ({"lr": 1e308}, r"^--lr 1e\+308 is more than gpt3's optimizer can take: its first step moves each weight by "
+                    r"up to lr / \(1 - beta1\) \(optimizer.beta1 0.9\) in float32, whose largest number is 3.4e\+38; "
+                    r"at most 1.7e\+37$"),
+    ({"lr": 3.4e37, "dry_run": True}, r"^--lr 3.4e\+37 is more than gpt3's optimizer can take"),
+    # accepted by --dry-run: pyxis refuses an empty source, SLURM reads a zero limit as none
+    ({"launcher": "slurm", "container_mounts": ":::", "dry_run": True},
+     r"cannot write the SLURM job: container mount ':::': pyxis takes SRC:DST\[:FLAGS\]"),
+    ({"launcher": "slurm", "container_mounts": "/data:/data,data:/x", "dry_run": True},
+     r"container mount 'data:/x': the source 'data' must be a path \(starting with / or \.\), tmpfs or umount"),
+    ({"launcher": "slurm", "time_limit": "0:00:00", "dry_run": True},
+     r"cannot write the SLURM job: time_limit 0:00:00 is zero, which SLURM reads as no limit at all"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
@@ -116,6 +138,17 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: d
                                   "x" * 101, "-", "--help", "é"])
 def test_system_names_that_cannot_be_folders(tmp_path: Path, name: str) -> None:
     _refused(tmp_path, r"--system .* cannot name a folder: use letters, digits", system=name)
+
+
+@pytest.mark.parametrize("flag", ["results_root", "save_checkpoint"])
+@pytest.mark.parametrize("name", ["two\nlines", "bell\x07", "esc\x1b[31m", "next\x85line", "line\u2028sep"])
+def test_folders_named_in_the_output_have_no_control_characters(tmp_path: Path, flag: str, name: str) -> None:
+    """A --results with a newline split the final 'target reached ... <path>' line in two."""
+    option = "--" + {"results_root": "results", "save_checkpoint": "save-checkpoint"}[flag]
+    req = dataclasses.replace(_request(tmp_path), **{flag: tmp_path / "out" / name})
+    with pytest.raises(UserError, match=rf"^{option} .* holds a control character .*; choose a name without one$"):
+        prepare(req)
+    assert not (tmp_path / "out").exists()
 
 
 def test_system_names_that_can(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from rich.text import Text
 from mlbench import terminal
 from mlbench.analysis import MAX_DEVICES
 from mlbench.cli_paths import FileParam, PathParam
-from mlbench.errors import UserError
+from mlbench.errors import UserError, stops_on_signals
 
 
 def strict_json(doc: object) -> str:
@@ -66,6 +66,7 @@ def _fmt(v: object, nd: int = 4) -> str:
 @click.option("--devices", type=DeviceCount(), default=None,
               help="Device count, where no systems json or run record says.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
+@stops_on_signals
 def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
     """Score a benchmark folder of result_*.txt, or every folder in a submission tree, like MLCommons."""
     from mlbench.analysis.score import score_path
@@ -113,6 +114,7 @@ def _print_set(console: Console, s) -> None:
               help="Write a Markdown report (plots beside it).")
 @click.option("--ruleset", default=None, help="Ruleset for the scores (default: inferred per set).")
 @click.option("--no-score", is_flag=True, help="Skip compliance/RCP scoring (faster; time-to-train still shown).")
+@stops_on_signals
 def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
             no_score: bool) -> None:
     """Compare runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
@@ -136,6 +138,7 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 @click.option("--md", "md_out", type=FileParam(), default=None, help="Write a Markdown report.")
 @click.option("--devices", "devices", multiple=True, type=DeviceCount(),
               help="Device count per PATH, in order (where no systems json or run record says).")
+@stops_on_signals
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""
     from mlbench.analysis.report import check_outputs

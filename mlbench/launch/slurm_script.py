@@ -76,6 +76,12 @@ class SlurmJob:
             raise ValueError("cpus_per_task must be >= 1")
         if self.time_limit is not None and not _TIME_RE.match(self.time_limit):
             raise ValueError(f"time_limit must be HH:MM:SS or D-HH:MM:SS, not {self.time_limit!r}")
+        if self.time_limit is not None and time_limit_seconds(self.time_limit) == 0:  # sbatch --time: "0: no limit"
+            raise ValueError(f"time_limit {self.time_limit} is zero, which SLURM reads as no limit at all (the "
+                             f"partition's longest); give the job's limit, such as 02:00:00")
+        for mount in self.container_mounts:
+            if problem := mount_problem(mount):
+                raise ValueError(f"container mount {mount!r}: {problem}")
         if self.signal is not None and not _SIGNAL_RE.match(self.signal):
             raise ValueError(f"signal must look like TERM@120 or B:USR1@60, not {self.signal!r}")
         if self.signal is not None and self.time_limit is not None and "@" in self.signal:
@@ -109,6 +115,22 @@ class SlurmJob:
         if self.nproc_per_node is not None:
             return self.nproc_per_node
         return self.gpus_per_node or 1
+
+
+def mount_problem(mount: str) -> str:
+    """Why pyxis would refuse MOUNT, one entry of --container-mounts (SRC[:DST[:FLAGS]]), "" if it would not: it
+    refuses an empty SRC or DST, a SRC that is not a path (starting with / or .), tmpfs or umount, and a DST that
+    is not a path (pyxis args.c, parse_mount_option and add_mount). Caught here, a bad one fails before the job is
+    written, not when srun starts the job's first step."""
+    src, _, rest = mount.partition(":")
+    dst = rest.partition(":")[0] if rest else src
+    if not src or not dst:
+        return "pyxis takes SRC:DST[:FLAGS] (or SRC alone, mounted at the same path), neither empty"
+    if not src.startswith(("/", ".")) and src not in ("tmpfs", "umount"):
+        return f"the source {src!r} must be a path (starting with / or .), tmpfs or umount"
+    if not dst.startswith(("/", ".")):
+        return f"the destination {dst!r} must be a path (starting with / or .)"
+    return ""
 
 
 def time_limit_seconds(limit: str) -> int:
