@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import os
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from mlbench import spec
 from mlbench.errors import UserError
 from mlbench.spec import Benchmark, build, check_expressions, deep_merge
 
@@ -17,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bound on every integer of a model definition: 2**24 (16.7M) is past any layer count, width, vocabulary or
 # sequence a benchmark has (the largest today: Llama's 128,256-token vocabulary, 131,072-token context).
 MAX_MODEL_SIZE = 2**24
+# The synthetic (Markov) source's vocabulary, at most: every rank builds its dense vocabulary x vocabulary
+# transition matrix in float64 and its stationary distribution by power iteration over it (mlbench/train/data/
+# markov.py): at 4,096 tokens 128 MiB and 2 s, growing with the square (the tiny variants use 31 to 128 tokens).
+MAX_MARKOV_VOCAB = 4096
 # MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's). Set but empty is unset,
 # as for most variables (Path("") would be the working directory).
 BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS") or ROOT / "benchmarks")
@@ -137,6 +146,7 @@ def _validate(b: Benchmark, path: Path) -> None:
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         raise UserError(f"{where}: model.hidden_size ({m.hidden_size}) must divide by num_attention_heads "
                         f"({m.num_attention_heads}), or set model.kv_channels")
+    _validate_size(b, where)
     if b.train.global_batch_size <= 0 or b.train.micro_batch_size <= 0:
         raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
     for i, ly in enumerate(b.layouts):
@@ -147,6 +157,7 @@ def _validate(b: Benchmark, path: Path) -> None:
             raise UserError(f"{where}: layouts[{i}].{key} is {value}; sizes are at least 1 (devices: 0 for any)")
     # Every expression, where it is used and at the smallest batch: a bad one fails here, naming its key.
     batches = {1, b.train.global_batch_size} | {ly.global_batch_size for ly in b.layouts if ly.global_batch_size}
+    _validate_tables(b, where)
     check_expressions(b, where, batches)
     _validate_ranges(b, where)
     _validate_quality(b, where)
@@ -162,23 +173,40 @@ def _validate(b: Benchmark, path: Path) -> None:
                         f"norm_position: pre")
     if b.variant == "tiny" and b.data.source != "markov":
         raise UserError(f"{where}: a tiny variant trains on the synthetic source (data.source: markov)")
+    if b.data.source == "markov":
+        _validate_markov(b, where)
+    _validate_ruleset(b, where)
 
 
-# Values with a range of their own: what torch's optimizers and the sources accept, refused at load rather than
-# when a rank builds its optimizer after the run has started.
+# Values with a range of their own: what torch's optimizers, megatron-core and the sources accept, refused at load
+# rather than when a rank builds its model or optimizer, or takes its first step, after the run has started.
+# float32's range bounds what the optimizer and the model compute with in float32: LAMB adds weight_decay x the
+# weights (an alpha past float32 was "value cannot be converted to type float without overflow"); an eps or an
+# init scale past it is infinity there, an eps below its smallest normal number rounds toward 0 (0 / 0 is NaN).
+_F32 = f"at most {spec.FLOAT32_MAX:.4g} (float32's largest number, the optimizer's and the model's arithmetic)"
 _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "optimizer.beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "optimizer.beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "optimizer.eps": (lambda v: v > 0, "positive"),
-    "optimizer.weight_decay": (lambda v: v >= 0, "at least 0"),
+    "optimizer.eps": (lambda v: spec.FLOAT32_TINY <= v <= spec.FLOAT32_MAX,
+                      f"positive, from {spec.FLOAT32_TINY:.4g} (float32's smallest normal number) to "
+                      f"{spec.FLOAT32_MAX:.4g} (its largest)"),
+    "optimizer.weight_decay": (lambda v: 0 <= v <= spec.FLOAT32_MAX, f"at least 0 and {_F32}"),
     "optimizer.clip_grad": (lambda v: v >= 0, "at least 0 (0: no clipping)"),
     "optimizer.decay_power": (lambda v: v > 0, "positive"),
     "model.dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "model.norm_epsilon": (lambda v: v > 0, "positive"),
+    "model.norm_epsilon": (lambda v: 0 < v <= spec.FLOAT32_MAX, f"positive and {_F32}"),
+    "model.init_method_std": (lambda v: 0 <= v <= spec.FLOAT32_MAX, f"at least 0 (a standard deviation) and {_F32}"),
+    # megatron-core's GPTModel takes it as an integer (int(0.5) is 0, and 0 ** x made every frequency infinite) and
+    # torch raises it to a power as an int64 ("int too big to convert")
+    "model.rotary_base": (lambda v: v == int(v) and 1 <= v < spec.MAX_MAGNITUDE,
+                          f"a whole number from 1 to {spec.MAX_MAGNITUDE - 1} (megatron-core takes it as an int64)"),
+    "model.rope_scaling_factor": (lambda v: v > 0, "positive (the low frequencies are divided by it)"),
     "eval.samples": (lambda v: v > 0, "positive"),
     "data.mask_prob": (lambda v: 0 < v < 1, "in (0, 1)"),
     "data.branching": (lambda v: v >= 1, "at least 1"),
     "data.concentration": (lambda v: v > 0, "positive"),
+    # numpy.random.default_rng refused a negative one ("expected non-negative integer") once the run had started
+    "data.seed": (lambda v: 0 <= v <= spec.SEED_MAX, f"0 to {spec.SEED_MAX}, as a run's --seed"),
     "mlperf.runs_required": (lambda v: v >= 1, "at least 1"),
     "features.recompute_layers": (lambda v: v >= 1, "at least 1"),
 }
@@ -190,6 +218,100 @@ def _validate_ranges(b: Benchmark, where: str) -> None:
         value = getattr(getattr(b, section), name)
         if not ok(value):
             raise UserError(f"{where}: {key} is {value}; it must be {what}")
+
+
+def _validate_tables(b: Benchmark, where: str) -> None:
+    """The RCP tables' learning rates and warm-ups, as `lr` and `warmup_steps` are bounded (their expressions):
+    before the expressions that name them (min_lr: lr / 10) are evaluated, so the error names the table."""
+    o = b.optimizer
+    for batch, lr in o.lr_table.items():
+        if not 0 < lr <= spec.max_lr(o.beta1):
+            raise UserError(f"{where}: optimizer.lr_table.{batch} is {lr}; a learning rate must be positive and at "
+                            f"most {spec.max_lr(o.beta1):.3g} (the optimizer's first step, lr / (1 - beta1) at "
+                            f"optimizer.beta1 {o.beta1:g}, is computed in float32: at most {spec.FLOAT32_MAX:.3g})")
+    for batch, steps in o.warmup_table.items():
+        if not 0 <= steps < spec.MAX_MAGNITUDE:
+            raise UserError(f"{where}: optimizer.warmup_table.{batch} is {steps}; warm-up steps are 0 to "
+                            f"{spec.MAX_MAGNITUDE - 1}")
+
+
+# `size`: a number and M or B, as the papers state it ("175B", "340M"): `show` compares the model's count to it.
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([MB])")
+
+
+def _validate_size(b: Benchmark, where: str) -> None:
+    """The published size and parameter count `show` compares the built model with (a size '175X' was a KeyError
+    there, '0B' or a published_params of 0 a ZeroDivisionError)."""
+    m = _SIZE.fullmatch(b.size)
+    if not m or float(m[1]) <= 0 or not math.isfinite(float(m[1])):
+        raise UserError(f"{where}: size {b.size!r} is not a parameter count as published: a positive number and M "
+                        f"or B, such as '175B' or '340M'")
+    if not b.published_params > 0:
+        raise UserError(f"{where}: published_params is {b.published_params}; it must be a positive parameter count")
+
+
+def _validate_markov(b: Benchmark, where: str) -> None:
+    """The synthetic source's settings against what it does with them (mlbench/train/data/markov.py): each of its
+    tokens gets `branching` distinct successors drawn from the vocabulary (numpy's choice without replacement
+    refused more: "Cannot take a larger sample than population"), weighted by a Dirichlet(concentration) draw."""
+    from mlbench.models import family
+
+    m, d = b.model, b.data
+    tokens = family(m.family).markov_vocab(m)
+    masked = tokens != m.vocab_size
+    kept = f" (model.vocab_size {m.vocab_size} less the one kept for [MASK])" if masked else " (model.vocab_size)"
+    if tokens < 2:
+        raise UserError(f"{where}: model.vocab_size is {m.vocab_size}: the Markov source (data.source: markov) needs "
+                        f"at least 2 tokens{kept[:-1] + ')' if masked else ''}: with one there is nothing to "
+                        f"predict")
+    if tokens > MAX_MARKOV_VOCAB:
+        raise UserError(f"{where}: model.vocab_size is {m.vocab_size}: the Markov source (data.source: markov) "
+                        f"builds a {tokens:,} x {tokens:,} transition matrix on every rank; at most "
+                        f"{MAX_MARKOV_VOCAB:,} tokens{kept if masked else ''}")
+    if d.branching > tokens:
+        raise UserError(f"{where}: data.branching is {d.branching}: the Markov source picks that many distinct "
+                        f"successors for each of its {tokens} tokens{kept}; at most {tokens}")
+    # numpy draws each weight as a gamma variate about `concentration` in size and divides by their sum: past
+    # float64's range every weight came out 0, and the source emitted one token forever (a target reached at once).
+    if d.concentration * d.branching >= sys.float_info.max / 2:
+        raise UserError(f"{where}: data.concentration is {d.concentration:g}: the Dirichlet weights of "
+                        f"{d.branching} successors sum {d.branching} draws of about that size, past float64's range "
+                        f"(every weight comes out 0); at most {sys.float_info.max / 2 / d.branching:.3g}")
+
+
+@functools.cache
+def _ruleset_installed(ruleset: str, benchmark: str) -> bool:
+    """Whether the installed mlperf-logging has RULESET's closed rules and RCPs for BENCHMARK, by its files alone
+    (mlbench.mlperf_tools, which says so exactly, imports the checker: a tenth of a second every command would pay;
+    it decides where this finds them missing)."""
+    import importlib.util
+
+    found = importlib.util.find_spec("mlperf_logging")
+    if found is None or not found.submodule_search_locations or not re.fullmatch(r"\d+\.\d+\.\d+", ruleset):
+        return False
+    package = Path(found.submodule_search_locations[0])
+    return (package / "compliance_checker" / f"training_{ruleset}" / f"closed_{benchmark}.yaml").is_file() and \
+        (package / "rcp_checker" / f"training_{ruleset}" / f"rcps_{benchmark}.json").is_file()
+
+
+def _validate_ruleset(b: Benchmark, where: str) -> None:
+    """The training ruleset whose closed rules judge the run's log and whose RCPs `plan` and `score` use: one the
+    installed mlperf-logging has for this benchmark (another failed every run's compliance check, and `plan` with
+    a FileNotFoundError)."""
+    ruleset, benchmark = b.mlperf.ruleset, b.mlperf.benchmark
+    if _ruleset_installed(ruleset, benchmark):
+        return
+    from mlbench import mlperf_tools
+
+    having = [r for r in mlperf_tools.rulesets_with(benchmark) if mlperf_tools.rcp_file(benchmark, r).is_file()]
+    if ruleset in having:
+        return
+    known = ", ".join(mlperf_tools.rulesets())
+    if not having:
+        raise UserError(f"{where}: mlperf.benchmark {benchmark!r} is in no training ruleset of the installed "
+                        f"mlperf-logging (its rulesets: {known}); use the checker's name for the benchmark")
+    raise UserError(f"{where}: mlperf.ruleset {ruleset!r}: the installed mlperf-logging has no closed rules and RCPs "
+                    f"for {benchmark} in it; rulesets that have them: {', '.join(having)} (all it knows: {known})")
 
 
 def _validate_quality(b: Benchmark, where: str) -> None:

@@ -83,6 +83,22 @@ def test_malformed_benchmark_file(tmp_path: Path, benchmarks_copy: Path, edit, n
     assert not results.exists()
 
 
+@pytest.mark.parametrize("command", [["plan", "gpt3", "--device", "h100", "--nodes", "32", "--nproc-per-node", "8"],
+                                     ["run", "gpt3", "--tiny"], ["show", "gpt3"]], ids=["plan", "run", "show"])
+def test_a_ruleset_the_checker_lacks_is_refused_by_every_command(tmp_path: Path, benchmarks_copy: Path,
+                                                                  command: list[str]) -> None:
+    """`plan` raised FileNotFoundError for the ruleset's RCPs; `run --tiny` trained and published a run whose
+    compliance check failed."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("  ruleset: 4.1.0", "  ruleset: 99.9.9", 1))
+    results = tmp_path / "results"
+    extra = ["--results", str(results)] if command[0] == "run" else []
+    proc = mlbench(*command, *extra, env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    _assert_clean_error(proc, "gpt3.yaml: mlperf.ruleset '99.9.9': the installed mlperf-logging has no closed rules "
+                              "and RCPs for gpt3 in it; rulesets that have them: 3.0.0, 3.1.0, 4.0.0, 4.1.0")
+    assert not results.exists()
+
+
 def test_bad_runs_and_launcher_flags(tmp_path: Path) -> None:
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--runs", "0", "--results", str(tmp_path)), "--runs")
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--results", str(tmp_path)),
@@ -111,7 +127,9 @@ def test_bad_slurm_time_limit(tmp_path: Path) -> None:
 def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmarks_copy: Path) -> None:
     """gpt3 starts from MLPerf's reference checkpoint; a full-size run without one must not pretend."""
     f = benchmarks_copy / "gpt3.yaml"
-    f.write_text(f.read_text().replace("  source: indexed", "  source: markov"))  # data is not the obstacle here
+    # data is not the obstacle here (the synthetic source, at a vocabulary it can build: at most 4,096 tokens)
+    f.write_text(f.read_text().replace("  source: indexed", "  source: markov").replace("vocab_size: 51200",
+                                                                                        "vocab_size: 4096", 1))
     results = tmp_path / "results"
     proc = mlbench("run", "gpt3", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     _assert_clean_error(proc, "starts from a checkpoint", "--init-checkpoint DIR",

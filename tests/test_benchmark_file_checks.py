@@ -225,6 +225,96 @@ def test_characters_that_are_not_what_they_look_like(benchmarks_copy: Path, edit
     assert "\n" not in str(e.value) and said.format(n=text.count("\n")) in str(e.value), str(e.value)
 
 
+# Values a run took and then died of (or ran on broken), each after its log was published as aborted; the full
+# definition's, so the tiny variant refuses them too.
+@pytest.mark.parametrize(("name", "old", "new", "said"), [
+    # the compliance check failed every run, and `plan` raised FileNotFoundError for the RCPs
+    ("gpt3", "ruleset: 4.1.0", "ruleset: 99.9.9",
+     "gpt3.yaml: mlperf.ruleset '99.9.9': the installed mlperf-logging has no closed rules and RCPs for gpt3 in "
+     "it; rulesets that have them: 3.0.0, 3.1.0, 4.0.0, 4.1.0 (all it knows: 0.6.0,"),
+    ("gpt3", "ruleset: 4.1.0", "ruleset: 5.0.0", "mlperf.ruleset '5.0.0': the installed mlperf-logging has no "
+                                                 "closed rules and RCPs for gpt3 in it"),
+    ("gpt3", "  benchmark: gpt3", "  benchmark: gpt4", "gpt3.yaml: mlperf.benchmark 'gpt4' is in no training "
+                                                       "ruleset of the installed mlperf-logging"),
+    # LAMB's weight-decay term past float32: "value cannot be converted to type float without overflow"
+    ("bert", "weight_decay: 0.0166629", "weight_decay: 1.0e+308",
+     "bert.yaml: optimizer.weight_decay is 1e+308; it must be at least 0 and at most 3.403e+38 (float32's largest"),
+    ("gpt3", "eps: 1.0e-8", "eps: 1.0e+308", "optimizer.eps is 1e+308; it must be positive, from 1.175e-38 "
+                                             "(float32's smallest normal number) to 3.403e+38 (its largest)"),
+    # NaN at step 2: 1e-320 is 0 in float32
+    ("gpt3", "eps: 1.0e-8", "eps: 1.0e-320", "optimizer.eps is 1e-320; it must be positive, from 1.175e-38"),
+    ("llama31_8b", "rotary_base: 500000.0", "rotary_base: 1.0e+308",  # "int too big to convert"
+     "llama31_8b.yaml: model.rotary_base is 1e+308; it must be a whole number from 1 to 9223372036854775807"),
+    ("llama31_8b", "rotary_base: 500000.0", "rotary_base: 0.5", "model.rotary_base is 0.5; it must be a whole"),
+    ("llama31_8b", "init_method_std: 0.02", "init_method_std: -1.0",  # "normal expects std >= 0.0"
+     "model.init_method_std is -1.0; it must be at least 0 (a standard deviation)"),
+    ("llama31_8b", "lr_table: {16: 4.0e-4,", "lr_table: {16: 1.0e+308,",  # addcdiv_'s overflow, as --lr 1e308
+     "llama31_8b.yaml: optimizer.lr_table.16 is 1e+308; a learning rate must be positive and at most 1.7e+37 (the "
+     "optimizer's first step, lr / (1 - beta1) at optimizer.beta1 0.9, is computed in float32: at most 3.4e+38)"),
+    ("llama31_8b", "warmup_table: {16: 16,", "warmup_table: {16: -16,",  # loaded
+     "llama31_8b.yaml: optimizer.warmup_table.16 is -16; warm-up steps are 0 to 9223372036854775807"),
+    ("gpt3", "size: 175B", "size: 175X", "gpt3.yaml: size '175X' is not a parameter count as published"),  # KeyError
+    ("gpt3", "published_params: 1.75e+11", "published_params: 0",  # show's ZeroDivisionError
+     "gpt3.yaml: published_params is 0.0; it must be a positive parameter count"),
+], ids=["unknown-ruleset", "ruleset-without-gpt3", "unknown-benchmark", "lamb-weight-decay-overflow", "huge-eps",
+        "eps-below-float32", "huge-rotary-base", "fractional-rotary-base", "negative-init-std", "huge-lr-in-table",
+        "negative-warmup-in-table", "size-unit", "zero-published-params"])
+def test_values_a_run_died_of_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
+                                                  said: str) -> None:
+    f = benchmarks_copy / f"{name}.yaml"
+    text = f.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+    for tiny in (False, True):
+        with pytest.raises(UserError) as e:
+            registry.load(name, tiny=tiny, directory=benchmarks_copy)
+        assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
+# The synthetic source's settings (mlbench/train/data/markov.py): each was accepted by list, show and --dry-run, and
+# the run died in numpy once started (or, for the concentration, trained on a source that emits one token).
+@pytest.mark.parametrize(("name", "old", "new", "said"), [
+    ("gpt3", "seed: 1234}", "seed: -1}",  # numpy: "expected non-negative integer"
+     "gpt3.yaml (tiny): data.seed is -1; it must be 0 to 4294967295, as a run's --seed"),
+    ("gpt3", "seed: 1234}", "seed: 4294967296}", "data.seed is 4294967296; it must be 0 to 4294967295"),
+    ("gpt3", "branching: 4,", "branching: 100000,",  # numpy: "Cannot take a larger sample than population"
+     "gpt3.yaml (tiny): data.branching is 100000: the Markov source picks that many distinct successors for each of "
+     "its 128 tokens (model.vocab_size); at most 128"),
+    ("gpt3", "vocab_size: 128, seq", "vocab_size: 1, seq",
+     "gpt3.yaml (tiny): model.vocab_size is 1: the Markov source (data.source: markov) needs at least 2 tokens: with "
+     "one there is nothing to predict"),
+    ("bert", "vocab_size: 32,", "vocab_size: 2,", "bert.yaml (tiny): model.vocab_size is 2: the Markov source "
+                                                  "(data.source: markov) needs at least 2 tokens (model.vocab_size 2 "
+                                                  "less the one kept for [MASK])"),
+    ("gpt3", "vocab_size: 128, seq", "vocab_size: 100000, seq",  # a 100,000 x 100,000 float64 matrix on every rank
+     "model.vocab_size is 100000: the Markov source (data.source: markov) builds a 100,000 x 100,000 transition "
+     "matrix on every rank; at most 4,096 tokens"),
+    ("gpt3", "concentration: 0.5,", "concentration: 1.0e+308,",
+     "data.concentration is 1e+308: the Dirichlet weights of 4 successors sum 4 draws of about that size, past "
+     "float64's range (every weight comes out 0); at most 2.25e+307"),
+], ids=["negative-seed", "seed-past-32-bits", "branching-past-vocabulary", "one-token", "bert-one-token",
+        "vocabulary-too-large", "concentration-overflow"])
+def test_synthetic_data_settings_are_checked_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
+                                                     said: str) -> None:
+    f = benchmarks_copy / f"{name}.yaml"
+    tiny_at = f.read_text().index("\ntiny:")
+    head, tiny = f.read_text()[:tiny_at], f.read_text()[tiny_at:]
+    assert old in tiny
+    f.write_text(head + tiny.replace(old, new, 1))
+    assert registry.load(name, directory=benchmarks_copy)  # the full definition trains on its real data
+    with pytest.raises(UserError) as e:
+        registry.load(name, tiny=True, directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
+def test_a_yaml_merge_key_is_checked_like_any_key(benchmarks_copy: Path) -> None:
+    """Keys a `<<` merge brings in are known or refused as written ones are (reported as a bypass; it held)."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("\ntiny:\n", "\ntiny:\n  <<: {bogus: 1}\n", 1))
+    with pytest.raises(UserError, match=r"gpt3.yaml \(tiny\): unknown key 'bogus'"):
+        registry.load("gpt3", tiny=True, directory=benchmarks_copy)
+
+
 def test_full_recompute_layers_from_the_file_are_checked_against_the_pipeline_chunks(benchmarks_copy: Path) -> None:
     """A file's recompute_layers that does not divide a chunk's layers: IndexError in megatron-core's uniform
     recompute once the run had started; named by its key, with the flag that overrides it."""
