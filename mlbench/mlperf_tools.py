@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from mlperf_logging import benchmark_meta
-from mlperf_logging.compliance_checker import mlp_compliance
 
 PINNED = "4.1.68"  # the version every call here was written against; pyproject.toml pins it
 USAGE = "training"
-_PKG = Path(mlp_compliance.__file__).parent
+# The checker's folder, found without importing it (its import, 0.05 s, is the checker process's to pay): the
+# registry asks which rulesets hold a benchmark's rules on every command.
+_PKG = Path(benchmark_meta.__file__).parent / "compliance_checker"
 
 
 def _rcp_checker() -> Any:
@@ -85,6 +86,13 @@ def rulesets() -> list[str]:
 def rulesets_with(benchmark: str | None) -> list[str]:
     """Rulesets whose closed rules file for BENCHMARK exists in the installed package, oldest first."""
     return [r for r in rulesets() if benchmark and (_PKG / f"{USAGE}_{r}" / f"closed_{benchmark}.yaml").exists()]
+
+
+def has_rules(ruleset: str, benchmark: str) -> bool:
+    """Whether the installed package has RULESET's closed rules and RCPs for BENCHMARK (the files the checker and
+    the RCP checker read)."""
+    return bool(re.fullmatch(r"\d+\.\d+\.\d+", ruleset)) and \
+        (_PKG / f"{USAGE}_{ruleset}" / f"closed_{benchmark}.yaml").is_file() and rcp_file(benchmark, ruleset).is_file()
 
 
 def required_runs(benchmark: str | None) -> int | None:

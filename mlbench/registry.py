@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import os
 import re
@@ -279,33 +278,16 @@ def _validate_markov(b: Benchmark, where: str) -> None:
                         f"(every weight comes out 0); at most {sys.float_info.max / 2 / d.branching:.3g}")
 
 
-@functools.cache
-def _ruleset_installed(ruleset: str, benchmark: str) -> bool:
-    """Whether the installed mlperf-logging has RULESET's closed rules and RCPs for BENCHMARK, by its files alone
-    (mlbench.mlperf_tools, which says so exactly, imports the checker: a tenth of a second every command would pay;
-    it decides where this finds them missing)."""
-    import importlib.util
-
-    found = importlib.util.find_spec("mlperf_logging")
-    if found is None or not found.submodule_search_locations or not re.fullmatch(r"\d+\.\d+\.\d+", ruleset):
-        return False
-    package = Path(found.submodule_search_locations[0])
-    return (package / "compliance_checker" / f"training_{ruleset}" / f"closed_{benchmark}.yaml").is_file() and \
-        (package / "rcp_checker" / f"training_{ruleset}" / f"rcps_{benchmark}.json").is_file()
-
-
 def _validate_ruleset(b: Benchmark, where: str) -> None:
     """The training ruleset whose closed rules judge the run's log and whose RCPs `plan` and `score` use: one the
     installed mlperf-logging has for this benchmark (another failed every run's compliance check, and `plan` with
     a FileNotFoundError)."""
-    ruleset, benchmark = b.mlperf.ruleset, b.mlperf.benchmark
-    if _ruleset_installed(ruleset, benchmark):
-        return
-    from mlbench import mlperf_tools
+    from mlbench import mlperf_tools  # the one place that knows the package's files
 
-    having = [r for r in mlperf_tools.rulesets_with(benchmark) if mlperf_tools.rcp_file(benchmark, r).is_file()]
-    if ruleset in having:
+    ruleset, benchmark = b.mlperf.ruleset, b.mlperf.benchmark
+    if mlperf_tools.has_rules(ruleset, benchmark):
         return
+    having = [r for r in mlperf_tools.rulesets() if mlperf_tools.has_rules(r, benchmark)]
     known = ", ".join(mlperf_tools.rulesets())
     if not having:
         raise UserError(f"{where}: mlperf.benchmark {benchmark!r} is in no training ruleset of the installed "
