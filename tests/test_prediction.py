@@ -4,6 +4,8 @@ compare`'s predicted vs measured row are checked in test_tiny_gpt3 (its runs, no
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mlbench import registry
@@ -104,6 +106,10 @@ def test_a_garbled_or_unwritable_cpu_cache_is_measured_again_not_a_traceback(mon
         assert cpu.measured() == real
         assert json.loads(cache.read_text()) == real  # replaced
     assert cpu.cached() == real
+    cache.unlink()
+    os.mkfifo(cache)  # read as a file, it blocked plan --device cpu for ever
+    assert cpu.cached() is None
+    assert cpu.measured() == real and json.loads(cache.read_text()) == real  # replaced
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setattr(cpu, "CACHE", blocker / "cpu-device.json")

@@ -227,9 +227,11 @@ def measure(seconds: float = 2.0) -> dict:
 
 def cached() -> dict | None:
     """This machine's cached measurement, if it has a usable one: a cache that cannot be read, is garbled or lacks
-    a figure is measured again (and replaced), never a traceback."""
+    a figure is measured again (and replaced), never a traceback; nor a hang (a pipe in its place: load_json)."""
+    from mlbench.logfile import load_json
+
     try:
-        data = json.loads(CACHE.read_text())
+        data = load_json(CACHE)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("key") != _key():
