@@ -135,8 +135,15 @@ def test_a_diverged_run_stops_at_its_first_non_finite_loss(tmp_path: Path) -> No
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(root), "--seed", "1", "--lr", "1e30",
                    "--warmup-steps", "0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    record = json.loads((result_dir(root, "gpt3") / "result_0.json").read_text())
+
+    def refuse(constant: str):
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    # strict JSON: the NaN loss is null, its key kept (the record held bare NaN, which jq and JSON.parse refuse)
+    record = json.loads((result_dir(root, "gpt3") / "result_0.json").read_text(), parse_constant=refuse)
     assert record["status"] == "aborted" and len(record["steps"]) == 2, record["reason"]
     assert record["reason"].startswith("Aborted: the training loss is nan at step 2: a run whose loss is not a finite")
+    last = record["steps"][-1]
+    assert last["step"] == 2 and last["loss"] is None and set(last) == set(record["steps"][0])
     stops = [e for e in mllog(result_dir(root, "gpt3") / "result_0.txt") if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["reason"] == record["reason"]
