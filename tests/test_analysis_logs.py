@@ -198,6 +198,11 @@ def test_a_stray_log_in_a_folder_of_our_runs_is_left_out_with_a_note(tmp_path):
     assert note in scored["notes"]
     res = CliRunner().invoke(scaling_cmd, [str(d), str(_our_set(tmp_path, "sysB", 16, 0.55, 16))])
     assert res.exit_code == 0 and "left out: no run record" in res.output.replace("\n", " "), res.output
+    # a record that is there but cannot be read (a pipe: never opened) is said so, not called missing
+    os.mkfifo(d / "result_3.json")
+    assert find_sets(d)[0].left_out == [
+        "result_3.txt: left out: its run record result_3.json cannot be read (a named pipe, not a regular file), so "
+        "it cannot be told what run it is"]
     for i in range(3):
         (d / f"result_{i}.json").unlink()
     assert len(find_sets(d)[0].files) == 4  # no records: a published folder, every log read

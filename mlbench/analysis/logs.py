@@ -9,6 +9,7 @@ set; a run whose timing, status or batch is garbled is `invalid` and never count
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,6 +23,7 @@ from mlbench.logfile import (
     Event,
     LogReader,
     Take,
+    check_json_file,
     is_number,
     load_json,
     metadata,
@@ -476,6 +478,19 @@ def run_record(result_file: Path) -> dict:
     return d if isinstance(d, dict) else {}
 
 
+def _no_record(record: Path) -> str:
+    """Why a log has no run record to read beside it: none there (a stray or copied log), or one that is not a
+    file that can be read (a pipe, a device, a folder: not read, so never a hang)."""
+    if not os.path.lexists(record):
+        return (f"no run record ({record.name}) beside it, as every run mlbench publishes in this folder has (a "
+                f"stray or copied log)")
+    try:
+        check_json_file(record)
+    except OSError as e:
+        return f"its run record {record.name} cannot be read ({e.strerror}), so it cannot be told what run it is"
+    return f"its run record {record.name} cannot be read, so it cannot be told what run it is"
+
+
 class GivenOnce:
     """What a command's PATHs name (a set's folder, a run's file, a published row), each once: the same one given
     twice, or inside another PATH given too, would count twice (scaling) or be compared with itself (compare)."""
@@ -523,8 +538,7 @@ def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     # was not published by it (left by hand, or a copy), and would be scored as a run of unknown kind
     recorded = [f for f in files if f.with_suffix(".json").is_file()]
     strays = [f for f in files if not f.with_suffix(".json").is_file()] if recorded else []
-    left_out = [f"{f.name}: left out: no run record ({f.with_suffix('.json').name}) beside it, as every run "
-                f"mlbench publishes in this folder has (a stray or copied log)" for f in strays]
+    left_out = [f"{f.name}: left out: {_no_record(f.with_suffix('.json'))}" for f in strays]
     files = recorded or files
     system = folder.parent.name
     org_root = None
