@@ -261,7 +261,7 @@ def _validate_markov(b: Benchmark, where: str) -> None:
     kept = f" (model.vocab_size {m.vocab_size} less the one kept for [MASK])" if masked else " (model.vocab_size)"
     if tokens < 2:
         raise UserError(f"{where}: model.vocab_size is {m.vocab_size}: the Markov source (data.source: markov) needs "
-                        f"at least 2 tokens{kept[:-1] + ')' if masked else ''}: with one there is nothing to "
+                        f"at least 2 tokens{kept if masked else ''}: with one there is nothing to "
                         f"predict")
     if tokens > MAX_MARKOV_VOCAB:
         raise UserError(f"{where}: model.vocab_size is {m.vocab_size}: the Markov source (data.source: markov) "

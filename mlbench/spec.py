@@ -275,6 +275,7 @@ FLOAT32_TINY = 1.1754943508222875e-38
 # Seeds, of a run (--seed) or of the data (data.seed): 0 .. 2**32 - 1, what numpy's legacy seeding and every
 # library a run seeds accept.
 SEED_MAX = 2**32 - 1
+MAX_EXPRESSION_CHARS = 1000  # bounds the parser's recursion too
 
 
 def max_lr(beta1: float) -> float:
@@ -284,7 +285,6 @@ def max_lr(beta1: float) -> float:
     torch: past float32's largest number it refused the step ("value cannot be converted to type float without
     overflow") after the run had started. Half that number leaves room for the schedule's rounding."""
     return FLOAT32_MAX / 2 * (1 - beta1)
-MAX_EXPRESSION_CHARS = 1000  # bounds the parser's recursion too
 
 
 def _bounded(value: Any) -> Any:

@@ -14,7 +14,7 @@ from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import Command
-from mlbench.launch.torchrun import FORMED_MARGIN_S
+from mlbench.launch.torchrun import formed_deadline_s, ranks_started
 from mlbench.layout import Layout
 from mlbench.results import result_folder
 from mlbench.run_plan import benchmark_from_dict
@@ -43,10 +43,10 @@ class JobRendezvous:
 
     @property
     def deadline_s(self) -> float:
-        return 2 * self.timeout + FORMED_MARGIN_S
+        return formed_deadline_s(self.timeout)
 
     def formed(self) -> bool:
-        return next(self.ranks_dir.rglob("attempt_*"), None) is not None
+        return ranks_started(self.ranks_dir)
 
     def not_formed(self) -> str:
         return (f"the job's nodes did not meet at {self.addr} within {self.deadline_s:g} s: no node's torchrun "

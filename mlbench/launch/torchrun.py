@@ -91,6 +91,18 @@ def rank_failure(output: str, ranks_dir: Path, node_rank: int) -> str:
     return f"rank {rank} (node {node_rank}'s local rank {local}) {local_ranks.describe(int(code))} ({where})"
 
 
+def formed_deadline_s(timeout: float) -> float:
+    """From a node's start, how long its static rendezvous may take before its ranks start: torch's own waits (2 x
+    TIMEOUT, --rdzv-timeout) and a margin."""
+    return 2 * timeout + FORMED_MARGIN_S
+
+
+def ranks_started(ranks_dir: Path) -> bool:
+    """Whether torchrun has started ranks under its --log-dir RANKS_DIR: <run id>_<random>/attempt_0 appears there
+    (looked for at any depth: torch's layout may change)."""
+    return next(ranks_dir.rglob("attempt_*"), None) is not None
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """This node's view of the static rendezvous (mlbench.launch.supervise.Rendezvous): whether its ranks have
@@ -104,10 +116,10 @@ class Rendezvous:
 
     @property
     def deadline_s(self) -> float:
-        return 2 * self.timeout + FORMED_MARGIN_S
+        return formed_deadline_s(self.timeout)
 
     def formed(self) -> bool:
-        return next(self.ranks_dir.rglob("attempt_*"), None) is not None  # at any depth: torch's layout may change
+        return ranks_started(self.ranks_dir)
 
     def _port(self) -> str:
         return self.endpoint.rpartition(":")[2]
