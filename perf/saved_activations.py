@@ -33,7 +33,7 @@ def main(name: str, tiny: bool) -> None:
     from mlbench import registry
     from mlbench.layout import resolve
     from mlbench.planner.memory import estimate
-    from mlbench.train.model import build, transformer_config
+    from mlbench.train.model import attention_backend, build, transformer_config
 
     ps.initialize_model_parallel(1, 1)
     torch.manual_seed(0)
@@ -72,7 +72,7 @@ def main(name: str, tiny: bool) -> None:
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(tokens, pos, None, labels=tokens)
+        model(tokens, pos, None)  # logits only: the loss's fp32 tensors are the plan's `other`, not activations
     layers: dict[str, int] = defaultdict(int)
     print(f"{name}{' (tiny)' if tiny else ''} on {'CPU' if on_cpu else torch.cuda.get_device_name()}, {precision}, "
           f"micro-batch {mbs} x {seq}; layer 0's saved tensors:")
@@ -87,7 +87,7 @@ def main(name: str, tiny: bool) -> None:
     print(f"per layer (median of {len(per_layer)}): {sorted(per_layer)[len(per_layer) // 2]:,} bytes; outside layers: "
           f"{layers['outside layers']:,}; total {total:,}")
     layout = resolve(bench, nodes=1, nproc_per_node=1)
-    est = estimate(bench, _with_precision(layout, precision), stage=0)
+    est = estimate(bench, _with_precision(layout, precision), stage=0, on_cpu=on_cpu, attention=attention_backend())
     print(f"memory plan per micro-batch: {est.activations_per_micro_batch_bytes:,} "
           f"(measured / plan {total / est.activations_per_micro_batch_bytes:.3f})")
 

@@ -206,3 +206,95 @@ def test_collective_tensors_live_where_the_backend_takes_them(monkeypatch) -> No
         with pytest.raises(Handed):
             call()
     assert seen == [meta, meta]
+
+
+def test_the_plan_counts_what_each_attention_kernel_saves() -> None:
+    """The memory plan's attention paths against the bytes one micro-batch of the tiny llama (grouped-query heads,
+    rope) saves, with mlbench's SDPA module in megatron's place, on the CPU: SDPA's default here (a fused kernel,
+    no s x s probabilities) against the plan's fused path, and SDPA's math kernel, which a GPU falls to for fp32
+    grouped-query heads (measured on an H100: perf/gpu_check.py), against the plan's unfused path (megatron's
+    local attention saves the same tensors: Q, K and V expanded to the query heads, the probabilities, the
+    context). In a fresh interpreter: it builds a megatron world."""
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import json, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from mlbench.train import one_process_world
+one_process_world.init()
+from mlbench import registry
+from mlbench.train.measured_memory import saved_activation_bytes
+from mlbench.train.model import build, transformer_config
+bench = registry.load("llama31_8b", tiny=True)
+m, b = bench.model, bench.train.micro_batch_size
+torch.manual_seed(0)
+model = build(m, transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False), backend="sdpa")
+model.train()
+tokens = torch.randint(0, m.vocab_size, (b, m.seq_length))
+pos = torch.arange(m.seq_length).unsqueeze(0).expand(b, -1)
+def forward():
+    held.append(model(tokens, pos, None))  # logits: the loss's tensors are the plan's `other`
+out = {}
+for kernel in ("default", "math"):
+    held = []
+    if kernel == "math":
+        with sdpa_kernel(SDPBackend.MATH):
+            out[kernel] = saved_activation_bytes(forward, list(model.parameters()))
+    else:
+        out[kernel] = saved_activation_bytes(forward, list(model.parameters()))
+    held.clear()
+print(json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    measured = json.loads(run.stdout.splitlines()[-1])
+
+    from mlbench import registry
+    from mlbench.layout import resolve
+    from mlbench.planner.memory import estimate
+
+    bench = registry.load("llama31_8b", tiny=True)
+    layout = resolve(bench, nodes=1, nproc_per_node=1)
+    fused = estimate(bench, layout, stage=0, on_cpu=True, attention="sdpa").activations_per_micro_batch_bytes
+    local = estimate(bench, layout, stage=0, on_cpu=True, attention="local").activations_per_micro_batch_bytes
+    m = bench.model
+    probabilities = 2 * m.num_attention_heads * m.seq_length**2 * bench.train.micro_batch_size * 4  # 2 layers
+    assert local - fused > probabilities / 2  # the paths differ by the probabilities, less fused K/V's copies
+    assert measured["default"] == pytest.approx(fused, rel=0.02), (measured, fused, local)
+    assert measured["math"] == pytest.approx(local, rel=0.02), (measured, fused, local)
+
+
+def test_which_attention_path_the_plan_takes() -> None:
+    """SDPA's kernel choice as measured on an H100 (torch 2.11; perf/gpu_check.py sdpa_kernels): fp32 with
+    grouped-query heads falls to the math kernel (the probabilities kept); fp32 with equal heads runs the
+    memory-efficient kernel, 16-bit inputs flash or cuDNN. BERT and the mixture-of-experts family keep
+    megatron's local attention on a GPU without Transformer Engine. Nothing can measure these here (no GPU):
+    the rules are pinned to what the H100 gave."""
+    import dataclasses
+
+    from mlbench import registry
+    from mlbench.layout import resolve
+    from mlbench.models import core_attention
+    from mlbench.planner.memory import estimate
+
+    def act(name: str, precision: str, **path) -> int:
+        bench = registry.load(name, tiny=True)
+        layout = dataclasses.replace(resolve(bench, nodes=1, nproc_per_node=1), precision=precision)
+        return estimate(bench, layout, stage=0, **path).activations_per_micro_batch_bytes
+
+    # measured on the H100 (fp32 tiny runs' records): gpt3 4,502,816 bytes, llama31_8b 6,010,880
+    assert act("gpt3", "fp32", on_cpu=False, attention="sdpa") == pytest.approx(4_502_816, rel=0.015)
+    assert act("llama31_8b", "fp32", on_cpu=False, attention="sdpa") == pytest.approx(6_010_880, rel=0.015)
+    # the same models in bf16 keep no probabilities: exactly half of fp32's plan, which kept none either for gpt3
+    assert act("gpt3", "bf16", on_cpu=False, attention="sdpa") * 2 == act("gpt3", "fp32", on_cpu=False,
+                                                                          attention="sdpa")
+    llama_bf16 = act("llama31_8b", "bf16", on_cpu=False, attention="sdpa")
+    assert llama_bf16 == act("llama31_8b", "bf16", on_cpu=False, attention="te")
+    assert llama_bf16 * 2 < act("llama31_8b", "fp32", on_cpu=False, attention="sdpa")
+    for name in ("bert", "gpt_oss_20b"):
+        m = registry.load(name, tiny=True).model
+        assert core_attention(m, "sdpa") == "local" and core_attention(m, "te") == "te"
+        assert act(name, "bf16", on_cpu=False, attention="sdpa") > act(name, "bf16", on_cpu=False, attention="te")
+    assert core_attention(registry.load("gpt3", tiny=True).model, "sdpa") == "sdpa"

@@ -41,6 +41,9 @@ class Family:
     active_param_count: Callable[[ModelSpec, int], int] | None = None
     # TransformerConfig fields the family adds (mixture of experts: the router and dispatcher settings).
     config: Callable[[ModelSpec], dict] = lambda m: {}
+    # Whether its "sdpa" layer spec puts PyTorch's scaled_dot_product_attention in megatron's place; where not, a
+    # GPU without Transformer Engine runs megatron's local attention, which keeps the s x s probabilities.
+    sdpa_attention: bool = False
 
 
 def _families() -> dict[str, Family]:
@@ -54,6 +57,12 @@ def family(name: str) -> Family:
     if name not in table:
         raise UserError(f"unknown model family {name!r}; known: {', '.join(sorted(table))}")
     return table[name]
+
+
+def core_attention(m: ModelSpec, backend: str) -> str:
+    """The attention kernel that runs for a layer-spec backend (mlbench.train.model.attention_backend: "te",
+    "sdpa", "local"): "sdpa" falls back to "local" for a family without PyTorch's fused attention."""
+    return "local" if backend == "sdpa" and not family(m.family).sdpa_attention else backend
 
 
 def names() -> list[str]:

@@ -50,4 +50,5 @@ FAMILY = Family(
     build_model=build_model,
     layer_spec=layer_spec,
     objective=objective,
+    sdpa_attention=True,
 )

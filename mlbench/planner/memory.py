@@ -13,19 +13,25 @@ distributed optimizer documentation describes. On CPU (fp32) these equal the byt
 changes the padding only when sizes are not multiples of 64.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
-section 4): per layer, what each operation saves for backward in units of s x b x h elements (sequence split
-by context parallelism), with the paper's tensor- and sequence-parallel splits: norms' inputs and outputs
-(split only with sequence parallelism), Q/K/V, the attention context, the MLP's activation input and fc2 input
-(split by tensor parallelism), and the attention probabilities (a x s x s x b, split by tensor parallelism)
-where attention is not fused (megatron's local attention on CPU; Transformer Engine's and PyTorch's fused
-attention on a GPU keep only softmax statistics). Widths follow the real model (grouped-query K/V, SwiGLU's
-doubled fc1, RoPE's rotated copies of Q and K) rather than the paper's 34 + 5as/h constant, and no dropout masks
-are kept when dropout is 0. Selective recompute drops the attention probabilities; full recompute keeps only the
-inputs of recomputed layers. The micro-batches in flight are the pipeline schedule's: one without pipelining,
-pp - stage for 1F1B, megatron's warm-up count + 1 chunks for the interleaved schedule. On CPU (megatron's local
-spec: torch norms, unfused attention) the tensors are those that path saves (_unfused_attention_width): grouped-
-query keys and values expanded to the query heads, q/k norms' inputs and copies, torch RMSNorm's normalized copy,
-the unfused glu's two extra ffn-wide tensors, the full s x s probabilities under a sliding window.
+section 4): per layer, what each operation saves for backward in units of s x b x h elements (sequence split by
+context parallelism), with the paper's tensor- and sequence-parallel splits: norms' inputs and outputs (split only
+with sequence parallelism), Q/K/V, the attention context, the MLP's activation input and fc2 input (split by tensor
+parallelism), and the attention probabilities (a x s x s x b, split by tensor parallelism) where the attention
+kernel keeps them (_keeps_probabilities: megatron's local attention, and PyTorch's math kernel, which SDPA falls to
+on a GPU for fp32 grouped-query heads; Transformer Engine's fused attention and SDPA's flash, cuDNN and memory-
+efficient kernels keep only softmax statistics). Widths follow the real model (grouped-query K/V, SwiGLU's doubled
+fc1, RoPE's rotated copies of Q and K) rather than the paper's 34 + 5as/h constant, and no dropout masks are kept
+when dropout is 0. Selective recompute drops the attention probabilities; full recompute keeps only the inputs of
+recomputed layers. The micro-batches in flight are the pipeline schedule's: one without pipelining, pp - stage for
+1F1B, megatron's warm-up count + 1 chunks for the interleaved schedule. Where attention is not fused (megatron's
+local attention, SDPA's math kernel) the tensors are those that path saves (_unfused_attention_width): grouped-
+query keys and values expanded to the query heads, q/k norms' inputs and copies, the full s x s probabilities under
+a sliding window. On the CPU, torch's RMSNorm also keeps its normalized copy and the unfused glu two extra ffn-wide
+tensors; a GPU runs the fused ones.
+
+Which path runs is the estimate's `on_cpu` and `attention` (the layer spec's backend: "te", "sdpa", "local"),
+narrowed by the family (models.core_attention). A run's record passes what it ran; the planner's default for a
+16-bit or FP8 precision is Transformer Engine on a GPU (the published runs' stack), for fp32 the CPU.
 
 Mixture-of-experts layers (gpt_oss_20b) are counted as megatron-core's MoELayer saves them (_moe_layer_bytes):
 the router's top-k indices and softmax, the permutation's routing map, probabilities and sorted indices, and per
@@ -48,7 +54,7 @@ import math
 from dataclasses import dataclass
 
 from mlbench.layout import Layout
-from mlbench.models import family
+from mlbench.models import core_attention, family
 from mlbench.models.transformer import decoder_params, norm_params, padded_vocab, shapes
 from mlbench.spec import Benchmark, ModelSpec
 
@@ -94,10 +100,35 @@ SHRINK = {"params": "more pipeline or tensor parallelism (--pp, --tp), or --prec
           "other": "more tensor parallelism (--tp) for the logits, or a smaller --mbs"}
 
 
-def estimate(bench: Benchmark, layout: Layout, stage: int | None = None) -> MemoryPlan:
-    """The plan for pipeline stage `stage`, or for the stage with the largest total (None)."""
+def estimate(bench: Benchmark, layout: Layout, stage: int | None = None, *, on_cpu: bool | None = None,
+             attention: str | None = None) -> MemoryPlan:
+    """The plan for pipeline stage `stage`, or for the stage with the largest total (None). `on_cpu` and
+    `attention` (the layer spec's backend) say which kernels run; by default fp32 means the CPU's, any other
+    precision a GPU with Transformer Engine."""
+    on_cpu = layout.precision == "fp32" if on_cpu is None else on_cpu
+    path = _Path(on_cpu, core_attention(bench.model, attention or ("local" if on_cpu else "te")))
     stages = range(layout.pp) if stage is None else [stage]
-    return max((_stage_plan(bench, layout, s) for s in stages), key=lambda p: p.total_bytes)
+    return max((_stage_plan(bench, layout, s, path) for s in stages), key=lambda p: p.total_bytes)
+
+
+@dataclass(frozen=True)
+class _Path:
+    """The kernels a run takes: the CPU's composite norms and glu or a GPU's fused ones, and the core attention
+    ("te", "sdpa" or "local")."""
+    on_cpu: bool
+    attention: str
+
+
+def _keeps_probabilities(m: ModelSpec, layout: Layout, path: _Path) -> bool:
+    """Whether the core attention saves the s x s probabilities for backward. Measured on an H100 (torch 2.11,
+    perf/gpu_check.py's sdpa_kernels) for mlbench's causal grouped-query call: flash and cuDNN take 16-bit inputs
+    only and the memory-efficient kernel equal head counts only, so fp32 with grouped-query heads falls to the
+    math kernel, which keeps them (and the fp32 tiny llama's activations then measure within 1 % of this plan).
+    On the CPU, SDPA's flash kernel takes fp32 and grouped-query heads."""
+    if path.attention != "sdpa":
+        return path.attention == "local"
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    return not path.on_cpu and layout.precision == "fp32" and groups < heads
 
 
 # ---- parameters ---------------------------------------------------------------------------------------------
@@ -197,7 +228,7 @@ def _buffer_numel(sizes: tuple[int, ...], padded: bool, dp: int) -> tuple[int, i
 # ---- activations --------------------------------------------------------------------------------------------
 
 
-def _layer_activation_bytes(m: ModelSpec, layout: Layout, fused_attention: bool, act_b: int) -> float:
+def _layer_activation_bytes(m: ModelSpec, layout: Layout, path: _Path, act_b: int) -> float:
     """Bytes one layer saves for one micro-batch on this rank (Korthikanti et al.'s units of s/cp x b x h
     elements of `act_b` bytes; the routing's fp32, int64 and bool tensors at their own sizes)."""
     s = shapes(m)
@@ -207,10 +238,10 @@ def _layer_activation_bytes(m: ModelSpec, layout: Layout, fused_attention: bool,
     unit = seq * b * m.hidden_size
     if f.recompute == "full":
         return unit / (t if f.sequence_parallel else 1) * act_b  # the layer's input only
-    unfused = not fused_attention  # CPU: megatron's local spec, torch norms, unfused attention
+    unfused = _keeps_probabilities(m, layout, path)  # megatron's local attention, or SDPA's math kernel
     # The two norms' inputs and outputs (the output as its consumer, QKV / fc1 / the router, keeps it); torch's
-    # RMSNorm (CPU) also keeps x * rsqrt(mean(x^2) + eps) for its weight's gradient.
-    norms = (6 if unfused and m.normalization == "RMSNorm" else 4) / (t if f.sequence_parallel else 1)
+    # RMSNorm on the CPU also keeps x * rsqrt(mean(x^2) + eps) for its weight's gradient.
+    norms = (6 if path.on_cpu and m.normalization == "RMSNorm" else 4) / (t if f.sequence_parallel else 1)
     if unfused:
         width = _unfused_attention_width(m, t)
     else:
@@ -227,7 +258,7 @@ def _layer_activation_bytes(m: ModelSpec, layout: Layout, fused_attention: bool,
     if m.num_experts:
         return elements * act_b + _moe_layer_bytes(m, layout, act_b)
     mlp = s.fc1 + s.ffn  # the activation's input, fc2's input
-    if unfused and m.activation == "swiglu":
+    if path.on_cpu and m.activation == "swiglu":
         mlp += 2 * s.ffn  # megatron's unfused glu (mlp.py: glu): silu(x_glu) and x_linear + glu_linear_offset
     return (elements + seq * b * mlp / t) * act_b
 
@@ -329,12 +360,12 @@ def _in_flight(layout: Layout, stage: int) -> int:
     return min(warmup + 1, micro * vp)
 
 
-def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
+def _stage_plan(bench: Benchmark, layout: Layout, stage: int, path: _Path) -> MemoryPlan:
     m, f = bench.model, layout.features
-    cpu = layout.precision == "fp32"
-    param_b = 4 if cpu else (1 if layout.precision == "fp8" and f.fp8_param_gather else 2)
-    grad_b = 4 if cpu or f.grad_reduce_in_fp32 else 2
-    state_b = 8 if cpu else 12  # Adam's two fp32 moments (+ an fp32 master copy of 16-bit parameters)
+    fp32 = layout.precision == "fp32"
+    param_b = 4 if fp32 else (1 if layout.precision == "fp8" and f.fp8_param_gather else 2)
+    grad_b = 4 if fp32 or f.grad_reduce_in_fp32 else 2
+    state_b = 8 if fp32 else 12  # Adam's two fp32 moments (+ an fp32 master copy of 16-bit parameters)
     dense, expert = _stage_params(bench, layout, stage)
     groups = [(dense, layout.dp * layout.cp), (expert, max(layout.dp * layout.cp // layout.ep, 1))]
     params = grads = optimizer = 0
@@ -346,13 +377,12 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
         params += numel * param_b if padded else sum(sizes) * param_b
         grads += numel * grad_b
         optimizer += state_b * held
-    fused = not cpu  # on a GPU: Transformer Engine's or PyTorch's fused attention
-    act_b = 4 if cpu else 2
-    per_layer = _layer_activation_bytes(m, layout, fused, act_b)
+    act_b = 4 if fp32 else 2
+    per_layer = _layer_activation_bytes(m, layout, path, act_b)
     chunks = _stage_layers(m, layout, stage)
     seq_unit = m.seq_length // layout.cp * layout.micro_batch_size * m.hidden_size * act_b
     last = stage == layout.pp - 1
-    final_copies = 3 if cpu and m.normalization == "RMSNorm" else 2  # in, out (+ torch RMSNorm's normalized)
+    final_copies = 3 if path.on_cpu and m.normalization == "RMSNorm" else 2  # in, out (+ torch RMSNorm's normalized)
     final = final_copies * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0
     first_chunk = chunks[0] * per_layer + (final if layout.vp == 1 else 0)
     per_chunk = sum(chunks) / layout.vp * per_layer
@@ -365,10 +395,10 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int) -> MemoryPlan:
         other += 2 * 4 * logits  # fp32 logits and their gradient
     if f.recompute == "full":
         full = dataclasses.replace(layout, features=dataclasses.replace(f, recompute="none"))
-        other += _layer_activation_bytes(m, full, fused, act_b)  # one layer recomputed at a time
+        other += _layer_activation_bytes(m, full, path, act_b)  # one layer recomputed at a time
     if m.num_experts:
         other += _moe_dispatch_buffers(m, layout, act_b)
-    if not cpu:
+    if not path.on_cpu:
         other += GPU_WORKSPACE_BYTES
     return MemoryPlan(params_bytes=int(params), grads_bytes=int(grads), optimizer_bytes=int(optimizer),
                       activations_bytes=int(activations), other_bytes=int(other), stage=stage,

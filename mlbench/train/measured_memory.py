@@ -104,9 +104,10 @@ def allocator_peak() -> dict[str, int]:
 
 def record(plan: Any, parts: Any, stepper: Any, on_cpu: bool) -> dict:
     """The run record's memory for rank 0: `measured` (above) and `estimated`, the planner's per-GPU plan for this
-    layout's first pipeline stage, rank 0's (mlbench.planner.memory.estimate, in the precision the run trained in:
-    fp32 on CPU)."""
+    layout's first pipeline stage, rank 0's (mlbench.planner.memory.estimate, in the precision and with the
+    kernels the run trained with: fp32 on CPU)."""
     from mlbench.planner.memory import estimate
+    from mlbench.train.model import attention_backend
 
     # After run_stop the run's result is settled: a measurement that fails is recorded as such, never turned
     # into a failed run.
@@ -116,7 +117,8 @@ def record(plan: Any, parts: Any, stepper: Any, on_cpu: bool) -> dict:
     except Exception as e:
         measured = {"error": f"{type(e).__name__}: {e}"[:300]} | peak
     try:
-        estimated = estimate(plan.benchmark, _layout(plan.layout, on_cpu), stage=0).as_dict()
+        estimated = estimate(plan.benchmark, _layout(plan.layout, on_cpu), stage=0, on_cpu=on_cpu,
+                             attention=attention_backend()).as_dict()
     except Exception as e:
         estimated = {"error": f"{type(e).__name__}: {e}"[:300]}
     return {"estimated": estimated, "measured": measured}
