@@ -2,12 +2,15 @@
 
 1. Every benchmark's tiny variant through the CLI as a user runs it (`mlbench run NAME --tiny`): NCCL, CUDA,
    PyTorch's fused attention, megatron's fused kernels, the MLPerf log, the official checker, the run record.
-2. A GPU-sized variant of llama31_8b (1.04B parameters: 16 layers, hidden 2048, GQA 16 heads over 8 groups,
-   SwiGLU 8192, vocabulary 8192, sequence 2048, bf16; the seeded Markov data, so nothing is downloaded) for a
-   bounded number of steps, under a few feature settings. Its record holds the memory plan beside the bytes
-   measured (tensors, saved activations, the allocator's peak) and the planner's step time beside the measured
-   one: printed here as ratios.
+2. A GPU-sized variant of llama31_8b (1.02B parameters: 16 layers, hidden 2048, GQA 16 heads over 8 groups, SwiGLU
+   8192, vocabulary 4096 (the Markov source's bound), sequence 2048, bf16; the seeded Markov data, so nothing is
+   downloaded) for a bounded number of steps, under a few feature settings. Its record holds the memory plan beside
+   the bytes measured (tensors, saved activations, the allocator's peak) and the planner's step time beside the
+   measured one: printed here as ratios.
 3. `mlbench check` and `mlbench score` over everything it wrote.
+4. Which of SDPA's kernels take mlbench's attention call (grouped-query heads, causal) in fp32 and bf16 at the tiny
+   llama's and the GPU-sized model's shapes, and the bytes the default choice saves for backward: the memory plan
+   has to know whether the s x s probabilities are kept.
 
 Writes OUT/results (the results layout), OUT/summary.json, and prints a table. Each step is independent: one
 that fails is reported with its exit code and the rest still run.
@@ -34,7 +37,7 @@ TINY = ["gpt3", "llama31_8b", "gpt_oss_20b", "bert"]
 # step), small enough for one 80 GB GPU without the distributed optimizer's sharding.
 GPU_SIZED = {
     "model": {"num_layers": 16, "hidden_size": 2048, "num_attention_heads": 16, "num_query_groups": 8,
-              "ffn_hidden_size": 8192, "vocab_size": 8192, "seq_length": 2048, "make_vocab_size_divisible_by": 128},
+              "ffn_hidden_size": 8192, "vocab_size": 4096, "seq_length": 2048, "make_vocab_size_divisible_by": 128},
     "optimizer": {"lr": 3.0e-4, "min_lr": 3.0e-5, "warmup_steps": 5, "decay_steps": 100},
     "train": {"global_batch_size": 16, "micro_batch_size": 2, "max_steps": 30, "init_checkpoint_step": 0,
               "precision": "bf16"},
@@ -112,7 +115,49 @@ def summarise(rec: dict) -> dict:
     return out
 
 
-def main(out: Path) -> int:
+def _sdpa_saved_bytes(shape: tuple[int, ...], dtype, backend=None) -> int:
+    """Bytes saved for backward by one causal grouped-query SDPA call as mlbench makes it; `backend` forces one."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    b, h, g, s, d = shape
+    q = torch.randn(b, h, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, g, s, d, device="cuda", dtype=dtype, requires_grad=True) for _ in "kv")
+    saved: list[int] = []
+    forced = sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x.nbytes) or x, lambda x: x), forced:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h > g)
+    out.sum().backward()
+    return sum(saved)
+
+
+def sdpa_kernels() -> dict:
+    """For each shape and dtype: which SDPA backends accept the call mlbench makes (train/model/attention.py),
+    and the bytes saved for backward by the default choice against the s x s probabilities' bytes."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    shapes = {"tiny_llama": (8, 4, 2, 64, 16), "gpu_sized": (2, 16, 8, 2048, 128)}  # b, heads, groups, s, d
+    found: dict = {}
+    for name, shape in shapes.items():
+        b, h, _, s, _ = shape
+        for dtype in (torch.float32, torch.bfloat16):
+            row: dict = {"probabilities_bytes": b * h * s * s * torch.finfo(dtype).bits // 8}
+            for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                            SDPBackend.MATH):
+                try:
+                    row[backend.name] = {"ok": True, "saved_bytes": _sdpa_saved_bytes(shape, dtype, backend)}
+                except RuntimeError as e:
+                    row[backend.name] = {"ok": False, "why": str(e).splitlines()[0][:200]}
+            row["default_saved_bytes"] = _sdpa_saved_bytes(shape, dtype)
+            found[f"{name}_{str(dtype).split('.')[-1]}"] = row
+    return found
+
+
+def main(out: Path, tiny: bool = True, gpu_sized: bool = True) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -122,7 +167,7 @@ def main(out: Path) -> int:
     results, log = out / "results", out / "commands.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     summary: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tiny": {}, "gpu_sized": {}}
-    for name in TINY:
+    for name in TINY if tiny else ():
         rc, wall = sh([*CLI, "run", name, "--tiny", "--seed", "1", "--results", str(results), "--system", "tiny"],
                       env, log)
         rec = newest_record(results / "tiny" / name)
@@ -130,7 +175,7 @@ def main(out: Path) -> int:
         print(f"tiny {name}: exit {rc} in {wall:.1f} s", flush=True)
     bench_dir = out / "gpu_benchmarks"
     gpu_benchmarks(bench_dir)
-    for label, flags in FEATURES.items():
+    for label, flags in FEATURES.items() if gpu_sized else ():
         system = f"gpu_sized_{label}"
         rc, wall = sh([*CLI, "run", "llama31_8b", "--tiny", "--seed", "1", "--results", str(results), "--system",
                        system, "--hang-timeout", "120", *flags], {**env, "MLBENCH_BENCHMARKS": str(bench_dir)}, log)
@@ -138,6 +183,10 @@ def main(out: Path) -> int:
         summary["gpu_sized"][label] = {"exit_code": rc, "wall_s": round(wall, 1),
                                        **(summarise(rec) if rec else {})}
         print(f"gpu-sized llama {label}: exit {rc} in {wall:.1f} s", flush=True)
+    try:
+        summary["sdpa_kernels"] = sdpa_kernels()
+    except Exception as e:  # a probe: its failure must not lose the figures above
+        summary["sdpa_kernels"] = {"error": repr(e)}
     for cmd in (["check", str(results)], ["score", str(results / "tiny" / "gpt3"), "--json"]):
         rc, _ = sh([*CLI, *cmd], env, log)
         summary[f"mlbench {cmd[0]}"] = rc
@@ -147,4 +196,7 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "gpu_check_out")))
+    # --skip-tiny / --skip-gpu-sized: rerun one part within a short device lease
+    args = [a for a in sys.argv[1:] if not a.startswith("--skip-")]
+    sys.exit(main(Path(args[0] if args else "gpu_check_out"), tiny="--skip-tiny" not in sys.argv,
+                  gpu_sized="--skip-gpu-sized" not in sys.argv))
