@@ -158,6 +158,7 @@ def _validate(b: Benchmark, path: Path) -> None:
     batches = {1, b.train.global_batch_size} | {ly.global_batch_size for ly in b.layouts if ly.global_batch_size}
     _validate_tables(b, where)
     check_expressions(b, where, batches)
+    _validate_budget(b, where, batches - {1})
     _validate_ranges(b, where)
     _validate_quality(b, where)
     if b.variant == "tiny" and not b.quality.note:
@@ -209,6 +210,19 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "mlperf.runs_required": (lambda v: v >= 1, "at least 1"),
     "features.recompute_layers": (lambda v: v >= 1, "at least 1"),
 }
+
+
+def _validate_budget(b: Benchmark, where: str, batches: set[int]) -> None:
+    """A warm-up at or past the step budget ends every run before its learning rate peaks: refused, as the same
+    `--warmup-steps` is (rcp_schedule.for_run). At the file's own batches and its tables' (batch 1, where the
+    expressions are checked to evaluate, is no batch anyone runs)."""
+    for gbs in sorted(batches | set(b.optimizer.lr_table)):
+        base = b.optimizer.base_at(gbs)
+        budget = int(spec.evaluate(b.train.max_steps, global_batch_size=gbs))  # 0: the schedule's own length
+        if base is not None and 0 < budget <= base[1]:
+            raise UserError(f"{where}: optimizer.warmup_steps is {base[1]} at global_batch_size = {gbs}, not below "
+                            f"train.max_steps ({budget}): the learning rate would never reach its peak; make the "
+                            f"warm-up shorter than the budget (or train.max_steps 0: the whole schedule)")
 
 
 def _validate_ranges(b: Benchmark, where: str) -> None:

@@ -271,6 +271,25 @@ def test_values_a_run_died_of_are_refused_on_load(benchmarks_copy: Path, name: s
         assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize(("old", "new", "tiny", "said"), [
+    ("  warmup_steps: 287", "  warmup_steps: 600", False,
+     "bert.yaml: optimizer.warmup_steps is 600 at global_batch_size = 8192, not below train.max_steps (600)"),
+    ("lr: 2.0e-2, warmup_steps: 20,", "lr: 2.0e-2, warmup_steps: 900,", True,
+     "bert.yaml (tiny): optimizer.warmup_steps is 900 at global_batch_size = 32, not below train.max_steps (600)"),
+], ids=["full", "tiny"])
+def test_a_warmup_at_or_past_the_step_budget_is_refused_on_load(benchmarks_copy: Path, old: str, new: str,
+                                                                 tiny: bool, said: str) -> None:
+    """Every run of such a file ended in its warm-up, the learning rate never at its peak, and was published as
+    aborted at the budget; the same value as --warmup-steps was refused before launch."""
+    f = benchmarks_copy / "bert.yaml"
+    text = f.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+    with pytest.raises(UserError) as e:
+        registry.load("bert", tiny=tiny, directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
 # The synthetic source's settings (mlbench/train/data/markov.py): each was accepted by list, show and --dry-run, and
 # the run died in numpy once started (or, for the concentration, trained on a source that emits one token).
 @pytest.mark.parametrize(("name", "old", "new", "said"), [
