@@ -18,6 +18,9 @@ import sys
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 ORPHANED_EXIT = 5  # a rank's exit code when it stops because its launcher died
+# A rank's exit code when it stops because another process of the run failed first: its launcher stopped it (SIGTERM,
+# no reason given: torchrun's agent and mlbench's stop every rank when one fails) or a peer's connection dropped
+STOPPED_EXIT = 6
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _parent: int | None = None  # the parent a rank started under (install_pdeathsig)
@@ -51,6 +54,13 @@ def exit_if_orphaned() -> None:
     """For the training loop, once a step: a rank whose launcher died exits at once, writing nothing more."""
     if not parent_alive():
         os._exit(ORPHANED_EXIT)
+
+
+def consequent(code: int) -> bool:
+    """Whether a rank that ended with exit code CODE (negative: the signal that killed it) stopped because another
+    process of the run failed first, not of itself: its launcher's SIGTERM (before the rank could take it), its
+    launcher gone, or a peer lost (STOPPED_EXIT). Such a rank is not the run's cause while another is."""
+    return code in (STOPPED_EXIT, ORPHANED_EXIT, -signal.SIGTERM)
 
 
 def become_subreaper() -> bool:

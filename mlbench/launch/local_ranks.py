@@ -10,7 +10,7 @@ static rendezvous), and so does every node of a SLURM job.
   ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and its output in the files torchrun's
   --log-dir/--redirects=3 would give it: DIR/local/attempt_0/<rank>/{stdout,stderr}.log.
 - The first rank to fail stops the others (SIGTERM, SIGKILL after a grace period), as torchrun does; the agent
-  says which and exits 1.
+  says which, then how each other rank that failed ended, and exits 1.
 - SIGTERM/SIGINT are passed on to the ranks. The agent dies with its supervisor (the supervisor arms that), and
   each rank with the agent (its own lifeline).
 """
@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from mlbench.launch.lifeline import consequent
 from mlbench.launch.ports import free_port
 
 GRACE_S = 10.0
@@ -84,17 +85,26 @@ def describe(code: int) -> str:
         return f"killed by signal {-code}"
 
 
-_FAILED = re.compile(r"^rank (\d+) (exited with code -?\d+|killed by [\w ]+); stopping the other ranks", re.M)
+def code_of(how: str) -> int:
+    """The exit code `describe` wrote as HOW (negative: the signal)."""
+    if how.startswith("exited with code "):
+        return int(how.removeprefix("exited with code "))
+    name = how.removeprefix("killed by ")
+    return -int(name.removeprefix("signal ")) if name.startswith("signal ") else -signal.Signals[name]
+
+
+_FAILED = re.compile(r"^rank (\d+) (exited with code -?\d+|killed by [\w ]+)(?:;| \(see)", re.M)
 
 
 def rank_failure(output: str) -> str:
-    """Which rank's failure ended the agent and how, from the agent's output (its line above names the staging
-    folder, gone once the run is published); "" if it names none."""
-    found = _FAILED.findall(output)
-    if not found:
-        return ""
-    rank, how = found[-1]
-    return f"rank {rank} {how} (see the rank logs: local/attempt_0/{rank})"
+    """Which rank's failure ended the agent and how, from the agent's output (its lines below name the staging
+    folder, gone once the run is published): the first one that failed of itself, not one stopped because of it
+    (lifeline.consequent: ranks 0 and 1 often end together, and rank 0's gloo error is rank 1's death); "" if the
+    agent names none."""
+    for rank, how in _FAILED.findall(output):
+        if not consequent(code_of(how)):
+            return f"rank {rank} {how} (see the rank logs: local/attempt_0/{rank})"
+    return ""
 
 
 def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
@@ -120,13 +130,18 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
             p = subprocess.Popen([sys.executable, *rank_argv], env=rank_env(dict(os.environ), rank, nproc, port),
                                  stdout=out, stderr=err)
             procs[p.pid], ranks[p.pid] = p, rank
-    codes: dict[int, int] = {}
+    def logs(pid: int) -> Path:
+        return log_dir / "local" / "attempt_0" / str(ranks[pid])
+
+    codes: dict[int, int] = {}  # in the order the ranks were reaped
     while len(codes) < len(procs):
         pid = _reap(procs, codes, block=True)
         if pid is not None and codes[pid] != 0:
-            print(f"rank {ranks[pid]} {describe(codes[pid])}; stopping the other ranks "
-                  f"(see {log_dir / 'local' / 'attempt_0' / str(ranks[pid])})", flush=True)
+            print(f"rank {ranks[pid]} {describe(codes[pid])}; stopping the other ranks (see {logs(pid)})", flush=True)
             _stop(procs, codes)
+            for other, code in codes.items():  # which of them failed of itself is rank_failure's to tell
+                if other != pid and code != 0:
+                    print(f"rank {ranks[other]} {describe(code)} (see {logs(other)})", flush=True)
             return 1
     if received:
         return 128 + received[0]

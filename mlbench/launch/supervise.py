@@ -14,7 +14,8 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
   `--signal=USR1@60` in a job).
 Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
 never began gets the preamble it would have written first, where it is this node's), written
-after every rank is gone, so one writer at a time still holds.
+after every rank is gone, so one writer at a time still holds. Rank 0 stopped because another rank failed (its
+launcher's SIGTERM, a peer lost) leaves run_stop to the supervisor, which names the rank that failed first.
 """
 
 from __future__ import annotations
@@ -190,9 +191,10 @@ def _start(cmd: Command) -> subprocess.Popen:
                                 preexec_fn=lifeline.die_with_parent)
 
 
-def _exit_reason(cmd: Command, code: int, output: bool = True) -> str:
+def _exit_reason(cmd: Command, code: int, output: bool = True, otherwise: str = "") -> str:
     """Why the command ended with CODE, from its own output where `output` (which rank failed, the launcher's own
-    failure), else from the code alone."""
+    failure), else from the code alone; OTHERWISE (rank 0's words for a failure not its own) where the output
+    names no rank that failed of itself."""
     what = cmd.what
     if code < 0:  # killed by a signal (the OOM killer, kill -9)
         return f"{what} {local_ranks.describe(code)} (see the rank logs)"
@@ -202,6 +204,8 @@ def _exit_reason(cmd: Command, code: int, output: bool = True) -> str:
         return plain
     if tail and cmd.rank_failure and (failed := cmd.rank_failure(tail)):  # the agent named the rank that failed
         return failed
+    if otherwise:
+        return otherwise
     if last:  # the launcher's own failure (a rendezvous that never formed): no rank ran to say anything
         return f"{what} exited with code {code}: {last}"
     return f"{what} exited with code {code} (a rank failed; see the rank logs)"
@@ -346,11 +350,14 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     STOP_SIGNAL); the log is completed on the way."""
     saving = any(e.get("event") == "checkpoint_saving" for e in events)
     last = next((e for e in reversed(events) if e.get("event") == "stopped"), None)
-    # Why it ended, most specific first: what the supervisor did, what rank 0 said, the launcher's exit code.
-    if not reason and last is not None:
+    # Why it ended, most specific first: what the supervisor did, what rank 0 said of its own failure, the rank
+    # the launcher saw fail first (of itself), what rank 0 said of a failure not its own (a SIGTERM with no
+    # reason, a peer lost: the launcher stopping it for another rank's failure), the launcher's exit code.
+    consequent = last is not None and last.get("consequent", False)
+    if not reason and last is not None and not consequent:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = _exit_reason(cmd, code)
+        reason = _exit_reason(cmd, code, otherwise=last.get("reason", "") if consequent else "")
     log_error = log.complete(reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlbench.launch import local_ranks
+from mlbench.launch import lifeline, local_ranks
 from mlbench.launch.ports import free_port
 from mlbench.launch.supervise import Command
 
@@ -73,22 +73,52 @@ def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous:
                    rank_failure=lambda output: rank_failure(output, rendezvous.ranks_dir, rendezvous.node_rank))
 
 
-# torchrun's last words when a rank fails (ChildFailedError): the first rank that failed, and how
-_ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):\n\[\d+\]:\n(?:  .*\n)*?"
-                         r"  rank\s*: (\d+) \(local_rank: (\d+)\)\n  exitcode\s*: (-?\d+)", re.M)
+# torchrun's last words when a rank fails (ChildFailedError): each rank that failed, and which it saw first
+_FAILURE = re.compile(r"^(Root Cause \(first observed failure\):\n)?\[\d+\]:\n  time\s*: (\S+)\n(?:  .*\n)*?"
+                      r"  rank\s*: (\d+) \(local_rank: (\d+)\)\n  exitcode\s*: (-?\d+)", re.M)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A rank that failed, as torchrun's last words list it."""
+
+    rank: int
+    local_rank: int
+    code: int  # negative: the signal that killed it
+    time: str  # to the second
+    root: bool  # the one torchrun calls the root cause
+
+
+def failures(output: str) -> list[Failure]:
+    """Every failed rank that torchrun's output lists (each node's torchrun, where several write into it)."""
+    return [Failure(int(rank), int(local), int(code), time, bool(root))
+            for root, time, rank, local, code in _FAILURE.findall(output)]
+
+
+def first_failure(output: str) -> Failure | None:
+    """The rank whose failure ended the run, from torchrun's output: the first that failed of itself. torch's own
+    "first observed failure" is the earliest to the second, the lowest rank on a tie: rank 0, stopped by its peer's
+    death in the same second, was named for rank 1, which exited first. Ranks stopped because another failed
+    (lifeline.consequent) are passed over; None where none failed of itself."""
+    own = [f for f in failures(output) if not lifeline.consequent(f.code)]
+    return min(own, key=lambda f: (f.time, not f.root), default=None)
 
 
 def rank_failure(output: str, ranks_dir: Path, node_rank: int) -> str:
     """Which rank's failure ended this node's torchrun, how, and where its output is (torch's own words, at the end
     of a long traceback, name the rank and its exit code alone); "" if torchrun's output names none."""
-    found = _ROOT_CAUSE.findall(output)
-    if not found:
+    failed = first_failure(output)
+    if failed is None:
         return ""
-    rank, local, code = found[-1]
     # torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>/, kept as the run's rank logs
-    logs = sorted(ranks_dir.glob(f"*/attempt_*/{local}"))
+    return failure_reason(failed, node_rank, sorted(ranks_dir.glob(f"*/attempt_*/{failed.local_rank}")), ranks_dir)
+
+
+def failure_reason(failed: Failure, node_rank: int, logs: list[Path], ranks_dir: Path) -> str:
+    """The reason naming FAILED, a rank of node NODE_RANK, whose rank logs are the last of LOGS (under RANKS_DIR)."""
     where = f"see the rank logs: {logs[-1].relative_to(ranks_dir)}" if logs else "see the rank logs"
-    return f"rank {rank} (node {node_rank}'s local rank {local}) {local_ranks.describe(int(code))} ({where})"
+    return (f"rank {failed.rank} (node {node_rank}'s local rank {failed.local_rank}) "
+            f"{local_ranks.describe(failed.code)} ({where})")
 
 
 def formed_deadline_s(timeout: float) -> float:

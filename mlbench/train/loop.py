@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -20,13 +21,26 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from mlbench.launch.lifeline import exit_if_orphaned
+from mlbench.launch.lifeline import STOPPED_EXIT, exit_if_orphaned
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
 from mlbench.train.reporter import Reporter
 
 
 class Aborted(Exception):
-    pass
+    def __init__(self, reason: str, consequent: bool = False):
+        super().__init__(reason)
+        self.consequent = consequent  # stopped because another process failed first (see _consequent)
+
+
+# A collective or store whose peer's connection dropped (gloo's words): that peer, or its node, ended first
+_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe")
+
+
+def _consequent(e: BaseException) -> bool:
+    """Whether this rank failed because another process of the run failed first: its launcher's SIGTERM with no
+    reason from the supervisor (torchrun's agent and mlbench's stop every rank when one fails), or a peer's
+    connection that dropped. Its own words would then hide the rank that failed first."""
+    return getattr(e, "consequent", False) or isinstance(e, RuntimeError) and bool(_PEER_LOST.search(str(e)))
 
 
 def train(plan: RunPlan) -> int:
@@ -37,7 +51,8 @@ def train(plan: RunPlan) -> int:
             why = stop_reason_path(plan.events_path).read_text()
         except OSError:
             why = ""
-        raise Aborted(why or f"signal {signal.Signals(signum).name}")
+        # no reason: the launcher stops every rank because another failed (or someone outside sent it)
+        raise Aborted(why or f"signal {signal.Signals(signum).name}", consequent=not why)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     report = Reporter(plan, rank, int(os.environ.get("LOCAL_RANK", "0")))
@@ -49,11 +64,17 @@ def train(plan: RunPlan) -> int:
     # Any other failure is an aborted run, logged as such. BaseException, not Exception: torch's
     # CheckpointException (a damaged checkpoint's) derives from BaseException alone.
     except BaseException as e:
-        report.aborted(_reason(e))
+        # on its way out: the launcher's SIGTERM (a peer failed) would cut its last words short, and end it with
+        # an exit code of its own (1) that reads as a failure of this rank's
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        consequent = _consequent(e)
+        # run_stop is the supervisor's to write for a rank stopped by another's failure: it learns which rank
+        # failed first once every rank is gone
+        (report.stopped_by_another if consequent else report.aborted)(_reason(e))
         if not isinstance(e, Aborted):  # the rank's log keeps where it failed; the last line stays the reason
             traceback.print_exception(e, file=sys.stderr)
         print(f"[rank {rank}] run aborted: {_reason(e)}", file=sys.stderr, flush=True)
-        os._exit(3)  # skip interpreter teardown: peers may be gone and collectives would hang
+        os._exit(STOPPED_EXIT if consequent else 3)  # no interpreter teardown: peers may be gone, collectives hang
     if plan.save_checkpoint and save:  # after run_stop, untimed; a failure here leaves the run's result alone
         report.emit("checkpoint_saving", path=plan.save_checkpoint)
         t0 = time.perf_counter()

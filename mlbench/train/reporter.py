@@ -99,6 +99,15 @@ class Reporter:
             return
         self.run_stop(self._step, "aborted", reason)
 
+    def stopped_by_another(self, reason: str) -> None:
+        """The run failed because another process did first (the launcher's SIGTERM, a peer lost): the event says
+        so, marked `consequent`, and run_stop is left to the supervisor, which names the rank that failed first
+        once every rank is gone (as for a rank 0 that died without a word)."""
+        if self._stopped:
+            self.emit("failed_after_run_stop", reason=reason)
+            return
+        self.emit("stopped", status="aborted", step=self._step, reason=reason, consequent=True)
+
     def close(self) -> None:
         if self.log:
             self.log.close()

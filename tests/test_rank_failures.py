@@ -1,0 +1,91 @@
+"""A rank other than rank 0 fails mid-run: its launcher (mlbench's agent, torchrun) then stops the other ranks, and
+rank 0, stopped by that SIGTERM or by its collective's peer gone, logged its own "Aborted: signal SIGTERM" (or gloo's
+"Connection reset by peer") as the run's reason; torchrun's "first observed failure" even named rank 0 (the earliest
+to the second, the lowest rank on a tie). The log's run_stop and the record now name the rank that failed first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import mlbench, mllog, result_dir
+
+from mlbench.launch import local_ranks, torchrun
+from mlbench.launch.ports import free_port
+
+# Rank 1 fails once rank 0 has logged its third step: it exits 7, or it is killed (SIGKILL: the OOM killer)
+_FAIL_AT_STEP_3 = """import os, signal, sys, threading, time
+if ("mlbench.train" in sys.orig_argv or "mlbench.launch.torchrun_rank" in sys.orig_argv) \\
+        and os.environ.get("RANK") == "1":
+    events = os.path.join(os.path.dirname(sys.orig_argv[-1]), "events.jsonl")
+
+    def fail():
+        while True:
+            try:
+                with open(events) as f:
+                    if f.read().count('"event": "step"') >= 3:
+                        os.kill(os.getpid(), signal.SIGKILL) if {kill} else os._exit(7)
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    threading.Thread(target=fail, daemon=True).start()
+"""
+
+
+def fail_at_step_3(tmp_path: Path, kill: bool) -> dict:
+    """The environment in which rank 1 fails at step 3 (a sitecustomize on its path)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_FAIL_AT_STEP_3.format(kill=kill))
+    return {"PYTHONPATH": str(site)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_the_rank_that_failed_first_is_the_runs_reason(tmp_path: Path, launcher: str) -> None:
+    """mlbench's agent (rank 1 exits 7) and torchrun at one node (rank 1 killed): both said "Aborted: signal SIGTERM"
+    or gloo's "Connection reset by peer", rank 0's."""
+    flags = ["--launcher", "torchrun", "--rdzv-endpoint", f"127.0.0.1:{free_port('127.0.0.1')}"] \
+        if launcher == "torchrun" else []
+    out = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path / "r"), "--system", "s",
+                  "--seed", "1", *flags, env=fail_at_step_3(tmp_path, kill=launcher == "torchrun"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    folder = result_dir(tmp_path / "r", "gpt3")
+    if launcher == "local":
+        reason = "rank 1 exited with code 7 (see the rank logs: local/attempt_0/1)"
+    else:
+        [logs] = [p.relative_to(folder / "logs" / "result_0") for p in folder.glob("logs/result_0/*/attempt_0/1")]
+        reason = f"rank 1 (node 0's local rank 1) killed by SIGKILL (see the rank logs: {logs})"
+    log = mllog(folder / "result_0.txt")
+    stops = [e for e in log if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted", stops
+    assert stops[0]["metadata"]["reason"] == reason, out.stdout
+    assert [e["key"] for e in log].count("train_samples") == 1  # the checker wants one: the supervisor wrote it
+    assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+    assert f"reason: {reason}\n" in out.stdout, out.stdout
+
+
+def test_a_rank_stopped_by_another_is_not_named_for_it() -> None:
+    """The launchers' own words, where the rank reaped (or listed) first is one stopped because another failed:
+    rank 0 ends with mlbench's consequent exit code (6: the launcher's SIGTERM, a peer lost) or SIGTERM itself."""
+    agent = ("rank 0 exited with code 6; stopping the other ranks (see /s/ranks/local/attempt_0/0)\n"
+             "rank 2 killed by SIGTERM (see /s/ranks/local/attempt_0/2)\n"
+             "rank 1 killed by SIGSEGV (see /s/ranks/local/attempt_0/1)\n")
+    assert local_ranks.rank_failure(agent) == "rank 1 killed by SIGSEGV (see the rank logs: local/attempt_0/1)"
+    assert local_ranks.rank_failure(agent.replace("SIGSEGV", "SIGTERM")) == ""  # none failed of itself
+
+    def block(n: int, rank: int, code: int, when: str = "05:47:51") -> str:
+        return (f"[{n}]:\n  time      : 2026-11-27_{when}\n  host      : localhost\n  rank      : {rank} (local_rank: "
+                f"{rank})\n  exitcode  : {code} (pid: 1{rank}) \n  error_file: <N/A>\n  traceback : To enable ...\n")
+    # torch 2.13's words: rank 1 exited 7 and rank 0 (its peer gone) 6 in the same second; torch picked rank 0
+    said = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\nFailures:\n"
+            + block(1, 1, 7) + "-" * 60 + "\nRoot Cause (first observed failure):\n" + block(0, 0, 6) + "=" * 60)
+    assert torchrun.first_failure(said) == torchrun.Failure(1, 1, 7, "2026-11-27_05:47:51", False)
+    assert torchrun.first_failure(said.replace("exitcode  : 7", "exitcode  : -15")) is None
+    # two that failed of themselves: torch's root cause on a tie, else the earlier
+    assert torchrun.first_failure(said.replace("exitcode  : 6", "exitcode  : 1")).rank == 0
+    later = said.replace("exitcode  : 6", "exitcode  : 1").replace("[0]:\n  time      : 2026-11-27_05:47:51",
+                                                                    "[0]:\n  time      : 2026-11-27_05:47:52")
+    assert torchrun.first_failure(later).rank == 1
