@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import MLBENCH, mlbench, mllog, result_dir
 from slurm_cluster import SlurmCluster, available
+from test_rank_failures import fail_at_step_3
 
 ok, why = available()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(not ok, reason=why)]
@@ -97,6 +98,23 @@ def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_pat
     assert [s["metadata"]["status"] for s in stops] == ["aborted"]
     record = json.loads((folder / "result_0.json").read_text())
     assert record["status"] == "aborted" and "SIGTERM" in record["reason"]
+
+
+def test_a_rank_of_another_node_that_fails_is_named_in_the_record(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Rank 1 (node 1's only rank) exits 7 at step 3: the reason was rank 0's gloo error ("Connection closed by
+    peer", its peer gone), the nodes' torchruns' own words left in the run's launcher.log. It now names the rank,
+    its node and its logs (each node's under node<N>)."""
+    out = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
+                  "--master-addr", "127.0.0.1", "--time", "00:08:00", "--results", str(tmp_path / "r"), "--system",
+                  "ci", "--seed", "5", env={**cluster.env, **fail_at_step_3(tmp_path, kill=False)}, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr + cluster.logs()
+    folder = result_dir(tmp_path / "r", "gpt3")
+    [logs] = [p.relative_to(folder / "logs" / "result_0") for p in folder.glob("logs/result_0/node1/*/attempt_0/0")]
+    reason = f"rank 1 (node 1's local rank 0) exited with code 7 (see the rank logs: {logs})"
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert [(s["metadata"]["status"], s["metadata"]["reason"]) for s in stops] == [("aborted", reason)], out.stdout
+    assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+    assert f"aborted {folder / 'result_0.txt'} ({reason})" in out.stdout, out.stdout
 
 
 def _torchrun_node_ranks(word: str) -> set[str]:

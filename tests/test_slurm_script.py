@@ -105,6 +105,15 @@ def test_render_odd_values_survive_a_real_shell(tmp_path: Path) -> None:
     )
 
 
+def test_each_node_gets_a_log_folder_of_its_own(tmp_path: Path) -> None:
+    """Every node's torchrun wrote its rank logs into one folder, each under a random name: which node's logs
+    held a failed rank was not to be told. Each node now has node<SLURM_NODEID> under it (odd paths survive)."""
+    job = _full_job(torchrun="echo", master_addr="127.0.0.1", log_dir=ODD, torchrun_args=["--redirects=3"])
+    out = subprocess.run(["bash", "-c", f"SLURM_NNODES=4 SLURM_NODEID=3\n{torchrun_command(job)}\n"],
+                         capture_output=True, text=True, check=True).stdout
+    assert f" --log-dir={ODD}/node3 --redirects=3 -m mlbench.worker " in out, out
+
+
 def test_render_defaults_and_variants() -> None:
     s = render(SlurmJob(job_name="j", command=["true"], nodes=2))
     assert "--gpus-per-node" not in s and "--partition" not in s and "--container" not in s

@@ -69,7 +69,8 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
         env={"PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}, master_addr=opts.master_addr,
         master_port=master_port or opts.master_port, signal=warn,
         torchrun=str(Path(sys.executable).with_name("torchrun")),  # this environment's, on every node
-        torchrun_args=[f"--log-dir={ranks_dir}", "--redirects=3"] if ranks_dir else (), driver=driver,
+        torchrun_args=["--redirects=3"] if ranks_dir else (), log_dir=str(ranks_dir) if ranks_dir else None,
+        driver=driver,
         rdzv_timeout=rdzv_timeout)
 
 

@@ -14,7 +14,7 @@ from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import Command
-from mlbench.launch.torchrun import formed_deadline_s, ranks_started
+from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, ranks_started
 from mlbench.layout import Layout
 from mlbench.results import result_folder
 from mlbench.run_plan import benchmark_from_dict
@@ -56,6 +56,18 @@ class JobRendezvous:
         return ""  # torch's own words (with the launcher's exit code) name what failed; no flag of the user's to give
 
 
+def rank_failure(output: str, ranks_dir: Path, nproc_per_node: int) -> str:
+    """Which rank's failure ended the job's run, how, and where its output is, from every node's torchrun (srun
+    gathers their output); "" if none names a rank that failed of itself. Node N's rank logs are under
+    RANKS_DIR/nodeN (slurm_script.SlurmJob.log_dir)."""
+    failed = first_failure(output)
+    if failed is None:
+        return ""
+    node = failed.rank // nproc_per_node
+    logs = sorted((ranks_dir / f"node{node}").glob(f"*/attempt_*/{failed.local_rank}"))
+    return failure_reason(failed, node, logs, ranks_dir)
+
+
 def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: SlurmOptions,
                  job_dir: Path) -> runner.CommandFor:
     """Each run of the job: srun starts one torchrun per node at a static rendezvous on this (the first) node."""
@@ -66,7 +78,8 @@ def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: Slur
         # srun passes the port on to every node
         return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log",
                        rendezvous=JobRendezvous(f"{os.environ.get('MASTER_ADDR', '')}:{port}", opts.rdzv_timeout,
-                                                staging / "ranks"))
+                                                staging / "ranks"),
+                       rank_failure=lambda out: rank_failure(out, staging / "ranks", layout.nproc_per_node))
     return command_for
 
 

@@ -58,7 +58,10 @@ class SlurmJob:
     # Preemption warning: SLURM sends SIGTERM to the steps this many seconds before the limit.
     signal: str | None = "TERM@120"
     torchrun: str = "torchrun"
-    torchrun_args: Sequence[str] = ()  # extra torchrun options, e.g. --log-dir for per-rank logs
+    torchrun_args: Sequence[str] = ()  # extra torchrun options, e.g. --redirects for per-rank logs
+    # torchrun's --log-dir, a folder of its own per node under it (node<SLURM_NODEID>): torchrun names the one it
+    # makes there by its run id and a random word, so which node's a rank's logs are is told by this folder alone
+    log_dir: str | None = None
     # Seconds the nodes wait for each other at the rendezvous (--rdzv-timeout); None: torch's default, 600 s
     rdzv_timeout: float | None = None
     # When set, the script ends by exec-ing this driver on the batch host (which then starts each run with
@@ -105,7 +108,7 @@ class SlurmJob:
         texts = [self.job_name, *self.command, *self.sbatch_options, *self.container_mounts,
                  *self.env, *self.env.values()]  # fmt: skip
         opt_texts = [self.partition, self.account, self.container_image, self.output, self.error,
-                     self.workdir, self.master_addr]  # fmt: skip
+                     self.workdir, self.master_addr, self.log_dir]  # fmt: skip
         for t in [*texts, *(t for t in opt_texts if t is not None)]:
             if "\n" in t or "\r" in t or "\0" in t:
                 raise ValueError(f"newline or NUL in {t!r}")
@@ -160,6 +163,8 @@ def torchrun_command(job: SlurmJob) -> str:
     if job.rdzv_timeout is not None:  # as the torchrun launcher's: how long node 0 waits for every node
         key = "timeout" if job.rdzv_backend == "static" else "join_timeout"
         args.append(f"--rdzv-conf={key}={max(1, round(job.rdzv_timeout))}")
+    if job.log_dir is not None:
+        args.append(f'--log-dir={shlex.quote(job.log_dir)}/node"$SLURM_NODEID"')
     args += [shlex.quote(a) for a in job.torchrun_args]
     return " ".join(args + [shlex.quote(a) for a in job.command])
 
