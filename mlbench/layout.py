@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from mlbench.errors import UserError
 from mlbench.spec import Benchmark, FeaturesSpec, LayoutSpec
@@ -46,6 +46,13 @@ class Layout:
 
     def as_dict(self) -> dict:
         return asdict(self) | {"world_size": self.world_size, "num_microbatches": self.num_microbatches}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Layout:
+        """A layout back from `as_dict` (a run plan's), the derived counts dropped."""
+        names = {f.name for f in fields(cls)}
+        kept = {k: v for k, v in d.items() if k in names}
+        return cls(**kept | {"features": FeaturesSpec(**d.get("features") or {})})
 
 
 def _divisors(n: int) -> list[int]:

@@ -10,7 +10,9 @@ The record is strict JSON, for any script's parser: a number that is not finite 
 null. (The MLPerf log beside it is the official logger's, which writes such a number as NaN, as Python reads it.)
 
 A staging folder is named after its owner (`.staging-<owner tag>-XXXX`, mlbench.owners), so a later run removes
-the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' and containers' alone.
+the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' and containers' alone. One
+that holds a run its dead owner never published (a plan and a begun MLPerf log) is kept for the later run to
+publish as aborted (mlbench.dead_runs), once no process holds a file in it.
 """
 
 from __future__ import annotations
@@ -121,14 +123,50 @@ def stage(folder: Path) -> Path:
 
 def remove_stale(folder: Path) -> list[Path]:
     """Removes the staging folders whose owner (on this host and in this PID namespace) is gone, finishing the
-    publishing of a result it had begun to place; returns them."""
+    publishing of a result it had begun to place; returns them. A dead run never published stays (dead_runs)."""
     removed = []
-    for staging in folder.glob(f"{STAGING}*"):
-        if owners.gone(staging.name[len(STAGING):].rpartition("-")[0]):
-            _finish_publishing(folder, staging)
-            shutil.rmtree(staging, ignore_errors=True)
-            removed.append(staging)
+    for staging in _stale(folder):
+        _finish_publishing(folder, staging)
+        if _unpublished_run(folder, staging):
+            continue
+        shutil.rmtree(staging, ignore_errors=True)
+        removed.append(staging)
     return removed
+
+
+def dead_runs(folder: Path) -> list[tuple[Path, str]]:
+    """(staging folder, owner tag) of each run whose owner died before publishing it, and whose files no live
+    process holds any more (its ranks die with their supervisor, a moment later)."""
+    found = [s for s in _stale(folder) if _unpublished_run(folder, s) and not _in_use(s)]
+    return [(s, s.name[len(STAGING):].rpartition("-")[0]) for s in sorted(found)]
+
+
+def _stale(folder: Path) -> list[Path]:
+    return [s for s in folder.glob(f"{STAGING}*") if owners.gone(s.name[len(STAGING):].rpartition("-")[0])]
+
+
+def _unpublished_run(folder: Path, staging: Path) -> bool:
+    """A run's plan and a begun MLPerf log, and no record of it placed in the folder (a placed one was finished
+    by _finish_publishing)."""
+    with contextlib.suppress(OSError):
+        if not (staging / "plan.json").is_file() or (staging / "mlperf.log").stat().st_size == 0:
+            return False
+        for staged in staging.glob("result_*.json"):
+            with contextlib.suppress(OSError):
+                if (folder / staged.name).samefile(staged):
+                    return False
+        return True
+    return False
+
+
+def _in_use(staging: Path) -> bool:
+    """Whether a live process (of those this one may see) holds a file open inside `staging`."""
+    inside = f"{staging.resolve()}/"
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith(inside):
+                return True
+    return False
 
 
 def _taken(folder: Path, i: int) -> bool:

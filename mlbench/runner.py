@@ -257,7 +257,7 @@ class RunSet:
                 results.discard(staging)
                 raise results.PublishError(f"run not published: {outcome.log_error}")
             ttt = time_to_train(plan.log_path)
-            verdict = _verdict(plan.log_path, bench)
+            verdict = compliance_verdict(plan.log_path, bench)
             rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info, opts.device)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
@@ -273,7 +273,7 @@ class RunSet:
         return result
 
 
-def _verdict(log: Path, bench: Benchmark) -> compliance.Verdict:
+def compliance_verdict(log: Path, bench: Benchmark) -> compliance.Verdict:
     smoke = bench.variant == "tiny"
     try:
         return compliance.check(log, bench.mlperf.ruleset, smoke=smoke)

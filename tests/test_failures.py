@@ -198,21 +198,33 @@ def test_killed_launcher_aborts_the_run_and_leaves_no_rank(tmp_path: Path) -> No
 
 
 def test_kill_9_of_mlbench_takes_the_run_with_it(tmp_path: Path) -> None:
-    """kill -9 of `mlbench run`: the agent and the ranks stop (they trained on, unsupervised, before),
-    nothing is published, and the next run in the folder removes the dead run's staging folder."""
+    """kill -9 of `mlbench run`: the agent and the ranks stop (they trained on, unsupervised, before), nothing is
+    published by them, and the next mlbench command in the folder publishes the dead run as aborted (before, it
+    removed its staging folder, and the run went unrecorded), its log closed as rank 0 closes an aborted one."""
     proc = _start(tmp_path)
     _wait_for_steps(tmp_path, 3)
     assert len(_run_pids(tmp_path)) == 3  # the agent and two ranks
+    pid = proc.pid
     proc.kill()
     proc.communicate(timeout=30)
     _wait_gone(tmp_path)
     folder = result_dir(tmp_path, "gpt3")
     (stale,) = folder.glob(".staging-*")
     assert not list(folder.glob("result_*"))
+    with open(stale / "mlperf.log", "a") as f:
+        f.write(':::MLLOG {"namespace": "", "time_ms": 17')  # a line the kill cut short
     nxt = subprocess.run([*MLBENCH, "run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system",
                           "ci"], capture_output=True, text=True, timeout=120)
     assert nxt.returncode == 0, nxt.stdout + nxt.stderr
+    assert "published a run whose mlbench process had died as aborted" in nxt.stdout, nxt.stdout
     assert not stale.exists()
+    record = _assert_aborted(tmp_path, proc, f"mlbench (pid {pid}) died before the run ended")
+    assert record["exit_code"] is None and record["seed"] == 3 and record["steps"], record
+    # judged by the checker: not compliant for the evaluation it never reached, its run_stop and lines accepted
+    messages = record["compliance"]["messages"]
+    assert any("eval_accuracy" in m for m in messages), messages
+    assert not any(k in m for m in messages for k in ("run_stop", "train_samples", "line")), messages
+    assert (folder / "logs" / "result_0").is_dir()  # its rank logs kept, as any aborted run's
 
 
 def test_sys_executable_is_used() -> None:

@@ -250,6 +250,30 @@ def test_staging_folders_of_dead_runs_on_this_host_are_removed(tmp_path: Path) -
     assert live.is_dir() and elsewhere.is_dir() and unrelated.is_dir()
 
 
+def test_a_dead_runs_unpublished_run_is_kept_for_publishing_once_nothing_holds_it(tmp_path: Path) -> None:
+    """A dead owner's staging folder that holds a run (its plan and a begun log) is not removed: it is listed for
+    publishing as aborted (mlbench.dead_runs; the whole path in test_failures.py), but only once no live process
+    holds a file in it (its ranks, a moment after their supervisor died). One with an empty log is removed."""
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+
+    def dead_owner_stages() -> Path:
+        dead = subprocess.Popen([sys.executable, "-c", "from pathlib import Path; from mlbench import results; "
+                                 f"print(results.stage(Path({str(folder)!r})))"], stdout=subprocess.PIPE, text=True)
+        return Path(dead.communicate()[0].strip())
+
+    run, empty = dead_owner_stages(), dead_owner_stages()
+    for staging, log in ((run, LOG), (empty, "")):
+        (staging / "plan.json").write_text("{}\n")
+        (staging / "mlperf.log").write_text(log)
+    with open(run / "mlperf.log"):  # a rank still writing
+        assert results.remove_stale(folder) == [empty]
+        assert results.dead_runs(folder) == []
+    assert run.is_dir() and not empty.exists()
+    ((listed, owner),) = results.dead_runs(folder)
+    assert listed == run and run.name.startswith(f"{results.STAGING}{owner}-")
+
+
 def test_a_full_disk_before_launch_refuses_the_run(small_disk: Path) -> None:
     _fill(small_disk, 0)
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(small_disk), "--system", "ci")

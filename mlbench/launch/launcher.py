@@ -40,10 +40,11 @@ def choose(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: Slurm
 def start(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: SlurmOptions | None, console: Console,
           dry_run: bool) -> int:
     """Runs (or, with `dry_run`, describes) the set of runs; returns the exit code."""
-    from mlbench import results
+    from mlbench import dead_runs, results
 
     launcher = choose(bench, layout, opts, slurm_opts, console, dry_run)
     with results.result_folder(opts.results, opts.system, bench.name) as folder:
+        dead_runs.publish(folder, console)  # what a killed mlbench left, before this run takes an index
         launcher.prepare(folder)
         launcher.start()
         launcher.supervise()
