@@ -213,6 +213,9 @@ class _Stuck:
     def explain(self, error: str) -> str:
         return ""
 
+    def node0(self) -> tuple[str, int] | None:
+        return None
+
 
 def test_a_rendezvous_that_never_forms_ends_at_its_deadline(tmp_path: Path) -> None:
     """torch's timeouts do not cover a client that connected to a program which answers nothing: node 1 waited for
@@ -240,7 +243,7 @@ def test_a_checker_that_cannot_run_gives_a_failed_verdict_saying_why(tmp_path: P
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(compliance, "check", no_space)
-    verdict = runner._verdict(tmp_path / "mlperf.log", registry.load("gpt3", tiny=True))
+    verdict = runner.compliance_verdict(tmp_path / "mlperf.log", registry.load("gpt3", tiny=True))
     assert not verdict.ok and verdict.messages == ["the compliance checker could not run: No space left on device"]
 
 
@@ -523,3 +526,37 @@ def test_the_start_up_limit_counts_from_the_ranks_start_not_the_rendezvous(tmp_p
     outcome = supervise(stuck, log_path=tmp_path / "mlperf2.log", events_path=tmp_path / "events2.jsonl",
                         poll_s=0.05, init_timeout=1.0)
     assert outcome.reason == "hang: no training step within 1 s of start"  # from the ranks' start, still judged
+
+
+def _until(check, timeout: float = 5.0) -> float:
+    """Seconds until CHECK() is true (AssertionError after TIMEOUT)."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, "not within the time"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_node_0s_watch_says_at_once_when_its_rendezvous_is_gone(tmp_path: Path) -> None:
+    """lifeline.NodeWatch, as another node's supervisor holds it, on a stand-in for node 0's store (a listening
+    socket): quiet while it answers, also when it drops the watch's connection and still listens; once nothing
+    listens, the reason within a second."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    watch = lifeline.NodeWatch("127.0.0.1", port)
+    try:
+        held, _ = server.accept()
+        held.close()  # the store dropped this client: it is still there
+        again, _ = server.accept()  # the watch connected again
+        time.sleep(0.3)
+        assert watch.lost() == ""
+        server.close()
+        again.close()  # node 0's processes are gone: the kernel closes both
+        assert _until(watch.lost) < 1.5
+        assert watch.lost() == (f"node 0 died or ended its run: its rendezvous at 127.0.0.1:{port} closed, and refuses "
+                                f"connections; see node 0's record")
+    finally:
+        watch.close()
+        server.close()

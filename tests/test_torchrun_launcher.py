@@ -131,6 +131,38 @@ def test_a_rank_of_node_0_that_dies_at_start_is_named_in_the_published_record(tm
     assert f"reason: {reason}\n  rank logs in {folder / 'logs' / 'result_0'}\n" in out, out
 
 
+def _staged(root: Path, what: str) -> bool:
+    """Whether the run in progress under ROOT has started its ranks (`ranks`) or logged a step (`step`)."""
+    if what == "ranks":
+        return any(root.glob("ci/gpt3/.staging-*/ranks/*/attempt_0"))
+    return any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl"))
+
+
+@pytest.mark.parametrize("when", ["ranks", "step"], ids=["as-node-1s-ranks-start", "mid-run"])
+def test_node_1_ends_within_seconds_of_node_0s_death_saying_so(tmp_path: Path, when: str) -> None:
+    """kill -9 of node 0's `mlbench run` (its torchrun and ranks die with it). As node 1's ranks started, node 1
+    learned it from a store client's connection retries: 40 to 77 s, then "node 0 ended before node 1's ranks
+    started"; mid-run from gloo within a second, saying "Connection closed by peer [127.0.0.1]:<port>". Node 1 now
+    watches node 0's rendezvous store (lifeline.NodeWatch), and ends within seconds saying node 0 died."""
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    node0 = _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60")
+    node1 = _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60")
+    try:
+        deadline = time.monotonic() + 120
+        while not _staged(tmp_path / ("node1" if when == "ranks" else "node0"), when):
+            assert time.monotonic() < deadline and node0.poll() is None and node1.poll() is None, f"no {when} yet"
+            time.sleep(0.05)
+        node0.kill()
+        killed = time.monotonic()
+        out = node1.communicate(timeout=120)[0]
+        took = time.monotonic() - killed
+    finally:
+        _ends({"node0": node0, "node1": node1}, timeout=30)
+    assert node1.returncode == 1 and took < 15, (took, out)
+    assert (f"node 1: node 0 died or ended its run: its rendezvous at {endpoint} closed, and refuses connections; "
+            f"see node 0's record; rank logs in") in out, out
+
+
 @contextlib.contextmanager
 def _other_host() -> Iterator[tuple[list[str], str]]:
     """Another host for one node: a network namespace of its own (held by a process in `unshare --net`), joined to
@@ -238,3 +270,40 @@ def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Pa
                                                    "1 (1 nodes x 1): give every node the same layout flags")
     assert said["rank0"]["metadata"]["reason"].startswith("RuntimeError: 1 rank(s) were started with another layout")
     assert "run aborted: RuntimeError: 1 rank(s) were started with another layout" in outs["rank1"]
+
+
+def test_node_0s_host_that_stops_answering_is_noticed_within_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0's host cut off (its link down, in a network namespace): no connection closes, and another node's
+    ranks waited out gloo's 120 s timeout. The watch another node's supervisor holds on node 0's rendezvous
+    (lifeline.NodeWatch) says so once TCP's keepalive fails: 8 s as run, 3 s as set here."""
+    import re
+    import sys
+
+    from mlbench.launch import lifeline
+
+    monkeypatch.setattr(lifeline.NodeWatch, "keepalive", (1, 1, 2))
+    with _other_host() as (ns, _):
+        links = subprocess.run([*ns, "ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True,
+                               text=True).stdout
+        dev, there = re.search(r"^\d+: (\S+)\s+inet ([\d.]+)/", links, re.M).groups()
+        store = subprocess.Popen([*ns, sys.executable, "-c", "import socket, time; s = socket.create_server(("
+                                  "'0.0.0.0', 0)); print(s.getsockname()[1], flush=True); s.accept(); time.sleep(60)"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(store.stdout.readline())
+            watch = lifeline.NodeWatch(there, port)
+            time.sleep(0.5)
+            assert watch.lost() == ""
+            subprocess.run([*ns, "ip", "link", "set", dev, "down"], check=True)
+            cut = time.monotonic()
+            while not watch.lost():
+                assert time.monotonic() - cut < 20, "not noticed"
+                time.sleep(0.05)
+            assert time.monotonic() - cut < 6
+            # keepalive's ETIMEDOUT, or no route to the host as the connection is tried again
+            assert re.fullmatch(rf"node 0 stopped answering: its rendezvous at {there}:{port} (has not answered for 3 "
+                                rf"s \(its host down or cut off\)|did not answer \(No route to host\)); see node 0's "
+                                rf"record", watch.lost()), watch.lost()
+        finally:
+            store.kill()
+            store.wait()

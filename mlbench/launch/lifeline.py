@@ -5,15 +5,22 @@
   re-parented to it, so it can still find, stop and reap them.
 - Every rank arms its own parent-death signal first thing (`install_pdeathsig`), and the training loop
   checks `parent_alive()` each step: a rank whose launcher is gone stops without writing anything more.
+- A node other than node 0 (the torchrun launcher) watches node 0 (`NodeWatch`), whose supervisor publishes the
+  run: its run ends within seconds of node 0's, saying so.
 The signals are Linux's (prctl); elsewhere only the check in the loop applies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import os
 import signal
+import socket
 import sys
+import threading
+import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -66,3 +73,78 @@ def consequent(code: int) -> bool:
 def become_subreaper() -> bool:
     """Orphaned descendants are re-parented to this process instead of init; returns whether that holds."""
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+ANSWER_S = 10.0  # for node 0's rendezvous to accept a connection (it did moments before, when the nodes met)
+CHECK_S = 2.0  # the same, looked at once more as this node's run ends
+
+
+class NodeWatch:
+    """Node 0's lifeline for another node's supervisor: a connection held to the rendezvous store node 0's torchrun
+    serves for the whole run. When node 0's processes die, its kernel closes the connection at once, and a fresh
+    one is refused (nothing listens any more); when its host stops answering, TCP's keepalive fails (8 s). Without
+    it another node learned of node 0's death from its own ranks alone: while they started, from a store client's
+    connection retries (about 53 s), and from gloo's timeout (120 s) for a host that stops answering. Watched from
+    a thread; `lost()` says why node 0 is gone, "" while it answers."""
+
+    keepalive = (2, 2, 3)  # TCP keepalive: idle seconds, seconds between probes, probes unanswered: the host gone
+
+    def __init__(self, host: str, port: int):
+        self.endpoint, self._addr = f"{host}:{port}", (host.strip("[]"), port)
+        self._lost = ""
+        self._sock: socket.socket | None = None
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="node-0-watch", daemon=True).start()
+
+    def lost(self) -> str:
+        return self._lost
+
+    def check(self) -> str:
+        """`lost()`, or else whether node 0 answers now, tried once: this node's ranks may end (their peers gone)
+        before the watch has told."""
+        if not self._lost and (sock := self._connect(CHECK_S)):
+            sock.close()
+        return self._lost
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread from its recv
+
+    def _connect(self, timeout: float) -> socket.socket | None:
+        """A connection to node 0's rendezvous; None, saying why node 0 is gone, where there is none."""
+        try:
+            return socket.create_connection(self._addr, timeout=timeout)
+        except ConnectionRefusedError:
+            how = f"died or ended its run: its rendezvous at {self.endpoint} closed, and refuses connections"
+        except OSError as e:  # no answer within the time, no route to its host
+            how = f"stopped answering: its rendezvous at {self.endpoint} did not answer ({e.strerror or e})"
+        self._lost = self._lost or f"node 0 {how}; see node 0's record"
+        return None
+
+    def _watch(self) -> None:
+        while not self._closed.is_set() and not self._lost:
+            held = time.monotonic()
+            sock = self._connect(ANSWER_S)
+            if sock is None:
+                return
+            with sock:
+                self._sock = sock
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), self.keepalive, strict=True):
+                    if hasattr(socket, option):  # Linux's; elsewhere the system's own keepalive timing
+                        sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+                sock.settimeout(None)
+                try:
+                    sock.recv(1)  # the store says nothing unasked: this returns when the connection ends
+                except OSError as e:
+                    if e.errno == errno.ETIMEDOUT and not self._closed.is_set():  # keepalive probes unanswered
+                        idle, interval, probes = self.keepalive
+                        self._lost = (f"node 0 stopped answering: its rendezvous at {self.endpoint} has not answered "
+                                      f"for {idle + interval * probes} s (its host down or cut off); see node 0's "
+                                      f"record")
+                        return
+            # the connection ended: connecting again tells whether node 0 is gone (a dying node 0 may still take
+            # a connection as it closes: reset then), at most 5 times a second
+            self._closed.wait(max(0.0, held + 0.2 - time.monotonic()))

@@ -55,6 +55,9 @@ class JobRendezvous:
     def explain(self, error: str) -> str:
         return ""  # torch's own words (with the launcher's exit code) name what failed; no flag of the user's to give
 
+    def node0(self) -> tuple[str, int] | None:
+        return None  # the driver supervises from node 0 itself
+
 
 def rank_failure(output: str, ranks_dir: Path, nproc_per_node: int) -> str:
     """Which rank's failure ended the job's run, how, and where its output is, from every node's torchrun (srun

@@ -9,6 +9,8 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
   ranks' start: a rendezvous has a deadline of its own) and while a checkpoint is saved after run_stop, for
   `init_timeout` seconds;
 - a launcher that meets other nodes first (torchrun's rendezvous) has started no rank by its deadline;
+- on a node other than node 0, node 0 is gone (lifeline.NodeWatch) and this node's ranks have not ended by
+  themselves within LOST_GRACE_S (while they start, they would wait about 53 s to learn it);
 - it receives SIGTERM, SIGINT, SIGQUIT or SIGHUP (a user: Ctrl-C, Ctrl-\\; SLURM preemption; the terminal
   closing: an SSH session that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM:
   `--signal=USR1@60` in a job).
@@ -38,6 +40,9 @@ from mlbench.mlperf_log import finalize_aborted
 from mlbench.run_plan import RunPlan, stop_reason_path
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
+# From node 0's loss to this node's stopping its ranks, if they are still running: a run that ended well on both
+# nodes sees node 0's store close as its torchrun exits, and node 1's ranks that lost their peers end by themselves
+LOST_GRACE_S = 2.0
 # What stops a run cleanly (logged aborted with the signal's name, published): every signal whose default is to
 # end the process and that a process may catch. Left to its default, one would kill the supervisor alone: its
 # ranks die with it (lifeline), but the run is left unlogged in its staging folder (SIGQUIT, Ctrl-\, did: its
@@ -71,6 +76,10 @@ class Rendezvous(Protocol):
 
     def explain(self, error: str) -> str:
         """Plain words for the launcher's own last error line (torch's raw rendezvous message); "" if not one."""
+
+    def node0(self) -> tuple[str, int] | None:
+        """Where node 0 answers for the whole run (its rendezvous store), watched by another node once its ranks
+        have started (lifeline.NodeWatch); None on node 0 itself."""
 
 
 @dataclass
@@ -138,13 +147,13 @@ def _signal_tree(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _stop_tree(proc: subprocess.Popen) -> None:
+def _stop_tree(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     """SIGTERM the launcher and every rank; SIGKILL whatever is left after the grace period."""
     tree = [proc.pid, *_descendants(proc.pid)]
     _signal_tree(tree, signal.SIGTERM)
     _signal_tree(tree, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(GRACE_S)
+        proc.wait(grace_s)
     _signal_tree(tree + _descendants(proc.pid), signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + GRACE_S
@@ -193,8 +202,8 @@ def _start(cmd: Command) -> subprocess.Popen:
 
 def _exit_reason(cmd: Command, code: int, output: bool = True, otherwise: str = "") -> str:
     """Why the command ended with CODE, from its own output where `output` (which rank failed, the launcher's own
-    failure), else from the code alone; OTHERWISE (rank 0's words for a failure not its own) where the output
-    names no rank that failed of itself."""
+    failure), else from the code alone; OTHERWISE (node 0 gone, or rank 0's words for a failure not its own) where
+    the output names no rank that failed of itself."""
     what = cmd.what
     if code < 0:  # killed by a signal (the OOM killer, kill -9)
         return f"{what} {local_ranks.describe(code)} (see the rank logs)"
@@ -286,6 +295,9 @@ def supervise(
     reason = ""
     last_progress = started = time.monotonic()
     formed = cmd.rendezvous is None
+    watch: lifeline.NodeWatch | None = None
+    lost_at = 0.0  # when the watch found node 0 gone
+    grace_s = GRACE_S  # between SIGTERM and SIGKILL when the supervisor stops the run
     # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
     # closed); from then on, no progress for hang_timeout seconds is a hang.
     stepping = saving = False
@@ -304,9 +316,17 @@ def supervise(
                 # the start-up limit counts from the ranks' start: waiting for nodes is --rdzv-timeout's to judge
                 # (up to a week), and a wait over 1800 s stopped node 0 as a hang while nodes could still come
                 formed, last_progress = True, time.monotonic()
+                if node0 := cmd.rendezvous.node0():
+                    watch = lifeline.NodeWatch(*node0)
+            if watch and not lost_at and watch.lost():
+                lost_at = time.monotonic()
             idle = time.monotonic() - last_progress
             if received and not reason:
                 reason = f"received {received[0]}"
+            elif lost_at and time.monotonic() - lost_at > LOST_GRACE_S and _descendants(proc.pid) and not reason:
+                # this node's ranks still run (or start) without node 0: a rank blocked in a store client's
+                # connection retries takes no SIGTERM, and nothing of this node's is published, so no long grace
+                reason, grace_s = watch.lost(), LOST_GRACE_S
             elif not formed and time.monotonic() - started > cmd.rendezvous.deadline_s and not reason:
                 # torch's own timeouts end a rendezvous that fails; this one for a launcher stuck in it (its
                 # client connected to another program's port, which answers nothing)
@@ -319,18 +339,22 @@ def supervise(
                 reason = f"hang: no training step within {init_timeout:g} s of start"
             if reason:
                 _tell_ranks(events_path, reason)
-                _stop_tree(proc)
+                _stop_tree(proc, grace_s)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if proc.poll() is None:
             _stop_tree(proc)
         _stop_orphans(proc.pid, before)
+    lost = ""
+    if watch:
+        lost = watch.check() if proc.returncode != 0 else ""  # node 0 gone, whether or not the watch has told yet
+        watch.close()
     new = tail.poll()
     if new and on_events:
         on_events(new)
     return _judge(cmd, proc.returncode, tail.events, reason or (f"received {received[0]}" if received else ""),
-                  received[0] if received else "", _LogEnd(log_path, plan, owns_log))
+                  received[0] if received else "", _LogEnd(log_path, plan, owns_log), lost)
 
 
 @dataclass
@@ -345,19 +369,20 @@ class _LogEnd:
         return _complete_log(self.path, reason, self.plan, self.owns)
 
 
-def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal: str, log: _LogEnd) -> Outcome:
+def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal: str, log: _LogEnd,
+           lost: str = "") -> Outcome:
     """How the run ended, from the command's exit code, rank 0's events and what the supervisor did (REASON,
-    STOP_SIGNAL); the log is completed on the way."""
+    STOP_SIGNAL) or saw (LOST: node 0 gone, on another node); the log is completed on the way."""
     saving = any(e.get("event") == "checkpoint_saving" for e in events)
     last = next((e for e in reversed(events) if e.get("event") == "stopped"), None)
     # Why it ended, most specific first: what the supervisor did, what rank 0 said of its own failure, the rank
-    # the launcher saw fail first (of itself), what rank 0 said of a failure not its own (a SIGTERM with no
-    # reason, a peer lost: the launcher stopping it for another rank's failure), the launcher's exit code.
+    # the launcher saw fail first (of itself), node 0 gone, what rank 0 said of a failure not its own (a SIGTERM
+    # with no reason, a peer lost: the launcher stopping it for another rank's failure), the launcher's exit code.
     consequent = last is not None and last.get("consequent", False)
     if not reason and last is not None and not consequent:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = _exit_reason(cmd, code, otherwise=last.get("reason", "") if consequent else "")
+        reason = _exit_reason(cmd, code, otherwise=lost or (last.get("reason", "") if consequent else ""))
     log_error = log.complete(reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):

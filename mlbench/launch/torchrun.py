@@ -154,6 +154,9 @@ class Rendezvous:
     def _port(self) -> str:
         return self.endpoint.rpartition(":")[2]
 
+    def node0(self) -> tuple[str, int] | None:
+        return None if self.node_rank == 0 else (self.endpoint.rpartition(":")[0], int(self._port()))
+
     def not_formed(self) -> str:
         return (f"the rendezvous at {self.endpoint} did not form within {self.deadline_s:g} s: node "
                 f"{self.node_rank}'s torchrun neither joined it nor failed (a program other than node 0's torchrun "

@@ -32,8 +32,9 @@ class Aborted(Exception):
         self.consequent = consequent  # stopped because another process failed first (see _consequent)
 
 
-# A collective or store whose peer's connection dropped (gloo's words): that peer, or its node, ended first
-_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe")
+# A collective or store whose peer is gone (gloo's and torch's store's words): that peer, or its node, ended first
+_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|Connection refused|Broken pipe|Connection was likely "
+                        r"closed")
 
 
 def _consequent(e: BaseException) -> bool:
