@@ -98,16 +98,20 @@ def _assert_aborted(tmp_path: Path, proc: subprocess.Popen, reason_part: str) ->
 
 
 def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
+    """A rank killed (the OOM killer) mid-run is the run's reason, not rank 0's SIGTERM that followed from mlbench's
+    agent ("Aborted: signal SIGTERM" before), whichever rank it is (test_rank_failures.py: the same at torchrun)."""
     proc = _start(tmp_path)
     _wait_for_steps(tmp_path, 5)
     pids = _worker_pids(tmp_path)
     assert len(pids) == 2
+    environ = Path(f"/proc/{pids[-1]}/environ").read_bytes().split(b"\0")
+    rank = next(v.split(b"=")[1].decode() for v in environ if v.startswith(b"RANK="))
     killed = time.monotonic()
     os.kill(pids[-1], signal.SIGKILL)
     out = _communicate_or_explain(proc, tmp_path, 60)
     elapsed = time.monotonic() - killed
     assert elapsed < 30, f"took {elapsed:.1f} s to notice and stop"
-    _assert_aborted(tmp_path, proc, "")
+    _assert_aborted(tmp_path, proc, f"rank {rank} killed by SIGKILL (see the rank logs: local/attempt_0/{rank})")
     assert "target NOT reached" in out
     assert_no_markup(out)
 
