@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mlbench import logfile
@@ -97,7 +98,7 @@ def _both(path: Path, monkeypatch) -> tuple[tuple, tuple, int]:
         monkeypatch.setattr(logfile, "_BATCHES", on)
         r = read_log(path)
         runs.append(({f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "tracked"},
-                     r.tracked.rows.tobytes()))
+                     np.stack(r.tracked.columns()).tobytes()))
     return runs[0], runs[1], sum(batched)
 
 

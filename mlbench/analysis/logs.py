@@ -208,10 +208,10 @@ class _Pass:
         reads field by field, naming a bad field."""
         fields = _step_fields(record)
         if not fields:
-            return False
+            return fields is not None  # (): no step time, which `tracked` passes over too
         for x in fields:  # finite: an int or a float (not bool: a number to Python only)
             if type(x) is float:
-                if x - x != 0.0 and x is not _NAN:  # _NAN: tokens_per_s or tflops_per_device not logged
+                if x - x != 0.0 and x is not _NAN:  # _NAN: step, tokens_per_s or tflops_per_device not logged
                     return False
             elif type(x) is not int or not -_BIG < x < _BIG:
                 return False
@@ -281,14 +281,21 @@ _NAN = math.nan
 _BIG = 2.0**1023  # an int beyond this cannot become a float
 
 
-def _step_fields(record: dict) -> tuple:
-    """A per-step record's row as logged: step, seconds, time_ms, tokens_per_s, tflops (NaN: not logged); ()
-    where value or metadata is not an object."""
-    v, md = record.get("value"), record.get("metadata")
-    if type(v) is not dict or type(md) is not dict:
+def _step_fields(record: dict) -> tuple | None:
+    """A per-step record's row as `tracked` reads it: step, seconds, time_ms, tokens_per_s, tflops (NaN: not
+    logged); () where it holds no step time (`tracked` passes it over), None where its metadata is no object."""
+    v = record.get("value")
+    if type(v) is not dict or (name := next((n for n in st.STEP_TIME_KEYS if n in v), None)) is None:
         return ()
-    return (md.get("step"), v.get("train_step_time"), record.get("time_ms"), v.get("tokens_per_s", _NAN),
+    if type(md := _metadata(record)) is not dict:
+        return None
+    return (md.get("step", _NAN), v[name], record.get("time_ms"), v.get("tokens_per_s", _NAN),
             v.get("tflops_per_device", _NAN))
+
+
+def _metadata(record: dict) -> object:
+    md = record.get("metadata")
+    return {} if md is None else md  # (as an Event holds it)
 
 
 # Milliseconds since the epoch before the year 5138: no clock logs more (mlperf_logging's is time.time() x 1000,

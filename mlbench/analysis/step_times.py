@@ -50,30 +50,47 @@ class StepTimes:
     source: str  # "tracked_stats", "blocks" or "none"
     note: str = ""
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    tokens_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, where logged
-    tflops_per_device: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tflops_per_device: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, where logged
 
     def stats(self) -> dict[str, float | None]:
         return step_stats(self.seconds)
 
 
+# The fields of a tracked record as read, in this order (`Tracked.add`, a row of `add_rows`); those kept
+ROW = ("step", "seconds", "time_ms", "tokens_per_s", "tflops")
+_KEPT = (0, 1, 2, 4)  # tokens_per_s is checked as it is read (not negative), but no figure uses it per step
+
+
 @dataclass
 class Tracked:
-    """The tracked_stats records of a log as read, in one compact array (8 bytes a number; NaN where absent):
-    a record is 5 numbers, step, seconds, time_ms, tokens_per_s, tflops (one append a record, not five)."""
+    """The tracked_stats records of a log as read: a compact array (8 bytes a number; NaN where absent) per field
+    kept (step, seconds, time_ms, tflops), so that a field is read as one contiguous array."""
 
-    rows: array = field(default_factory=lambda: array("d"))
+    step: array = field(default_factory=lambda: array("d"))
+    seconds: array = field(default_factory=lambda: array("d"))
+    time_ms: array = field(default_factory=lambda: array("d"))
+    tflops: array = field(default_factory=lambda: array("d"))
 
     def add(self, step: float, seconds: float, time_ms: float, tokens_per_s: float, tflops: float) -> None:
-        self.rows.extend((step, seconds, time_ms, tokens_per_s, tflops))
+        self.step.append(step)
+        self.seconds.append(seconds)
+        self.time_ms.append(time_ms)
+        self.tflops.append(tflops)
 
     def add_rows(self, rows: np.ndarray) -> None:
-        """Records read in a batch (`LogReader.take`): an array of rows of those 5 numbers, float64."""
-        self.rows.frombytes(rows.tobytes())
+        """Records read in a batch (`LogReader.take`): an array of rows of the 5 numbers of `ROW`, float64."""
+        for a, c in zip(self._arrays(), _KEPT, strict=True):
+            a.frombytes(np.ascontiguousarray(rows[:, c]).view(np.uint8))  # (a batch: a column after another)
 
-    def columns(self) -> np.ndarray:
-        """The records as 5 rows (step, seconds, time_ms, tokens_per_s, tflops) of one number a record."""
-        return np.frombuffer(self.rows, np.float64).reshape(-1, 5).T if self.rows else np.zeros((5, 0))
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """step, seconds, time_ms, tflops: one number a record each (views: read once the log is read)."""
+        return tuple(np.frombuffer(a, np.float64) if a else np.zeros(0) for a in self._arrays())
+
+    def _arrays(self) -> tuple[array, array, array, array]:
+        return self.step, self.seconds, self.time_ms, self.tflops
+
+    def __len__(self) -> int:
+        return len(self.seconds)
 
 
 @dataclass
@@ -87,8 +104,9 @@ class Block:
 @np.errstate(all="ignore")  # absurd but finite logged numbers overflow to inf here, and are shown as such
 def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs: int | None,
                  seq: int | None) -> StepTimes | None:
-    """Per-step times from tracked_stats records inside the timed region (run_start..run_stop)."""
-    step, secs, times, tps, tfl = t.columns()
+    """Per-step times from tracked_stats records inside the timed region (run_start..run_stop). (Arrays of one
+    number a record are made one or two at a time, each dropped when done: a big log's are tens of MB.)"""
+    step, secs, times, tfl = t.columns()
     keep = np.ones(len(secs), dtype=bool)
     if start_ms is not None:
         keep &= times >= start_ms  # warm-up steps before run_start are not part of the timed run
@@ -96,49 +114,70 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
         keep &= times <= stop_ms
     # NVIDIA also logs a per-block summary (mean step time, throughput) with step 0: a step counter that goes
     # backwards marks such a summary, not a step.
-    # (a record is dropped where its step is not above every finite step before it; a step not logged stays)
-    at = np.flatnonzero(keep)
-    s = step[at]
-    finite = np.isfinite(s)
-    before = np.maximum.accumulate(np.where(finite, s, -np.inf))
-    keep[at[1:][finite[1:] & (s[1:] <= before[:-1])]] = False
+    # (a record is dropped where its step is not above every finite step before it; a step not logged stays: NaN
+    # is passed over by fmax and compares false)
+    every = keep.all()
+    s = step if every else step[keep]
+    later = np.ones(len(s), dtype=bool)
+    later[1:] = ~(s[1:] <= np.fmax.accumulate(s)[:-1])
+    if every:
+        keep = later
+    else:
+        keep[keep] = later
+    del s, later
     # NVIDIA v5.1 logs block summaries without a step: where steps are logged, keep only those records.
-    if np.isfinite(step[keep]).any():
+    if (np.isfinite(step) & keep).any():
         keep &= np.isfinite(step)
     if not keep.any():
         return None
-    steps, secs, times = step[keep], secs[keep].copy(), times[keep]
+    keep = slice(None) if keep.all() else keep  # (all: the columns themselves, not copies)
+    steps = step[keep]
     # What does metadata.step count? NVIDIA v5.0 llama: samples; NVIDIA gpt3: tokens; ours and NVIDIA
     # v5.1: optimizer steps. Decide from the increments between records.
     unit, per = "steps", 1.0
     seq = seq or 1
     if len(steps) > 1 and np.all(np.isfinite(steps)):
         inc = np.diff(steps)
-        inc = inc[inc > 0]
+        if not (up := inc > 0).all():
+            inc = inc[up]
         if len(inc) and gbs and gbs > 1:
-            d = float(np.median(inc))
-            if np.allclose(inc % (gbs * seq), 0) and d >= gbs * seq and seq > 1:
+            d = float(np.median(inc, overwrite_input=True))  # (INC's order is no matter below)
+            if _divides(inc, gbs * seq) and d >= gbs * seq and seq > 1:
                 unit, per = "tokens", float(gbs * seq)
-            elif np.allclose(inc % gbs, 0) and d >= gbs:
+            elif _divides(inc, gbs) and d >= gbs:
                 unit, per = "samples", float(gbs)
-    idx = steps / per
+        del inc
+    idx = steps / per if per != 1.0 else steps
     note = f"tracked_stats; metadata step counts {unit}"
+    secs = secs[keep]
     # Does one record's time cover one step or all the steps since the previous record? Compare with the
     # wall-clock gap between records.
     if len(idx) > 2:
         k = np.diff(idx)
-        gap = np.diff(times) / 1000
         multi = k > 1.5
         if multi.any():
+            gap = np.diff(times[keep]) / 1000
             ratio = np.median(gap[multi] / secs[1:][multi])
             kk = np.median(k[multi])
             if abs(ratio - 1) < abs(ratio - kk):  # the time covers the whole interval
+                secs = secs.copy()
                 secs[1:][multi] = secs[1:][multi] / k[multi]
                 note += f"; each record covers {kk:g} steps, divided"
             else:
                 note += f"; logged every {kk:g} steps, times are per step"
-    tps, tfl = tps[keep], tfl[keep]
-    return StepTimes(secs, "tracked_stats", note, idx, tps[np.isfinite(tps)], tfl[np.isfinite(tfl)])
+        del k, multi
+    tfl = tfl[keep]
+    logged = np.isfinite(tfl)
+    return StepTimes(secs, "tracked_stats", note, idx, tfl if logged.all() else tfl[logged])
+
+
+def _divides(values: np.ndarray, by: int, chunk: int = 1 << 16) -> bool:
+    """np.allclose(values % BY, 0) (values finite), a CHUNK of VALUES at a time: not several arrays their size."""
+    for at in range(0, len(values), chunk):
+        rest = np.abs(np.remainder(values[at:at + chunk], by))
+        if not (rest <= 1e-08).all():
+            return False
+    return True
 
 
 def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
