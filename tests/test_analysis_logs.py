@@ -206,3 +206,35 @@ def test_a_stray_log_in_a_folder_of_our_runs_is_left_out_with_a_note(tmp_path):
     for i in range(3):
         (d / f"result_{i}.json").unlink()
     assert len(find_sets(d)[0].files) == 4  # no records: a published folder, every log read
+
+
+@pytest.mark.parametrize(("text", "wrong"), [
+    ('{"devices": 8, "variant": "ti', "is not JSON (Unterminated string starting at: line 1 column 27 (char 26))"),
+    ("", "is not JSON (Expecting value: line 1 column 1 (char 0))"),
+    (b'{"variant": "\xc3("}', "is not JSON ('utf-8' codec can't decode byte 0xc3 in position 13: invalid "
+                             "continuation byte)"),
+    ('[{"devices": 8, "variant": "tiny"}]', 'is not a run record (a JSON object) but [{"devices": 8, "variant": '
+                                            '"tiny"}]'),
+    ('{"devices": 8, "variant": 5}', "has variant 5, not a name"),
+], ids=["cut short", "empty", "bad unicode", "a list", "variant a number"])
+def test_a_garbled_run_record_is_said_so_not_read_as_absent(tmp_path, text, wrong):
+    """A run record that is a regular file but garbled was read as no record at all, silently: beside tiny runs,
+    its log was scored as a run of unknown kind (judged by the closed rules, the set no longer tiny). It is left out
+    as an unreadable one is, saying what is wrong; where no record of the folder can be read, the logs are read as
+    published ones, each garbled record named."""
+    d = _our_set(tmp_path, "sysA", 8, 1.0, 16, n=4)
+    for i in range(4):
+        (d / f"result_{i}.json").write_text(json.dumps({"devices": 8, "variant": "tiny"}))
+    bad = d / "result_3.json"
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode())
+    note = f"result_3.txt: left out: its run record result_3.json {wrong}, so it cannot be told what run it is"
+    rs = find_sets(d)[0]
+    assert [f.name for f in rs.files] == ["result_0.txt", "result_1.txt", "result_2.txt"] and rs.smoke
+    assert rs.left_out == [note]
+    res = CliRunner().invoke(score_cmd, [str(d), "--json"])
+    assert res.exit_code == 0 and note in json.loads(res.output)[0]["notes"], res.output
+    for i in range(3):
+        (d / f"result_{i}.json").unlink()
+    rs = find_sets(d)[0]
+    assert len(rs.files) == 4 and rs.left_out == [
+        f"result_3.txt: read as a log without a run record: its run record result_3.json {wrong}"]

@@ -23,7 +23,6 @@ from mlbench.logfile import (
     Event,
     LogReader,
     Take,
-    check_json_file,
     is_number,
     load_json,
     metadata,
@@ -386,7 +385,8 @@ class ResultSet:
     system: str
     org_root: Path | None  # the organisation folder when the set sits in a submission tree
     steps: bool = True  # read per-step records (compare, scaling); scoring does not need them
-    left_out: list[str] = field(default_factory=list)  # files of the folder not read, and why
+    left_out: list[str] = field(default_factory=list)  # files of the folder not read (or read without their run
+    # record), and why
 
     @cached_property
     def runs(self) -> list[RunLog]:
@@ -486,16 +486,26 @@ def run_record(result_file: Path) -> dict:
 
 
 def _no_record(record: Path) -> str:
-    """Why a log has no run record to read beside it: none there (a stray or copied log), or one that is not a
-    file that can be read (a pipe, a device, a folder: not read, so never a hang)."""
-    if not os.path.lexists(record):
-        return (f"no run record ({record.name}) beside it, as every run mlbench publishes in this folder has (a "
-                f"stray or copied log)")
+    """Why a log has no run record beside it: none there (a stray or copied log)."""
+    return (f"no run record ({record.name}) beside it, as every run mlbench publishes in this folder has (a stray or "
+            f"copied log)")
+
+
+def _unusable(record: Path) -> str | None:
+    """What is wrong with the run record RECORD, which is there (None: nothing): not a file that can be read (a pipe,
+    a device, a folder: not read, so never a hang), or garbled (not JSON, cut short, not an object, a variant that is
+    no name). Read as absent, it would make its run one of unknown kind, judged by the closed rules."""
     try:
-        check_json_file(record)
+        d = load_json(record)
     except OSError as e:
-        return f"its run record {record.name} cannot be read ({e.strerror}), so it cannot be told what run it is"
-    return f"its run record {record.name} cannot be read, so it cannot be told what run it is"
+        return f"its run record {record.name} cannot be read ({e.strerror or e})"
+    except ValueError as e:
+        return f"its run record {record.name} is not JSON ({shown(str(e).splitlines()[0], 80)[1:-1]})"
+    if not isinstance(d, dict):
+        return f"its run record {record.name} is not a run record (a JSON object) but {shown(d, 40)}"
+    if "variant" in d and not isinstance(d["variant"], str):
+        return f"its run record {record.name} has variant {shown(d['variant'], 40)}, not a name"
+    return None
 
 
 class GivenOnce:
@@ -542,10 +552,18 @@ def _natural(files: list[Path]) -> list[Path]:
 def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     folder = folder.resolve()
     # mlbench publishes a run's record before its log: in a folder of its runs, a log without a record beside it
-    # was not published by it (left by hand, or a copy), and would be scored as a run of unknown kind
-    recorded = [f for f in files if f.with_suffix(".json").is_file()]
-    strays = [f for f in files if not f.with_suffix(".json").is_file()] if recorded else []
-    left_out = [f"{f.name}: left out: {_no_record(f.with_suffix('.json'))}" for f in strays]
+    # (or with one that cannot be read) was not published by it (left by hand, or a copy), and would be scored as a
+    # run of unknown kind. A folder with no record to read is a published one: its logs are all read, and a record
+    # that is there but cannot be read is said so.
+    there = {f: os.path.lexists(f.with_suffix(".json")) for f in files}
+    wrong = {f: _unusable(f.with_suffix(".json")) if there[f] else None for f in files}
+    recorded = [f for f in files if there[f] and wrong[f] is None]
+    if recorded:
+        left_out = [f"{f.name}: left out: {_no_record(f.with_suffix('.json'))}" if not there[f] else
+                    f"{f.name}: left out: {wrong[f]}, so it cannot be told what run it is"
+                    for f in files if not there[f] or wrong[f]]
+    else:
+        left_out = [f"{f.name}: read as a log without a run record: {wrong[f]}" for f in files if wrong[f]]
     files = recorded or files
     system = folder.parent.name
     org_root = None
