@@ -1,15 +1,16 @@
 """How fast and in how much memory mlbench reads a big MLPerf log, against a plain read and the official checker.
 
-    python perf/log_reading.py [SIZE_MB] [--checkout DIR]
+    python perf/log_reading.py [SIZE_MB] [--checkout DIR] [--reads-only] [--step-less]
 
 Writes a llama31_8b log of SIZE_MB (default 250; closed division, a tracked_stats line per step as NVIDIA logs
 them, an eval every 100 steps) to a temp folder, then runs each of these in a child process and prints its wall
 time, the time of the timed code alone (wall and CPU: the best of 3 runs for the reads, one run for the commands;
-imports before it are not timed) and peak resident memory (the child's own, and its own children's, e.g. the
-checker it starts):
+imports before it are not timed), peak resident memory (the child's own, and its own children's, e.g. the
+checker it starts), and the timed wall time and the peak memory as multiples of the plain line-by-line read's:
 
-  plain f.read()        the whole file read into one bytes object (the floor for any reader)
   plain line by line    every line of the file read and dropped (the floor for a streaming reader)
+  plain f.read()        the whole file read into one bytes object (the floor for any reader)
+  mlbench imported      nothing read: the memory of the interpreter with mlbench's reader (and numpy) imported
   mlbench read_log      mlbench's own streaming pass (mlbench.analysis.logs.read_log), per-step records included
   mlbench read (score)  the same pass as score makes it: per-step lines skipped unparsed
   checker alone         python -m mlperf_logging.compliance_checker on the file
@@ -18,7 +19,8 @@ checker it starts):
   scaling               mlbench scaling of the same two
 
 --checkout DIR runs the mlbench commands from another checkout of the code (e.g. a `git worktree` of an older
-commit) for a before/after comparison; --reads-only times the reads alone (no checker, no commands).
+commit) for a before/after comparison; --reads-only times the reads alone (no checker, no commands); --step-less
+writes the per-step lines as NVIDIA's v6.0 logs do: a samples count, no step, a step time of 16 or 17 digits.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def _line(t: int, key: str, value: object, md: dict, event_type: str = "POINT_IN
                                      "value": value, "metadata": md}) + "\n"
 
 
-def write_log(path: Path, size_mb: float, gbs: int = 32, seq: int = 8192) -> int:
-    """A llama31_8b result log of about SIZE_MB; returns the number of steps in it."""
+def write_log(path: Path, size_mb: float, gbs: int = 32, seq: int = 8192, step_less: bool = False) -> int:
+    """A llama31_8b result log of about SIZE_MB; returns the number of steps in it. STEP_LESS: per-step lines as
+    NVIDIA's (v6.0) are, with a samples count for a step and the times as Python writes a float."""
     head = [("cache_clear", True), ("submission_org", "mlbench"), ("submission_platform", "perf"),
             ("submission_division", "closed"), ("submission_status", "onprem"), ("submission_benchmark", "llama31_8b"),
             ("seed", 1), ("global_batch_size", gbs), ("max_sequence_length", seq), ("gradient_accumulation_steps", 1),
@@ -68,9 +71,14 @@ def write_log(path: Path, size_mb: float, gbs: int = 32, seq: int = 8192) -> int
                               "INTERVAL_START"))
             step += 1
             t += 1500
-            f.write(_line(t, "tracked_stats", {"train_step_time": 1.5, "train_loss": 3.1, "lr": 0.001,
-                                               "tokens_per_s": gbs * seq / 1.5, "tflops_per_device": 400.0},
-                          {"step": step}))
+            if step_less:
+                f.write(_line(t, "tracked_stats", {"train_step_time": 1.4 + (step % 7919) / 79190,
+                                                   "reduced_train_loss": 12 / (1 + step / 997)},
+                              {"samples_count": step * gbs}))
+            else:
+                f.write(_line(t, "tracked_stats", {"train_step_time": 1.5, "train_loss": 3.1, "lr": 0.001,
+                                                   "tokens_per_s": gbs * seq / 1.5, "tflops_per_device": 400.0},
+                              {"step": step}))
             if step % eval_every == 0:
                 samples = step * gbs
                 f.write(_line(t, "block_stop", None, {"samples_count": samples}, "INTERVAL_END"))
@@ -125,6 +133,7 @@ def main() -> None:
     ap.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1],
                     help="the mlbench checkout whose code runs the mlbench commands")
     ap.add_argument("--reads-only", action="store_true", help="only the reads: no checker, no mlbench commands")
+    ap.add_argument("--step-less", action="store_true", help="per-step lines without a step, as NVIDIA's")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(args.checkout.resolve()), PYTHONWARNINGS="ignore")
     with tempfile.TemporaryDirectory(prefix="mlbench-perf-") as td:
@@ -134,15 +143,16 @@ def main() -> None:
         small.mkdir(parents=True)
         log = big / "result_0.txt"
         t = time.perf_counter()
-        steps = write_log(log, args.size_mb)
+        steps = write_log(log, args.size_mb, step_less=args.step_less)
         write_log(small / "result_0.txt", 0.2)
         print(f"log: {log.stat().st_size / 1e6:.0f} MB, {steps:,} steps, written in {time.perf_counter() - t:.1f} s; "
               f"mlbench from {args.checkout}")
         # (name, setup: imports, untimed, code, runs of the code: the best is shown)
         reads = "from mlbench.analysis.logs import read_log"
         cases = [
-            ("plain f.read()", "", f"open({str(log)!r}, 'rb').read()", 3),
             ("plain line by line", "", f"for _ in open({str(log)!r}, 'rb'):\n    pass", 3),
+            ("plain f.read()", "", f"open({str(log)!r}, 'rb').read()", 3),
+            ("mlbench imported", reads, "pass", 1),
             ("mlbench read_log", reads, f"read_log({str(log)!r}).step_times", 3),
             ("mlbench read (score)", reads, f"read_log({str(log)!r}, steps=False)", 3),
             ("checker alone", "import runpy",
@@ -154,12 +164,17 @@ def main() -> None:
             ("scaling", "", _mlbench("scaling", str(big), str(small), "--devices", "8", "--devices", "16"), 1),
         ]
         if args.reads_only:
-            cases = cases[:4]
-        print(f"{'':20} {'seconds':>8} {'timed s':>8} {'timed cpu s':>12} {'peak MiB':>9} {'child peak MiB':>15}")
+            cases = cases[:5]
+        print(f"{'':20} {'seconds':>8} {'timed s':>8} {'timed cpu s':>12} {'peak MiB':>9} {'child peak MiB':>15} "
+              f"{'x plain s':>10} {'x plain MiB':>12}")
+        plain = None  # the line-by-line read's timed seconds and peak MiB: what a streaming reader cannot beat
         for name, setup, code, repeat in cases:
             m = measure(code, env, td, args.checkout, setup, repeat)
+            plain = (m["wall"], m["self"]) if name == "plain line by line" else plain
+            times = (f"{m['wall'] / plain[0]:10.1f} {max(m['self'], m['children']) / plain[1]:12.1f}" if plain
+                     else "")
             print(f"{name:20} {m['seconds']:8.1f} {m['wall']:8.3f} {m['cpu']:12.3f} {m['self']:9.0f} "
-                  f"{m['children']:15.0f}", flush=True)
+                  f"{m['children']:15.0f} {times}", flush=True)
 
 
 if __name__ == "__main__":
