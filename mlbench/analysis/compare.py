@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,7 @@ class Entry:
     def steps_to_converge(self) -> float | None:
         return self._median([r.steps_to_converge for r in self.runs])
 
-    @property
+    @cached_property  # (the runs' step times joined: as many numbers as steps, once)
     def step_seconds(self) -> np.ndarray:
         parts = [r.step_times.seconds for r in self.runs if len(r.step_times.seconds)]
         return np.concatenate(parts) if parts else np.zeros(0)
@@ -77,6 +78,10 @@ class Entry:
         return ", ".join(sorted({r.step_times.source for r in self.runs})) or "-"
 
     def step_stats(self) -> dict[str, float | None]:
+        return dict(self._step_stats)
+
+    @cached_property  # (read by several rows: percentiles of every step, once)
+    def _step_stats(self) -> dict[str, float | None]:
         if self.published:
             s = self.published.step_time_s
             return {**step_times.NO_STATS, "median": s, "mean": s}

@@ -89,9 +89,6 @@ class Tracked:
     def _arrays(self) -> tuple[array, array, array, array]:
         return self.step, self.seconds, self.time_ms, self.tflops
 
-    def __len__(self) -> int:
-        return len(self.seconds)
-
 
 @dataclass
 class Block:
