@@ -258,6 +258,64 @@ def _complete_log(log_path: Path, reason: str, plan: RunPlan | None, owns_log: b
     return f"the log could not be completed: {problem}" if problem else ""
 
 
+@dataclass
+class _Seen:
+    """What the supervisor has seen of a run so far, and the limits it judges the run by."""
+
+    cmd: Command
+    hang_timeout: float
+    init_timeout: float
+    started: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
+    formed: bool = False  # the ranks have started (no rendezvous: at once)
+    watch: lifeline.NodeWatch | None = None  # node 0, watched from another node
+    lost_at: float = 0.0  # when the watch found node 0 gone
+    grace_s: float = GRACE_S  # between SIGTERM and SIGKILL when the supervisor stops the run
+    # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
+    # closed); from then on, no progress for hang_timeout seconds is a hang.
+    stepping: bool = False
+    saving: bool = False
+
+    def __post_init__(self) -> None:
+        self.formed = self.cmd.rendezvous is None
+
+    def saw(self, new: list[dict], events: list[dict]) -> None:
+        if new:
+            self.last_progress = time.monotonic()
+            self.stepping = self.stepping or any(e.get("event") == "step" for e in new)
+            self.saving = self.saving or any(e.get("event") == "checkpoint_saving" for e in new)
+        rendezvous = self.cmd.rendezvous
+        if not self.formed and (events or rendezvous.formed()):  # events: rank 0 is running
+            # the start-up limit counts from the ranks' start: waiting for nodes is --rdzv-timeout's to judge
+            # (up to a week), and a wait over 1800 s stopped node 0 as a hang while nodes could still come
+            self.formed, self.last_progress = True, time.monotonic()
+            if node0 := rendezvous.node0():
+                self.watch = lifeline.NodeWatch(*node0)
+        if self.watch and not self.lost_at and self.watch.lost():
+            self.lost_at = time.monotonic()
+
+    def stop_reason(self, pid: int) -> str:
+        """Why the supervisor must stop the run now (the command's pid), or ""."""
+        now = time.monotonic()
+        idle = now - self.last_progress
+        if self.lost_at and now - self.lost_at > LOST_GRACE_S and _descendants(pid):
+            # this node's ranks still run (or start) without node 0: a rank blocked in a store client's
+            # connection retries takes no SIGTERM, and nothing of this node's is published, so no long grace
+            self.grace_s = LOST_GRACE_S
+            return self.watch.lost()
+        if not self.formed and now - self.started > self.cmd.rendezvous.deadline_s:
+            # torch's own timeouts end a rendezvous that fails; this one for a launcher stuck in it (its
+            # client connected to another program's port, which answers nothing)
+            return self.cmd.rendezvous.not_formed()
+        if self.saving and idle > self.init_timeout:
+            return f"hang: checkpoint save not done within {self.init_timeout:g} s"
+        if self.stepping and not self.saving and idle > self.hang_timeout:
+            return f"hang: no progress for {self.hang_timeout:g} s"
+        if not self.stepping and idle > self.init_timeout:
+            return f"hang: no training step within {self.init_timeout:g} s of start"
+        return ""
+
+
 def supervise(
     cmd: Command,
     *,
@@ -293,53 +351,20 @@ def supervise(
             signal.signal(s, handler)
         raise
     reason = ""
-    last_progress = started = time.monotonic()
-    formed = cmd.rendezvous is None
-    watch: lifeline.NodeWatch | None = None
-    lost_at = 0.0  # when the watch found node 0 gone
-    grace_s = GRACE_S  # between SIGTERM and SIGKILL when the supervisor stops the run
-    # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
-    # closed); from then on, no progress for hang_timeout seconds is a hang.
-    stepping = saving = False
+    seen = _Seen(cmd, hang_timeout, init_timeout)
     try:
         while proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(poll_s)  # returns as soon as the command exits: no polling delay at the end
             new = tail.poll()
-            if new:
-                last_progress = time.monotonic()
-                stepping = stepping or any(e.get("event") == "step" for e in new)
-                saving = saving or any(e.get("event") == "checkpoint_saving" for e in new)
-                if on_events:
-                    on_events(new)
-            if not formed and (tail.events or cmd.rendezvous.formed()):  # events: rank 0 is running
-                # the start-up limit counts from the ranks' start: waiting for nodes is --rdzv-timeout's to judge
-                # (up to a week), and a wait over 1800 s stopped node 0 as a hang while nodes could still come
-                formed, last_progress = True, time.monotonic()
-                if node0 := cmd.rendezvous.node0():
-                    watch = lifeline.NodeWatch(*node0)
-            if watch and not lost_at and watch.lost():
-                lost_at = time.monotonic()
-            idle = time.monotonic() - last_progress
-            if received and not reason:
-                reason = f"received {received[0]}"
-            elif lost_at and time.monotonic() - lost_at > LOST_GRACE_S and _descendants(proc.pid) and not reason:
-                # this node's ranks still run (or start) without node 0: a rank blocked in a store client's
-                # connection retries takes no SIGTERM, and nothing of this node's is published, so no long grace
-                reason, grace_s = watch.lost(), LOST_GRACE_S
-            elif not formed and time.monotonic() - started > cmd.rendezvous.deadline_s and not reason:
-                # torch's own timeouts end a rendezvous that fails; this one for a launcher stuck in it (its
-                # client connected to another program's port, which answers nothing)
-                reason = cmd.rendezvous.not_formed()
-            elif saving and idle > init_timeout and not reason:
-                reason = f"hang: checkpoint save not done within {init_timeout:g} s"
-            elif stepping and not saving and idle > hang_timeout and not reason:
-                reason = f"hang: no progress for {hang_timeout:g} s"
-            elif not stepping and idle > init_timeout and not reason:
-                reason = f"hang: no training step within {init_timeout:g} s of start"
+            if new and on_events:
+                on_events(new)
+            seen.saw(new, tail.events)
+            if not reason:
+                reason = f"received {received[0]}" if received else seen.stop_reason(proc.pid)
             if reason:
                 _tell_ranks(events_path, reason)
-                _stop_tree(proc, grace_s)
+                _stop_tree(proc, seen.grace_s)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -347,9 +372,10 @@ def supervise(
             _stop_tree(proc)
         _stop_orphans(proc.pid, before)
     lost = ""
-    if watch:
-        lost = watch.check() if proc.returncode != 0 else ""  # node 0 gone, whether or not the watch has told yet
-        watch.close()
+    if seen.watch:
+        # node 0 gone, whether or not the watch has told yet
+        lost = seen.watch.check() if proc.returncode != 0 else ""
+        seen.watch.close()
     new = tail.poll()
     if new and on_events:
         on_events(new)
