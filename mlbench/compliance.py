@@ -159,8 +159,9 @@ def _run_checker(cmd: list[str], scratch: str, limit: float) -> subprocess.Compl
     with _checkers_lock:
         if _stopping:
             raise _Stopping
-        proc = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                errors="replace", start_new_session=True, preexec_fn=lifeline.die_with_parent)
+        # started from a worker thread: the parent-death signal is armed by a shim, not preexec_fn
+        proc = subprocess.Popen(lifeline.dying_with_parent(cmd), cwd=scratch, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
         _checkers.add(proc)
     try:
         with proc:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from test_analysis_garbled import RULESET, _sets, mlbench
@@ -192,6 +193,43 @@ cli.main()
 """
 
 
+def test_a_checker_dies_with_mlbench_killed_by_sigkill(tmp_path):
+    """kill -9 of `mlbench check` (or score) takes its checker with it: a parent-death signal, armed by a shim in the
+    checker's process rather than by preexec_fn in the thread that starts it (which may deadlock the child)."""
+    log = tmp_path / "result_0.txt"
+    log.write_text(tiny_log())
+    marker = f"time.sleep(120)  # {tmp_path.name}"  # this test's checker, among the processes
+    slow = _SLOW_CHECK.replace("time.sleep(120)", marker)
+    proc = subprocess.Popen([sys.executable, "-c", slow, str(log), "--ruleset", RULESET], text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def checkers() -> list[int]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                if marker.encode() in cmdline.read_bytes() and b"cli.main" not in cmdline.read_bytes():
+                    found.append(int(cmdline.parent.name))
+        return found
+
+    try:
+        for _ in range(600):
+            if checkers() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert checkers(), proc.poll()
+        proc.kill()
+        proc.wait(timeout=20)
+        for _ in range(100):
+            if not checkers():
+                break
+            time.sleep(0.05)
+        assert not checkers(), "the checker outlived mlbench"
+    finally:
+        proc.kill()
+        for pid in checkers():
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["TERM", "HUP", "INT"])
 def test_check_stopped_by_a_signal_removes_its_scratch_folder_at_once(tmp_path, sig):
     """SIGTERM or SIGHUP ended check at once, leaving /tmp/mlbench-check-XXXX behind (was); Ctrl-C removed it, once
@@ -212,7 +250,14 @@ def test_check_stopped_by_a_signal_removes_its_scratch_folder_at_once(tmp_path, 
         assert [p.startswith("mlbench-check-") for p in os.listdir(scratch)] == [True], proc.poll()
         time.sleep(0.3)
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=20)
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:  # seen once under a loaded suite: what it had said, and what ran
+            proc.kill()
+            said = proc.communicate()[0]
+            running = [c.read_bytes().replace(b"\0", b" ")[:120] for c in Path("/proc").glob("[0-9]*/cmdline")
+                       if b"time.sleep(120)" in c.read_bytes()]
+            pytest.fail(f"not stopped by {sig.name} in 20 s; it said {said!r}; running: {running}")
     finally:
         proc.kill()
     assert proc.returncode == 128 + sig and "Traceback" not in out, out

@@ -42,6 +42,21 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     _prctl(PR_SET_PDEATHSIG, sig)
 
 
+# Armed in the child itself, then the command exec'd (the signal survives exec): PR_SET_PDEATHSIG = 1, SIGKILL = 9,
+# and ORPHANED_EXIT where the parent died before it was armed
+_ARM_THEN_EXEC = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9, 0, 0, 0); "
+                  "os.getppid() == int(sys.argv[1]) or os._exit(5); os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """ARGV run so that it gets SIGKILL when the thread that started it exits, for a child started from a thread of
+    a process that has several: there `preexec_fn` may deadlock the child before it execs (subprocess's own
+    warning). A shim without site-packages (about 10 ms) arms the signal and execs ARGV."""
+    if _libc is None:
+        return argv
+    return [sys.executable, "-S", "-c", _ARM_THEN_EXEC, str(os.getpid()), *argv]
+
+
 def install_pdeathsig(sig: int = signal.SIGKILL) -> None:
     """For a rank, before anything else: killed with `sig` when its launcher dies; `parent_alive()` from now
     on says whether that launcher is still its parent."""
