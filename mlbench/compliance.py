@@ -111,7 +111,8 @@ def line_lengths(path: Path) -> LineLengths:
     return LineLengths(best, long_lines, square_sum)
 
 
-def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None) -> Verdict:
+def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None,
+          checkers: Checkers | None = None) -> Verdict:
     """The official checker's verdict on one file: the closed rules of RULESET, or our smoke rules.
     quiet: leave out its warnings (as the result summarizer does). time_limit: seconds before it is stopped and
     the file judged not compliant (default: time_limit_s). A file whose long lines would keep the checker past
@@ -129,8 +130,8 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
         # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
         # published (the checker, interrupted, judged a good run non-compliant); it still dies with mlbench.
         try:
-            proc = _run_checker(cmd, scratch, limit)
-        except subprocess.TimeoutExpired:  # _run_checker has killed it
+            proc = (checkers or Checkers()).run(cmd, scratch, limit)
+        except subprocess.TimeoutExpired:  # run has killed it
             why = f": {lines.reason()}" if lines is not None and lines.checker_s() > limit / 2 else ""
             stopped = f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
             return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
@@ -141,48 +142,50 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
     return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages, rules=rules)
 
 
-# The checkers running, so that `check_all` stopped (Ctrl-C, SIGTERM: a KeyboardInterrupt in the main thread) stops
-# them at once: each worker then removes its scratch folder and ends, where it would have waited out its checker
-# (up to the time limit: minutes for a big log) before the folder went, or stayed behind.
-_checkers: set[subprocess.Popen] = set()
-_checkers_lock = threading.Lock()
-_stopping = False
-
-
 class _Stopping(Exception):
     """A checker not started: the check_all it was for has stopped."""
 
 
-def _run_checker(cmd: list[str], scratch: str, limit: float) -> subprocess.CompletedProcess:
-    """subprocess.run of the checker in SCRATCH, for at most LIMIT seconds (TimeoutExpired, the checker killed),
-    kept in _checkers while it runs."""
-    with _checkers_lock:
-        if _stopping:
-            raise _Stopping
-        # started from a worker thread: the parent-death signal is armed by a shim, not preexec_fn
-        proc = subprocess.Popen(lifeline.dying_with_parent(cmd), cwd=scratch, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-        _checkers.add(proc)
-    try:
-        with proc:
-            try:
-                out, err = proc.communicate(timeout=limit)
-            except BaseException:  # the time limit, or this thread stopped: the checker goes too
+class Checkers:
+    """The checkers one `check_all` runs, so that, stopped (Ctrl-C, SIGTERM: a KeyboardInterrupt in the main
+    thread), it stops them at once: each worker then removes its scratch folder and ends, where it would have
+    waited out its checker (up to the time limit: minutes for a big log). Stopped for good: a worker the main
+    thread has lost track of (interrupted as it started the worker's thread, under load) starts no checker later,
+    where a stop flag shared by every call was cleared on the way out and that worker then waited 120 s on one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._stopped = False
+
+    def run(self, cmd: list[str], scratch: str, limit: float) -> subprocess.CompletedProcess:
+        """subprocess.run of the checker in SCRATCH, for at most LIMIT seconds (TimeoutExpired, the checker
+        killed)."""
+        with self._lock:
+            if self._stopped:
+                raise _Stopping
+            # started from a worker thread: the parent-death signal is armed by a shim, not preexec_fn
+            proc = subprocess.Popen(lifeline.dying_with_parent(cmd), cwd=scratch, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+            self._running.add(proc)
+        try:
+            with proc:
+                try:
+                    out, err = proc.communicate(timeout=limit)
+                except BaseException:  # the time limit, or this thread stopped: the checker goes too
+                    proc.kill()
+                    raise
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """Kill the checkers running and start no other."""
+        with self._lock:
+            self._stopped = True
+            for proc in self._running:
                 proc.kill()
-                raise
-    finally:
-        with _checkers_lock:
-            _checkers.discard(proc)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _stop_checkers(stopping: bool) -> None:
-    """STOPPING: kill the checkers running and start no other; False: let them start again."""
-    global _stopping
-    with _checkers_lock:
-        _stopping = stopping
-        for proc in _checkers if stopping else ():
-            proc.kill()
 
 
 def _line_lengths(path: Path) -> LineLengths | None:
@@ -200,16 +203,14 @@ def check_all(items: list[tuple[Path, str, bool]], quiet: bool = False, jobs: in
     """Verdicts for (path, ruleset, smoke) items, in order, checked in up to JOBS processes at once (default: the
     CPU count, at most 8, and no more than half the free memory holds checkers of the largest log)."""
     jobs = max(1, default_jobs([p for p, _, _ in items]) if jobs is None else jobs)
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as ex:
-            try:
-                return list(ex.map(lambda it: check(*it, quiet=quiet), items))
-            except BaseException:  # stopped (Ctrl-C, SIGTERM): no checker left running, none started, then out
-                ex.shutdown(wait=False, cancel_futures=True)
-                _stop_checkers(True)
-                raise
-    finally:  # the workers are done (the pool waited for them): checkers may start again
-        _stop_checkers(False)
+    checkers = Checkers()
+    with ThreadPoolExecutor(max_workers=jobs) as ex:
+        try:
+            return list(ex.map(lambda it: check(*it, quiet=quiet, checkers=checkers), items))
+        except BaseException:  # stopped (Ctrl-C, SIGTERM): no checker left running, none started, then out
+            ex.shutdown(wait=False, cancel_futures=True)
+            checkers.stop()
+            raise
 
 
 def default_jobs(paths: list[Path]) -> int:

@@ -183,14 +183,32 @@ def test_a_report_path_ending_as_a_folder_is_refused(tmp_path, capsys, monkeypat
 
 # --- check stopped by a signal ------------------------------------------------------------------------------------
 
-# `mlbench check` whose checker takes two minutes (a stand-in for the checker on a big log)
+# `mlbench check` whose checker takes two minutes (a stand-in for the checker on a big log). Ctrl-C's SIGINT as a
+# terminal's foreground process takes it: a suite started in the background by a shell without job control
+# (`make test &`) hands its processes SIGINT ignored, and Python then keeps it so (the INT case timed out there).
 _SLOW_CHECK = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from mlbench import cli, mlperf_tools
 mlperf_tools.checker_command = lambda *args, **kwargs: [sys.executable, "-c", "import time; time.sleep(120)"]
 sys.argv = ["mlbench", "check", *sys.argv[1:]]
 cli.main()
 """
+
+
+def test_a_stopped_check_starts_no_checker_afterwards(tmp_path):
+    """A check_all stopped by Ctrl-C stops its checkers for good: a worker the main thread lost track of (interrupted
+    as it started that worker's thread, seen under load) started its checker after check_all had cleared a stop
+    flag shared by every call on its way out, and the process then waited 120 s on it at exit. Each call's
+    checkers are its own now, so a later check is not affected."""
+    from mlbench import compliance
+
+    stopped = compliance.Checkers()
+    stopped.stop()
+    with pytest.raises(compliance._Stopping):
+        stopped.run([sys.executable, "-c", "import time; time.sleep(120)"], str(tmp_path), 60)
+    fresh = compliance.Checkers()  # another check in the same process
+    assert fresh.run([sys.executable, "-c", "print('ran')"], str(tmp_path), 60).stdout == "ran\n"
 
 
 def test_a_checker_dies_with_mlbench_killed_by_sigkill(tmp_path):
