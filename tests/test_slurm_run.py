@@ -57,6 +57,9 @@ def test_tiny_gpt3_across_two_slurm_nodes(cluster: SlurmCluster, tmp_path: Path,
     record = json.loads((folder / "result_0.json").read_text())
     assert record["environment"]["slurm_job_id"] and record["compliance"]["ok"]
     assert record["layout"]["world_size"] == 2 and record["layout"]["nodes"] == 2
+    # the planner's prediction, as a local run's record holds it (the driver's layout had its features as a plain
+    # dict: "AttributeError: 'dict' object has no attribute 'distributed_optimizer'")
+    assert record["prediction"]["device"] == "cpu" and record["prediction"]["step_time_s"] > 0, record["prediction"]
     # every step once: the nodes share the run's plan, and only rank 0 writes its events
     assert [s["step"] for s in record["steps"]] == list(range(1, 21)), record["steps"]
     # one torchrun per node wrote its rank logs into the gathered folder

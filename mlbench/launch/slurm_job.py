@@ -90,7 +90,7 @@ def main(spec_path: str) -> int:
     job_dir = Path(spec_path).parent
     spec = json.loads(Path(spec_path).read_text())
     bench = benchmark_from_dict(spec["benchmark"])
-    layout = Layout(**spec["layout"])
+    layout = Layout.from_dict(spec["layout"])  # its features a FeaturesSpec again, not a dict
     opts = runner.RunOptions(**{**spec["run"], "results": Path(spec["run"]["results"])})
     slurm = SlurmOptions(**spec["slurm"])
 
