@@ -10,7 +10,6 @@ from the plan and the events, with the reason saying what happened and `exit_cod
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench import mlperf_log, results, runner
-from mlbench.launch.supervise import Outcome
+from mlbench.launch.supervise import EventTail, Outcome
 from mlbench.layout import Layout
 from mlbench.run_plan import RunPlan
 
@@ -66,17 +65,8 @@ def _drop_cut_line(log: Path) -> None:
 
 
 def _events(path: Path) -> list[dict]:
-    """Rank 0's events as far as they were written; a line cut short by the kill is left out."""
-    events = []
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+    """Rank 0's events as far as they were written, read as the supervisor reads them (a line the kill cut short,
+    without its newline, is left out)."""
+    tail = EventTail(path)
+    tail.poll()
+    return [e for e in tail.events if isinstance(e, dict)]

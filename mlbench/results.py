@@ -138,11 +138,15 @@ def dead_runs(folder: Path) -> list[tuple[Path, str]]:
     """(staging folder, owner tag) of each run whose owner died before publishing it, and whose files no live
     process holds any more (its ranks die with their supervisor, a moment later)."""
     found = [s for s in _stale(folder) if _unpublished_run(folder, s) and not _in_use(s)]
-    return [(s, s.name[len(STAGING):].rpartition("-")[0]) for s in sorted(found)]
+    return [(s, _owner(s)) for s in sorted(found)]
+
+
+def _owner(staging: Path) -> str:
+    return staging.name[len(STAGING):].rpartition("-")[0]  # .staging-<owner tag>-XXXX
 
 
 def _stale(folder: Path) -> list[Path]:
-    return [s for s in folder.glob(f"{STAGING}*") if owners.gone(s.name[len(STAGING):].rpartition("-")[0])]
+    return [s for s in folder.glob(f"{STAGING}*") if owners.gone(_owner(s))]
 
 
 def _unpublished_run(folder: Path, staging: Path) -> bool:

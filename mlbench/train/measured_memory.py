@@ -128,10 +128,5 @@ def _layout(d: dict, on_cpu: bool) -> Any:
     import dataclasses
 
     from mlbench.layout import Layout
-    from mlbench.spec import FeaturesSpec
 
-    names = {f.name for f in dataclasses.fields(Layout)}
-    fields = {k: v for k, v in d.items() if k in names}
-    return Layout(**fields | {"features": FeaturesSpec(**d["features"]),
-                              "precision": "fp32" if on_cpu else d["precision"]})
-
+    return dataclasses.replace(Layout.from_dict(d), precision="fp32" if on_cpu else d["precision"])
