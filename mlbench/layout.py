@@ -52,7 +52,7 @@ class Layout:
         """A layout back from `as_dict` (a run plan's), the derived counts dropped."""
         names = {f.name for f in fields(cls)}
         kept = {k: v for k, v in d.items() if k in names}
-        return cls(**kept | {"features": FeaturesSpec(**d.get("features") or {})})
+        return cls(**kept | {"features": FeaturesSpec(**d["features"])})
 
 
 def _divisors(n: int) -> list[int]:
