@@ -17,7 +17,8 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
 Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
 never began gets the preamble it would have written first, where it is this node's), written
 after every rank is gone, so one writer at a time still holds. Rank 0 stopped because another rank failed (its
-launcher's SIGTERM, a peer lost) leaves run_stop to the supervisor, which names the rank that failed first.
+launcher's SIGTERM, a peer lost) leaves run_stop to the supervisor, which names the rank that failed first (under
+torchrun across nodes, perhaps another node's: that node's supervisor tells node 0's, Command.ended).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class Command:
     # which rank's failure ended the launcher (an agent's: torchrun's, local_ranks'), how, and where its output is,
     # from the end of the launcher's output; "" where it names none
     rank_failure: Callable[[str], str] | None = None
+    # once the launcher has ended and the run is judged, with the end of its output: what the launcher's node owes
+    # the others (torchrun's: node 0 stops hearing their failures, another node tells node 0 its own)
+    ended: Callable[[str], None] | None = None
 
 
 class EventTail:
@@ -344,6 +348,8 @@ def supervise(
         for s, handler in previous.items():
             signal.signal(s, handler)
         reason = f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})"
+        if cmd.ended:
+            cmd.ended("")
         return Outcome(status="aborted", exit_code=127, reason=reason,
                        log_error=_LogEnd(log_path, plan, owns_log).complete(reason))
     except BaseException:
@@ -379,8 +385,12 @@ def supervise(
     new = tail.poll()
     if new and on_events:
         on_events(new)
-    return _judge(cmd, proc.returncode, tail.events, reason or (f"received {received[0]}" if received else ""),
-                  received[0] if received else "", _LogEnd(log_path, plan, owns_log), lost)
+    try:
+        return _judge(cmd, proc.returncode, tail.events, reason or (f"received {received[0]}" if received else ""),
+                      received[0] if received else "", _LogEnd(log_path, plan, owns_log), lost)
+    finally:
+        if cmd.ended:
+            cmd.ended(_tail(cmd.stdout))
 
 
 @dataclass

@@ -8,6 +8,7 @@ and its supervisor owns the run's log. It writes the aborted log of a rank 0 tha
 rendezvous that failed (a node that never came). Under c10d any node may get rank 0, and none of them could tell.
 Node 0 also hosts the rendezvous store on the endpoint's port: a port already taken there fails at once. torch's
 own words for a rendezvous that failed name neither the node nor the option to change; Rendezvous says them plainly.
+Where a rank of another node failed first, that node's supervisor tells node 0's, which names it (node_failures).
 
 The static rendezvous counts the nodes that connect, not which: a second node started with the same --node-rank
 was given the same global ranks, which hung (or joined another node's). So each rank first claims its node rank
@@ -26,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlbench.launch import lifeline, local_ranks
+from mlbench.launch import lifeline, local_ranks, node_failures
 from mlbench.launch.ports import free_port
 from mlbench.launch.supervise import Command
 
@@ -68,9 +69,25 @@ def argv(
 
 
 def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous: Rendezvous) -> Command:
-    """A node's torchrun under the static rendezvous: its ranks claim the node rank with a mark of their own."""
-    return Command(argv, {**env, NODE_TOKEN: uuid.uuid4().hex}, stdout=stdout, rendezvous=rendezvous,
-                   rank_failure=lambda output: rank_failure(output, rendezvous.ranks_dir, rendezvous.node_rank))
+    """A node's torchrun under the static rendezvous: its ranks claim the node rank with a mark of their own. Node 0
+    hears which rank of another node failed first (node_failures), and names it where none of its own failed of
+    itself; another node tells it, once its torchrun has ended."""
+    env = {**env, NODE_TOKEN: uuid.uuid4().hex}
+
+    def own(output: str) -> str:
+        return rank_failure(output, rendezvous.ranks_dir, rendezvous.node_rank)
+
+    if node0 := rendezvous.node0():
+        told = stdout.parent / "node0-failures-port"  # where this node's first rank leaves node 0's port
+        return Command(argv, {**env, node_failures.FILE: str(told)}, stdout=stdout, rendezvous=rendezvous,
+                       rank_failure=own, ended=lambda output: node_failures.tell(node0[0], told, node_report(
+                           output, rendezvous.ranks_dir, rendezvous.node_rank)))
+    if rendezvous.nodes == 1:
+        return Command(argv, env, stdout=stdout, rendezvous=rendezvous, rank_failure=own)
+    board = node_failures.Board(rendezvous.nodes)
+    return Command(argv, {**env, node_failures.PORT: str(board.port)}, stdout=stdout, rendezvous=rendezvous,
+                   rank_failure=lambda output: own(output) or elsewhere(board.heard()),
+                   ended=lambda output: board.close())
 
 
 # torchrun's last words when a rank fails (ChildFailedError): each rank that failed, and which it saw first
@@ -116,9 +133,38 @@ def rank_failure(output: str, ranks_dir: Path, node_rank: int) -> str:
 
 def failure_reason(failed: Failure, node_rank: int, logs: list[Path], ranks_dir: Path) -> str:
     """The reason naming FAILED, a rank of node NODE_RANK, whose rank logs are the last of LOGS (under RANKS_DIR)."""
-    where = f"see the rank logs: {logs[-1].relative_to(ranks_dir)}" if logs else "see the rank logs"
+    return _named(failed, node_rank, f"see the rank logs: {logs[-1].relative_to(ranks_dir)}" if logs else
+                  "see the rank logs")
+
+
+def _named(failed: Failure, node_rank: int, where: str) -> str:
     return (f"rank {failed.rank} (node {node_rank}'s local rank {failed.local_rank}) "
             f"{local_ranks.describe(failed.code)} ({where})")
+
+
+def node_report(output: str, ranks_dir: Path, node_rank: int) -> dict:
+    """What a node other than node 0 tells node 0 as its torchrun ends (node_failures): its rank that failed first
+    of itself (from torchrun's OUTPUT), how, when, and its logs under this node's RANKS_DIR; its node rank alone
+    where none did."""
+    failed = first_failure(output)
+    if failed is None:
+        return {"node": node_rank}
+    logs = sorted(ranks_dir.glob(f"*/attempt_*/{failed.local_rank}"))
+    return {"node": node_rank, "rank": failed.rank, "local_rank": failed.local_rank, "code": failed.code,
+            "time": failed.time, "logs": str(logs[-1].relative_to(ranks_dir)) if logs else ""}
+
+
+def elsewhere(reports: list[dict]) -> str:
+    """The reason naming the rank that failed first of itself on another node, from those nodes' REPORTS
+    (node_report): the earliest, to the second, the lowest node on a tie; "" where none failed of itself."""
+    fields = {"rank": int, "local_rank": int, "code": int, "time": str, "logs": str}
+    failed = [r for r in reports if all(type(r.get(k)) is t for k, t in fields.items())]
+    if not failed:
+        return ""
+    first = min(failed, key=lambda r: (r["time"], r["node"]))
+    node, logs = first["node"], first["logs"]
+    return _named(Failure(first["rank"], first["local_rank"], first["code"], first["time"], False), node,
+                  f"see node {node}'s rank logs: {logs}" if logs else f"see node {node}'s rank logs")
 
 
 def formed_deadline_s(timeout: float) -> float:

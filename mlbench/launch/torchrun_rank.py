@@ -6,7 +6,9 @@ node's). Here each rank first claims its node rank in the rendezvous store (node
 the mark its supervisor gave it (torchrun.NODE_TOKEN). The first node's claim holds; the ranks of a node that came
 second stop before the process group, saying why to their supervisor (a `stopped` event, as rank 0's would be).
 Node 0's ranks claim only where the store is their own machine's: a second node 0 on another host meets the first
-one's store, and would otherwise take node rank 0 from the node that serves the run's store.
+one's store, and would otherwise take node rank 0 from the node that serves the run's store. A rank whose claim
+holds then shares, through the store, where node 0's supervisor hears which rank of another node failed first
+(node_failures): the nodes may share no filesystem, and the store goes with node 0's ranks.
 
 `python -m mlbench.launch.torchrun_rank PLAN.json`, as torchrun starts it; then `python -m mlbench.train PLAN.json`
 in the same process (torch imported once)."""
@@ -15,14 +17,17 @@ from mlbench.launch import lifeline
 
 lifeline.install_pdeathsig()  # first, as in mlbench.train: a rank never outlives its launcher, even while importing
 
-import json  # noqa: E402 - after the lifeline
+import contextlib  # noqa: E402 - after the lifeline
+import json  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
 from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
 
+from mlbench.launch import node_failures  # noqa: E402
 from mlbench.launch.torchrun import NODE_TOKEN  # noqa: E402
 from mlbench.run_plan import RunPlan  # noqa: E402
 
@@ -34,7 +39,7 @@ LOCAL_TIMEOUT_S = 5.0  # node 0's own torchrun serves the store on this machine:
 def why_not(env: Mapping[str, str]) -> str:
     """Why this rank must stop ("" if it may train): another node claimed its node rank (GROUP_RANK) first, its
     node is a second node 0 whose rendezvous is another machine's, or the store is gone (node 0 ended before this
-    node's ranks started)."""
+    node's ranks started). A rank that may train has shared where node 0 hears failures (_share_failures_port)."""
     from torch.distributed import DistError
 
     addr = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
@@ -52,9 +57,26 @@ def why_not(env: Mapping[str, str]) -> str:
         return (f"node 0 ended before node {node}'s ranks started (its rendezvous at {addr} no longer answers); "
                 f"see node 0's record")
     if holder == mine:
+        _share_failures_port(store, env)
         return ""
     return (f"two nodes were started with --node-rank {node}: the other joined the rendezvous first and trains; "
             f"this one stops. Give every node its own --node-rank, 0 to {last}")
+
+
+def _share_failures_port(store, env: Mapping[str, str]) -> None:
+    """Where node 0's supervisor hears which rank of another node failed first (node_failures): node 0's ranks
+    post its port in the store (nothing where it has none: no other node waits long); another node's first rank
+    waits for it (node 0's ranks post it as they start: this node's could not train without them) and leaves it
+    for its own supervisor. Best effort: a run whose port is not shared only names node 0's ranks."""
+    from torch.distributed import DistError
+
+    key = node_failures.key(env["TORCHELASTIC_RUN_ID"])
+    with contextlib.suppress(DistError, OSError):
+        if env["GROUP_RANK"] == "0":
+            store.set(key, env.get(node_failures.PORT, ""))
+        # the get waits for the key up to the store's timeout (CLAIM_TIMEOUT_S)
+        elif env.get("LOCAL_RANK") == "0" and node_failures.FILE in env and (port := store.get(key).decode()):
+            Path(env[node_failures.FILE]).write_text(port)
 
 
 def _store(host: str, port: int, timeout_s: float):
