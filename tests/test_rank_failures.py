@@ -67,6 +67,13 @@ def test_the_rank_that_failed_first_is_the_runs_reason(tmp_path: Path, launcher:
     assert f"reason: {reason}\n" in out.stdout, out.stdout
 
 
+def _block(n: int, rank: int, code: int, when: str = "05:47:51", local: int | None = None) -> str:
+    """One failed rank as torchrun's last words list it (torch 2.13)."""
+    return (f"[{n}]:\n  time      : 2026-11-27_{when}\n  host      : localhost\n  rank      : {rank} (local_rank: "
+            f"{rank if local is None else local})\n  exitcode  : {code} (pid: 1{rank}) \n  error_file: <N/A>\n"
+            f"  traceback : To enable ...\n")
+
+
 def test_a_rank_stopped_by_another_is_not_named_for_it() -> None:
     """The launchers' own words, where the rank reaped (or listed) first is one stopped because another failed:
     rank 0 ends with mlbench's consequent exit code (6: the launcher's SIGTERM, a peer lost) or SIGTERM itself."""
@@ -76,12 +83,9 @@ def test_a_rank_stopped_by_another_is_not_named_for_it() -> None:
     assert local_ranks.rank_failure(agent) == "rank 1 killed by SIGSEGV (see the rank logs: local/attempt_0/1)"
     assert local_ranks.rank_failure(agent.replace("SIGSEGV", "SIGTERM")) == ""  # none failed of itself
 
-    def block(n: int, rank: int, code: int, when: str = "05:47:51") -> str:
-        return (f"[{n}]:\n  time      : 2026-11-27_{when}\n  host      : localhost\n  rank      : {rank} (local_rank: "
-                f"{rank})\n  exitcode  : {code} (pid: 1{rank}) \n  error_file: <N/A>\n  traceback : To enable ...\n")
     # torch 2.13's words: rank 1 exited 7 and rank 0 (its peer gone) 6 in the same second; torch picked rank 0
     said = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\nFailures:\n"
-            + block(1, 1, 7) + "-" * 60 + "\nRoot Cause (first observed failure):\n" + block(0, 0, 6) + "=" * 60)
+            + _block(1, 1, 7) + "-" * 60 + "\nRoot Cause (first observed failure):\n" + _block(0, 0, 6) + "=" * 60)
     assert torchrun.first_failure(said) == torchrun.Failure(1, 1, 7, "2026-11-27_05:47:51", False)
     assert torchrun.first_failure(said.replace("exitcode  : 7", "exitcode  : -15")) is None
     # two that failed of themselves: torch's root cause on a tie, else the earlier
@@ -89,3 +93,39 @@ def test_a_rank_stopped_by_another_is_not_named_for_it() -> None:
     later = said.replace("exitcode  : 6", "exitcode  : 1").replace("[0]:\n  time      : 2026-11-27_05:47:51",
                                                                     "[0]:\n  time      : 2026-11-27_05:47:52")
     assert torchrun.first_failure(later).rank == 1
+
+
+def test_another_nodes_rank_that_failed_first_reaches_node_0(tmp_path: Path) -> None:
+    """In one process, without torch: what the other nodes' supervisors tell node 0's as their torchrun ends
+    (node_failures). Node 0's record had named rank 0's gloo error, its ranks stopped by a peer on another node;
+    it now names the earliest rank that failed of itself on any other node, and a node that says nothing (its host
+    gone) is waited for no longer than WAIT_S. The ports are the ones node 0's ranks share in the store."""
+    import socket
+    import time
+
+    from mlbench.launch import node_failures
+
+    def said(*blocks: str) -> str:
+        return "ChildFailedError: \n" + "=" * 60 + "\nFailures:\n" + "".join(blocks) + "=" * 60
+
+    ranks = tmp_path / "ranks"
+    (ranks / "mlbench-run0_ab12cd34" / "attempt_0" / "1").mkdir(parents=True)
+    board = node_failures.Board(nodes=5)  # nodes 1 to 4 tell it; node 4 never does
+    port = tmp_path / "port"
+    port.write_text(str(board.port))
+    with socket.create_connection(("127.0.0.1", board.port)) as stranger:  # not a node: ignored
+        stranger.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    node_failures.tell("127.0.0.1", port, torchrun.node_report(said(_block(0, 9, 7, "05:47:52", local=1)), ranks, 2))
+    node_failures.tell("127.0.0.1", port, torchrun.node_report(said(_block(0, 5, 7, local=1)), ranks, 1))
+    node_failures.tell("127.0.0.1", port, torchrun.node_report(said(_block(0, 12, 6, local=0)), ranks, 3))
+    start = time.monotonic()
+    heard = board.heard(wait_s=0.5)
+    assert time.monotonic() - start < 2 and [r["node"] for r in heard] == [1, 2, 3], heard
+    assert heard[2] == {"node": 3}  # stopped by another's failure: none of its own
+    assert torchrun.elsewhere(heard) == ("rank 5 (node 1's local rank 1) exited with code 7 (see node 1's rank logs: "
+                                         "mlbench-run0_ab12cd34/attempt_0/1)")
+    assert torchrun.elsewhere(heard[1:]).startswith("rank 9 (node 2's local rank 1) exited with code 7")
+    assert torchrun.elsewhere(heard[2:]) == ""
+    board.close()
+    node_failures.tell("127.0.0.1", port, {"node": 1})  # node 0 gone: nothing to tell, and no error
+    node_failures.tell("127.0.0.1", tmp_path / "none", {"node": 1})  # its ranks never shared the port

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MLBENCH, mllog, result_dir
+from test_rank_failures import fail_at_step_3
 
 from mlbench.launch.ports import free_port, free_ports
 
@@ -103,27 +104,43 @@ def test_a_rendezvous_that_fails_ends_at_once_with_the_reason(tmp_path: Path) ->
     assert not list(result_dir(tmp_path / "node1", "gpt3").glob("result_*"))
 
 
-def test_a_rank_of_node_0_that_dies_at_start_is_named_in_the_published_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failing", ["node 0 at start", "node 1 mid-run"], ids=["node-0-at-start", "node-1-mid-run"])
+def test_a_rank_that_fails_is_named_in_node_0s_published_record(tmp_path: Path, failing: str) -> None:
     """Node 0's rank 0 exits 7 as its interpreter starts (a sitecustomize on node 0's path), before it logs anything:
     node 0's record and log said only "launcher exited with code 1 (a rank failed; see the rank logs)" (torchrun's
-    own words name the rank at the end of a long traceback). They now name the rank, how it ended and its logs."""
+    own words name the rank at the end of a long traceback). Node 1's rank 1 exits 7 at step 3: its peer on node 0
+    stopped in consequence, and node 0's record said rank 0's gloo error ("RuntimeError: [...] Read error
+    [127.0.0.1]:<port>: Connection reset by peer. ..."); node 1's own output alone named the rank. Both records now
+    name the rank, how it ended and its logs (node 1's, on node 1: node 1 tells node 0, node_failures)."""
     site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import os, sys\nif 'mlbench.launch.torchrun_rank' in sys.orig_argv and os.environ.get('RANK') == '0':\n"
-        "    os._exit(7)\n")
+    if failing == "node 0 at start":
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(
+            "import os, sys\nif 'mlbench.launch.torchrun_rank' in sys.orig_argv and os.environ.get('RANK') == '0':\n"
+            "    os._exit(7)\n")
+        envs = {"PYTHONPATH": str(site)}, {}
+    else:
+        envs = {}, fail_at_step_3(tmp_path, kill=False)
     endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
-    node0 = _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env={"PYTHONPATH": str(site)})
-    node1 = _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60")
+    node0 = _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env=envs[0])
+    node1 = _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60", env=envs[1])
     try:
         out = node0.communicate(timeout=120)[0]
-    finally:  # node 1 is not the point: its ranks would wait for node 0's store to answer (about a minute)
-        node1.terminate()
-        _ends({"node0": node0, "node1": node1}, timeout=60)
+    finally:  # node 0's rank dead at start: node 1's ranks would wait for node 0's store to answer (about a minute)
+        if failing == "node 0 at start":
+            node1.terminate()
+        outs = _ends({"node0": node0, "node1": node1}, timeout=60)
     assert node0.returncode == 1, out
     folder = result_dir(tmp_path / "node0", "gpt3")
-    [logs] = [p.relative_to(folder / "logs" / "result_0") for p in folder.glob("logs/result_0/*/attempt_0/0")]
-    reason = f"rank 0 (node 0's local rank 0) exited with code 7 (see the rank logs: {logs})"
+    if failing == "node 0 at start":
+        [logs] = [p.relative_to(folder / "logs" / "result_0") for p in folder.glob("logs/result_0/*/attempt_0/0")]
+        reason = f"rank 0 (node 0's local rank 0) exited with code 7 (see the rank logs: {logs})"
+    else:
+        kept = result_dir(tmp_path / "node1", "gpt3") / "logs"
+        [logs] = [p.relative_to(p.parents[2]) for p in kept.glob("node1-*/*/attempt_0/0")]
+        reason = f"rank 1 (node 1's local rank 0) exited with code 7 (see node 1's rank logs: {logs})"
+        assert node1.returncode == 1 and (f"node 1: rank 1 (node 1's local rank 0) exited with code 7 (see the rank "
+                                          f"logs: {logs}); rank logs in {kept}") in outs["node1"], outs["node1"]
     log = mllog(folder / "result_0.txt")
     assert log[-1]["key"] == "run_stop" and log[-1]["metadata"]["status"] == "aborted", out
     assert log[-1]["metadata"]["reason"] == reason, out
