@@ -66,7 +66,10 @@ class Board:
         return [self._heard[n] for n in sorted(self._heard)]
 
     def close(self) -> None:
-        self._sock.close()
+        if hasattr(self, "_sock"):  # not where it could not listen
+            self._sock.close()
+
+    __del__ = close  # a command described but never run (a dry run's) drops its board unread
 
 
 def _read(conn: socket.socket, deadline: float) -> object:
