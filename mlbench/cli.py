@@ -276,6 +276,7 @@ def _error(message: str) -> None:
 
 
 def main() -> None:
+    terminal.hold_standard_streams()
     try:
         cli.main(prog_name="mlbench", standalone_mode=False)
     except UserError as e:

@@ -48,7 +48,7 @@ class _Stdout:
     lost = False
 
     def write(self, text: str) -> int:
-        if not _Stdout.lost:
+        if not _Stdout.lost and sys.stdout is not None:  # None: started without a stdout (`>&-`), nobody reads it
             try:
                 try:
                     return sys.stdout.write(text)
@@ -70,7 +70,7 @@ class _Stdout:
         return len(text)
 
     def flush(self) -> None:
-        if not _Stdout.lost:
+        if not _Stdout.lost and sys.stdout is not None:
             try:
                 sys.stdout.flush()
             except OSError:
@@ -87,6 +87,20 @@ class _Stdout:
 
 
 STDOUT = _Stdout()
+
+
+def hold_standard_streams() -> None:
+    """A standard stream the command was started without (`>&-`, `2>&-`, `<&-`; Python then has None for it, and
+    the output goes nowhere, as it was meant to): its descriptor is held on /dev/null. Left free, the first file
+    mlbench opened took its number, and a process started after wrote its output or errors into that file."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def console(**kwargs) -> Console:
