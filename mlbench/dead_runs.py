@@ -1,11 +1,16 @@
 """Runs whose mlbench process died before it published them (kill -9, the OOM killer, a lost login session): the
-next mlbench command that takes the results folder publishes each as aborted, so that no run that started goes
-unrecorded.
+next mlbench command that takes the results folder publishes each, so that no run that started goes unrecorded.
 
 Its ranks die with their supervisor (mlbench.launch.lifeline), so what the dead run left is what it had written:
-the plan, rank 0's MLPerf log and events, the rank logs. The log is closed as rank 0 closes an aborted one
-(mlperf_log.finalize_aborted), the official checker judges it, and the record is the same as any run's, built
-from the plan and the events, with the reason saying what happened and `exit_code` null (nobody saw it exit).
+the plan, rank 0's MLPerf log and events, the rank logs. The log is the source of truth: one without `run_stop` is
+closed as rank 0 closes an aborted one (mlperf_log.finalize_aborted) and the run is aborted; one whose `run_stop`
+was written keeps its status (a run that reached its target and whose mlbench died after it is a success, with
+`error_after_run_stop` saying that mlbench died). The official checker judges the log, and the record is the same
+as any run's, built from the plan and the events, with `exit_code` null (nobody saw it exit).
+
+A plan that cannot be read (written by another version of mlbench, or garbled) gives way to the log: the benchmark
+and layout are the ones the log states. A run that cannot be published even so is set aside under logs/, said in
+one line; nothing a dead run left stops the next run.
 """
 
 from __future__ import annotations
@@ -16,43 +21,157 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mlbench import mlperf_log, results, runner
+from mlbench import mlperf_log, registry, results, runner
 from mlbench.launch.supervise import EventTail, Outcome
 from mlbench.layout import Layout
 from mlbench.run_plan import RunPlan
 
 
 def publish(folder: Path, console: Console) -> list[Path]:
-    """Publishes every dead run of `folder` as aborted; returns the results placed."""
+    """Publishes every dead run of `folder`; returns the results placed."""
     placed = []
     for staging, owner in results.dead_runs(folder):
         try:
-            placed.append(_publish_one(folder, staging, owner))
-        except (OSError, ValueError, TypeError, KeyError, results.PublishError) as e:
-            # what cannot be read cannot be published: removed, as before dead runs were published, and said so
-            shutil.rmtree(staging, ignore_errors=True)
-            console.print(f"removed a dead run's folder {staging.name} that could not be published: {e}",
+            path, note = _publish_one(folder, staging, owner)
+        except results.PublishError as e:  # nothing of it was left (a full disk, say)
+            console.print(f"a run whose mlbench process had died ({staging.name}) could not be published: {e}",
                           highlight=False, soft_wrap=True)
             continue
-        console.print(f"published a run whose mlbench process had died as aborted: {placed[-1]}", highlight=False,
+        except Exception as e:  # whatever a dead run left (a foreign or garbled file): said, never in the way
+            kept = _set_aside(folder, staging)
+            console.print(f"a run whose mlbench process had died ({staging.name}) could not be published "
+                          f"({_why(e)}); {f'its files were moved to {kept}' if kept else 'its folder was removed'}",
+                          highlight=False, soft_wrap=True)
+            continue
+        placed.append(path)
+        console.print(f"published a run whose mlbench process had died{note}: {path}", highlight=False,
                       soft_wrap=True)
     return placed
 
 
-def _publish_one(folder: Path, staging: Path, owner: str) -> Path:
-    plan = RunPlan.load(staging / "plan.json")
-    pid = owner.split("-", 1)[0]
-    found = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
-    reason = (f"mlbench (pid {pid}) died before the run ended (killed, or its session lost); published as "
-              f"aborted by a later mlbench command at {found}")
+def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
+    """The run published: its result, and how it ended as the line that announces it says."""
     log = staging / "mlperf.log"
     _drop_cut_line(log)
-    mlperf_log.finalize_aborted(log, reason, plan)
-    outcome = Outcome(status="aborted", exit_code=-1, reason=reason, events=_events(staging / "events.jsonl"))
+    plan, unread = _plan(staging, folder)
+    outcome, note = _outcome(log, plan, _events(staging / "events.jsonl"), owner.split("-", 1)[0])
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
-    return results.publish(folder, staging, rec | {"exit_code": None})  # nobody saw it exit
+    return results.publish(folder, staging, rec | {"exit_code": None}), note + unread  # nobody saw it exit
+
+
+def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str) -> tuple[Outcome, str]:
+    """How the dead run ended, as its log says (its run_stop, or none: then it is closed as aborted here)."""
+    at = f"by a later mlbench command at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
+    status, logged_reason = _run_stop(log)
+    if status == "success":  # it reached its target; mlbench died after it, before publishing: the status stands
+        after = f"mlbench (pid {pid}) died after the run ended (run_stop success), before it published the run; " \
+                f"published {at}"
+        saving = any(e.get("event") == "checkpoint_saving" for e in events)
+        saved = any(e.get("event") in ("checkpoint_saved", "checkpoint_failed") for e in events)
+        unsaved = f"mlbench (pid {pid}) died while the checkpoint was saved" if saving and not saved else ""
+        return (Outcome(status="success", exit_code=-1, events=events, error_after_run_stop=after,
+                        checkpoint_error=unsaved), " after the run ended (its log: run_stop success)")
+    died = f"mlbench (pid {pid}) died before the run ended (killed, or its session lost); published as aborted {at}"
+    if status is None:
+        mlperf_log.finalize_aborted(log, died, plan)
+    reason = f"{logged_reason}; {died}" if logged_reason else died  # rank 0 had closed the log: its reason first
+    return Outcome(status="aborted", exit_code=-1, reason=reason, events=events), " as aborted"
+
+
+def _run_stop(log: Path) -> tuple[str | None, str]:
+    """The status and reason of the log's run_stop ((None, "") without one)."""
+    for e in mlperf_log.read(log):
+        if e.get("key") == "run_stop":
+            meta = e.get("metadata") if isinstance(e.get("metadata"), dict) else {}
+            status, reason = meta.get("status"), meta.get("reason")
+            return (status if isinstance(status, str) else "aborted"), (reason if isinstance(reason, str) else "")
+    return None, ""
+
+
+def _plan(staging: Path, folder: Path) -> tuple[RunPlan, str]:
+    """The run's plan, and ""; or, where its plan.json cannot be read, the plan its log states and a note saying
+    so."""
+    try:
+        plan = RunPlan.load(staging / "plan.json")
+        Layout.from_dict(plan.layout)
+        return plan, ""
+    except Exception as e:  # noqa: BLE001 - any file may be there: its log says the rest
+        why = _why(e)
+    plan = plan_from_log(staging / "mlperf.log", folder.name, f"its MLPerf log (plan.json could not be read: {why})")
+    return plan, f" (its plan.json could not be read: {why}; its benchmark and layout are the ones its log states)"
+
+
+# The log's keys a plan is read back from (mlperf_log.hyperparameters).
+_LOGGED = ("submission_org", "submission_platform", "submission_division", "seed", "global_batch_size",
+           "gradient_accumulation_steps", "max_sequence_length", "opt_base_learning_rate",
+           "opt_learning_rate_warmup_steps", "tensor_parallelism", "pipeline_parallelism", "context_parallelism",
+           "expert_parallelism", "micro_batch_size")
+
+
+def plan_from_log(log: Path, benchmark: str, source: str) -> RunPlan:
+    """A dead run's plan as its MLPerf log states it: `benchmark` (its folder's) in the variant of the log's
+    sequence length, at the log's batch, learning rate and warm-up, in the log's layout (on one node: how the ranks
+    were spread over nodes is not logged). SOURCE: the layout's `source`. ValueError where the log cannot say."""
+    from mlbench import rcp_schedule
+
+    logged: dict = {}
+    for e in mlperf_log.read(log):
+        if e.get("key") in _LOGGED:
+            logged.setdefault(e["key"], e.get("value"))
+
+    def count(key: str, default: int | None = None) -> int:
+        v = logged.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 2**31:
+            raise ValueError(f"its log's {key} is {v!r}, not a count")
+        return v
+
+    variants = [registry.load(benchmark, tiny=tiny) for tiny in (False, True)
+                if not tiny or registry.has_tiny(benchmark)]
+    seq = count("max_sequence_length")
+    matches = [b for b in variants if b.model.seq_length == seq]
+    if len(matches) != 1:
+        raise ValueError(f"its log's max_sequence_length {seq} names no single variant of {benchmark}")
+    tp, pp, cp, mbs = (count(k) for k in ("tensor_parallelism", "pipeline_parallelism", "context_parallelism",
+                                          "micro_batch_size"))
+    gbs, gas = count("global_batch_size"), count("gradient_accumulation_steps")
+    if gbs % (mbs * gas):
+        raise ValueError(f"its log's global_batch_size {gbs} is not micro_batch_size {mbs} x "
+                         f"gradient_accumulation_steps {gas} x a data-parallel size")
+    lr, warmup = logged.get("opt_base_learning_rate"), logged.get("opt_learning_rate_warmup_steps")
+    bench = rcp_schedule.for_run(matches[0], gbs, lr if isinstance(lr, int | float) and not isinstance(lr, bool)
+                                 else None,
+                                 warmup if isinstance(warmup, int) else None)
+    dp = gbs // (mbs * gas)
+    layout = Layout(nodes=1, nproc_per_node=tp * pp * cp * dp, tp=tp, pp=pp, vp=1, cp=cp, dp=dp,
+                    micro_batch_size=mbs, global_batch_size=gbs, source=source, ep=count("expert_parallelism", 1),
+                    features=bench.features, precision=bench.train.precision)
+    text = {k: v for k in ("submission_org", "submission_platform", "submission_division")
+            if isinstance(v := logged.get(k), str)}
+    seed = logged.get("seed")
+    return RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed if isinstance(seed, int) else 0,
+                   run_dir=str(log.parent), system=text.get("submission_platform", ""),
+                   org=text.get("submission_org", "mlbench"), division=text.get("submission_division", "closed"))
+
+
+def _why(e: BaseException) -> str:
+    """An exception in a few words: its message, else its kind; one line, not a page."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _set_aside(folder: Path, staging: Path) -> Path | None:
+    """A dead run that cannot be published, moved out of the way (logs/unpublished-<its folder>): kept for a person
+    to read, and never taken for a run to publish again. None where it could not be moved (it is removed)."""
+    dest = folder / "logs" / f"unpublished-{staging.name.lstrip('.')}"
+    try:
+        dest.parent.mkdir(exist_ok=True)
+        staging.rename(dest)
+        return dest
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
 
 
 def _drop_cut_line(log: Path) -> None:
@@ -66,7 +185,11 @@ def _drop_cut_line(log: Path) -> None:
 
 def _events(path: Path) -> list[dict]:
     """Rank 0's events as far as they were written, read as the supervisor reads them (a line the kill cut short,
-    without its newline, is left out)."""
+    without its newline, is left out); none where they cannot be read (a line nested too deep for the parser):
+    the record goes without them, its log says the rest."""
     tail = EventTail(path)
-    tail.poll()
+    try:
+        tail.poll()
+    except (RecursionError, OSError, UnicodeDecodeError):
+        return []
     return [e for e in tail.events if isinstance(e, dict)]

@@ -49,8 +49,18 @@ class Layout:
 
     @classmethod
     def from_dict(cls, d: dict) -> Layout:
-        """A layout back from `as_dict` (a run plan's), the derived counts dropped."""
+        """A layout back from `as_dict` (a run plan's), the derived counts dropped. What a plan file may hold
+        (another version's, a garbled one) is refused with a ValueError naming it: a layout that is not an object,
+        features that are not one, a size that is not a positive count (a KeyError for the features missing)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a layout is an object of its sizes, not {type(d).__name__} {str(d)[:40]!r}")
+        if not isinstance(d["features"], dict):
+            raise ValueError(f"a layout's features are an object, not {type(d['features']).__name__}")
         names = {f.name for f in fields(cls)}
+        for f in fields(cls):
+            v = d.get(f.name)
+            if f.type == "int" and f.name in d and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"a layout's {f.name} is a positive count, not {str(v)[:40]!r}")
         kept = {k: v for k, v in d.items() if k in names}
         return cls(**kept | {"features": FeaturesSpec(**d["features"])})
 

@@ -12,7 +12,7 @@ null. (The MLPerf log beside it is the official logger's, which writes such a nu
 A staging folder is named after its owner (`.staging-<owner tag>-XXXX`, mlbench.owners), so a later run removes
 the ones whose owner on this host is dead (killed with -9, say) and leaves other hosts' and containers' alone. One
 that holds a run its dead owner never published (a plan and a begun MLPerf log) is kept for the later run to
-publish as aborted (mlbench.dead_runs), once no process holds a file in it.
+publish (mlbench.dead_runs: as its log ended, aborted where it had not), once no process holds a file in it.
 """
 
 from __future__ import annotations
@@ -265,6 +265,8 @@ def _finish_publishing(folder: Path, staging: Path) -> None:
     were on disk before the first link), or, where that name was taken meanwhile, the record is taken back. One
     killed after both finds its result whole: only its rank logs are moved."""
     for staged in staging.glob("result_*.json"):
+        if not (index := staged.stem[len("result_"):]).isascii() or not index.isdigit():
+            continue  # not a record mlbench staged
         placed, log = folder / staged.name, folder / f"{staged.stem}.txt"
         with contextlib.suppress(OSError):
             if not placed.samefile(staged):
@@ -279,8 +281,16 @@ def _finish_publishing(folder: Path, staging: Path) -> None:
                 placed.unlink()  # the log cannot be placed: the record goes too (complete or absent)
                 continue
             _fsync_dir(folder)
-            status = json.loads(staged.read_text()).get("status")
-            _keep_rank_logs(folder, staging, int(staged.stem.split("_")[1]), status != "success")
+            _keep_rank_logs(folder, staging, int(index), _status(staged) != "success")
+
+
+def _status(record: Path) -> object:
+    """A record's status (None where it cannot be read: garbled, as a hostile hand may leave it)."""
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data.get("status") if isinstance(data, dict) else None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -4,12 +4,15 @@ nothing."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import MLBENCH
+from conftest import MLBENCH, mllog
 
 from mlbench import terminal
 from mlbench.progress import Progress
@@ -55,3 +58,135 @@ def test_a_closed_standard_stream_is_held_on_dev_null() -> None:
                           preexec_fn=_closed_stdout)
     fd, held = proc.stderr.split()
     assert int(fd) > 2 and held == os.devnull, proc.stderr
+
+
+# ---- a dead run's staging folder: published from what can be read, never in the next run's way -------------
+
+
+def _dead_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_stop: str | None,
+              plan_json: str | None = None) -> tuple[Path, Path]:
+    """(results folder, staging folder) of a tiny gpt3 run whose mlbench died (kill -9) with its log at run_start,
+    or at run_stop with status RUN_STOP; PLAN_JSON in place of its plan where given."""
+    from mlbench import layout as layout_lib
+    from mlbench import mlperf_log, owners, rcp_schedule, registry, results
+    from mlbench.mlperf_log import C
+    from mlbench.run_plan import RunPlan
+
+    folder = tmp_path / "vm" / "gpt3"
+    folder.mkdir(parents=True)
+    staging = results.stage(folder)
+    bench = registry.load("gpt3", tiny=True)
+    layout = layout_lib.resolve(bench)
+    bench = rcp_schedule.for_run(bench, layout.global_batch_size)
+    plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=7, run_dir=str(staging), system="vm")
+    plan.save(staging / "plan.json")
+    log = mlperf_log.write_preamble(plan)
+    log.end(C.INIT_STOP)
+    log.start(C.RUN_START)
+    if run_stop:
+        log.event(C.TRAIN_SAMPLES, value=1024)
+        log.end(C.RUN_STOP, metadata={"status": run_stop})
+    log.close()
+    (staging / "events.jsonl").write_text(json.dumps({"event": "step", "step": 1, "loss": 4.8}) + "\n")
+    if plan_json is not None:
+        (staging / "plan.json").write_text(plan_json)
+    monkeypatch.setattr(owners, "gone", lambda tag: True)  # its owner is dead (as after kill -9)
+    return folder, staging
+
+
+def _publish_dead(folder: Path) -> tuple[str, dict, Path]:
+    """What the next command in FOLDER says of the dead run, its record and its result."""
+    from rich.console import Console
+
+    from mlbench import dead_runs
+
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    (placed,) = dead_runs.publish(folder, console)
+    return console.export_text(), json.loads(placed.with_suffix(".json").read_text()), placed
+
+
+def test_a_run_killed_after_run_stop_success_is_published_as_the_success_its_log_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of mlbench after rank 0 wrote run_stop success: the record said aborted ('died before the run
+    ended', exit_code null) while the log said success and `score` counted it as one. The log's status stands, and
+    error_after_run_stop says apart that mlbench died after the run ended."""
+    folder, _ = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    said, record, placed = _publish_dead(folder)
+    assert record["status"] == "success" and record["reason"] == "" and record["exit_code"] is None, record
+    assert "died after the run ended (run_stop success)" in record["error_after_run_stop"], record
+    assert "after the run ended" in said, said
+    stops = [e for e in mllog(placed) if e["key"] == "run_stop"]
+    assert [s["metadata"]["status"] for s in stops] == ["success"]  # the log left as it was
+
+
+def test_a_run_killed_after_rank_0_logged_it_aborted_keeps_the_logs_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, _ = _dead_run(tmp_path, monkeypatch, run_stop="aborted")
+    _, record, placed = _publish_dead(folder)
+    assert record["status"] == "aborted" and "died before the run ended" in record["reason"], record
+    assert [e["metadata"]["status"] for e in mllog(placed) if e["key"] == "run_stop"] == ["aborted"]
+
+
+_BAD_PLANS = {
+    "unknown-key": lambda p: p | {"benchmark": p["benchmark"] | {"model": p["benchmark"]["model"] | {"new": 1}}},
+    "missing-key": lambda p: {k: v for k, v in p.items() if k != "seed"},
+    "layout-not-an-object": lambda p: p | {"layout": "x"},
+    "layout-size-not-a-count": lambda p: p | {"layout": p["layout"] | {"tp": "x"}},
+    "deeply-nested": lambda p: "[" * 100_000 + "]" * 100_000,
+    "not-json": lambda p: "{plan",
+}
+
+
+@pytest.mark.parametrize("bad", list(_BAD_PLANS))
+def test_a_dead_run_whose_plan_cannot_be_read_is_published_from_its_log(
+        bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan.json another version of mlbench wrote, or a garbled one, blocked every later run in the folder: an
+    error naming neither the staging folder nor what to do (spec's unknown or missing key), or a traceback
+    (AttributeError in Layout.from_dict, RecursionError). The log is the source of truth: the run is published as
+    aborted with the benchmark and layout its log states, and the line says the plan could not be read."""
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    plan = json.loads((staging / "plan.json").read_text())
+    changed = _BAD_PLANS[bad](plan)
+    (staging / "plan.json").write_text(changed if isinstance(changed, str) else json.dumps(changed))
+    said, record, _ = _publish_dead(folder)
+    assert "its plan.json could not be read" in said and "\n" not in said.strip(), said
+    assert record["status"] == "aborted" and record["variant"] == "tiny" and record["seed"] == 7, record
+    assert record["layout"]["global_batch_size"] == plan["layout"]["global_batch_size"], record["layout"]
+    assert record["layout"]["source"].startswith("its MLPerf log"), record["layout"]
+    assert not staging.exists()
+
+
+def test_a_dead_run_that_cannot_be_published_is_set_aside_and_the_next_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither its plan nor its log says what run it was: set aside under logs/ in one line naming it, not a
+    traceback or an error that stops the run that found it."""
+    from rich.console import Console
+
+    from mlbench import dead_runs
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None, plan_json="{")
+    (staging / "mlperf.log").write_text(':::MLLOG {"key": "run_start", "value": ' + "[" * 100_000 + "]" * 100_000
+                                        + "}\n")
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    assert dead_runs.publish(folder, console) == []
+    said = console.export_text()
+    kept = folder / "logs" / f"unpublished-{staging.name.lstrip('.')}"
+    assert f"({staging.name}) could not be published" in said and str(kept) in said, said
+    assert (kept / "mlperf.log").is_file() and not staging.exists()
+    assert dead_runs.publish(folder, console) == []  # never found again
+
+
+@pytest.mark.parametrize("text", ["{garbled", "[1, 2]", "[" * 100_000 + "]" * 100_000])
+def test_a_record_placed_by_a_killed_publisher_is_finished_whatever_it_holds(
+        text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publisher killed between its two links left the record without its log; the next command links the log
+    after it. Its status was read with json.loads(...).get: a record garbled since (not JSON, not an object,
+    nested too deep) raised out of remove_stale, and no later run could start in the folder."""
+    from mlbench import results
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    (staging / "result_0.json").write_text(text)
+    os.link(staging / "result_0.json", folder / "result_0.json")
+    (staging / "ranks").mkdir()
+    assert results.remove_stale(folder) == [staging]
+    assert (folder / "result_0.txt").is_file() and (folder / "logs" / "result_0").is_dir()
