@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # two launches, fourteen layouts built: about 10 
 
 _SCRIPT = textwrap.dedent("""
     from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
-    import json, os, sys, tempfile
+    import json, os, socket, sys, tempfile
     from mlbench import registry
     from mlbench.layout import resolve
     from mlbench.run_plan import RunPlan
@@ -36,7 +36,20 @@ _SCRIPT = textwrap.dedent("""
     cases = json.loads(sys.argv[1])
     world = int(os.environ["WORLD_SIZE"])
     device = None
-    out = {}
+    # Another process binding the rendezvous port between the launcher's choosing it and rank 0's store binding
+    # it (seen under a busy suite: EADDRINUSE): mlbench's agent holds it for rank 0's store, so this fails.
+    thief = socket.socket()
+    try:
+        thief.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+        held = False
+    except OSError:
+        held = True
+    if world == 1:  # a one-process run's rank (started directly, with no agent) binds no port: take it anyway
+        thief.close()
+        thief = socket.socket()
+        thief.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(thief.getsockname()[1])
+    out = {"port": {"held": held}}
     for name, (kw, features, *which) in cases.items():
         bench = registry.load(which[0] if which else "gpt3", tiny=True)
         layout = resolve(bench, nodes=1, nproc_per_node=world, features=features, **kw)
@@ -85,9 +98,20 @@ def _launch(tmp: Path, nproc: int, cases: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def memory(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
     tmp = tmp_path_factory.mktemp("memory")
-    return _launch(tmp, 1, CASES_1) | _launch(tmp, 2, CASES_2)
+    return {1: _launch(tmp, 1, CASES_1), 2: _launch(tmp, 2, CASES_2)}
+
+
+@pytest.fixture(scope="module")
+def memory(launches: dict[int, dict]) -> dict[str, dict]:
+    return {name: r for out in launches.values() for name, r in out.items() if name != "port"}
+
+
+def test_no_other_process_can_take_the_rendezvous_port(launches: dict[int, dict]) -> None:
+    """The agent held each launch's port for rank 0's store: nothing else could bind it; and the one-process
+    launch trained with its MASTER_PORT taken by another socket (its store is in-process)."""
+    assert launches[1]["port"]["held"] and launches[2]["port"]["held"]
 
 
 def test_static_bytes_are_megatrons_tensors(memory: dict[str, dict]) -> None:

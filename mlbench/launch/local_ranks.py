@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from mlbench.launch.lifeline import consequent
-from mlbench.launch.ports import free_port
+from mlbench.launch.ports import STORE, held_port
 
 GRACE_S = 10.0
 MODULE = "mlbench.launch.local_ranks"
@@ -108,7 +108,8 @@ def rank_failure(output: str) -> str:
 
 
 def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
-    port = free_port("127.0.0.1")
+    store = held_port()  # rank 0's store serves on it: held from now on (ports.STORE)
+    port = store.getsockname()[1]
     procs: dict[int, subprocess.Popen] = {}
     ranks: dict[int, int] = {}
     received: list[int] = []
@@ -127,9 +128,12 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
             logs.mkdir(parents=True, exist_ok=True)
             out = files.enter_context(open(logs / "stdout.log", "ab"))
             err = files.enter_context(open(logs / "stderr.log", "ab"))
-            p = subprocess.Popen([sys.executable, *rank_argv], env=rank_env(dict(os.environ), rank, nproc, port),
-                                 stdout=out, stderr=err)
+            fds = (store.fileno(),) if rank == 0 else ()
+            env = dict(rank_env(dict(os.environ), rank, nproc, port), **{STORE: f"serve:{fds[0]}" if fds else "join"})
+            p = subprocess.Popen([sys.executable, *rank_argv], env=env, stdout=out, stderr=err, pass_fds=fds)
             procs[p.pid], ranks[p.pid] = p, rank
+    store.close()  # rank 0 has it
+
     def logs(pid: int) -> Path:
         return log_dir / "local" / "attempt_0" / str(ranks[pid])
 

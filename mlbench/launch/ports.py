@@ -45,3 +45,23 @@ def free_ports(n: int, host: str = "") -> list[int]:
 
 def free_port(host: str = "") -> int:
     return free_ports(1, host)[0]
+
+
+# A launcher's listening socket handed to rank 0, whose rendezvous store serves on it (TCPStore's
+# master_listen_fd): the port is never free between the launcher's choosing it and the store's binding it, so no
+# other process can take it first (a port found free and released was, under a busy test suite: EADDRINUSE).
+# Rank 0 gets "serve:<fd>", every other rank "join" (a client of that store); torchrun's ranks get neither.
+STORE = "MLBENCH_STORE"
+
+
+def held_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket listening on a free port of `host`, for rank 0's store (STORE); the caller closes its copy
+    once rank 0 has it."""
+    sock = socket.socket()
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock

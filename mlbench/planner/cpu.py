@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import platform
 import socket
@@ -41,11 +40,19 @@ CACHE = _cache_file()
 # The tiny models' GEMM shapes (tokens x in -> out): micro-batch 8 x 64 tokens, hidden 64, ffn 256, vocab 128
 SHAPES = [(512, 64, 192), (512, 64, 64), (512, 64, 256), (512, 256, 64), (512, 64, 128)]
 VERSION = 11  # of what is measured: an older cache is measured again
-# A measurement's fields: its texts, and the figures (each a finite number, at least 0) the predictions read.
+# A measurement's fields: its texts, and the figures the predictions read, each within what one thread of a CPU
+# can measure of the tiny gpt3 model (low, high): a cache holding another is measured again. Its costs divide
+# (0 for a layer and the head both was a ZeroDivisionError in `plan --device cpu --tiny`) and multiply (1e308 made
+# every step time infinite or NaN). A time is above a tenth of a microsecond (a timer's resolution, far below any
+# step or collective) and at most ten minutes (a tiny step takes milliseconds); a rate is above 1e6 (a megaFLOP or
+# a megabyte a second) and below 1e15 FLOP/s (a petaFLOP/s: no CPU thread) or 1e13 bytes/s (10 TB/s: no memory).
 _TEXTS = {"key", "megatron_shapes", "measured_at"}
-_FIGURES = {"gemm_flops", "bytes_per_s", "step_1_micro_s", "step_2_micro_s", "step_fb_s", "optimizer_s_per_tensor",
-            "megatron_layer_s", "megatron_head_s", "megatron_probe_layer_flops", "megatron_probe_head_flops",
-            "collective_latency_s"}
+_TIME, _CLAMPED = (1e-7, 600.0), (0.0, 600.0)  # the probe's differences of two timings are clamped at 0: 0 is one
+_FIGURES: dict[str, tuple[float, float]] = {
+    "gemm_flops": (1e6, 1e15), "bytes_per_s": (1e6, 1e13), "step_1_micro_s": _TIME, "step_2_micro_s": _TIME,
+    "step_fb_s": _TIME, "collective_latency_s": _TIME, "optimizer_s_per_tensor": _CLAMPED,
+    "megatron_layer_s": _CLAMPED, "megatron_head_s": _CLAMPED,
+    "megatron_probe_layer_flops": (1.0, 1e15), "megatron_probe_head_flops": (1.0, 1e15)}
 
 
 def _key() -> str:
@@ -69,9 +76,7 @@ def _rate(fn, seconds: float) -> float:
 # megatron-core's forward + backward and optimizer alone.
 PROBE = """
 import json, os, statistics, time
-from mlbench.launch.ports import free_port
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1")), RANK="0", WORLD_SIZE="1",
-                  LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MLBENCH_THREADS="1")
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MLBENCH_THREADS="1")
 from mlbench import registry
 from mlbench.layout import resolve
 from mlbench.run_plan import RunPlan
@@ -226,30 +231,48 @@ def measure(seconds: float = 2.0) -> dict:
 
 
 def cached() -> dict | None:
-    """This machine's cached measurement, if it has a usable one: a cache that cannot be read, is garbled or lacks
-    a figure is measured again (and replaced), never a traceback; nor a hang (a pipe in its place: load_json)."""
-    from mlbench.logfile import load_json
+    """This machine's cached measurement, if it has a usable one: a cache that cannot be read, is garbled, lacks a
+    figure or holds one no CPU measures (`_FIGURES`) is measured again (and replaced), never a traceback; nor a hang
+    (a pipe in its place: load_json)."""
+    return _cache()[0]
+
+
+def _cache() -> tuple[dict | None, str]:
+    """(The cached measurement or None, why a cache that is there is not usable): the why is "" where there is none,
+    or it is another machine's (or an older mlbench's: VERSION)."""
+    from mlbench.logfile import load_json, shown
 
     try:
         data = load_json(CACHE)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("key") != _key():
-        return None
-    figures = {k: v for k, v in data.items() if k not in _TEXTS}
-    if not set(figures) >= _FIGURES or not all(type(v) in (int, float) and 0 <= v < math.inf for v in figures.values()):
-        return None
-    if not figures["gemm_flops"] > 0 < figures["bytes_per_s"]:  # (a cost may round to 0; a rate may not)
-        return None
-    return data
+    except (FileNotFoundError, NotADirectoryError):
+        return None, ""
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    except ValueError as e:
+        return None, f"is not JSON ({str(e).splitlines()[0][:80]})"
+    if not isinstance(data, dict):
+        return None, "is not a JSON object"
+    if data.get("key") != _key():
+        return None, ""
+    for name, (low, high) in _FIGURES.items():
+        v = data.get(name)
+        if name not in data or type(v) not in (int, float) or not low <= v <= high:
+            return None, f"has {name} {shown(v, 40) if name in data else 'missing'}, where a measurement is from " \
+                         f"{low:g} to {high:g}"
+    if not data["megatron_layer_s"] + data["megatron_head_s"] > 0:  # their sum is a one-layer model's time
+        return None, "has megatron_layer_s and megatron_head_s both 0 (their sum is a one-layer model's time)"
+    return data, ""
 
 
 def measured() -> dict:
-    """The cached measurement for this machine, measuring (about 17 s, once) when there is none. A cache folder
-    that cannot be written costs a note, and a measurement next time."""
-    data = cached()
+    """The cached measurement for this machine, measuring (about 17 s, once) when there is none. A cache that is
+    there but not usable is measured again with a note saying why; a cache folder that cannot be written costs a
+    note, and a measurement next time."""
+    data, why = _cache()
     if data is not None:
         return data
+    if why:
+        print(f"note: the cached CPU measurement {CACHE} {why}; measuring this CPU again (about 17 s)", file=sys.stderr)
     data = measure()
     tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
     try:
