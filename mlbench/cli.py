@@ -140,7 +140,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--tiny", is_flag=True, help="The tiny variant: converges on a CPU in seconds.")
 @layout_options
 @click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i (0 to 2**32 - 1). Default: random.")
-@click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed.")
+@click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed (1 to 1000).")
 @click.option("--results", "results_root", default="results", show_default=True, type=PathParam(),
               help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
@@ -157,7 +157,8 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
               help="Seconds without step progress before a run is aborted as hung.")
 @click.option("--partition", help="slurm: partition.")
 @click.option("--account", help="slurm: account.")
-@click.option("--time", "time_limit", default="02:00:00", show_default=True, help="slurm: time limit [D-]HH:MM:SS.")
+@click.option("--time", "time_limit", default="02:00:00", show_default=True,
+              help="slurm: time limit [D-]HH:MM:SS (at most 24855-03:13:08, SLURM's largest).")
 @click.option("--sbatch-arg", "sbatch_args", multiple=True, help="slurm: extra sbatch option, e.g. --exclusive.")
 @click.option("--container-image", help="slurm: container image (pyxis/enroot).")
 @click.option("--container-mounts", help="slurm: container mounts, src:dst[,src:dst...].")
@@ -176,7 +177,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--save-checkpoint", type=PathParam(),
               help="Save model and optimizer state here when the run stops (a new folder; one run only).")
 @click.option("--lr", type=float, help="Peak learning rate, over the benchmark's: needed at a global batch its "
-                                      "RCP table (llama31_8b, gpt_oss_20b) has no row for.")
+                                      "RCP table (llama31_8b, gpt_oss_20b) has no row for. At least its min_lr.")
 @click.option("--warmup-steps", type=int, help="Warm-up steps, over the benchmark's (as --lr).")
 @click.option("--device", help="The GPU (a100, h100, h200, b200, gb200, gb300) the per-GPU memory plan must fit: "
                                 "a run (or dry run) whose plan does not is refused. Default: this machine's GPU "

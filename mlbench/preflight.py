@@ -39,6 +39,10 @@ MAX_DEVICES = 2**20
 # Sequences a step: 128 times the largest MLPerf LLM batch (gpt3's 8,192), and a bound on what a step's data
 # may hold (2**40 asked a tiny run for 512 TiB).
 MAX_GLOBAL_BATCH = 2**20
+# Runs in one set: 100 times the most any MLPerf benchmark requires (10: bert, llama31_8b, gpt_oss_20b). Each run is
+# a result_<i> and a seed of its own, and the set is planned before the first starts: 3,000,000,000 was a traceback
+# (the random first seed's range), 200,000,000 ran out of memory, and a dry run took 100,000,000,000.
+MAX_RUNS = 1000
 # FP8 tensor cores: compute capability 8.9 (Ada) and newer (Hopper 9.0, Blackwell 10.0); what Transformer
 # Engine's FP8 recipes require.
 FP8_COMPUTE_CAPABILITY = 8.9
@@ -137,6 +141,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
     bench = rcp_schedule.for_run(bench, layout.global_batch_size, req.lr, req.warmup_steps)
+    check_min_lr(bench, layout.global_batch_size, req.lr)
     # This machine's device (nvidia-smi, asked once), where the run trains here; a dry run or a SLURM job trains
     # elsewhere.
     here = None if req.dry_run or req.launcher == "slurm" else local_device()
@@ -175,6 +180,9 @@ def _check_options(req: RunRequest) -> None:
     """Values wrong whatever the benchmark: refused first, each naming its flag and the range it takes."""
     if req.runs < 1:
         raise UserError(f"--runs must be at least 1, got {req.runs}")
+    if req.runs > MAX_RUNS:
+        raise UserError(f"--runs {req.runs} is more than a set takes: at most {MAX_RUNS} (MLPerf scores a set of 3 to "
+                        f"10 runs; {MAX_RUNS} is 100 times the most, each run a result of its own)")
     if req.seed is not None and not 0 <= req.seed <= SEED_MAX - (req.runs - 1):
         last = f" (run i uses seed + i: with --runs {req.runs}, at most {SEED_MAX - req.runs + 1})" if req.runs > 1 \
             else ""
@@ -276,6 +284,27 @@ def check_lr(bench: Benchmark, lr: float | None) -> None:
         raise UserError(f"--lr {lr:g} is more than {bench.name}'s optimizer can take: its first step moves each "
                         f"weight by up to lr / (1 - beta1) (optimizer.beta1 {beta1:g}) in float32, whose largest "
                         f"number is {spec.FLOAT32_MAX:.3g}; at most {spec.max_lr(beta1):.3g}")
+
+
+_FLOAT32_SMALLEST = 1.401298464324817e-45  # float32's smallest positive (subnormal) number
+
+
+def check_min_lr(bench: Benchmark, gbs: int, lr: float | None) -> None:
+    """--lr, once the schedule at this batch is known: not 0 in float32, the precision the optimizer keeps it in
+    (5e-324 and 1e-300 trained nothing, to the end of the budget), and not below the schedule's min_lr (it decays
+    from lr down to min_lr: from below, it would rise)."""
+    import struct
+
+    if lr is None:
+        return
+    min_lr = rcp_schedule.at(bench, gbs).min_lr
+    zero = struct.unpack("f", struct.pack("f", lr))[0] == 0
+    if zero or lr < min_lr:
+        why = " and ".join(w for w in ("is 0 in float32 (the optimizer's precision: nothing would train)" if zero
+                                       else "", f"is below {bench.name}'s min_lr {min_lr:g} at global batch {gbs} "
+                                       f"(the schedule decays from lr down to min_lr)" if lr < min_lr else "") if w)
+        raise UserError(f"--lr {lr:g} {why}: give --lr {max(min_lr, _FLOAT32_SMALLEST):.3g} or more ({bench.name}'s "
+                        f"min_lr {min_lr:g}; float32's smallest positive number {_FLOAT32_SMALLEST:.3g})")
 
 
 def check_results_folder(root: Path, system: str, benchmark: str) -> None:
@@ -561,6 +590,11 @@ def check_gpus_here(nproc_per_node: int, device: DeviceFacts) -> None:
 # ---- launcher options -----------------------------------------------------------------------------------
 
 
+# SLURM's largest time limit: sbatch parses --time into a signed 32-bit int of seconds (time_str2secs in its
+# src/common/parse_time.c), then rounds it up to minutes with (seconds + 59) / 60 in that int (time_str2mins).
+SLURM_MAX_TIME_S = 2**31 - 1 - 59
+
+
 def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOptions | None:
     """The SLURM launcher's options, checked by the rules the job script is written under (SlurmJob.validate)
     before anything is written: a bad --time or --sbatch-arg is bad input, not a half-made job folder."""
@@ -576,7 +610,14 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
         slurm.job_for(layout, opts, bench.name, Path("JOB"), driver=None).validate()
     except ValueError as e:
         raise UserError(f"cannot write the SLURM job: {e}") from None
+    if slurm.time_limit_seconds(req.time_limit) > SLURM_MAX_TIME_S:
+        d, rest = divmod(SLURM_MAX_TIME_S, 86400)
+        most = f"{d}-{rest // 3600:02}:{rest % 3600 // 60:02}:{rest % 60:02}"
+        raise UserError(f"--time {req.time_limit} is more than SLURM can take: it reads a time limit as a C int of "
+                        f"seconds and rounds it up to whole minutes (time_str2secs, time_str2mins), so at most "
+                        f"{most}; past that the number wraps into another limit")
     return opts
+
 
 
 # ---- memory ---------------------------------------------------------------------------------------------

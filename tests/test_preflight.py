@@ -80,6 +80,19 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"layout": {"cp": 3, "nproc_per_node": 3}}, r"sequence length 64 must divide by 2 x cp = 6"),
     ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* use --precision bf16"),
     ({"lr": float("nan")}, r"--lr must be a positive number, got nan"),
+    # 0 in float32 (the optimizer's precision) or below min_lr: accepted, a run that trained nothing to its budget
+    ({"lr": 5e-324}, r"--lr 4.94066e-324 is 0 in float32 .* and is below gpt3's min_lr 0.0003 at global batch 16 .*"
+                     r"give --lr 0.0003 or more"),
+    ({"lr": 1e-300, "dry_run": True}, r"--lr 1e-300 is 0 in float32"),
+    ({"lr": 1e-4}, r"--lr 0.0001 is below gpt3's min_lr 0.0003 at global batch 16"),
+    # no upper bound: 3e9 was a traceback (the random seed's range), 2e8 a MemoryError, a dry run took 1e11
+    ({"runs": 3_000_000_000}, r"--runs 3000000000 is more than a set takes: at most 1000"),
+    ({"runs": 100_000_000_000, "dry_run": True}, r"--runs \d+ is more than a set takes: at most 1000"),
+    ({"runs": 1001, "seed": 1}, r"--runs \d+ is more than a set takes: at most 1000"),
+    # past SLURM's own largest limit (a C int of seconds): the job script took 99999999999 days
+    ({"launcher": "slurm", "time_limit": "99999999999-00:00:00", "dry_run": True},
+     r"--time 99999999999-00:00:00 is more than SLURM can take: .* at most 24855-03:13:08"),
+    ({"launcher": "slurm", "time_limit": "24855-03:13:09", "dry_run": True}, r"at most 24855-03:13:08"),
     ({"launcher": "slurm", "layout": {"nodes": 2}, "time_limit": "2h", "dry_run": True},
      r"cannot write the SLURM job: time_limit must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
     # another launcher's options were dropped without a word: --partition alone trained on this machine
