@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -69,9 +71,33 @@ def names(directory: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("."))
 
 
+# The most a benchmark file may hold. The built-in ones are 12 to 18 KB (gpt3.yaml, the largest: 17.7 KB): 1 MiB is
+# over fifty times that, read and parsed in well under a second, while a 3 GB file (a sparse one, a log or a disk
+# image named .yaml) is refused before it is read: read whole, it was a MemoryError traceback in `mlbench list`.
+MAX_BENCHMARK_BYTES = 1 << 20
+
+
+def _text(path: Path) -> str:
+    """PATH's text, refused (OSError naming the limit: EFBIG) where it is larger than MAX_BENCHMARK_BYTES, as
+    `logfile.load_json` refuses a JSON input over its own limit: the size is checked on the file opened (without
+    waiting: a pipe put in its place is no regular file), and no more than the limit and a byte is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > MAX_BENCHMARK_BYTES:
+            raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the {MAX_BENCHMARK_BYTES >> 20} MiB a benchmark "
+                                       f"file may hold; the built-in ones are under 20 KB", str(path))
+        data = f.read(MAX_BENCHMARK_BYTES + 1)
+    if len(data) > MAX_BENCHMARK_BYTES:  # it grew since
+        raise OSError(errno.EFBIG, f"over the {MAX_BENCHMARK_BYTES >> 20} MiB a benchmark file may hold", str(path))
+    return data.decode("utf-8")
+
+
 def _read(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _text(path)
         data = yaml.load(text, Loader=_Loader)
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the benchmark file ({getattr(e, 'strerror', None) or e})") from None
