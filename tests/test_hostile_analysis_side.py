@@ -2,10 +2,13 @@
 function it calls; no training, no CPU measurement):
 
 - a benchmark file is read only up to a size (a 3 GB one was a MemoryError in `mlbench list`);
+- a cached CPU measurement that no CPU measures (a cost of 0, 1e308) is measured again, with a note;
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -63,3 +66,48 @@ def test_a_benchmark_file_past_the_size_limit_is_refused_unread(monkeypatch, tmp
 def test_every_built_in_benchmark_file_is_far_below_the_limit() -> None:
     for f in (registry.ROOT / "benchmarks").glob("*.yaml"):
         assert f.stat().st_size < registry.MAX_BENCHMARK_BYTES / 20, f
+
+
+# --- a cached CPU measurement no CPU measures ---------------------------------------------------------------------
+
+def _measurement() -> dict:
+    from mlbench.planner import cpu
+
+    return {"key": cpu._key(), "gemm_flops": 6.1e10, "bytes_per_s": 3.7e9, "step_1_micro_s": 0.024,
+            "step_2_micro_s": 0.041, "step_fb_s": 0.0145, "optimizer_s_per_tensor": 0.0, "megatron_layer_s": 0.025,
+            "megatron_head_s": 0.0, "megatron_probe_layer_flops": 176160768.0, "megatron_probe_head_flops": 25165824.0,
+            "megatron_shapes": "tiny gpt3", "collective_latency_s": 0.0017, "measured_at": "2026-11-27T02:24:13Z"}
+
+
+@pytest.mark.parametrize("bad", [{"megatron_layer_s": 0, "megatron_head_s": 0}, {"step_fb_s": 1e308},
+                                 {"gemm_flops": 1e308}, {"collective_latency_s": 1e308}, {"step_fb_s": 0},
+                                 {"megatron_head_s": -1e-3}, {"bytes_per_s": math.nan}])
+def test_a_cached_cpu_measurement_no_cpu_measures_is_measured_again(monkeypatch, tmp_path, mlbench, bad) -> None:
+    """A cache with megatron_layer_s and megatron_head_s 0 was a ZeroDivisionError traceback in `plan --device cpu
+    --tiny`; 1e308 gave infinite or NaN step times, exit 0. (`measure` here returns canned figures: no 17 s.)"""
+    from mlbench.planner import cpu
+
+    fresh = _measurement()
+    cache = tmp_path / "cpu-device.json"
+    cache.write_text(json.dumps(fresh | bad))
+    monkeypatch.setattr(cpu, "CACHE", cache)
+    monkeypatch.setattr(cpu, "measure", lambda: dict(fresh))
+    assert cpu.cached() is None
+    code, out, err = mlbench("plan", "gpt3", "--device", "cpu", "--tiny", "--json")
+    assert code == 0, out + err
+    step = json.loads(out)["layouts"][0]["step_time_s"]
+    assert isinstance(step, float) and 0 < step < 10
+    name = next(iter(bad))
+    assert f"note: the cached CPU measurement {cache} has {name}" in err and "measuring this CPU again" in err
+    assert json.loads(cache.read_text()) == fresh and cpu.cached() == fresh  # replaced
+
+
+def test_a_cached_cpu_measurement_with_costs_the_probe_clamps_at_0_is_used(monkeypatch, tmp_path) -> None:
+    """0 is a measurement for a difference of two timings the probe clamps (the optimizer's, the head's)."""
+    from mlbench.planner import cpu
+
+    m = _measurement()
+    assert m["optimizer_s_per_tensor"] == 0 == m["megatron_head_s"]
+    monkeypatch.setattr(cpu, "CACHE", tmp_path / "cpu-device.json")
+    cpu.CACHE.write_text(json.dumps(m))
+    assert cpu.cached() == m
