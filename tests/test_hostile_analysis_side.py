@@ -1,6 +1,7 @@
 """Hostile conditions on the analysis side, each once in-process (the real `mlbench` entry point, `cli.main`, or the
 function it calls; no training, no CPU measurement):
 
+- `compare --ruleset` refuses a ruleset the checker does not know, as `score` and `check` do;
 - a benchmark file is read only up to a size (a 3 GB one was a MemoryError in `mlbench list`);
 - a cached CPU measurement that no CPU measures (a cost of 0, 1e308) is measured again, with a note;
 """
@@ -44,6 +45,18 @@ def mlbench(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+# --- an unknown ruleset -------------------------------------------------------------------------------------
+
+def test_compare_refuses_an_unknown_ruleset_as_score_and_check_do(tmp_path, mlbench) -> None:
+    """It exited 0, every file judged non-compliant ('3 runs failed or did not converge ... no score')."""
+    shutil.copytree(SET, tmp_path / "s2")
+    for command in (("compare", SET, tmp_path / "s2"), ("compare", "--no-score", SET, tmp_path / "s2"),
+                    ("score", SET), ("check", SET)):
+        code, out, err = mlbench(*command, "--ruleset", "bogus")
+        assert code == 2 and out.startswith("error: unknown ruleset 'bogus'; the installed mlperf-logging knows ")
+        assert len(out.splitlines()) == 1, out
 
 
 # --- a benchmark file's size ------------------------------------------------------------------------------------

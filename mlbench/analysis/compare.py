@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mlbench import compliance
 from mlbench.analysis import published, step_times
 from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, passed_over, record_number, run_record
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
@@ -221,6 +222,10 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
 
 
 def build_comparison(paths: list[str], ruleset: str | None = None, with_score: bool = True) -> Comparison:
+    """The entries PATHS name, side by side. A RULESET the installed checker does not know is refused first, as
+    `score` and `check` refuse it (it judged every file non-compliant: "3 runs failed or did not converge")."""
+    if ruleset is not None:
+        compliance.require_ruleset(ruleset)
     entries: list[Entry] = []
     once = GivenOnce("compare takes each run, set or published row")
     for p in paths:
