@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mlbench import registry, terminal
 from mlbench.cli_options import layout_options
-from mlbench.cli_paths import PathParam
+from mlbench.cli_paths import PathParam, path_limit
 from mlbench.errors import Stopped, UserError, stops_on_signals
 from mlbench.preflight import LayoutRequest, check_new_folder
 from mlbench.quality import operator
@@ -317,22 +317,10 @@ def _os_error(e: OSError) -> str:
     path = os.fsdecode(e.filename)
     if e.errno == errno.ENAMETOOLONG:
         name_max = max((len(os.fsencode(n)) for n in Path(path).parts), default=0)
-        why += (f" (a name takes at most {_limit('PC_NAME_MAX', path, 255)} bytes; give a shorter one)"
-                if name_max > _limit("PC_NAME_MAX", path, 255)
-                else f" (a path takes at most {_limit('PC_PATH_MAX', path, 4096)} bytes; give a shorter one)")
+        why += (f" (a name takes at most {path_limit('PC_NAME_MAX', path, 255)} bytes; give a shorter one)"
+                if name_max > path_limit("PC_NAME_MAX", path, 255)
+                else f" (a path takes at most {path_limit('PC_PATH_MAX', path, 4096) - 1} bytes; give a shorter one)")
     return f"{path}: {why}"
-
-
-def _limit(name: str, path: str, default: int) -> int:
-    """os.pathconf of the nearest folder of PATH that exists (DEFAULT where none answers)."""
-    folder = Path(os.path.abspath(path)).parent
-    while True:
-        try:
-            return os.pathconf(folder, name)
-        except (OSError, ValueError):
-            if folder == folder.parent:
-                return default
-            folder = folder.parent
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Path("") is the working directory, so `--results ""` (an unset shell variable, s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +37,16 @@ class FileParam(PathParam):
             raise UserError(f"{option} {value}: ends with '{ending}', a folder's path; give the report's file name, "
                             f"without the '{ending}'")
         return super().convert(value, param, ctx)
+
+
+def path_limit(name: str, path: str | Path, default: int) -> int:
+    """os.pathconf NAME ('PC_NAME_MAX', 'PC_PATH_MAX') of the nearest folder of PATH that exists (DEFAULT where
+    none answers): the limit of the filesystem the path would be made on."""
+    folder = Path(os.path.abspath(path)).parent
+    while True:
+        try:
+            return os.pathconf(folder, name)
+        except (OSError, ValueError):
+            if folder == folder.parent:
+                return default
+            folder = folder.parent

@@ -152,6 +152,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_gpus_here(layout.nproc_per_node, here)
     device = memory_device(req, here)
     check_memory(bench, layout, device)
+    check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
     check_results_folder(req.results_root, system, bench.name)
     slurm_opts = _slurm_options(req, bench, layout)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
@@ -315,6 +316,47 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
     if why:
         raise UserError(f"results folder {folder} is not writable ({existing} {why}); pass --results DIR with a "
                         f"folder you can write")
+
+
+# What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's
+# <run id>_<8 random>, a SLURM job's node<k>/<job id>_<8 random>; a job id is a 32-bit number) and, for indexed
+# data on one node, megatron's index cache (<md5>-BlendedDataset-<split>-dataset_sample_index.npy).
+_RANK_LOGS = {"direct": "ranks/direct/attempt_0/0/stderr.log", "local": "ranks/local/attempt_0/{rank}/stderr.log",
+              "torchrun": "ranks/mlbench-run{run}_XXXXXXXX/attempt_0/{rank}/stderr.log",
+              "slurm": "ranks/node{node}/4294967295_XXXXXXXX/attempt_0/{rank}/stderr.log"}
+_INDEX_CACHE = "data_cache/" + "0" * 32 + "-BlendedDataset-train-dataset_sample_index.npy"
+# A SLURM job's staging folder is made on its first node, by its driver: the longest owner tag (mlbench.owners:
+# a pid, a start time in clock ticks, a host name of up to 64 bytes and a PID namespace).
+_LONGEST_TAG = f"{2**22}-{2**64}-{'h' * 64}@{2**32}"
+
+
+def check_path_lengths(root: Path, system: str, bench: Benchmark, layout: Layout, launcher: str, runs: int) -> None:
+    """The deepest path the run will make under --results (its staging folder, then its rank logs or data index
+    cache) within the filesystem's limits: NAME_MAX for each name, PATH_MAX for the whole. A path past them failed
+    once the run had started ('File name too long' for its staging files: nothing published, no record)."""
+    from mlbench import owners
+    from mlbench.cli_paths import path_limit
+
+    kind = "direct" if launcher == "local" and layout.world_size == 1 else launcher
+    below = _RANK_LOGS[kind].format(rank=layout.nproc_per_node - 1, run=runs - 1, node=layout.nodes - 1)
+    if bench.data.source == "indexed" and layout.nodes == 1:
+        below = max(below, _INDEX_CACHE, key=len)
+    staging = f"{results.STAGING}{_LONGEST_TAG if launcher == 'slurm' else owners.tag()}-XXXXXXXX"
+    top = Path(os.path.abspath(root))
+    deepest = top / system / bench.name / staging / below
+    name_max = path_limit("PC_NAME_MAX", deepest, 255)
+    for part in deepest.parts[1:]:
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(f"--results {root}: File name too long (a name takes at most {name_max} bytes; give a "
+                            f"shorter one): {part[:40]!r}{'...' if len(part) > 40 else ''} is "
+                            f"{len(os.fsencode(part))} bytes")
+    path_max, size = path_limit("PC_PATH_MAX", deepest, 4096), len(os.fsencode(str(deepest)))
+    if size >= path_max:  # PATH_MAX counts the terminating NUL
+        most = path_max - 1 - (size - len(os.fsencode(str(top))))
+        raise UserError(f"--results {root}: too deep for a run: the deepest path it makes there, <results>/{system}/"
+                        f"{bench.name}/{staging}/{below}, would be {size} bytes (a path takes at most {path_max - 1} "
+                        f"bytes: PATH_MAX {path_max} with its terminating NUL); give a results folder whose absolute "
+                        f"path is at most {most} bytes")
 
 
 def _creatable(folder: Path) -> tuple[Path, str]:

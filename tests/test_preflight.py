@@ -347,3 +347,42 @@ def test_more_ranks_than_this_machines_gpus_are_refused_before_launch(tmp_path: 
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and len(out.strip().splitlines()) == 1, out
     assert "--nproc-per-node 2 starts 2 ranks on this machine" in out and not results.exists()
+
+
+def _at(tmp_path: Path, root: Path) -> RunRequest:
+    return dataclasses.replace(_request(tmp_path), results_root=root)
+
+
+def _path_of(tmp_path: Path, size: int) -> Path:
+    """A folder under TMP_PATH whose absolute path is SIZE bytes, in names of at most 200."""
+    path = str(tmp_path.resolve())
+    while len(path) < size:
+        path += "/" + "d" * min(200, size - len(path) - 1)
+    assert len(path) == size
+    return Path(path)
+
+
+def test_a_results_folder_too_deep_for_the_runs_files_is_refused_at_the_exact_bound(tmp_path: Path) -> None:
+    """--results of 4030 bytes passed the preflight (the folder itself fit PATH_MAX), then the run failed 'File name
+    too long' for its staging files: nothing published, no record. The deepest path the run makes (staging folder,
+    rank logs) is checked; one byte less fits, and the filesystem takes that path."""
+    from mlbench import owners
+
+    with pytest.raises(UserError, match=r"too deep for a run: the deepest path it makes there, <results>/ci/gpt3/"
+                                        r"\.staging-.*/ranks/direct/attempt_0/0/stderr\.log, would be \d+ bytes "
+                                        r"\(a path takes at most 4095 bytes.*at most (\d+) bytes") as e:
+        prepare(_at(tmp_path, _path_of(tmp_path, 4030)))
+    most = int(str(e.value).rsplit("at most ", 1)[1].split()[0])
+    with pytest.raises(UserError, match="too deep for a run"):
+        prepare(_at(tmp_path, _path_of(tmp_path, most + 1)))
+    root = _path_of(tmp_path, most)
+    prepare(_at(tmp_path, root))
+    deepest = root / "ci" / "gpt3" / f".staging-{owners.tag()}-abcdefgh" / "ranks" / "direct" / "attempt_0" / "0"
+    deepest.mkdir(parents=True)
+    (deepest / "stderr.log").write_text("the filesystem takes it")
+
+
+def test_a_name_past_name_max_in_results_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"--results .*: File name too long \(a name takes at most 255 bytes; give a "
+                                        r"shorter one\): 'x{40}'\.\.\. is 300 bytes"):
+        prepare(_at(tmp_path, tmp_path / ("x" * 300) / "r"))
