@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from mlbench import mlperf_tools, registry
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
 from mlbench.logfile import BadField, LogReader, load_json, text
 
@@ -352,17 +352,18 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
 
 
 def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool:
-    """`mlbench check`: print each file's verdict; whether every file passed."""
+    """`mlbench check`: print each file's verdict; whether every file passed. A path and a checker's message (which
+    quotes the log's line) are `printable`."""
     todo = targets(path, ruleset, rules)
     all_ok = True
     for t, v in zip(todo, check_all([(t.path, t.ruleset, t.smoke) for t in todo]), strict=True):
         all_ok &= v.ok
         mark = ("PASS", "green") if v.ok else ("FAIL", "red")
-        console.print(Text.assemble(mark, f" {t.path} ({v.rules})"), highlight=False)
+        console.print(Text.assemble(mark, f" {printable(t.path)} ({v.rules})"), highlight=False)
         if t.note:
-            console.print(f"    note: {t.note}", highlight=False, soft_wrap=True)
+            console.print(f"    note: {printable(t.note)}", highlight=False, soft_wrap=True)
         for m in v.messages[:20]:
-            console.print("    " + m.replace("\n", "\n    "), highlight=False)
+            console.print("    " + "\n    ".join(printable(ln) for ln in m.splitlines()), highlight=False)
         if t.dry_run:
             hp = [m for m in v.messages if "CHECK for" in m]
             console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "

@@ -1,4 +1,5 @@
-"""The one error type a user sees (a message, no traceback, exit code 2), and SIGTERM or SIGHUP taken as Ctrl-C is."""
+"""The one error type a user sees (a message, no traceback, exit code 2), and SIGTERM or SIGHUP taken as Ctrl-C is;
+how text from an input is printed (`printable`)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,19 @@ def stops_on_signals(command: Callable[..., Any]) -> Callable[..., Any]:
         with stopped_by_signals():
             return command(*args, **kwargs)
     return run
+
+
+# --- what is printed of an input ----------------------------------------------------------------------------
+
+def printable(text: object) -> str:
+    """TEXT from an input (a log's benchmark name, system or status, a key, a file name) as it may be printed: as it
+    is where every character is printable, else each one that is not (a newline, ESC, a bidirectional override)
+    written as Python writes it in a string (`\\n`, `\\x1b`, `\\u202e`), the escaping a garbled run_stop status
+    is shown with ('\\x1b[2J...'). A log's "gpt3\\nerror: ..." printed raw forged a line of output; "\\x1b]0;...\\x07"
+    reached the terminal and the Markdown report. A name's undecodable bytes (surrogates U+DC80 to U+DCFF, from a
+    POSIX locale) are left for the output to write as the bytes they were, as `ls` does (`terminal.encode`).
+    Idempotent."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() or "\udc80" <= c <= "\udcff" else repr(c)[1:-1] for c in s)

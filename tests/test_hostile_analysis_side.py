@@ -1,6 +1,8 @@
 """Hostile conditions on the analysis side, each once in-process (the real `mlbench` entry point, `cli.main`, or the
 function it calls; no training, no CPU measurement):
 
+- text from a log or a folder (a benchmark "gpt3\\nerror: forged line", an ESC sequence) is printed escaped, on the
+  terminal and in the Markdown and HTML reports;
 - `compare --ruleset` refuses a ruleset the checker does not know, as `score` and `check` do;
 - a benchmark file is read only up to a size (a 3 GB one was a MemoryError in `mlbench list`);
 - a cached CPU measurement that no CPU measures (a cost of 0, 1e308) is measured again, with a note;
@@ -45,6 +47,80 @@ def mlbench(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+# --- text from a log or a folder, printed -----------------------------------------------------------------------
+
+FORGED = "gpt3\nerror: forged line"
+ANSI = "\x1b]0;pwned\x07gpt3"
+
+
+def _forged_set(folder: Path, benchmark: str, status: str) -> Path:
+    """FOLDER/result_0.txt: the published log with BENCHMARK as its submission_benchmark and STATUS as run_stop's."""
+    text = LOG.read_text()
+    text = text.replace('"value": "llama31_8b"', f'"value": {json.dumps(benchmark)}', 1)
+    text = text.replace('"status": "success"', f'"status": {json.dumps(status)}', 1)
+    folder.mkdir(parents=True)
+    (folder / "result_0.txt").write_text(text)
+    return folder
+
+
+def _no_control_characters(text: str) -> None:
+    bad = [c for c in text if not c.isprintable() and c != "\n"]
+    assert not bad, bad
+    assert "\nerror: forged" not in text
+
+
+def test_text_from_a_log_is_printed_escaped_by_score_compare_and_scaling(tmp_path, mlbench) -> None:
+    """A log's benchmark "gpt3\\nerror: forged line" printed a forged line in score, compare and scaling; an ESC
+    sequence in it, in a status or in a folder's name reached the terminal raw."""
+    a = _forged_set(tmp_path / "sys\x1b[31m" / "a", FORGED, "\x1b[2Jsuccess\nfake")
+    b = _forged_set(tmp_path / "sys2" / "b\x07", FORGED, "success")
+    code, out, err = mlbench("score", a)
+    _no_control_characters(out + err)
+    assert code == 0 and "gpt3\\nerror: forged line" in out and "\\x1b[2Jsuccess\\nfake" in out
+    assert "sys\\x1b[31m/a" in out
+    code, out, err = mlbench("compare", "--no-score", a, b)
+    _no_control_characters(out + err)
+    assert code == 0 and "gpt3\\nerror: forged line" in out and "sys2/b\\x07" in out
+    code, out, err = mlbench("scaling", a, b, "--devices", "8", "--devices", "16")
+    _no_control_characters(out + err)
+    assert code == 0 and "(gpt3\\nerror: forged line)" in out and "sys\\x1b[31m/a" in out
+    c = _forged_set(tmp_path / "sys3" / "c", ANSI, "success")
+    code, out, err = mlbench("scaling", a, c, "--devices", "8", "--devices", "16")  # two benchmarks: refused
+    _no_control_characters(out + err)
+    assert code == 2 and "\\x1b]0;pwned\\x07gpt3" in out
+
+
+def test_text_from_a_log_is_escaped_in_the_markdown_and_html_reports(tmp_path, mlbench) -> None:
+    a = _forged_set(tmp_path / "s" / "a", ANSI, "success")
+    b = _forged_set(tmp_path / "s" / "b", FORGED, "success")
+    (tmp_path / "out").mkdir()
+    md, html = tmp_path / "out" / "r.md", tmp_path / "out" / "r.html"
+    code, out, err = mlbench("compare", "--no-score", a, b, "--md", md, "--html", html)
+    assert code == 0, out + err
+    for report in (md, html):
+        text = report.read_text()
+        _no_control_characters(text)
+        assert "\\x1b]0;pwned\\x07gpt3" in text and "gpt3\\nerror: forged line" in text
+
+
+def test_mlbench_check_prints_a_file_name_escaped(tmp_path, mlbench) -> None:
+    folder = tmp_path / "x\x1b[2J"
+    folder.mkdir()
+    shutil.copy(LOG, folder / "result_\x1b]0;t\x07.txt")
+    code, out, err = mlbench("check", folder, "--ruleset", "6.0.0")
+    _no_control_characters(out + err)
+    assert code == 0 and "x\\x1b[2J/result_\\x1b]0;t\\x07.txt" in out
+
+
+def test_printable_is_the_escaping_of_a_status_and_leaves_printable_text_alone() -> None:
+    from mlbench.errors import printable
+
+    assert printable("gpt3") == "gpt3" and printable("ünïcode ok") == "ünïcode ok"
+    assert printable("\x1b[2J\nx\u202e") == repr("\x1b[2J\nx\u202e")[1:-1] == "\\x1b[2J\\nx\\u202e"
+    assert printable("caf\udcc3\udca9\n") == "caf\udcc3\udca9\\n"  # a name's undecodable bytes: written as they were
+    assert printable(printable(FORGED)) == printable(FORGED)  # idempotent
 
 
 # --- an unknown ruleset -------------------------------------------------------------------------------------

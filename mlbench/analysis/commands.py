@@ -14,7 +14,7 @@ from rich.text import Text
 from mlbench import terminal
 from mlbench.analysis import MAX_DEVICES
 from mlbench.cli_paths import FileParam, PathParam
-from mlbench.errors import UserError, stops_on_signals
+from mlbench.errors import UserError, printable, stops_on_signals
 
 
 def strict_json(doc: object) -> str:
@@ -81,28 +81,31 @@ def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -
 
 
 def _print_set(console: Console, s) -> None:
-    t = Table(title=f"{s.label}  ({s.benchmark}, ruleset {s.ruleset}, {s.devices or '?'} devices)",
+    """A set's score. Every text from its logs and folders (names, statuses, problems, notes) is `printable`."""
+    t = Table(title=printable(f"{s.label}  ({s.benchmark}, ruleset {s.ruleset}, {s.devices or '?'} devices)"),
               title_justify="left")
     for c in ("file", "status", "compliant", "time to train (min)", "samples to converge", "global batch", "counted"):
         t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left", overflow="fold")
     for r in s.runs:
-        t.add_row(r.file, r.status, "yes" if r.compliant else "NO", _fmt(r.ttt_min), _fmt(r.samples_to_converge, 0),
-                  _fmt(r.global_batch), "yes" if r.counted else "no")
+        t.add_row(printable(r.file), printable(r.status), "yes" if r.compliant else "NO", _fmt(r.ttt_min),
+                  _fmt(r.samples_to_converge, 0), _fmt(r.global_batch), "yes" if r.counted else "no")
     console.print(t)
     for r in s.runs:
+        file = printable(r.file)
         for p in r.problems:
-            console.print(Text.assemble("  ", (r.file, "yellow"), f": {p}"), highlight=False)
+            console.print(Text.assemble("  ", (file, "yellow"), f": {printable(p)}"), highlight=False)
         if not r.compliant:
             for m in r.compliance[:3]:
-                console.print(Text.assemble("  ", (f"{r.file} non-compliant", "red"), f": {m}"), highlight=False)
+                console.print(Text.assemble("  ", (f"{file} non-compliant", "red"), f": {printable(m)}"),
+                              highlight=False)
     console.print(
         f"  olympic mean {_fmt(s.olympic_min)} min over {len([r for r in s.runs if r.counted])} counted of "
-        f"{s.required_runs or '?'} required runs; RCP {s.rcp.status} ({s.rcp.message}), factor "
+        f"{s.required_runs or '?'} required runs; RCP {printable(s.rcp.status)} ({printable(s.rcp.message)}), factor "
         f"{_fmt(s.rcp_factor)}{' from scaling.json' if s.rcp.scaling_json is not None else ''}", highlight=False)
     console.print(Text.assemble("  ", (f"score {_fmt(s.score_min)} min", "bold"),
                                 f"   (official summarizer: {_fmt(s.official_score_min)})"), highlight=False)
     for n in s.notes:
-        console.print(Text.assemble("  ", ("note", "cyan"), f": {n}"), highlight=False)
+        console.print(Text.assemble("  ", ("note", "cyan"), f": {printable(n)}"), highlight=False)
     console.print()
 
 

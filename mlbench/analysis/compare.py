@@ -16,7 +16,7 @@ from mlbench.analysis import published, step_times
 from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, passed_over, record_number, run_record
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 from mlbench.logfile import is_number
 
 # Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
@@ -266,12 +266,14 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
 
 
 def print_comparison(console: Console, cmp: Comparison) -> None:
+    """The comparison on the terminal. Every text from the logs and folders (labels, benchmark names, keys, values,
+    notes) is `printable`: a log's benchmark "gpt3\nerror: ..." forged a line."""
     t = Table(title="comparison", title_justify="left")
     t.add_column("")
     for e in cmp.entries:
-        t.add_column(e.label, justify="right", overflow="fold")
+        t.add_column(printable(e.label), justify="right", overflow="fold")
     for name, cells in cmp.rows():
-        t.add_row(name, *cells)
+        t.add_row(name, *map(printable, cells))
     console.print(t)
     diff = cmp.differing_hyperparams()
     if diff:
@@ -279,14 +281,14 @@ def print_comparison(console: Console, cmp: Comparison) -> None:
         h.add_column("key")
         for e in cmp.entries:
             if e.runs:
-                h.add_column(e.label, overflow="fold")
+                h.add_column(printable(e.label), overflow="fold")
         for k, vals in diff.items():
-            h.add_row(k, *["-" if v is None else str(v) for v in vals])
+            h.add_row(printable(k), *["-" if v is None else printable(v) for v in vals])
         console.print(h)
     else:
         console.print("hyperparameters and layout: no differences among the logged ones")
     for n in cmp.notes:
-        console.print(Text.assemble(("note", "cyan"), f": {n}"), highlight=False)
+        console.print(Text.assemble(("note", "cyan"), f": {printable(n)}"), highlight=False)
 
 
 # --- the report -----------------------------------------------------------------------------------

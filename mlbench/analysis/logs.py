@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlbench.analysis import MAX_DEVICES
 from mlbench.analysis import step_times as st
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 from mlbench.logfile import (
     BadField,
     Event,
@@ -520,7 +520,7 @@ class GivenOnce:
         if key in self.seen:
             first = self.seen[key]
             both = "" if Path(first).resolve() == Path(path).resolve() else f" (in {first} and in {path})"
-            raise UserError(f"{name} is given twice{both}; {self.takes} once")
+            raise UserError(printable(f"{name} is given twice{both}; {self.takes} once"))
         self.seen[key] = path
 
 

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from mlbench import terminal  # noqa: E402
 from mlbench.analysis.logs import RESULT_GLOB  # noqa: E402
-from mlbench.errors import UserError  # noqa: E402
+from mlbench.errors import UserError, printable  # noqa: E402
 
 
 @dataclass
@@ -61,32 +61,36 @@ text-align:right}th{background:#f0f0f0}td:first-child,th:first-child{text-align:
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}li{margin:.2em 0}"""
 
 
+def _esc(text: object) -> str:
+    """Text of a report in HTML: `printable` (a log's control characters written out), then HTML's escaping."""
+    return html.escape(printable(text))
+
+
 def render_html(rep: Report) -> str:
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(rep.title)}</title>"
-           f"<style>{_CSS}</style></head><body><h1>{html.escape(rep.title)}</h1>"]
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(rep.title)}</title>"
+           f"<style>{_CSS}</style></head><body><h1>{_esc(rep.title)}</h1>"]
     for part in rep.parts:
         kind = part[0]
         if kind == "h":
-            out.append(f"<h2>{html.escape(part[1])}</h2>")
+            out.append(f"<h2>{_esc(part[1])}</h2>")
         elif kind == "p":
-            out.append(f"<p>{html.escape(part[1])}</p>")
+            out.append(f"<p>{_esc(part[1])}</p>")
         elif kind == "ul":
-            out.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in part[1]) + "</ul>")
+            out.append("<ul>" + "".join(f"<li>{_esc(x)}</li>" for x in part[1]) + "</ul>")
         elif kind == "table":
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in part[1])
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
-                           for r in part[2])
+            head = "".join(f"<th>{_esc(h)}</th>" for h in part[1])
+            body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in part[2])
             out.append(f"<table><tr>{head}</tr>{body}</table>")
         elif kind == "img":
             b64 = base64.b64encode(part[2]).decode()
-            out.append(f"<figure><img alt='{html.escape(part[3])}' src='data:image/png;base64,{b64}'>"
-                       f"<figcaption>{html.escape(part[3])}</figcaption></figure>")
+            out.append(f"<figure><img alt='{_esc(part[3])}' src='data:image/png;base64,{b64}'>"
+                       f"<figcaption>{_esc(part[3])}</figcaption></figure>")
     out.append("</body></html>")
     return "\n".join(out)
 
 
 def _md_cell(s: object) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+    return printable(s).replace("|", "\\|")
 
 
 def markdown_files(path: Path) -> Path:
@@ -95,17 +99,18 @@ def markdown_files(path: Path) -> Path:
 
 
 def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
-    """Markdown text, and the images it links (relative, into `markdown_files(PATH)`) by file name."""
+    """Markdown text, and the images it links (relative, into `markdown_files(PATH)`) by file name. Every text is
+    `printable`: one line each, no control character (a log's ESC sequence reached the report raw)."""
     files = markdown_files(path)
-    out, images = [f"# {rep.title}", ""], {}
+    out, images = [f"# {printable(rep.title)}", ""], {}
     for part in rep.parts:
         kind = part[0]
         if kind == "h":
-            out += [f"## {part[1]}", ""]
+            out += [f"## {printable(part[1])}", ""]
         elif kind == "p":
-            out += [part[1], ""]
+            out += [printable(part[1]), ""]
         elif kind == "ul":
-            out += [f"- {x}" for x in part[1]] + [""]
+            out += [f"- {printable(x)}" for x in part[1]] + [""]
         elif kind == "table":
             out.append("| " + " | ".join(_md_cell(h) for h in part[1]) + " |")
             out.append("|" + "---|" * len(part[1]))
@@ -113,7 +118,7 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
             out.append("")
         elif kind == "img":
             images[f"{part[1]}.png"] = part[2]
-            out += [f"![{part[3]}]({files.name}/{part[1]}.png)", ""]
+            out += [f"![{printable(part[3])}]({files.name}/{part[1]}.png)", ""]
     return "\n".join(out), images
 
 

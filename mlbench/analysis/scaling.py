@@ -15,7 +15,7 @@ from rich.text import Text
 from mlbench import mlperf_tools
 from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets
 from mlbench.analysis.report import Report, plt
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 
 DEFINITIONS = [
     "Strong scaling, time to train: E = T_base x N_base / (T_n x N_n), T the olympic mean of the successful "
@@ -85,7 +85,7 @@ def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -
 def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
     n, src = rs.devices(devices)
     if not n:
-        raise UserError(f"{rs.folder}: device count unknown (no systems/<system>.json, no run record with "
+        raise UserError(f"{printable(rs.folder)}: device count unknown (no systems/<system>.json, no run record with "
                         "'devices'); give it with --devices, one per PATH")
     ok = [r for r in rs.runs if r.status == "success" and r.ttt_min is not None]
     notes += [f"{rs.label}: {n}" for n in rs.left_out]
@@ -124,7 +124,7 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
             points.append(_point(rs, devices[i] if devices else None, notes))
     if len(benches) > 1:
         raise UserError("scaling compares one benchmark at several device counts; got "
-                        + "; ".join(f"{b}: {', '.join(v)}" for b, v in benches.items()))
+                        + printable("; ".join(f"{b}: {', '.join(v)}" for b, v in benches.items())))
     if len(points) < 2:
         raise UserError("scaling needs at least two configurations (benchmark folders)")
     points.sort(key=lambda q: (q.devices, q.label))
@@ -184,18 +184,19 @@ def tables(sc: Scaling) -> list[tuple[str, list[str], list[list[str]]]]:
 
 
 def print_scaling(console: Console, sc: Scaling) -> None:
+    """The scaling tables on the terminal; every text from the logs and folders (labels, notes) `printable`."""
     for title, header, rows in tables(sc):
-        t = Table(title=title, title_justify="left")
+        t = Table(title=printable(title), title_justify="left")
         for h in header:
             t.add_column(h, justify="left" if h == "configuration" else "right", overflow="fold")
         for r in rows:
-            t.add_row(*r)
+            t.add_row(*map(printable, r))
         console.print(t)
     console.print(Text("definitions", style="bold"))
     for d in DEFINITIONS:
         console.print(f"  - {d}", highlight=False)
     for n in sc.notes:
-        console.print(Text.assemble(("note", "cyan"), f": {n}"), highlight=False)
+        console.print(Text.assemble(("note", "cyan"), f": {printable(n)}"), highlight=False)
 
 
 def efficiency_plot(sc: Scaling):
