@@ -97,7 +97,7 @@ def _plan(staging: Path, folder: Path) -> tuple[RunPlan, str]:
         plan = RunPlan.load(staging / "plan.json")
         Layout.from_dict(plan.layout)
         return plan, ""
-    except Exception as e:  # noqa: BLE001 - any file may be there: its log says the rest
+    except Exception as e:  # any file may be there (another version's, a garbled one): its log says the rest
         why = _why(e)
     plan = plan_from_log(staging / "mlperf.log", folder.name, f"its MLPerf log (plan.json could not be read: {why})")
     return plan, f" (its plan.json could not be read: {why}; its benchmark and layout are the ones its log states)"
