@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -30,12 +32,25 @@ SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
 _SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
 
 
+class NotChecked(UserError):
+    """The checker gave no verdict (killed, or it died without one) where one is needed before going on: said on one
+    line, exit code 1 (a failure of the machine, not of the input)."""
+
+    exit_code = 1
+
+
 @dataclass
 class Verdict:
     path: Path
-    ok: bool
+    # True: compliant; False: not; None: not checked, the checker did not finish (killed by a signal, or it died
+    # without its verdict): never a non-compliant verdict (messages[0] says why)
+    ok: bool | None
     rules: str  # "smoke rules" or "training <ruleset> rules"
     messages: list[str] = field(default_factory=list)  # one per checker message (some span lines)
+
+    @property
+    def checked(self) -> bool:
+        return self.ok is not None
 
 
 def require_ruleset(ruleset: str) -> str:
@@ -124,22 +139,65 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
         return Verdict(path=Path(path), ok=False, rules=rules, messages=[
             f"the compliance checker was not run, as it could not finish within the {limit:.0f} s limit: "
             + lines.reason()])
-    with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
-        cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
-                                           Path(scratch) / "checker.log", quiet)
-        # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
-        # published (the checker, interrupted, judged a good run non-compliant); it still dies with mlbench.
+    for attempt in (1, 2):
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
+            cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
+                                               Path(scratch) / "checker.log", quiet)
+            # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
+            # published (the checker, interrupted, judged a good run non-compliant); it still dies with mlbench.
+            try:
+                proc = (checkers or Checkers()).run(cmd, scratch, limit)
+            except subprocess.TimeoutExpired:  # run has killed it
+                why = f": {lines.reason()}" if lines is not None and lines.checker_s() > limit / 2 else ""
+                stopped = f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
+                return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
+        unfinished = _unfinished(proc)
+        if not unfinished:
+            return _verdict(Path(path), rules, proc)
+        if attempt == 1 and time.monotonic() - started < RETRY_WITHIN_S:
+            continue  # cheap to ask again: a checker killed from outside (the OOM killer, kill -9) may finish now
+    again = "" if attempt == 1 else " (twice)"
+    return Verdict(path=Path(path), ok=None, rules=rules, messages=[
+        f"{unfinished}{again}: {Path(path).name} is not checked (no verdict, not a non-compliant one)"])
+
+
+# A checker that did not finish is asked once more where its try took less than this: a second costs as much again.
+RETRY_WITHIN_S = 30.0
+
+
+def _unfinished(proc: subprocess.CompletedProcess) -> str:
+    """Why the checker process gave no verdict ("" where it did): it ends with SUCCESS (exit 0), FAILED (exit 1)
+    or a traceback of its own (a crash on its rules: a verdict too, not compliant), unless it was killed by a signal
+    (the OOM killer's SIGKILL, kill -9), died without writing any of those, or ran out of memory in Python."""
+    if proc.returncode < 0:
         try:
-            proc = (checkers or Checkers()).run(cmd, scratch, limit)
-        except subprocess.TimeoutExpired:  # run has killed it
-            why = f": {lines.reason()}" if lines is not None and lines.checker_s() > limit / 2 else ""
-            stopped = f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
-            return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        oom = " (out of memory?)" if -proc.returncode == signal.SIGKILL else ""
+        return f"the compliance checker was killed by {name}{oom} before its verdict"
+    if proc.returncode == 0:
+        return ""
+    _, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
+    if crash and _last_line(trace).startswith("MemoryError"):
+        return "the compliance checker ran out of memory (MemoryError) before its verdict"
+    if crash or any(ln.startswith("ERROR - FAILED") for ln in proc.stderr.splitlines()):
+        return ""
+    return f"the compliance checker exited with code {proc.returncode} without a verdict"
+
+
+def _verdict(path: Path, rules: str, proc: subprocess.CompletedProcess) -> Verdict:
+    """The verdict of a checker that finished."""
     log, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
     messages = _messages(log)
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
-        messages.append("the compliance checker crashed: " + trace.strip().splitlines()[-1][:300])
-    return Verdict(path=Path(path), ok=proc.returncode == 0, messages=messages, rules=rules)
+        messages.append("the compliance checker crashed: " + _last_line(trace)[:300])
+    return Verdict(path=path, ok=proc.returncode == 0, messages=messages, rules=rules)
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
 
 
 class _Stopping(Exception):
@@ -246,6 +304,9 @@ def before_run_start(path: Path, ruleset: str) -> list[str]:
     """What the official closed rules of `ruleset` reject in a log that stops at run_start, leaving out the
     events such a log cannot have: every hyperparameter line is checked, exact float comparisons included."""
     v = check(path, ruleset, smoke=False)
+    if not v.checked:  # no verdict: neither a rejection nor a pass
+        raise NotChecked(f"the closed rules' check of the log a run writes up to run_start could not be done: "
+                         f"{v.messages[0]}; try again")
     problems = []
     for m in v.messages:
         names = set(re.findall(r"'([a-z0-9_]+)'", m.splitlines()[0]))
@@ -351,23 +412,24 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
     return Target(f, ruleset, smoke, dry_run=last == "run_start", note=note)
 
 
-def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool:
-    """`mlbench check`: print each file's verdict; whether every file passed. A path and a checker's message (which
-    quotes the log's line) are `printable`."""
+def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool | None:
+    """`mlbench check`: print each file's verdict; whether every file passed (True), some failed (False), or none
+    failed but the checker gave no verdict on some (None: killed from outside, twice; each such file says so).
+    A path and a checker's message (which quotes the log's line) are `printable`."""
     todo = targets(path, ruleset, rules)
-    all_ok = True
+    failed = unchecked = False
     for t, v in zip(todo, check_all([(t.path, t.ruleset, t.smoke) for t in todo]), strict=True):
-        all_ok &= v.ok
-        mark = ("PASS", "green") if v.ok else ("FAIL", "red")
+        failed |= v.ok is False
+        unchecked |= v.ok is None
+        mark = ("PASS", "green") if v.ok else ("FAIL", "red") if v.checked else ("NOT CHECKED", "yellow")
         console.print(Text.assemble(mark, f" {printable(t.path)} ({v.rules})"), highlight=False)
         if t.note:
             console.print(f"    note: {printable(t.note)}", highlight=False, soft_wrap=True)
         for m in v.messages[:20]:
             console.print("    " + "\n    ".join(printable(ln) for ln in m.splitlines()), highlight=False)
-        if t.dry_run:
+        if t.dry_run and v.checked:
             hp = [m for m in v.messages if "CHECK for" in m]
             console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "
                           f"{'no hyperparameter line failed' if not hp else f'{len(hp)} lines failed their rules'}",
                           highlight=False)
-    return all_ok
-
+    return False if failed else None if unchecked else True

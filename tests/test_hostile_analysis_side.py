@@ -1,6 +1,8 @@
 """Hostile conditions on the analysis side, each once in-process (the real `mlbench` entry point, `cli.main`, or the
 function it calls; no training, no CPU measurement):
 
+- a compliance checker killed from outside (the OOM killer, kill -9) is no verdict: asked once more, else "not
+  checked" with the signal, never a non-compliant file;
 - text from a log or a folder (a benchmark "gpt3\\nerror: forged line", an ESC sequence) is printed escaped, on the
   terminal and in the Markdown and HTML reports;
 - `compare --ruleset` refuses a ruleset the checker does not know, as `score` and `check` do;
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from mlbench import registry
+from mlbench import compliance, mlperf_tools, registry
+from mlbench.analysis import score
 from mlbench.errors import UserError
 
 SET = (Path(__file__).parent / "data" / "mlperf-results" / "training_results_v5.1" / "AMD" / "results"
@@ -47,6 +50,78 @@ def mlbench(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+# --- a compliance checker killed from outside -----------------------------------------------------------------
+
+_KILLED_FIRST = """
+import os, signal, sys
+tries, argv = sys.argv[1], sys.argv[2:]
+with open(tries, "a") as f:
+    f.write("x")
+if not argv or len(open(tries).read()) == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or kill -9 does
+os.execvp(argv[0], argv)
+"""
+
+
+def _checker_killed(monkeypatch, tries: Path, always: bool) -> None:
+    """The checker killed by SIGKILL at each try (ALWAYS) or at the first only; TRIES counts the tries."""
+    real = mlperf_tools.checker_command
+
+    def command(*args, **kwargs) -> list[str]:
+        return [sys.executable, "-c", _KILLED_FIRST, str(tries), *([] if always else real(*args, **kwargs))]
+
+    monkeypatch.setattr(mlperf_tools, "checker_command", command)
+
+
+def test_a_checker_killed_from_outside_is_no_verdict_and_is_asked_once_more(monkeypatch, tmp_path) -> None:
+    """It was `ok: False, messages: []`: a silent non-compliant verdict on a log a later check passed."""
+    _checker_killed(monkeypatch, tmp_path / "tries", always=True)
+    v = compliance.check(LOG, "6.0.0", smoke=False)
+    assert v.ok is None and not v.checked
+    assert (tmp_path / "tries").read_text() == "xx"  # asked twice
+    assert v.messages == ["the compliance checker was killed by SIGKILL (out of memory?) before its verdict (twice): "
+                          "result_0.txt is not checked (no verdict, not a non-compliant one)"]
+
+
+def test_a_checker_killed_once_gives_its_verdict_on_the_second_try(monkeypatch, tmp_path) -> None:
+    _checker_killed(monkeypatch, tmp_path / "tries", always=False)
+    v = compliance.check(LOG, "6.0.0", smoke=False)
+    assert (tmp_path / "tries").read_text() == "xx"
+    assert v.ok is True and v.messages == []
+
+
+def test_mlbench_check_says_not_checked_with_the_signal_never_fail(monkeypatch, tmp_path, mlbench) -> None:
+    """`mlbench check` on a published folder with its checkers killed printed `FAIL .../result_1.txt`, no reason."""
+    _checker_killed(monkeypatch, tmp_path / "tries", always=True)
+    code, out, _ = mlbench("check", LOG)
+    assert code == 1  # not a pass either
+    assert out.startswith(f"NOT CHECKED {LOG} (training 6.0.0 rules)\n"), out
+    assert "killed by SIGKILL (out of memory?)" in out and "FAIL" not in out
+
+
+def test_a_set_with_a_file_not_checked_has_no_score_and_says_why(monkeypatch, tmp_path) -> None:
+    """Unknown is not non-compliant: the set is not scored (it was '... runs failed or did not converge'), its
+    files are `compliant: null` in --json, and no verdict is remembered for them (scored again, they are checked)."""
+    shutil.copytree(SET, tmp_path / "llama31_8b")
+    _checker_killed(monkeypatch, tmp_path / "tries", always=True)
+    s = score.score_path(tmp_path / "llama31_8b", "6.0.0", jobs=2)[0]
+    assert [r.compliant for r in s.runs] == [None] * len(s.runs) and not any(r.counted for r in s.runs)
+    assert s.olympic_min is None and s.score_min is None and s.official_score_min is None
+    assert any("result_0.txt: the compliance checker was killed by SIGKILL" in n and "compliance is unknown" in n
+               for n in s.notes), s.notes
+    assert not any("failed or did not converge" in n for n in s.notes), s.notes
+    assert json.loads(json.dumps(s.to_json()))["runs"][0]["compliant"] is None
+    assert not any(k[0].startswith(str(tmp_path)) for k in score._VERDICTS)
+
+
+def test_the_closed_rules_check_before_a_run_is_no_rejection_when_the_checker_is_killed(monkeypatch, tmp_path) -> None:
+    """A dry run, `plan` and the check before a full-size run listed the kill as a rule the log broke."""
+    _checker_killed(monkeypatch, tmp_path / "tries", always=True)
+    with pytest.raises(compliance.NotChecked, match="killed by SIGKILL .*; try again$") as e:
+        compliance.before_run_start(LOG, "6.0.0")
+    assert e.value.exit_code == 1
 
 
 # --- text from a log or a folder, printed -----------------------------------------------------------------------

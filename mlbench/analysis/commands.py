@@ -80,6 +80,9 @@ def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -
         _print_set(console, s)
 
 
+COMPLIANT = {True: "yes", False: "NO", None: "unknown"}  # None: the checker did not finish (compliance.Verdict)
+
+
 def _print_set(console: Console, s) -> None:
     """A set's score. Every text from its logs and folders (names, statuses, problems, notes) is `printable`."""
     t = Table(title=printable(f"{s.label}  ({s.benchmark}, ruleset {s.ruleset}, {s.devices or '?'} devices)"),
@@ -87,17 +90,17 @@ def _print_set(console: Console, s) -> None:
     for c in ("file", "status", "compliant", "time to train (min)", "samples to converge", "global batch", "counted"):
         t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left", overflow="fold")
     for r in s.runs:
-        t.add_row(printable(r.file), printable(r.status), "yes" if r.compliant else "NO", _fmt(r.ttt_min),
+        t.add_row(printable(r.file), printable(r.status), COMPLIANT[r.compliant], _fmt(r.ttt_min),
                   _fmt(r.samples_to_converge, 0), _fmt(r.global_batch), "yes" if r.counted else "no")
     console.print(t)
     for r in s.runs:
         file = printable(r.file)
         for p in r.problems:
             console.print(Text.assemble("  ", (file, "yellow"), f": {printable(p)}"), highlight=False)
-        if not r.compliant:
+        if r.compliant is not True:
+            said = (f"{file} non-compliant", "red") if r.compliant is False else (f"{file} not checked", "yellow")
             for m in r.compliance[:3]:
-                console.print(Text.assemble("  ", (f"{file} non-compliant", "red"), f": {printable(m)}"),
-                              highlight=False)
+                console.print(Text.assemble("  ", said, f": {printable(m)}"), highlight=False)
     console.print(
         f"  olympic mean {_fmt(s.olympic_min)} min over {len([r for r in s.runs if r.counted])} counted of "
         f"{s.required_runs or '?'} required runs; RCP {printable(s.rcp.status)} ({printable(s.rcp.message)}), factor "

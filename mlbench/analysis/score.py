@@ -33,7 +33,7 @@ def infer_ruleset(folder: Path, benchmark: str | None) -> str:
     return mlperf_tools.rulesets()[-1]
 
 
-_VERDICTS: dict[tuple, tuple[bool, list[str]]] = {}
+_VERDICTS: dict[tuple, tuple[bool | None, list[str]]] = {}
 
 
 def _verdict_key(path: str, ruleset: str, smoke: bool) -> tuple:
@@ -46,7 +46,7 @@ class RunScore:
     file: str
     status: str
     ttt_min: float | None
-    compliant: bool
+    compliant: bool | None  # None: not checked (the checker gave no verdict: compliance.Verdict)
     samples_to_converge: float | None
     global_batch: int | None
     benchmark: str | None
@@ -89,9 +89,10 @@ class SetScore:
 
 
 def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,
-                    smoke: bool = False) -> list[tuple[bool, list[str]]]:
+                    smoke: bool = False) -> list[tuple[bool | None, list[str]]]:
     """The official checker's verdicts for PATHS, as the summarizer asks for them (no warnings), remembered per
-    file: (compliant, messages each on one line)."""
+    file: (compliant, messages each on one line); compliant None where the checker gave none (not remembered:
+    asked again next time)."""
     keys = [_verdict_key(p, ruleset, smoke) if os.path.exists(p) else None for p in paths]
     todo = [p for p, k in zip(paths, keys, strict=True) if k is None or k not in _VERDICTS]
     got = compliance.check_all([(Path(p), ruleset, smoke) for p in todo], quiet=True, jobs=jobs)
@@ -99,7 +100,7 @@ def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,
     out = []
     for p, k in zip(paths, keys, strict=True):
         v = fresh[p] if p in fresh else _VERDICTS[k]
-        if k is not None:
+        if k is not None and v[0] is not None:
             _VERDICTS[k] = v
         out.append(v)
     return out
@@ -189,26 +190,11 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
             problems=list(r.problems), compliance=msgs))
 
     scaling_json, scaling_ok = _scaling_json(rs, notes)
-    official = _official_score(rs, runs, scored, scaling_json) if scaling_ok else None
+    unknown = any(s.compliant is None for s in scored)  # (the official summarizer would drop it as non-compliant)
+    official = _official_score(rs, runs, scored, scaling_json) if scaling_ok and not unknown else None
     # Files of another benchmark are left out; unreadable ones count as failed runs of this set.
     same = [(r, s) for r, s in zip(runs, scored, strict=True) if r.benchmark in (benchmark, None)]
-    for _, s in same:
-        s.counted = s.compliant and s.status == "success" and s.ttt_min is not None
-        if s.compliant and s.status == "aborted" and s.ttt_min is not None:
-            notes.append(f"{s.file}: run_stop status 'aborted'; the official summarizer still scores its "
-                         f"time ({s.ttt_min:.4f} min), here it counts as a run that did not converge")
-    required = mlperf_tools.required_runs(benchmark)
-    max_dropped = mlperf_tools.max_dropped(benchmark)
-    times = [s.ttt_min for _, s in same if s.counted]
-    dropped = len(same) - len(times)
-    olympic = None
-    if required is not None and len(same) < required:
-        notes.append(f"too few runs: {len(same)} of the {required} that {benchmark} requires, so no score "
-                     "(the official summarizer's olympic mean is empty or meaningless here)")
-    elif dropped > max_dropped:
-        notes.append(f"{dropped} runs failed or did not converge (at most {max_dropped} may be dropped): no score")
-    else:
-        olympic = mlperf_tools.olympic_average(times, dropped, max_dropped)
+    olympic = _olympic([s for _, s in same], benchmark, notes)
 
     division = _division(rs, runs)
     if rs.smoke:
@@ -243,9 +229,39 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         notes.append(f"device count {f'{n_dev}, from the {where}' if n_dev else 'unknown'}: {why}")
     return SetScore(
         benchmark=benchmark, ruleset=ruleset, folder=str(rs.folder), label=rs.label, system=rs.system,
-        division=division, devices=n_dev, devices_from=dev_from, runs=scored, required_runs=required,
+        division=division, devices=n_dev, devices_from=dev_from, runs=scored,
+        required_runs=mlperf_tools.required_runs(benchmark),
         olympic_min=olympic, rcp=rcp, rcp_factor=factor, score_min=score, official_score_min=official,
         notes=notes)
+
+
+def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> float | None:
+    """The olympic mean of the set's runs (those of its benchmark), marking each counted; None, said in NOTES, where
+    there is none: too few runs, too many dropped, or one whose compliance is unknown (the checker gave no verdict:
+    unknown is not non-compliant, so the set is not scored at all rather than scored without that run)."""
+    unchecked = [s for s in same if s.compliant is None]
+    for s in unchecked:
+        notes.append(f"{s.file}: {s.compliance[0] if s.compliance else 'not checked'}: its compliance is unknown, "
+                     "so the set has no score; score it again")
+    for s in same:
+        s.counted = s.compliant is True and s.status == "success" and s.ttt_min is not None
+        if s.compliant and s.status == "aborted" and s.ttt_min is not None:
+            notes.append(f"{s.file}: run_stop status 'aborted'; the official summarizer still scores its "
+                         f"time ({s.ttt_min:.4f} min), here it counts as a run that did not converge")
+    required = mlperf_tools.required_runs(benchmark)
+    max_dropped = mlperf_tools.max_dropped(benchmark)
+    times = [s.ttt_min for s in same if s.counted]
+    dropped = len(same) - len(times)
+    if unchecked:
+        return None
+    if required is not None and len(same) < required:
+        notes.append(f"too few runs: {len(same)} of the {required} that {benchmark} requires, so no score "
+                     "(the official summarizer's olympic mean is empty or meaningless here)")
+        return None
+    if dropped > max_dropped:
+        notes.append(f"{dropped} runs failed or did not converge (at most {max_dropped} may be dropped): no score")
+        return None
+    return mlperf_tools.olympic_average(times, dropped, max_dropped)
 
 
 def _division(rs: ResultSet, runs: list[RunLog]) -> str | None:
