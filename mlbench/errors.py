@@ -1,11 +1,14 @@
 """The one error type a user sees (a message, no traceback, exit code 2), and SIGTERM or SIGHUP taken as Ctrl-C is;
-how text from an input is printed (`printable`)."""
+how text from an input is printed (`printable`), and where a command's output and its failure to be written go."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,7 +66,7 @@ def stops_on_signals(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-# --- what is printed of an input ----------------------------------------------------------------------------
+# --- what is printed of an input, and the output a command is run for -----------------------------------------
 
 def printable(text: object) -> str:
     """TEXT from an input (a log's benchmark name, system or status, a key, a file name) as it may be printed: as it
@@ -77,3 +80,76 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() or "\udc80" <= c <= "\udcff" else repr(c)[1:-1] for c in s)
+
+
+class OutputFailed(UserError):
+    """A command's output (what it was run for: a score, a table, a JSON document) could not be written: a full disk
+    (ENOSPC), an I/O error. Told on stderr, exit code 1 (a failure of the system, not bad input)."""
+
+    exit_code = 1
+
+
+class ProductStream:
+    """The stream a command's product goes to: sys.stdout as it is at each write (as `terminal.STDOUT`), but a
+    failure to write is not dropped in silence, as a run's progress lines are: `score > /dev/full` printed nothing
+    and exited 0 (1 with --json), its output lost. The reader leaving (`| head`: EPIPE) ends the output quietly;
+    any other failure is OutputFailed, and what is printed after it (the CLI's error line) goes to stderr. Either
+    way stdout's descriptor is then held on /dev/null, so the interpreter's last flush cannot fail again."""
+
+    def __init__(self, stream: Callable[[], Any] = lambda: sys.stdout):
+        self._stream = stream
+        self.dropped = False
+
+    def write(self, text: str) -> int:
+        out = self._stream()
+        if self.dropped or out is None:  # None: started without a stdout (`>&-`): nobody reads it
+            return len(text)
+        try:
+            try:
+                return out.write(text)
+            except UnicodeEncodeError:  # a name the encoding lacks (LC_ALL=C): terminal.STDOUT's fallback
+                from mlbench import terminal
+
+                return terminal.STDOUT.write(text)
+        except OSError as e:
+            self._failed(out, e)
+        return len(text)
+
+    def flush(self) -> None:
+        out = self._stream()
+        if not self.dropped and out is not None:
+            try:
+                out.flush()
+            except OSError as e:
+                self._failed(out, e)
+
+    def _failed(self, out: Any, e: OSError) -> None:
+        self.dropped = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # (no descriptor: a test's stream)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        if e.errno == errno.EPIPE:
+            return
+        sys.stdout = sys.stderr
+        raise OutputFailed(f"could not write the output: {e.strerror or e}") from None
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's own
+        return getattr(self._stream(), name)
+
+
+@contextlib.contextmanager
+def document_on_stdout() -> Iterator[Callable[[str], None]]:
+    """For a command whose stdout carries one document (--json: `mlbench score --json X | jq`): yields the function
+    that writes it (a ProductStream: a full disk is OutputFailed). Should the command fail instead (a UserError, a
+    stop signal), what the CLI then prints of it goes to stderr, not into the document's stream: its console
+    writes to sys.stdout as it is at each write (`terminal.STDOUT`), pointed at stderr on the way out."""
+    stream = ProductStream()
+
+    def write(document: str) -> None:
+        stream.write(document if document.endswith("\n") else document + "\n")
+        stream.flush()
+
+    try:
+        yield write
+    except BaseException:
+        sys.stdout = sys.stderr
+        raise

@@ -8,13 +8,18 @@ function it calls; no training, no CPU measurement):
 - `compare --ruleset` refuses a ruleset the checker does not know, as `score` and `check` do;
 - a benchmark file is read only up to a size (a 3 GB one was a MemoryError in `mlbench list`);
 - a cached CPU measurement that no CPU measures (a cost of 0, 1e308) is measured again, with a note;
+- with --json, stdout carries the document alone (an error goes to stderr); output that cannot be written (a full
+  disk) is said on stderr, exit 1.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -275,3 +280,54 @@ def test_a_cached_cpu_measurement_with_costs_the_probe_clamps_at_0_is_used(monke
     monkeypatch.setattr(cpu, "CACHE", tmp_path / "cpu-device.json")
     cpu.CACHE.write_text(json.dumps(m))
     assert cpu.cached() == m
+
+
+# --- where output and errors go ---------------------------------------------------------------------------------
+
+class _Full:
+    """A stdout on a full disk: every write fails as /dev/full's does."""
+
+    encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_an_error_of_a_json_command_goes_to_stderr(mlbench) -> None:
+    """`score --json X | jq` got 'error: ...' on stdout."""
+    for command in (("score", "--json", "/no/such/folder"), ("plan", "nope", "--device", "h100", "--json")):
+        code, out, err = mlbench(*command)
+        assert code == 2 and out == "" and err.startswith("error: ") and len(err.splitlines()) == 1, (out, err)
+    code, out, err = mlbench("score", "/no/such/folder")  # without --json: on stdout, as before
+    assert code == 2 and out == "error: /no/such/folder: no such file or folder\n" and err == ""
+
+
+@pytest.mark.parametrize("command", [("score", "--json", LOG), ("score", LOG),
+                                     ("plan", "llama31_8b", "--device", "h100", "--tp", "1", "--pp", "1", "--json"),
+                                     ("plan", "llama31_8b", "--device", "h100", "--tp", "1", "--pp", "1")])
+def test_output_that_cannot_be_written_is_said_on_stderr_exit_1(monkeypatch, capsys, command) -> None:
+    """`score > /dev/full` exited 1 with no message (with --json) or 0, its output lost (without)."""
+    from mlbench import cli
+
+    monkeypatch.setattr(sys, "stdout", _Full())
+    monkeypatch.setattr(sys, "argv", ["mlbench", *map(str, command)])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "error: could not write the output: No space left on device\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_score_json_to_dev_full_says_so_on_stderr() -> None:
+    """The real thing: stdout opened on /dev/full, the interpreter's own last flush included."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "mlbench.cli", "score", "--json", str(LOG)], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr == "error: could not write the output: No space left on device\n", \
+        proc.stderr

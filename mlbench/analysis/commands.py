@@ -14,7 +14,7 @@ from rich.text import Text
 from mlbench import terminal
 from mlbench.analysis import MAX_DEVICES
 from mlbench.cli_paths import FileParam, PathParam
-from mlbench.errors import UserError, printable, stops_on_signals
+from mlbench.errors import ProductStream, UserError, document_on_stdout, printable, stops_on_signals
 
 
 def strict_json(doc: object) -> str:
@@ -47,7 +47,9 @@ class DeviceCount(click.IntRange):
 
 
 def _console() -> Console:
-    return terminal.console()
+    """The console of an analysis command's output: what it is run for, so a failure to write it is said (a full
+    disk), not dropped as a run's progress lines are."""
+    return terminal.console(file=ProductStream())
 
 
 def _fmt(v: object, nd: int = 4) -> str:
@@ -71,10 +73,11 @@ def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -
     """Score a benchmark folder of result_*.txt, or every folder in a submission tree, like MLCommons."""
     from mlbench.analysis.score import score_path
 
-    sets = score_path(path, ruleset, devices)
-    if as_json:
-        click.echo(strict_json([s.to_json() for s in sets]))
+    if as_json:  # stdout carries the document alone: an error goes to stderr
+        with document_on_stdout() as write:
+            write(strict_json([s.to_json() for s in score_path(path, ruleset, devices)]))
         return
+    sets = score_path(path, ruleset, devices)
     console = _console()
     for s in sets:
         _print_set(console, s)

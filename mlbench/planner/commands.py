@@ -13,7 +13,7 @@ from rich.text import Text
 
 from mlbench import terminal
 from mlbench.cli_options import layout_options
-from mlbench.errors import UserError
+from mlbench.errors import ProductStream, UserError, document_on_stdout
 from mlbench.preflight import LayoutRequest
 
 _LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "micro_batch_size")
@@ -55,6 +55,22 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     """Predicted memory, step time, throughput, MFU and time-to-train of BENCH on a device: for the layout given,
     or, with no --tp/--pp/--vp/--cp/--mbs, the best layouts for --nodes x --nproc-per-node; --nodes 8,16,32
     predicts a scaling curve."""
+    if as_json:  # stdout carries the document alone: an error goes to stderr
+        with document_on_stdout() as write:
+            write(json.dumps(_strict(_plan(name, device_name, tiny, layout)), allow_nan=False))
+        return
+    out = _plan(name, device_name, tiny, layout)
+    console = terminal.console(highlight=False, file=ProductStream())
+    if "scaling" in out:
+        _print_scaling(console, out)
+    elif "layouts" in out:
+        _print_search(console, out)
+    else:
+        _print_one(console, out)
+
+
+def _plan(name: str, device_name: str, tiny: bool, layout: LayoutRequest) -> dict:
+    """What `plan` prints: one layout's prediction, the best layouts (a search) or a scaling curve."""
     from mlbench import registry
     from mlbench.planner import devices
     from mlbench.planner import plan as planner
@@ -97,16 +113,7 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     else:
         results, stats = best(dataclasses.replace(layout, nodes=counts[0]))
         out = {"benchmark": bench.name, "device": device.name, "search": stats, "layouts": results[:planner.TOP]}
-    if as_json:
-        click.echo(json.dumps(_strict(out), allow_nan=False))
-        return
-    console = terminal.console(highlight=False)
-    if "scaling" in out:
-        _print_scaling(console, out)
-    elif "layouts" in out:
-        _print_search(console, out)
-    else:
-        _print_one(console, out)
+    return out
 
 
 # The shared options, widened where plan goes beyond run: a list of node counts (a scaling curve), and nvfp4 (a
