@@ -16,7 +16,8 @@ _SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist, torch.nn.functional as F
     from mlbench.train import cpu_compat
     cpu_compat.enable()
-    dist.init_process_group("gloo")
+    from mlbench.train.build import init_process_group
+    init_process_group("gloo")  # as mlbench's ranks do under its agent (rank 0's store on the port the agent holds)
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(2, 1)
     from mlbench.train.objectives import _loss

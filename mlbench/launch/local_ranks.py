@@ -9,6 +9,9 @@ static rendezvous), and so does every node of a SLURM job.
 - Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
   ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and its output in the files torchrun's
   --log-dir/--redirects=3 would give it: DIR/local/attempt_0/<rank>/{stdout,stderr}.log.
+- The rendezvous port is held by the agent from the start, a listening socket rank 0's store serves on
+  (ports.STORE; mlbench.train.build.init_process_group): no other process can take it while the ranks import
+  torch. A rank script initialises its process group with that function, not env:// (which would bind the port).
 - The first rank to fail stops the others (SIGTERM, SIGKILL after a grace period), as torchrun does; the agent
   says which, then how each other rank that failed ended, and exits 1.
 - SIGTERM/SIGINT are passed on to the ranks. The agent dies with its supervisor (the supervisor arms that), and

@@ -50,19 +50,20 @@ def collectives_device(on_cpu: bool) -> torch.device:
     return torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
 
 
-def _store(world: int, timeout: timedelta) -> dict:
-    """init_process_group's store where the rank has one to use, else nothing (torchrun's env:// rendezvous).
-    One rank: a store in this process, with no port to bind. Under mlbench's agent (ports.STORE): rank 0 serves
-    on the listening socket the agent held for it, so no other process could take its port in between."""
+def init_process_group(backend: str, timeout: timedelta = timedelta(seconds=120)) -> None:
+    """torch's default process group, from the store this rank was given: one rank, a store in this process (no
+    port to bind); under mlbench's agent (ports.STORE), rank 0 serves on the listening socket the agent held for it
+    and the others join it (no other process could take the port in between); otherwise torchrun's env://."""
+    world, how = int(os.environ.get("WORLD_SIZE", "1")), os.environ.pop(STORE, "")
     if world == 1:
-        return {"store": dist.HashStore(), "rank": 0, "world_size": 1}
-    how = os.environ.pop(STORE, "")
-    if not how:
-        return {}
-    fd = int(how.removeprefix("serve:")) if how.startswith("serve:") else None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=fd is not None,
-                          timeout=timeout, master_listen_fd=fd)
-    return {"store": store, "rank": int(os.environ["RANK"]), "world_size": world}
+        dist.init_process_group(backend, timeout=timeout, store=dist.HashStore(), rank=0, world_size=1)
+    elif how:
+        fd = int(how.removeprefix("serve:")) if how.startswith("serve:") else None
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                              is_master=fd is not None, timeout=timeout, master_listen_fd=fd)
+        dist.init_process_group(backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
 
 
 def init_distributed(plan: RunPlan) -> Device:
@@ -76,8 +77,7 @@ def init_distributed(plan: RunPlan) -> Device:
         ly = plan.layout
         raise RuntimeError(f"torchrun formed {world} ranks, and this node's layout is {planned} ({ly['nodes']} nodes "
                            f"x {ly['nproc_per_node']}): give every node the same layout flags")
-    backend, timeout = "gloo" if on_cpu else "nccl", timedelta(seconds=120)
-    dist.init_process_group(backend, timeout=timeout, **_store(world, timeout))
+    init_process_group("gloo" if on_cpu else "nccl")
     dev = collectives_device(on_cpu)
     _same_layout_as_rank0(plan, dev)
     # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
