@@ -241,11 +241,12 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")
 @stops_on_signals
 def check(path: Path, ruleset: str | None, rules: str) -> None:
-    """The official compliance checker's verdict on a result file or a folder of them."""
+    """The official compliance checker's verdict on a result file or a folder of them. Exit 0: every file passed;
+    1: some failed; 3: none failed, but the checker gave no verdict on some (killed from outside, twice)."""
     from mlbench import compliance
 
     ok = compliance.check_paths(path, ruleset, rules, console)
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if ok else 1 if ok is False else 3)
 
 
 # Commands of packages that may be absent from an installation (or not written yet): registered where present.

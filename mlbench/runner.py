@@ -54,7 +54,7 @@ class RunResult:
     status: str
     ttt_s: float | None
     last_eval: float | None
-    compliant: bool
+    compliant: bool | None  # None: the checker gave no verdict (killed from outside), not a rejection
     reason: str
     checkpoint_error: str = ""
     published: bool = True  # False: nothing of the run was left in the results folder (e.g. a full disk)
@@ -289,9 +289,10 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     colour = "green" if reached else "red"
     ttt = f"{r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)" if r.ttt_s is not None else "n/a"
     last = f"{r.last_eval:.4f}" if r.last_eval is not None else "none"
+    checked = "ok" if r.compliant else "not checked" if r.compliant is None else "FAILED"
     console.print(Text.assemble(("target reached" if reached else "target NOT reached", colour),
                                 f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "
-                                f"time-to-train {ttt}; compliance ({'ok' if r.compliant else 'FAILED'}); {r.path}"))
+                                f"time-to-train {ttt}; compliance ({checked}); {r.path}"))
     if not reached:
         console.print(f"  reason: {r.reason}")
         if (logs := r.path.parent / "logs" / r.path.stem).is_dir():  # a reason's "see the rank logs" is here

@@ -101,7 +101,7 @@ def test_mlbench_check_says_not_checked_with_the_signal_never_fail(monkeypatch, 
     """`mlbench check` on a published folder with its checkers killed printed `FAIL .../result_1.txt`, no reason."""
     _checker_killed(monkeypatch, tmp_path / "tries", always=True)
     code, out, _ = mlbench("check", LOG)
-    assert code == 1  # not a pass either
+    assert code == 3  # neither a pass (0) nor a failure (1): no verdict
     assert out.startswith(f"NOT CHECKED {LOG} (training 6.0.0 rules)\n"), out
     assert "killed by SIGKILL (out of memory?)" in out and "FAIL" not in out
 
@@ -331,3 +331,17 @@ def test_score_json_to_dev_full_says_so_on_stderr() -> None:
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr == "error: could not write the output: No space left on device\n", \
         proc.stderr
+
+
+def test_a_runs_summary_says_not_checked_where_the_checker_gave_no_verdict() -> None:
+    """The run's last line said `compliance (FAILED)` for a checker killed from outside."""
+    from rich.console import Console
+
+    from mlbench import registry
+    from mlbench.runner import RunResult, _summary
+
+    console = Console(record=True, width=400)
+    for compliant, said in ((None, "compliance (not checked)"), (False, "compliance (FAILED)"), (True, "(ok)")):
+        _summary(console, registry.load("gpt3", tiny=True), RunResult(Path("r/result_0.txt"), "success", 1.0, 1.0,
+                                                                      compliant, ""))
+        assert said in console.export_text(), console.export_text()
