@@ -273,7 +273,10 @@ _add_optional_commands()
 
 
 def _error(message: str) -> None:
-    """One line: 'error:' and the message, printed as it is (no markup read into it)."""
+    """One line: 'error:' and the message, printed as it is (no markup read into it). On stderr where stdout was
+    to carry a --json document (`mlbench score --json X | jq`), whatever failed: click's checks of the options too."""
+    if "--json" in sys.argv[1:]:
+        sys.stdout = sys.stderr  # the console writes to sys.stdout as it is at each write (terminal.STDOUT)
     console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
 
 

@@ -345,3 +345,12 @@ def test_a_runs_summary_says_not_checked_where_the_checker_gave_no_verdict() -> 
         _summary(console, registry.load("gpt3", tiny=True), RunResult(Path("r/result_0.txt"), "success", 1.0, 1.0,
                                                                       compliant, ""))
         assert said in console.export_text(), console.export_text()
+
+
+@pytest.mark.parametrize("argv", [["score", "--json", "/no/such/folder"], ["show", "--json", "no_such_benchmark"],
+                                  ["list", "--json", "--no-such-option"]])
+def test_an_error_before_a_json_command_runs_goes_to_stderr(argv: list[str]) -> None:
+    """click's own checks (a path that does not exist, an unknown option) and the commands in cli.py printed their
+    error on stdout, into the JSON document's stream."""
+    proc = subprocess.run([sys.executable, "-m", "mlbench.cli", *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.startswith("error: "), (proc.stdout, proc.stderr)
