@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -164,12 +163,13 @@ def _probe() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _collective_worker(rank: int, port: int, out) -> None:
+def _collective_worker(rank: int, store: str, out) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # the two meet through a file, not a port: a port found free and released can be taken before rank 0 binds it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     t = torch.randn(512 * 64)  # a tiny micro-batch's activations
     a, b = torch.randn(512, 64), torch.randn(64, 256)
     times = []
@@ -191,19 +191,19 @@ def _collective_worker(rank: int, port: int, out) -> None:
 
 def _collective_latency() -> float:
     """Median seconds of a gloo all-reduce of a tiny micro-batch's activations between two computing processes."""
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_collective_worker, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    latency = out.get(timeout=120)
-    for p in procs:
-        p.join(30)
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_collective_worker, args=(r, f"{tmp}/store", out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        latency = out.get(timeout=120)
+        for p in procs:
+            p.join(30)
     return latency
 
 
