@@ -74,6 +74,11 @@ def _block(n: int, rank: int, code: int, when: str = "05:47:51", local: int | No
             f"  traceback : To enable ...\n")
 
 
+def _said(*blocks: str) -> str:
+    """torchrun's last words listing the ranks that failed (BLOCKS, _block's)."""
+    return "ChildFailedError: \n" + "=" * 60 + "\nFailures:\n" + "".join(blocks) + "=" * 60
+
+
 def test_a_rank_stopped_by_another_is_not_named_for_it() -> None:
     """The launchers' own words, where the rank reaped (or listed) first is one stopped because another failed:
     rank 0 ends with mlbench's consequent exit code (6: the launcher's SIGTERM, a peer lost) or SIGTERM itself."""
@@ -129,3 +134,74 @@ def test_another_nodes_rank_that_failed_first_reaches_node_0(tmp_path: Path) -> 
     board.close()
     node_failures.tell("127.0.0.1", port, {"node": 1})  # node 0 gone: nothing to tell, and no error
     node_failures.tell("127.0.0.1", tmp_path / "none", {"node": 1})  # its ranks never shared the port
+
+
+def _told(tmp_path: Path, board) -> Path:
+    """Where another node's first rank would leave node 0's failures port for its supervisor (node_failures.FILE)."""
+    port = tmp_path / "node0-failures-port"
+    port.write_text(str(board.port))
+    return port
+
+
+def test_node_0_hears_another_node_without_waiting_while_its_run_goes_on(tmp_path: Path) -> None:
+    """In one process: node 0's supervisor looks at its board on each poll of its run (Board.news), so what it has
+    not been told yet, and a connection that says nothing (not a node), must not hold it up; a report that has come
+    is there at once. Before, the board was read only as node 0's run ended (Board.heard, up to WAIT_S)."""
+    import socket
+    import time
+
+    from mlbench.launch import node_failures
+
+    board = node_failures.Board(nodes=3)
+    port = _told(tmp_path, board)
+    try:
+        with socket.create_connection(("127.0.0.1", board.port)) as silent:
+            silent.sendall(b'{"node": 2')  # connected, half a report, and no end
+            start = time.monotonic()
+            assert board.news() == [] and board.news() == []
+            report = torchrun.node_report(_said(_block(0, 1, 7, local=0)), tmp_path, 1)
+            node_failures.tell("127.0.0.1", port, report)
+            deadline = time.monotonic() + 5
+            while not (news := board.news()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert time.monotonic() - start < 2, "the board waited for a node that said nothing"
+            assert news == [report]
+            assert torchrun.elsewhere(news) == ("rank 1 (node 1's local rank 0) exited with code 7 (see node 1's rank "
+                                                "logs)")
+        assert [r["node"] for r in board.heard(wait_s=0.2)] == [1]  # the silent one ended: not a report
+    finally:
+        board.close()
+
+
+def test_node_0_stops_its_run_as_soon_as_another_node_tells_of_its_failure(tmp_path: Path) -> None:
+    """In one process, node 0's supervisor (torchrun.node_command) and a launcher that would run 30 s: node 1's
+    rank died before the process group formed, and node 1 ended within seconds, but node 0's rank 0 waited in
+    init_process_group for its 120 s timeout, then named its own timeout. Node 0 now stops its run as node 1's
+    supervisor tells it, with node 1's rank as the reason; a node that tells of no failure of its own (its ranks
+    stopped by another's) does not stop it."""
+    import os
+    import sys
+    import threading
+    import time
+
+    from mlbench.launch import node_failures
+    from mlbench.launch.supervise import supervise
+
+    ranks = tmp_path / "ranks"
+    (ranks / "mlbench-run0_ab12cd34" / "attempt_0" / "0").mkdir(parents=True)
+    rendezvous = torchrun.Rendezvous("127.0.0.1:1", nodes=3, node_rank=0, timeout=60, ranks_dir=ranks)
+    cmd = torchrun.node_command([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ),
+                                tmp_path / "launcher.log", rendezvous)
+    port = tmp_path / "port"
+    port.write_text(cmd.env[node_failures.PORT])
+    node2 = torchrun.node_report("", ranks, 2)  # none of its own
+    node1 = torchrun.node_report(_said(_block(0, 1, 7, local=0)), ranks, 1)
+    threading.Timer(0.3, node_failures.tell, ("127.0.0.1", port, node2)).start()
+    threading.Timer(1.5, node_failures.tell, ("127.0.0.1", port, node1)).start()
+    start = time.monotonic()
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl", poll_s=0.05)
+    took = time.monotonic() - start
+    assert 1.4 < took < 6, took  # not stopped by node 2's word, stopped within moments of node 1's
+    assert outcome.status == "aborted" and outcome.reason == (
+        "rank 1 (node 1's local rank 0) exited with code 7 (see node 1's rank logs: mlbench-run0_ab12cd34/attempt_0/0)")
+

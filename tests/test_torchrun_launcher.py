@@ -104,14 +104,31 @@ def test_a_rendezvous_that_fails_ends_at_once_with_the_reason(tmp_path: Path) ->
     assert not list(result_dir(tmp_path / "node1", "gpt3").glob("result_*"))
 
 
-@pytest.mark.parametrize("failing", ["node 0 at start", "node 1 mid-run"], ids=["node-0-at-start", "node-1-mid-run"])
+# Node 1's first rank exits 7 as soon as it has left node 0's failures port for its supervisor (node_failures): past
+# its node rank's claim, before its process group forms (mlbench.train still importing)
+_NODE_1_AT_START = """import os, sys, threading, time
+if "mlbench.launch.torchrun_rank" in sys.orig_argv and os.environ.get("RANK") == "1":
+    def fail():
+        while not os.path.exists(os.environ["MLBENCH_FAILURES_FILE"]):
+            time.sleep(0.05)
+        os._exit(7)
+
+    threading.Thread(target=fail, daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize("failing", ["node 0 at start", "node 1 mid-run", "node 1 at start"],
+                         ids=["node-0-at-start", "node-1-mid-run", "node-1-at-start"])
 def test_a_rank_that_fails_is_named_in_node_0s_published_record(tmp_path: Path, failing: str) -> None:
     """Node 0's rank 0 exits 7 as its interpreter starts (a sitecustomize on node 0's path), before it logs anything:
     node 0's record and log said only "launcher exited with code 1 (a rank failed; see the rank logs)" (torchrun's
     own words name the rank at the end of a long traceback). Node 1's rank 1 exits 7 at step 3: its peer on node 0
     stopped in consequence, and node 0's record said rank 0's gloo error ("RuntimeError: [...] Read error
-    [127.0.0.1]:<port>: Connection reset by peer. ..."); node 1's own output alone named the rank. Both records now
-    name the rank, how it ended and its logs (node 1's, on node 1: node 1 tells node 0, node_failures)."""
+    [127.0.0.1]:<port>: Connection reset by peer. ..."); node 1's own output alone named the rank. Node 1's rank 1
+    exits 7 at start, before the process group forms: node 1 ended within seconds, but node 0's rank 0 waited in
+    init_process_group for its 120 s timeout and node 0 named that timeout; now node 0's supervisor stops its run as
+    node 1 tells it, within seconds. Every record now names the rank, how it ended and its logs (node 1's, on node 1:
+    node 1 tells node 0, node_failures)."""
     site = tmp_path / "site"
     if failing == "node 0 at start":
         site.mkdir()
@@ -119,13 +136,23 @@ def test_a_rank_that_fails_is_named_in_node_0s_published_record(tmp_path: Path, 
             "import os, sys\nif 'mlbench.launch.torchrun_rank' in sys.orig_argv and os.environ.get('RANK') == '0':\n"
             "    os._exit(7)\n")
         envs = {"PYTHONPATH": str(site)}, {}
-    else:
+    elif failing == "node 1 mid-run":
         envs = {}, fail_at_step_3(tmp_path, kill=False)
+    else:
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(_NODE_1_AT_START)
+        envs = {}, {"PYTHONPATH": str(site)}
     endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
     node0 = _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env=envs[0])
     node1 = _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60", env=envs[1])
     try:
-        out = node0.communicate(timeout=120)[0]
+        if failing == "node 1 at start":  # node 0 ends within seconds of node 1 (it waited 120 s for rank 1)
+            node1.wait(timeout=120)
+            ended = time.monotonic()
+        out = node0.communicate(timeout=180)[0]
+        if failing == "node 1 at start":
+            took = time.monotonic() - ended
+            assert took < 15, (took, out)
     finally:  # node 0's rank dead at start: node 1's ranks would wait for node 0's store to answer (about a minute)
         if failing == "node 0 at start":
             node1.terminate()

@@ -8,15 +8,20 @@ record gave rank 0's gloo error as the reason; node 1's own output alone named t
 listens on a port of its own for the run's length (`Board`, every address of its host). Node 0's ranks post that
 port in the store (PORT, `key`); another node's first rank reads it there and leaves it for its supervisor (FILE),
 which tells node 0, once its torchrun has ended, which of its ranks failed first of itself, or that none did
-(`tell`). Node 0's supervisor, where none of its own ranks failed of itself, waits for the other nodes' word (up to
-WAIT_S) and names the earliest failure, as a SLURM job's driver does from every node's torchrun output. The ranks
-already meet on ports of any number (gloo's), so a port of the supervisor's asks nothing more of a firewall.
+(`tell`). Node 0's supervisor looks at what has come on each poll of its run (`Board.news`), and stops its
+run as soon as another node tells of a failure of its own: node 0's ranks would otherwise wait for the lost peer,
+in init_process_group (a rank of node 1 dead before the process group formed) until its 120 s timeout. Where node
+0's ranks ended first and none of them failed of itself, it waits for the other nodes' word (up to WAIT_S,
+`Board.heard`). Either way it names the earliest failure, as a SLURM job's driver does from every node's torchrun
+output. The ranks already meet on ports of any number (gloo's), so a port of the supervisor's asks nothing more of
+a firewall. A rank that dies before its node has the port (as its interpreter starts) cannot be told of.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import selectors
 import socket
 import time
 from pathlib import Path
@@ -26,6 +31,7 @@ FILE = "MLBENCH_FAILURES_FILE"  # another node's first rank: where it leaves tha
 WAIT_S = 10.0  # for every other node's word, from the time node 0's supervisor asks (its own ranks all ended)
 TELL_S = 2.0  # for node 0's supervisor to take the connection (it is listening: at once, unless its host is gone)
 MAX_BYTES = 65536  # one report: a line of JSON
+MAX_OPEN = 64  # connections read at once (each node tells once; anything else connected is not a node)
 
 
 def key(run_id: str) -> str:
@@ -35,8 +41,10 @@ def key(run_id: str) -> str:
 
 class Board:
     """Node 0's supervisor's ear for the other nodes' word as their runs end: a listening socket, opened before
-    its torchrun starts and read once its ranks have all ended. A node that tells before then waits in the
-    listening queue (its one short message in the socket's buffer)."""
+    its torchrun starts, looked at without waiting on each of the supervisor's polls while the run goes on (`news`:
+    a failure another node reports stops node 0's run at once), and waited on once its ranks have all ended
+    (`heard`). A node that tells in between waits in the listening queue (its one short message in the socket's
+    buffer)."""
 
     def __init__(self, nodes: int):
         self._others = nodes - 1
@@ -44,47 +52,85 @@ class Board:
             self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
             self._sock = socket.create_server(("", 0))
+        self._sock.setblocking(False)
         self.port: int = self._sock.getsockname()[1]
+        self._ear = selectors.DefaultSelector()
+        self._ear.register(self._sock, selectors.EVENT_READ)
+        self._reading: dict[socket.socket, bytes] = {}  # connections accepted, what each has sent so far
         self._heard: dict[int, dict] = {}
         self._waited = False
+
+    def news(self) -> list[dict]:
+        """Every other node's report heard so far, without waiting (what has come is taken in)."""
+        self._take(0.0)
+        return self._reports()
 
     def heard(self, wait_s: float = WAIT_S) -> list[dict]:
         """Every other node's report (torchrun.node_report), in node order, waiting up to WAIT_S (the first time
         only) for those not yet heard: a node whose host is gone says nothing."""
         deadline = time.monotonic() + (0.0 if self._waited else wait_s)
         self._waited = True
-        while len(self._heard) < self._others and self._sock.fileno() != -1:
-            self._sock.settimeout(max(0.0, deadline - time.monotonic()))
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:  # the time is up (or, waiting no more, nothing is queued)
-                break
-            with conn:
-                report = _read(conn, deadline)
-            if isinstance(report, dict) and type(report.get("node")) is int and 0 < report["node"] <= self._others:
-                self._heard[report["node"]] = report
+        self._take(0.0)
+        while len(self._heard) < self._others and self._sock.fileno() != -1 and time.monotonic() < deadline:
+            self._take(deadline - time.monotonic())
+        return self._reports()
+
+    def _reports(self) -> list[dict]:
         return [self._heard[n] for n in sorted(self._heard)]
 
+    def _take(self, timeout: float) -> None:
+        """Accepts the nodes' connections and reads what has come on them, waiting up to TIMEOUT for something to
+        come; a connection ended is one report, JSON (not one: something else connected, ignored)."""
+        if self._sock.fileno() == -1:
+            return
+        for key, _ in self._ear.select(max(0.0, timeout)):
+            if key.fileobj is self._sock:
+                self._accept()
+            else:
+                self._read(key.fileobj)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # nothing queued after all, or a connection already reset
+            while True:
+                conn, _ = self._sock.accept()
+                conn.setblocking(False)
+                if len(self._reading) >= MAX_OPEN:  # connected and silent (not a node): the oldest goes
+                    self._drop(next(iter(self._reading)))
+                self._reading[conn] = b""
+                self._ear.register(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            chunk = conn.recv(MAX_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        data = self._reading[conn] = self._reading[conn] + chunk
+        if chunk and len(data) <= MAX_BYTES:
+            return
+        self._drop(conn)
+        try:
+            report = json.loads(data) if chunk == b"" else None
+        except ValueError:
+            return
+        if isinstance(report, dict) and type(report.get("node")) is int and 0 < report["node"] <= self._others:
+            self._heard[report["node"]] = report
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._ear.unregister(conn)
+        del self._reading[conn]
+        conn.close()
+
     def close(self) -> None:
-        if hasattr(self, "_sock"):  # not where it could not listen
+        if hasattr(self, "_reading"):  # not where it could not listen
+            for conn in list(self._reading):
+                self._drop(conn)
+            self._ear.close()
+        if hasattr(self, "_sock"):
             self._sock.close()
 
     __del__ = close  # a command described but never run (a dry run's) drops its board unread
-
-
-def _read(conn: socket.socket, deadline: float) -> object:
-    """One report, JSON, read to the end of the connection; None if it is not one (something else connected)."""
-    data = b""
-    with contextlib.suppress(OSError):
-        while len(data) <= MAX_BYTES:
-            conn.settimeout(max(0.1, deadline - time.monotonic()))
-            if not (chunk := conn.recv(MAX_BYTES)):
-                break
-            data += chunk
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
 
 
 def tell(host: str, port_file: Path, report: dict) -> None:

@@ -11,6 +11,8 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
 - a launcher that meets other nodes first (torchrun's rendezvous) has started no rank by its deadline;
 - on a node other than node 0, node 0 is gone (lifeline.NodeWatch) and this node's ranks have not ended by
   themselves within LOST_GRACE_S (while they start, they would wait about 53 s to learn it);
+- on node 0, another node's supervisor tells it of a failure of that node's own (Command.told: its ranks, which
+  would otherwise wait for the lost peer until their process group's timeout, as they do while it forms);
 - it receives SIGTERM, SIGINT, SIGQUIT or SIGHUP (a user: Ctrl-C, Ctrl-\\; SLURM preemption; the terminal
   closing: an SSH session that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM:
   `--signal=USR1@60` in a job).
@@ -44,6 +46,10 @@ GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
 # From node 0's loss to this node's stopping its ranks, if they are still running: a run that ended well on both
 # nodes sees node 0's store close as its torchrun exits, and node 1's ranks that lost their peers end by themselves
 LOST_GRACE_S = 2.0
+# Between SIGTERM and SIGKILL where node 0 stops its run for a failure another node told of: its ranks wait for a
+# peer that is gone, and one waiting in init_process_group's store takes no SIGTERM (the wait goes on in C++); it
+# would be killed after GRACE_S. Rank 0 leaves run_stop to the supervisor there (no reason given it, Command.told).
+TOLD_GRACE_S = 2.0
 # What stops a run cleanly (logged aborted with the signal's name, published): every signal whose default is to
 # end the process and that a process may catch. Left to its default, one would kill the supervisor alone: its
 # ranks die with it (lifeline), but the run is left unlogged in its staging folder (SIGQUIT, Ctrl-\, did: its
@@ -99,6 +105,9 @@ class Command:
     # once the launcher has ended and the run is judged, with the end of its output: what the launcher's node owes
     # the others (torchrun's: node 0 stops hearing their failures, another node tells node 0 its own)
     ended: Callable[[str], None] | None = None
+    # while the run goes on, looked at on each poll: another node's failure of its own, told to this node's
+    # supervisor (torchrun's node 0), as the reason to stop this run now; "" where none is told
+    told: Callable[[], str] | None = None
 
 
 class EventTail:
@@ -274,6 +283,9 @@ class _Seen:
     formed: bool = False  # the ranks have started (no rendezvous: at once)
     watch: lifeline.NodeWatch | None = None  # node 0, watched from another node
     lost_at: float = 0.0  # when the watch found node 0 gone
+    # stopped for a failure another node told of: its ranks are stopped as for another rank's failure (given no
+    # reason: rank 0 leaves run_stop to the supervisor, which names the failure, as where its ranks end by themselves)
+    told: bool = False
     grace_s: float = GRACE_S  # between SIGTERM and SIGKILL when the supervisor stops the run
     # Until the first training step, the untimed initialisation is judged by MLPerf's own limit (30 min
     # closed); from then on, no progress for hang_timeout seconds is a hang.
@@ -307,6 +319,9 @@ class _Seen:
             # connection retries takes no SIGTERM, and nothing of this node's is published, so no long grace
             self.grace_s = LOST_GRACE_S
             return self.watch.lost()
+        if self.cmd.told and (told := self.cmd.told()):  # node 0: another node's failure (its ranks may not know)
+            self.grace_s, self.told = TOLD_GRACE_S, True
+            return told
         if not self.formed and now - self.started > self.cmd.rendezvous.deadline_s:
             # torch's own timeouts end a rendezvous that fails; this one for a launcher stuck in it (its
             # client connected to another program's port, which answers nothing)
@@ -369,7 +384,8 @@ def supervise(
             if not reason:
                 reason = f"received {received[0]}" if received else seen.stop_reason(proc.pid)
             if reason:
-                _tell_ranks(events_path, reason)
+                if not seen.told:
+                    _tell_ranks(events_path, reason)
                 _stop_tree(proc, seen.grace_s)
     finally:
         for s, handler in previous.items():

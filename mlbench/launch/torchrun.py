@@ -8,7 +8,8 @@ and its supervisor owns the run's log. It writes the aborted log of a rank 0 tha
 rendezvous that failed (a node that never came). Under c10d any node may get rank 0, and none of them could tell.
 Node 0 also hosts the rendezvous store on the endpoint's port: a port already taken there fails at once. torch's
 own words for a rendezvous that failed name neither the node nor the option to change; Rendezvous says them plainly.
-Where a rank of another node failed first, that node's supervisor tells node 0's, which names it (node_failures).
+Where a rank of another node failed first, that node's supervisor tells node 0's, which stops its own run at once
+and names it (node_failures).
 
 The static rendezvous counts the nodes that connect, not which: a second node started with the same --node-rank
 was given the same global ranks, which hung (or joined another node's). So each rank first claims its node rank
@@ -70,8 +71,9 @@ def argv(
 
 def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous: Rendezvous) -> Command:
     """A node's torchrun under the static rendezvous: its ranks claim the node rank with a mark of their own. Node 0
-    hears which rank of another node failed first (node_failures), and names it where none of its own failed of
-    itself; another node tells it, once its torchrun has ended."""
+    hears which rank of another node failed first (node_failures): told while its run goes on, it stops it for that
+    (its ranks may be waiting for the lost peer until their process group's timeout); told at its end, it names it
+    where none of its own ranks failed of itself. Another node tells it, once its torchrun has ended."""
     env = {**env, NODE_TOKEN: uuid.uuid4().hex}
 
     def own(output: str) -> str:
@@ -87,7 +89,7 @@ def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous:
     board = node_failures.Board(rendezvous.nodes)
     return Command(argv, {**env, node_failures.PORT: str(board.port)}, stdout=stdout, rendezvous=rendezvous,
                    rank_failure=lambda output: own(output) or elsewhere(board.heard()),
-                   ended=lambda output: board.close())
+                   told=lambda: elsewhere(board.news()), ended=lambda output: board.close())
 
 
 # torchrun's last words when a rank fails (ChildFailedError): each rank that failed, and which it saw first
