@@ -205,3 +205,53 @@ def test_node_0_stops_its_run_as_soon_as_another_node_tells_of_its_failure(tmp_p
     assert outcome.status == "aborted" and outcome.reason == (
         "rank 1 (node 1's local rank 0) exited with code 7 (see node 1's rank logs: mlbench-run0_ab12cd34/attempt_0/0)")
 
+
+@pytest.mark.parametrize("stopped", ["hang", "SIGTERM", "node 0 lost"])
+def test_a_node_whose_supervisor_stopped_its_run_tells_node_0_why(tmp_path: Path, stopped: str) -> None:
+    """In one process, node 1's supervisor (torchrun.node_command) and node 0's board: node 1's supervisor stopped
+    its run (its hang limit; SIGTERM to its mlbench, as Ctrl-C or a scheduler sends), its ranks ended by SIGTERM (a
+    failure of none of its ranks' own), and node 1 told node 0 nothing of its own: node 0 named rank 0's gloo
+    error. Node 1 now tells node 0 its supervisor's reason, which node 0 names; where node 1's supervisor stopped its
+    run because node 0 was lost, that is node 0's story, not node 1's: nothing of its own."""
+    import os
+    import socket
+    import sys
+    import threading
+
+    from mlbench.launch import node_failures
+    from mlbench.launch.supervise import supervise
+
+    board = node_failures.Board(nodes=2)
+    store = socket.create_server(("127.0.0.1", 0))  # node 0's rendezvous store, watched once node 1's ranks start
+    ranks = tmp_path / "ranks"
+    if stopped == "node 0 lost":
+        (ranks / "mlbench-run0_ab12cd34" / "attempt_0" / "0").mkdir(parents=True)
+
+        def node_0_ends() -> None:  # once node 1 watches it: the watch's connection closed, a new one refused
+            with store, store.accept()[0]:
+                pass
+
+        threading.Thread(target=node_0_ends, daemon=True).start()
+    rendezvous = torchrun.Rendezvous(f"127.0.0.1:{store.getsockname()[1]}", nodes=2, node_rank=1, timeout=60,
+                                     ranks_dir=ranks)
+    # a launcher and its rank (torchrun's), 30 s unless stopped; SIGTERM: to its supervisor (this process) first
+    launcher = (f"import os, signal, subprocess\nif {stopped == 'SIGTERM'}: os.kill(os.getppid(), signal.SIGTERM)\n"
+                f"subprocess.run(['sleep', '30'])")
+    cmd = torchrun.node_command([sys.executable, "-c", launcher], dict(os.environ), tmp_path / "launcher.log",
+                                rendezvous)
+    _told(tmp_path, board)
+    try:
+        outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl",
+                            init_timeout=1.0 if stopped == "hang" else 60.0, poll_s=0.05)
+        heard = board.heard(wait_s=5)
+    finally:
+        board.close()
+        store.close()
+    said = {"hang": "hang: no training step within 1 s of start", "SIGTERM": "received SIGTERM",
+            "node 0 lost": f"node 0 died or ended its run: its rendezvous at {rendezvous.endpoint} closed, and refuses "
+                           f"connections; see node 0's record"}[stopped]
+    assert outcome.status == "aborted" and outcome.reason == said, outcome
+    assert outcome.signal == ("SIGTERM" if stopped == "SIGTERM" else "")
+    assert [r["node"] for r in heard] == [1], heard
+    assert torchrun.elsewhere(heard) == {"hang": "node 1: hang: no training step within 1 s of start",
+                                         "SIGTERM": "node 1's mlbench received SIGTERM", "node 0 lost": ""}[stopped]

@@ -7,8 +7,9 @@ record gave rank 0's gloo error as the reason; node 1's own output alone named t
 (node 0's torchrun) goes as node 0's ranks end, often before node 1's torchrun has ended, so node 0's supervisor
 listens on a port of its own for the run's length (`Board`, every address of its host). Node 0's ranks post that
 port in the store (PORT, `key`); another node's first rank reads it there and leaves it for its supervisor (FILE),
-which tells node 0, once its torchrun has ended, which of its ranks failed first of itself, or that none did
-(`tell`). Node 0's supervisor looks at what has come on each poll of its run (`Board.news`), and stops its
+which tells node 0, once its torchrun has ended, which of its ranks failed first of itself, or why it stopped the
+run itself (a signal, a hang: its ranks then end by its SIGTERM, a failure of none of their own), or that neither
+is so (`tell`). Node 0's supervisor looks at what has come on each poll of its run (`Board.news`), and stops its
 run as soon as another node tells of a failure of its own: node 0's ranks would otherwise wait for the lost peer,
 in init_process_group (a rank of node 1 dead before the process group formed) until its 120 s timeout. Where node
 0's ranks ended first and none of them failed of itself, it waits for the other nodes' word (up to WAIT_S,

@@ -20,7 +20,8 @@ Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborte
 never began gets the preamble it would have written first, where it is this node's), written
 after every rank is gone, so one writer at a time still holds. Rank 0 stopped because another rank failed (its
 launcher's SIGTERM, a peer lost) leaves run_stop to the supervisor, which names the rank that failed first (under
-torchrun across nodes, perhaps another node's: that node's supervisor tells node 0's, Command.ended).
+torchrun across nodes, perhaps another node's, or why another node's supervisor stopped its run: that node's
+supervisor tells node 0's, Command.ended).
 """
 
 from __future__ import annotations
@@ -102,9 +103,11 @@ class Command:
     # which rank's failure ended the launcher (an agent's: torchrun's, local_ranks'), how, and where its output is,
     # from the end of the launcher's output; "" where it names none
     rank_failure: Callable[[str], str] | None = None
-    # once the launcher has ended and the run is judged, with the end of its output: what the launcher's node owes
-    # the others (torchrun's: node 0 stops hearing their failures, another node tells node 0 its own)
-    ended: Callable[[str], None] | None = None
+    # once the launcher has ended and the run is judged, with the end of its output, why this supervisor stopped
+    # the run ("" where it did not, or did for another node's end: node 0 lost, another's failure told) and when
+    # (time.time()): what the launcher's node owes the others (torchrun's: node 0 stops hearing their failures,
+    # another node tells node 0 its own)
+    ended: Callable[[str, str, float], None] | None = None
     # while the run goes on, looked at on each poll: another node's failure of its own, told to this node's
     # supervisor (torchrun's node 0), as the reason to stop this run now; "" where none is told
     told: Callable[[], str] | None = None
@@ -283,6 +286,9 @@ class _Seen:
     formed: bool = False  # the ranks have started (no rendezvous: at once)
     watch: lifeline.NodeWatch | None = None  # node 0, watched from another node
     lost_at: float = 0.0  # when the watch found node 0 gone
+    # stopped for another node's end (node 0 lost, a failure another node told of), not one of this node's own:
+    # another node tells node 0 no reason of its supervisor's then
+    followed: bool = False
     # stopped for a failure another node told of: its ranks are stopped as for another rank's failure (given no
     # reason: rank 0 leaves run_stop to the supervisor, which names the failure, as where its ranks end by themselves)
     told: bool = False
@@ -317,10 +323,10 @@ class _Seen:
         if self.lost_at and now - self.lost_at > LOST_GRACE_S and _descendants(pid):
             # this node's ranks still run (or start) without node 0: a rank blocked in a store client's
             # connection retries takes no SIGTERM, and nothing of this node's is published, so no long grace
-            self.grace_s = LOST_GRACE_S
+            self.grace_s, self.followed = LOST_GRACE_S, True
             return self.watch.lost()
         if self.cmd.told and (told := self.cmd.told()):  # node 0: another node's failure (its ranks may not know)
-            self.grace_s, self.told = TOLD_GRACE_S, True
+            self.grace_s, self.followed, self.told = TOLD_GRACE_S, True, True
             return told
         if not self.formed and now - self.started > self.cmd.rendezvous.deadline_s:
             # torch's own timeouts end a rendezvous that fails; this one for a launcher stuck in it (its
@@ -364,14 +370,14 @@ def supervise(
             signal.signal(s, handler)
         reason = f"the run could not start: {e.strerror or e} ({e.filename or cmd.argv[0]})"
         if cmd.ended:
-            cmd.ended("")
+            cmd.ended("", "", 0.0)
         return Outcome(status="aborted", exit_code=127, reason=reason,
                        log_error=_LogEnd(log_path, plan, owns_log).complete(reason))
     except BaseException:
         for s, handler in previous.items():
             signal.signal(s, handler)
         raise
-    reason = ""
+    reason, stopped_at = "", 0.0
     seen = _Seen(cmd, hang_timeout, init_timeout)
     try:
         while proc.poll() is None:
@@ -381,9 +387,8 @@ def supervise(
             if new and on_events:
                 on_events(new)
             seen.saw(new, tail.events)
-            if not reason:
-                reason = f"received {received[0]}" if received else seen.stop_reason(proc.pid)
-            if reason:
+            if not reason and (reason := f"received {received[0]}" if received else seen.stop_reason(proc.pid)):
+                stopped_at = time.time()
                 if not seen.told:
                     _tell_ranks(events_path, reason)
                 _stop_tree(proc, seen.grace_s)
@@ -406,7 +411,7 @@ def supervise(
                       received[0] if received else "", _LogEnd(log_path, plan, owns_log), lost)
     finally:
         if cmd.ended:
-            cmd.ended(_tail(cmd.stdout))
+            cmd.ended(_tail(cmd.stdout), "" if seen.followed else reason, stopped_at)
 
 
 @dataclass

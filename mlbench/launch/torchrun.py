@@ -8,8 +8,8 @@ and its supervisor owns the run's log. It writes the aborted log of a rank 0 tha
 rendezvous that failed (a node that never came). Under c10d any node may get rank 0, and none of them could tell.
 Node 0 also hosts the rendezvous store on the endpoint's port: a port already taken there fails at once. torch's
 own words for a rendezvous that failed name neither the node nor the option to change; Rendezvous says them plainly.
-Where a rank of another node failed first, that node's supervisor tells node 0's, which stops its own run at once
-and names it (node_failures).
+Where a rank of another node failed first (or its supervisor stopped its run), that node's supervisor tells node
+0's, which stops its own run at once and names it (node_failures).
 
 The static rendezvous counts the nodes that connect, not which: a second node started with the same --node-rank
 was given the same global ranks, which hung (or joined another node's). So each rank first claims its node rank
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ NODE_TOKEN = "MLBENCH_NODE_TOKEN"  # this node's own mark, set by its supervisor
 # Past torch's own timeouts (2 x --rdzv-timeout at most: node 0's wait for the nodes, then theirs for their ranks),
 # what a healthy rendezvous may still take before the ranks start: torchrun's own start, a slow disk
 FORMED_MARGIN_S = 120.0
+MAX_STOPPED = 500  # another node's supervisor's reason, as node 0 names it: its first characters
 
 
 def argv(
@@ -71,9 +73,10 @@ def argv(
 
 def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous: Rendezvous) -> Command:
     """A node's torchrun under the static rendezvous: its ranks claim the node rank with a mark of their own. Node 0
-    hears which rank of another node failed first (node_failures): told while its run goes on, it stops it for that
-    (its ranks may be waiting for the lost peer until their process group's timeout); told at its end, it names it
-    where none of its own ranks failed of itself. Another node tells it, once its torchrun has ended."""
+    hears which rank of another node failed first, or why its supervisor stopped it (node_failures): told while its
+    run goes on, it stops it for that (its ranks may be waiting for the lost peer until their process group's
+    timeout); told at its end, it names it where none of its own ranks failed of itself. Another node tells it,
+    once its torchrun has ended."""
     env = {**env, NODE_TOKEN: uuid.uuid4().hex}
 
     def own(output: str) -> str:
@@ -81,15 +84,19 @@ def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous:
 
     if node0 := rendezvous.node0():
         told = stdout.parent / "node0-failures-port"  # where this node's first rank leaves node 0's port
+
+        def tell(output: str, stopped: str, at: float) -> None:
+            node_failures.tell(node0[0], told, node_report(output, rendezvous.ranks_dir, rendezvous.node_rank,
+                                                           stopped, at))
+
         return Command(argv, {**env, node_failures.FILE: str(told)}, stdout=stdout, rendezvous=rendezvous,
-                       rank_failure=own, ended=lambda output: node_failures.tell(node0[0], told, node_report(
-                           output, rendezvous.ranks_dir, rendezvous.node_rank)))
+                       rank_failure=own, ended=tell)
     if rendezvous.nodes == 1:
         return Command(argv, env, stdout=stdout, rendezvous=rendezvous, rank_failure=own)
     board = node_failures.Board(rendezvous.nodes)
     return Command(argv, {**env, node_failures.PORT: str(board.port)}, stdout=stdout, rendezvous=rendezvous,
                    rank_failure=lambda output: own(output) or elsewhere(board.heard()),
-                   told=lambda: elsewhere(board.news()), ended=lambda output: board.close())
+                   told=lambda: elsewhere(board.news()), ended=lambda *_: board.close())
 
 
 # torchrun's last words when a rank fails (ChildFailedError): each rank that failed, and which it saw first
@@ -144,10 +151,13 @@ def _named(failed: Failure, node_rank: int, where: str) -> str:
             f"{local_ranks.describe(failed.code)} ({where})")
 
 
-def node_report(output: str, ranks_dir: Path, node_rank: int) -> dict:
-    """What a node other than node 0 tells node 0 as its torchrun ends (node_failures): its rank that failed first
-    of itself (from torchrun's OUTPUT), how, when, and its logs under this node's RANKS_DIR; its node rank alone
-    where none did."""
+def node_report(output: str, ranks_dir: Path, node_rank: int, stopped: str = "", at: float = 0.0) -> dict:
+    """What a node other than node 0 tells node 0 as its torchrun ends (node_failures): why its supervisor stopped
+    its run (STOPPED, at AT: a signal, a hang; not node 0's loss) and when; else its rank that failed first of
+    itself (from torchrun's OUTPUT), how, when, and its logs under this node's RANKS_DIR; its node rank alone where
+    neither is so. The supervisor's reason comes first, as in this node's own words (supervise._judge)."""
+    if stopped:
+        return {"node": node_rank, "stopped": stopped, "time": _when(at)}
     failed = first_failure(output)
     if failed is None:
         return {"node": node_rank}
@@ -156,15 +166,30 @@ def node_report(output: str, ranks_dir: Path, node_rank: int) -> dict:
             "time": failed.time, "logs": str(logs[-1].relative_to(ranks_dir)) if logs else ""}
 
 
+def _when(at: float) -> str:
+    """AT (time.time()) as torchrun's last words give a rank's failure: local time, to the second."""
+    return time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(at or None))
+
+
+_RANK_FIELDS = {"rank": int, "local_rank": int, "code": int, "time": str, "logs": str}
+_STOP_FIELDS = {"stopped": str, "time": str}
+
+
 def elsewhere(reports: list[dict]) -> str:
-    """The reason naming the rank that failed first of itself on another node, from those nodes' REPORTS
-    (node_report): the earliest, to the second, the lowest node on a tie; "" where none failed of itself."""
-    fields = {"rank": int, "local_rank": int, "code": int, "time": str, "logs": str}
-    failed = [r for r in reports if all(type(r.get(k)) is t for k, t in fields.items())]
+    """The reason naming what failed first of itself on another node, from those nodes' REPORTS (node_report): a rank
+    ("rank 5 (node 1's local rank 1) exited with code 7 (see node 1's rank logs: ...)") or that node's supervisor's
+    stop ("node 1's mlbench received SIGTERM", "node 1: hang: no progress for 300 s"); the earliest, to the second,
+    the lowest node on a tie; "" where none failed of itself."""
+    failed = [r for r in reports if any(all(type(r.get(k)) is t for k, t in fields.items())
+                                        for fields in (_RANK_FIELDS, _STOP_FIELDS))]
     if not failed:
         return ""
     first = min(failed, key=lambda r: (r["time"], r["node"]))
-    node, logs = first["node"], first["logs"]
+    node = first["node"]
+    if type(first.get("stopped")) is str:
+        stopped = " ".join(first["stopped"].split())[:MAX_STOPPED]
+        return f"node {node}'s mlbench {stopped}" if stopped.startswith("received ") else f"node {node}: {stopped}"
+    logs = first["logs"]
     return _named(Failure(first["rank"], first["local_rank"], first["code"], first["time"], False), node,
                   f"see node {node}'s rank logs: {logs}" if logs else f"see node {node}'s rank logs")
 
