@@ -190,3 +190,14 @@ def test_a_record_placed_by_a_killed_publisher_is_finished_whatever_it_holds(
     (staging / "ranks").mkdir()
     assert results.remove_stale(folder) == [staging]
     assert (folder / "result_0.txt").is_file() and (folder / "logs" / "result_0").is_dir()
+
+
+def test_the_supervisor_reads_only_events_from_the_events_file(tmp_path: Path) -> None:
+    """A line of the events file nested past the JSON parser's depth raised RecursionError out of the live
+    supervisor's poll, and a line of JSON that is not an object became an "event" its readers call .get on."""
+    from mlbench.launch.supervise import EventTail
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("[" * 100_000 + "]" * 100_000 + '\n[1, 2]\n"step"\n{"event": "start"}\n{"event": "st')
+    tail = EventTail(events)
+    assert tail.poll() == [{"event": "start"}] and tail.events == [{"event": "start"}]

@@ -132,9 +132,11 @@ class EventTail:
         new = []
         for line in lines:
             try:
-                new.append(json.loads(line))
-            except json.JSONDecodeError:
+                event = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: not an event
                 continue
+            if isinstance(event, dict):  # what every reader of an event takes it to be
+                new.append(event)
         self.events += new
         return new
 
