@@ -6,6 +6,11 @@ to the second, the lowest rank on a tie). The log's run_stop and the record now 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -255,3 +260,38 @@ def test_a_node_whose_supervisor_stopped_its_run_tells_node_0_why(tmp_path: Path
     assert [r["node"] for r in heard] == [1], heard
     assert torchrun.elsewhere(heard) == {"hang": "node 1: hang: no training step within 1 s of start",
                                          "SIGTERM": "node 1's mlbench received SIGTERM", "node 0 lost": ""}[stopped]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_the_agent_ends_when_its_ranks_end_together(tmp_path: Path) -> None:
+    """Rank 1 killed, rank 0 ending of it before the agent looked (both exited when it next ran): the agent reaped
+    rank 0 first, and stopping the others, Popen.send_signal's poll reaped rank 1 behind its back; then it waited
+    for rank 1 for ever (seen as a suite's test_killed_rank_aborts_the_run_within_30_seconds: 'still running:
+    ...local_ranks'). Ranks without torch, the agent held stopped until both have exited."""
+    script = tmp_path / "rank.py"
+    script.write_text("import os, signal, time\ntime.sleep(0.5)\n"
+                      "os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '1' else os._exit(6)\n")
+    agent = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
+                              f"--log-dir={tmp_path / 'ranks'}", str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        ranks: list[int] = []
+        while len(ranks) < 2 and time.monotonic() < deadline:  # both started: hold the agent
+            children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children")
+            ranks = [int(p) for p in children.read_text().split()] if children.exists() else []
+            time.sleep(0.01)
+        os.kill(agent.pid, signal.SIGSTOP)
+        while any(_state(p) not in ("Z", "gone") for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(agent.pid, signal.SIGCONT)
+        out, _ = agent.communicate(timeout=30)
+    finally:
+        agent.kill()
+    assert agent.returncode == 1, out
+    assert "rank 1 killed by SIGKILL" in out and "rank 0 exited with code 6" in out, out

@@ -47,20 +47,24 @@ def rank_env(env: dict[str, str], rank: int, nproc: int, port: int) -> dict[str,
                 ROLE_RANK=str(rank), ROLE_WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
+def _signal(procs: dict[int, subprocess.Popen], codes: dict[int, int], sig: int) -> None:
+    """SIG to every rank not yet reaped. os.kill, not Popen.send_signal: that polls first, and its poll would reap
+    a rank that has exited behind _reap's back (rank 1 killed and rank 0 ended of it, both before the agent next
+    ran: it reaped rank 0, stopped the others, and waited for rank 1 for ever)."""
+    for pid in procs:
+        if pid not in codes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
 def _stop(procs: dict[int, subprocess.Popen], codes: dict[int, int]) -> None:
     """SIGTERM every rank still running; SIGKILL what is left after the grace period; reap them all."""
-    for p in procs.values():
-        if p.pid not in codes:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
+    _signal(procs, codes, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
     while len(codes) < len(procs) and time.monotonic() < deadline:
         _reap(procs, codes, block=False)
         time.sleep(0.05)
-    for p in procs.values():
-        if p.pid not in codes:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
+    _signal(procs, codes, signal.SIGKILL)
     while len(codes) < len(procs):
         _reap(procs, codes, block=True)
 
@@ -115,13 +119,12 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
     port = store.getsockname()[1]
     procs: dict[int, subprocess.Popen] = {}
     ranks: dict[int, int] = {}
+    codes: dict[int, int] = {}  # in the order the ranks were reaped
     received: list[int] = []
 
     def on_signal(signum, frame):
         received.append(signum)
-        for p in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
+        _signal(procs, codes, signal.SIGTERM)
 
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, on_signal)
@@ -140,7 +143,6 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
     def logs(pid: int) -> Path:
         return log_dir / "local" / "attempt_0" / str(ranks[pid])
 
-    codes: dict[int, int] = {}  # in the order the ranks were reaped
     while len(codes) < len(procs):
         pid = _reap(procs, codes, block=True)
         if pid is not None and codes[pid] != 0:
