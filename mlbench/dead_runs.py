@@ -15,7 +15,8 @@ one line; nothing a dead run left stops the next run.
 
 from __future__ import annotations
 
-import shutil
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from mlbench import mlperf_log, registry, results, runner
 from mlbench.launch.supervise import EventTail, Outcome
 from mlbench.layout import Layout
 from mlbench.run_plan import RunPlan
+from mlbench.train.checkpoint import folder as checkpoint_folder
 
 
 def publish(folder: Path, console: Console) -> list[Path]:
@@ -33,15 +35,13 @@ def publish(folder: Path, console: Console) -> list[Path]:
     for staging, owner in results.dead_runs(folder):
         try:
             path, note = _publish_one(folder, staging, owner)
-        except results.PublishError as e:  # nothing of it was left (a full disk, say)
-            console.print(f"a run whose mlbench process had died ({staging.name}) could not be published: {e}",
-                          highlight=False, soft_wrap=True)
-            continue
-        except Exception as e:  # whatever a dead run left (a foreign or garbled file): said, never in the way
+        except Exception as e:  # a full disk, or whatever a dead run left (a foreign, garbled or linked file)
             kept = _set_aside(folder, staging)
+            full = isinstance(e, results.PublishError)
+            where = (f"its files were moved to {kept}" + (" (a rename: no room needed)" if full else "")
+                     if kept else f"its files stay in {staging}") + (_free_space(folder) if full else "")
             console.print(f"a run whose mlbench process had died ({staging.name}) could not be published "
-                          f"({_why(e)}); {f'its files were moved to {kept}' if kept else 'its folder was removed'}",
-                          highlight=False, soft_wrap=True)
+                          f"({_why(e)}); {where}", highlight=False, soft_wrap=True)
             continue
         placed.append(path)
         console.print(f"published a run whose mlbench process had died{note}: {path}", highlight=False,
@@ -51,14 +51,39 @@ def publish(folder: Path, console: Console) -> list[Path]:
 
 def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
     """The run published: its result, and how it ended as the line that announces it says."""
+    _own_files(staging)
     log = staging / "mlperf.log"
     _drop_cut_line(log)
     plan, unread = _plan(staging, folder)
-    outcome, note = _outcome(log, plan, _events(staging / "events.jsonl"), owner.split("-", 1)[0])
+    events = _events(staging / "events.jsonl")
+    _remove_partial_saves(plan, events)
+    outcome, note = _outcome(log, plan, events, owner.split("-", 1)[0])
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
-    return results.publish(folder, staging, rec | {"exit_code": None}), note + unread  # nobody saw it exit
+    return results.publish(folder, staging, rec | {"exit_code": None}, keep=True), note + unread  # nobody saw it exit
+
+
+def _own_files(staging: Path) -> None:
+    """A dead run's files are its own: regular files and folders inside its staging folder. A link (to a file
+    outside the results, say) is never written through nor published: ValueError, and the run is set aside."""
+    if staging.is_symlink():
+        raise ValueError(f"{staging.name} is a link, not a folder of its own")
+    for p in staging.iterdir():
+        if p.is_symlink():
+            raise ValueError(f"its {p.name} is a link (to {os.readlink(p)}), not a file of its own")
+    if not (staging / "mlperf.log").is_file():
+        raise ValueError("its mlperf.log is not a regular file")
+
+
+def _remove_partial_saves(plan: RunPlan, events: list[dict]) -> None:
+    """The checkpoint save the dead run had begun (`.NAME.partial-<owner>` beside its destination): removed, its
+    owner being gone (a live one's, or another host's, is left alone)."""
+    dests = {plan.save_checkpoint} | {e.get("path") for e in events if e.get("event") == "checkpoint_saving"}
+    for dest in dests:
+        if isinstance(dest, str) and dest:
+            with contextlib.suppress(OSError, ValueError):
+                checkpoint_folder.remove_dead_partials(Path(dest))
 
 
 def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str) -> tuple[Outcome, str]:
@@ -76,7 +101,11 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str) -> tuple[Ou
     died = f"mlbench (pid {pid}) died before the run ended (killed, or its session lost); published as aborted {at}"
     if status is None:
         mlperf_log.finalize_aborted(log, died, plan)
-    reason = f"{logged_reason}; {died}" if logged_reason else died  # rank 0 had closed the log: its reason first
+        reason = died
+    elif logged_reason.startswith(died[:died.index(";")]):  # a publisher killed after closing it: its words stand
+        reason = logged_reason
+    else:
+        reason = f"{logged_reason}; {died}" if logged_reason else died  # rank 0 had closed it: its reason first
     return Outcome(status="aborted", exit_code=-1, reason=reason, events=events), " as aborted"
 
 
@@ -155,6 +184,14 @@ def plan_from_log(log: Path, benchmark: str, source: str) -> RunPlan:
                    org=text.get("submission_org", "mlbench"), division=text.get("submission_division", "closed"))
 
 
+def _free_space(folder: Path) -> str:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return ""
+    return f"; the disk holding {folder} has {st.f_bavail * st.f_frsize / 1e6:,.1f} MB free"
+
+
 def _why(e: BaseException) -> str:
     """An exception in a few words: its message, else its kind; one line, not a page."""
     text = " ".join(str(e).split()) or type(e).__name__
@@ -163,14 +200,13 @@ def _why(e: BaseException) -> str:
 
 def _set_aside(folder: Path, staging: Path) -> Path | None:
     """A dead run that cannot be published, moved out of the way (logs/unpublished-<its folder>): kept for a person
-    to read, and never taken for a run to publish again. None where it could not be moved (it is removed)."""
+    to read, and never taken for a run to publish again. None where it could not be moved (it stays)."""
     dest = folder / "logs" / f"unpublished-{staging.name.lstrip('.')}"
     try:
         dest.parent.mkdir(exist_ok=True)
         staging.rename(dest)
         return dest
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
+    except OSError:  # left where it is, never deleted: the next command tries it again
         return None
 
 

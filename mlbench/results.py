@@ -150,10 +150,10 @@ def _stale(folder: Path) -> list[Path]:
 
 
 def _unpublished_run(folder: Path, staging: Path) -> bool:
-    """A run's plan and a begun MLPerf log, and no record of it placed in the folder (a placed one was finished
-    by _finish_publishing)."""
-    with contextlib.suppress(OSError):
-        if not (staging / "plan.json").is_file() or (staging / "mlperf.log").stat().st_size == 0:
+    """A begun MLPerf log (its plan may be missing: the log states it) and no record of it placed in the folder (a
+    placed one was finished by _finish_publishing)."""
+    with contextlib.suppress(OSError):  # its plan may be gone or garbled: its log says it began
+        if (staging / "mlperf.log").lstat().st_size == 0:
             return False
         for staged in staging.glob("result_*.json"):
             with contextlib.suppress(OSError):
@@ -198,10 +198,11 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def publish(folder: Path, staging: Path, record: dict) -> Path:
+def publish(folder: Path, staging: Path, record: dict, *, keep: bool = False) -> Path:
     """Moves a finished run from its staging folder into place under the next free index (free: no result,
     record or rank-log folder of that index, whatever a dead run left); returns the result's path. Raises
-    PublishError, with nothing placed and the staging folder gone, if it cannot."""
+    PublishError, with nothing placed and the staging folder gone, if it cannot; with KEEP, the staging folder
+    stays (a dead run's, for its publisher to set aside: a rename, which a full disk allows)."""
     placed: list[Path] = []
     log = staging / "mlperf.log"
     if not log.exists():  # the supervisor begins the log of a run whose rank 0 never did: not expected here
@@ -238,6 +239,8 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
         for p in placed:
             with contextlib.suppress(OSError):
                 p.unlink()
+        if keep:
+            raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder})") from None
         shutil.rmtree(staging, ignore_errors=True)
         raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder}); nothing of it was "
                            f"left in {folder}") from None

@@ -201,3 +201,105 @@ def test_the_supervisor_reads_only_events_from_the_events_file(tmp_path: Path) -
     events.write_text("[" * 100_000 + "]" * 100_000 + '\n[1, 2]\n"step"\n{"event": "start"}\n{"event": "st')
     tail = EventTail(events)
     assert tail.poll() == [{"event": "start"}] and tail.events == [{"event": "start"}]
+
+
+@pytest.mark.parametrize("how", ["missing", "a-folder"])
+def test_a_dead_run_without_a_plan_file_is_published_from_its_log(
+        how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan.json removed (or a folder in its place): the dead run was taken for no run at all and deleted with its
+    begun log, silently. Its log says the rest, as for a garbled plan."""
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    (staging / "plan.json").unlink()
+    if how == "a-folder":
+        (staging / "plan.json").mkdir()
+    said, record, _ = _publish_dead(folder)
+    assert "its plan.json could not be read" in said, said
+    assert record["status"] == "aborted" and record["variant"] == "tiny", record
+    assert not staging.exists()
+
+
+def test_a_dead_run_on_a_full_disk_is_set_aside_not_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room to place its record: the dead run was deleted ('nothing of it was left'). A rename needs no room: it
+    is moved to logs/unpublished-<name>, and the line says so and how much room is left."""
+    import errno
+
+    from rich.console import Console
+
+    from mlbench import dead_runs, results
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    (folder / "logs").mkdir()
+
+    def full(src, dst, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr(results.os, "link", full)
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    assert dead_runs.publish(folder, console) == []
+    said = console.export_text()
+    kept = folder / "logs" / f"unpublished-{staging.name.lstrip('.')}"
+    assert "No space left on device" in said and str(kept) in said and "MB free" in said, said
+    assert (kept / "mlperf.log").is_file() and not staging.exists()
+
+
+def test_a_dead_runs_partial_checkpoint_save_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 while the checkpoint was saved: the run was published, its `.c1.partial-<owner>` left for ever."""
+    from mlbench.train.checkpoint import folder as checkpoint_folder
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    dest = tmp_path / "ckdir" / "c1"
+    partial = dest.parent / f"{checkpoint_folder.partial_prefix(dest)}99999-1-host"
+    (partial / "x").mkdir(parents=True)
+    with open(staging / "events.jsonl", "a") as f:
+        f.write(json.dumps({"event": "checkpoint_saving", "path": str(dest)}) + "\n")
+    _, record, _ = _publish_dead(folder)
+    assert "died while the checkpoint was saved" in record["checkpoint_error"], record
+    assert not partial.exists()
+
+
+def test_a_dead_run_published_again_after_its_publisher_was_killed_says_why_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publisher killed during the compliance check (after it closed the log): the next one wrote the 'died
+    ... published as aborted' sentence into the record twice. Its reason is the log's."""
+    from rich.console import Console
+
+    from mlbench import dead_runs, runner
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*a, **k):
+        raise Killed
+
+    checker = runner.compliance_verdict
+    monkeypatch.setattr(runner, "compliance_verdict", killed)
+    with pytest.raises(Killed):
+        dead_runs.publish(folder, Console(file=io.StringIO()))
+    monkeypatch.setattr(runner, "compliance_verdict", checker)
+    _, record, placed = _publish_dead(folder)
+    assert record["reason"].count("died before the run ended") == 1, record["reason"]
+    (stop,) = [e for e in mllog(placed) if e["key"] == "run_stop"]
+    assert stop["metadata"]["reason"] == record["reason"]
+
+
+def test_a_dead_runs_log_that_is_a_link_is_never_written_through(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlperf.log a symlink to a file outside the results: its last line was cut, run_stop appended to it, and
+    result_0.txt published as the link. Set aside, the file it points to untouched."""
+    from rich.console import Console
+
+    from mlbench import dead_runs
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    victim = tmp_path / "victim.txt"
+    victim.write_text((staging / "mlperf.log").read_text() + "cut")
+    (staging / "mlperf.log").unlink()
+    (staging / "mlperf.log").symlink_to(victim)
+    before = victim.read_text()
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    assert dead_runs.publish(folder, console) == []
+    said = console.export_text()
+    assert "is a link" in said and "unpublished-" in said, said
+    assert victim.read_text() == before and not list(folder.glob("result_*"))

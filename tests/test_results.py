@@ -423,15 +423,16 @@ def test_a_publisher_killed_between_its_two_links_is_finished_by_the_next_run(tm
         (folder / "result_0.txt").write_text("another run's log\n")
     with results.result_folder(tmp_path, "sys", "gpt3"):
         pass
-    assert not staging.exists()
     if meanwhile == "nothing":
+        assert not staging.exists()
         assert (folder / "result_0.txt").read_text() == LOG
         assert json.loads((folder / "result_0.json").read_text())["status"] == "aborted"
         assert (folder / "logs" / "result_0" / "0").is_dir()
         _assert_readable(folder)
-    else:
-        assert sorted(p.name for p in folder.iterdir()) == ["result_0.txt"]
+    else:  # its record taken back, the run stays for the next command to publish (dead_runs), never deleted
+        assert sorted(p.name for p in folder.iterdir()) == sorted(["result_0.txt", staging.name])
         assert (folder / "result_0.txt").read_text() == "another run's log\n"
+        assert [s for s, _ in results.dead_runs(folder)] == [staging]
 
 
 def test_a_node_whose_torchrun_failed_before_its_ranks_keeps_its_launcher_log(tmp_path: Path) -> None:
