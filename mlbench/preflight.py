@@ -153,6 +153,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     device = memory_device(req, here)
     check_memory(bench, layout, device)
     check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
+    if req.save_checkpoint:
+        check_save_path_length(req.save_checkpoint, layout.world_size, req.launcher)
     check_results_folder(req.results_root, system, bench.name)
     slurm_opts = _slurm_options(req, bench, layout)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
@@ -357,6 +359,40 @@ def check_path_lengths(root: Path, system: str, bench: Benchmark, layout: Layout
                         f"{bench.name}/{staging}/{below}, would be {size} bytes (a path takes at most {path_max - 1} "
                         f"bytes: PATH_MAX {path_max} with its terminating NUL); give a results folder whose absolute "
                         f"path is at most {most} bytes")
+
+
+def check_save_path_length(save: Path, world_size: int, launcher: str) -> None:
+    """The deepest file a checkpoint save makes (in its staging folder `.NAME.partial-<owner tag>` beside SAVE:
+    megatron-core's `__<rank>_<thread>.distcp`, .metadata, common.pt, metadata.json) within NAME_MAX and PATH_MAX.
+    Past them the run trained to its end, then 'checkpoint NOT saved: File name too long'."""
+    from mlbench import owners
+    from mlbench.cli_paths import path_limit
+    from mlbench.train.checkpoint import folder as checkpoint_folder
+
+    dest = Path(os.path.abspath(save))
+    if launcher == "slurm":
+        tag = _LONGEST_TAG
+    else:  # a rank's tag: this host's, with the longest pid this host gives
+        try:
+            pid_max = Path("/proc/sys/kernel/pid_max").read_text().strip()
+        except OSError:
+            pid_max = str(2**22)
+        tag = f"{pid_max}-{owners.tag().split('-', 1)[1]}"
+    partial = f"{checkpoint_folder.partial_prefix(dest)}{tag}"
+    file = max(f"__{world_size - 1}_1.distcp", ".metadata", "common.pt", "metadata.json", key=len)
+    deepest = dest.parent / partial / file
+    name_max = path_limit("PC_NAME_MAX", deepest, 255)
+    if len(os.fsencode(partial)) > name_max:
+        raise UserError(f"--save-checkpoint {save}: File name too long: the save is made in {partial[:60]!r}... "
+                        f"beside it, {len(os.fsencode(partial))} bytes (a name takes at most {name_max}); give a "
+                        f"name of at most {name_max - len(os.fsencode(partial)) + len(os.fsencode(dest.name))} "
+                        f"bytes")
+    path_max, size = path_limit("PC_PATH_MAX", deepest, 4096), len(os.fsencode(str(deepest)))
+    if size >= path_max:  # PATH_MAX counts the terminating NUL
+        raise UserError(f"--save-checkpoint {save}: too deep: the deepest file the save makes, "
+                        f"<its folder's parent>/{partial}/{file}, would be {size} bytes (a path takes at most "
+                        f"{path_max - 1} bytes: PATH_MAX {path_max} with its terminating NUL); give a path at most "
+                        f"{path_max - 1 - (size - len(os.fsencode(str(dest))))} bytes long")
 
 
 def _creatable(folder: Path) -> tuple[Path, str]:

@@ -386,3 +386,29 @@ def test_a_name_past_name_max_in_results_is_refused_naming_it(tmp_path: Path) ->
     with pytest.raises(UserError, match=r"--results .*: File name too long \(a name takes at most 255 bytes; give a "
                                         r"shorter one\): 'x{40}'\.\.\. is 300 bytes"):
         prepare(_at(tmp_path, tmp_path / ("x" * 300) / "r"))
+
+
+def test_a_save_checkpoint_path_too_deep_for_the_saves_files_is_refused_up_front(tmp_path: Path) -> None:
+    """--save-checkpoint of 4060 bytes (its folder fit PATH_MAX) passed the dry run; the run trained, then
+    'checkpoint NOT saved: File name too long' (the save's staging folder `.NAME.partial-<tag>` and megatron's file
+    names inside it). One byte less fits, and the filesystem takes the deepest file there."""
+    from mlbench import owners
+    from mlbench.train.checkpoint import folder
+
+    def at(save: Path) -> RunRequest:
+        return dataclasses.replace(_request(tmp_path), save_checkpoint=save)
+
+    with pytest.raises(UserError, match=r"--save-checkpoint .*: too deep: .*\.partial-.*/metadata\.json, would be "
+                                        r"\d+ bytes .*give a path at most (\d+) bytes long") as e:
+        prepare(at(_path_of(tmp_path, 4060)))
+    most = int(str(e.value).rsplit("at most ", 1)[1].split()[0])
+    with pytest.raises(UserError, match="too deep"):
+        prepare(at(_path_of(tmp_path, most + 1)))
+    save = _path_of(tmp_path, most)
+    prepare(at(save))
+    save.parent.mkdir(parents=True, exist_ok=True)
+    partial = save.parent / f"{folder.partial_prefix(save)}{owners.tag()}"
+    partial.mkdir()
+    (partial / "metadata.json").write_text("the filesystem takes it")
+    with pytest.raises(UserError, match=r"--save-checkpoint .*: File name too long: the save is made in"):
+        prepare(at(tmp_path / ("c" * 240)))
