@@ -680,6 +680,9 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
         return None
     from mlbench.launch import slurm
 
+    if not req.time_limit.isascii():  # '٣:00:00' matched \d and went into #SBATCH
+        raise UserError(f"--time {req.time_limit!r}: HH:MM:SS or D-HH:MM:SS in ASCII digits (0-9), which sbatch "
+                        f"reads; it holds other characters")
     opts = slurm.SlurmOptions(partition=req.partition, account=req.account, time_limit=req.time_limit,
                               sbatch_args=list(req.sbatch_args), container_image=req.container_image,
                               container_mounts=req.container_mounts.split(",") if req.container_mounts else [],

@@ -95,6 +95,8 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"launcher": "slurm", "time_limit": "24855-03:13:09", "dry_run": True}, r"at most 24855-03:13:08"),
     ({"launcher": "slurm", "layout": {"nodes": 2}, "time_limit": "2h", "dry_run": True},
      r"cannot write the SLURM job: time_limit must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
+    # digits of another script matched the job script's \d and went into #SBATCH --time, which sbatch refuses
+    ({"launcher": "slurm", "time_limit": "\u0663:00:00", "dry_run": True}, r"--time '\u0663:00:00': HH:MM:SS .*ASCII"),
     # another launcher's options were dropped without a word: --partition alone trained on this machine
     ({"partition": "gpu"}, r"--partition is an option of --launcher slurm, and this run's launcher is local: "
                            r"add --launcher slurm, or leave --partition out"),
