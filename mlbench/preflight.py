@@ -304,10 +304,12 @@ def check_min_lr(bench: Benchmark, gbs: int, lr: float | None) -> None:
     zero = struct.unpack("f", struct.pack("f", lr))[0] == 0
     if zero or lr < min_lr:
         why = " and ".join(w for w in ("is 0 in float32 (the optimizer's precision: nothing would train)" if zero
-                                       else "", f"is below {bench.name}'s min_lr {min_lr:g} at global batch {gbs} "
+                                       else "", f"is below {bench.name}'s min_lr {min_lr!r} at global batch {gbs} "
                                        f"(the schedule decays from lr down to min_lr)" if lr < min_lr else "") if w)
-        raise UserError(f"--lr {lr:g} {why}: give --lr {max(min_lr, _FLOAT32_SMALLEST):.3g} or more ({bench.name}'s "
-                        f"min_lr {min_lr:g}; float32's smallest positive number {_FLOAT32_SMALLEST:.3g})")
+        least = repr(min_lr) if min_lr >= _FLOAT32_SMALLEST else f"{_FLOAT32_SMALLEST:.3g}"
+        # the values as given (repr): rounded, 0.00029999999 read 'is below min_lr 0.0003: give 0.0003 or more'
+        raise UserError(f"--lr {lr!r} {why}: give --lr {least} or more ({bench.name}'s min_lr {min_lr!r}; float32's "
+                        f"smallest positive number {_FLOAT32_SMALLEST:.3g})")
 
 
 def check_results_folder(root: Path, system: str, benchmark: str) -> None:

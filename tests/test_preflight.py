@@ -81,10 +81,12 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* use --precision bf16"),
     ({"lr": float("nan")}, r"--lr must be a positive number, got nan"),
     # 0 in float32 (the optimizer's precision) or below min_lr: accepted, a run that trained nothing to its budget
-    ({"lr": 5e-324}, r"--lr 4.94066e-324 is 0 in float32 .* and is below gpt3's min_lr 0.0003 at global batch 16 .*"
+    ({"lr": 5e-324}, r"--lr 5e-324 is 0 in float32 .* and is below gpt3's min_lr 0.0003 at global batch 16 .*"
                      r"give --lr 0.0003 or more"),
     ({"lr": 1e-300, "dry_run": True}, r"--lr 1e-300 is 0 in float32"),
     ({"lr": 1e-4}, r"--lr 0.0001 is below gpt3's min_lr 0.0003 at global batch 16"),
+    # printed as given, not rounded: it said '--lr 0.0003 is below gpt3's min_lr 0.0003 ... give --lr 0.0003'
+    ({"lr": 0.00029999999}, r"--lr 0.00029999999 is below gpt3's min_lr 0.0003 .*: give --lr 0.0003 or more"),
     # no upper bound: 3e9 was a traceback (the random seed's range), 2e8 a MemoryError, a dry run took 1e11
     ({"runs": 3_000_000_000}, r"--runs 3000000000 is more than a set takes: at most 1000"),
     ({"runs": 100_000_000_000, "dry_run": True}, r"--runs \d+ is more than a set takes: at most 1000"),
