@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -15,7 +16,7 @@ from rich.text import Text
 from mlbench import registry, terminal
 from mlbench.cli_options import layout_options
 from mlbench.cli_paths import PathParam, path_limit
-from mlbench.errors import Stopped, UserError, stops_on_signals
+from mlbench.errors import OutputFailed, Stopped, UserError, printable, stops_on_signals
 from mlbench.preflight import LayoutRequest, check_new_folder
 from mlbench.quality import operator
 
@@ -91,7 +92,8 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
         counts = {"params_total": params, "flops_per_sample": flops.flops_per_sample(m)}
         if m.num_experts:
             counts["params_active"] = flops.active_param_count(m)
-        click.echo(json.dumps(resolved(b) | counts, indent=1, allow_nan=False))
+        terminal.STDOUT.write(json.dumps(resolved(b) | counts, indent=1, allow_nan=False) + "\n")
+        terminal.STDOUT.flush()
         return
     t = Table(title=f"{b.title}{' (tiny variant)' if tiny else ''}", show_header=False)
     t.add_column("key", style="bold")
@@ -272,20 +274,50 @@ def _add_optional_commands() -> None:
 _add_optional_commands()
 
 
-def _error(message: str) -> None:
-    """One line: 'error:' and the message, printed as it is (no markup read into it). On stderr where stdout was
-    to carry a --json document (`mlbench score --json X | jq`), whatever failed: click's checks of the options too."""
-    if "--json" in sys.argv[1:]:
+def _error(message: str, on_stderr: bool = False) -> None:
+    """One line: 'error:' and the message, `printable` (a folder's name "e\\x1b]0;...\\nerror: forged" in it sent
+    a terminal escape and forged a line), no markup read into it. On stderr where stdout was to carry a --json
+    document (`mlbench score --json X | jq`), whatever failed: click's checks of the options too; on stderr too
+    where stdout cannot be written (a full disk): there it was lost."""
+    if on_stderr or "--json" in sys.argv[1:] or terminal.STDOUT.failure is not None:
         sys.stdout = sys.stderr  # the console writes to sys.stdout as it is at each write (terminal.STDOUT)
-    console.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
+    line = Text.assemble(("error:", "red"), " ", printable(message))
+    failed_before = terminal.STDOUT.failure
+    console.print(line, highlight=False, soft_wrap=True)
+    if failed_before is None and terminal.STDOUT.failure is not None:  # this line is what could not be written
+        terminal.STDOUT.take_failure()  # said by this line, on stderr
+        _on_stderr(line)
+
+
+def _on_stderr(line: Text | str) -> None:
+    sys.stdout = sys.stderr
+    with contextlib.suppress(OSError):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def main() -> None:
+    """The CLI; output that could not be written (stdout on a full disk: ENOSPC, EIO; not a reader that left) is
+    said on stderr at the end, exit 1 where the command had succeeded (`mlbench list > /dev/full` exited 0)."""
     terminal.hold_standard_streams()
+    terminal.STDOUT.reset()
+    try:
+        _main()
+        code: object = 0
+    except SystemExit as e:
+        code = e.code
+    terminal.STDOUT.flush()
+    if (why := terminal.STDOUT.take_failure()) is not None:
+        _on_stderr(Text.assemble(("error:", "red"), f" could not write the output: {why}"))
+        sys.exit(code or 1)
+    if code:
+        sys.exit(code)
+
+
+def _main() -> None:
     try:
         cli.main(prog_name="mlbench", standalone_mode=False)
     except UserError as e:
-        _error(str(e))
+        _error(str(e), on_stderr=isinstance(e, OutputFailed))  # a file not written (a full disk): not stdout's
         sys.exit(e.exit_code)
     except click.exceptions.Abort as e:  # Ctrl-C (KeyboardInterrupt), or SIGTERM or SIGHUP in an analysis command
         stopped = e.__cause__ if isinstance(e.__cause__, Stopped) else None
@@ -293,7 +325,7 @@ def main() -> None:
         sys.exit(stopped.exit_code if stopped else 130)
     except click.UsageError as e:  # an unknown option, a bad choice: one line, and where to read more
         if type(e).__name__ == "NoArgsIsHelpError":  # `mlbench` alone (click >= 8.2): the help, as click gives it
-            click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            terminal.STDOUT.write((e.ctx.get_help() if e.ctx else e.format_message()) + "\n")
             sys.exit(2)
         _error(f"{e.format_message()} (see '{e.ctx.command_path if e.ctx else 'mlbench'} -h')")
         sys.exit(2)

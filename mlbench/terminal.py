@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -43,19 +44,23 @@ class _Stdout:
     """sys.stdout (whichever it is at the time of each write) that outlives its reader: a terminal that closed
     (an SSH session that dropped: EIO) or a pipe whose reader left (`| head`: EPIPE). Output is what a run
     matters least for: it goes on to its end, its log and result published, and what it would have printed is
-    dropped (stdout pointed at /dev/null, so the interpreter's last flush cannot fail either)."""
+    dropped (stdout pointed at /dev/null, so the interpreter's last flush cannot fail either). A failure other than
+    the reader leaving (a full disk: ENOSPC, EIO) is kept in `failure`: the CLI says it on stderr at the end, exit 1
+    (`mlbench list > /dev/full` exited 0, its table lost), and prints an error line that stdout lost on stderr."""
 
-    lost = False
+    lost: object = None  # the stream that failed: what is written to it is dropped
+    failure: str | None = None  # why it failed, the reader leaving (EPIPE) aside
 
     def write(self, text: str) -> int:
-        if not _Stdout.lost and sys.stdout is not None:  # None: started without a stdout (`>&-`), nobody reads it
+        out = sys.stdout
+        if out is not None and out is not _Stdout.lost:  # None: started without a stdout (`>&-`), nobody reads it
             try:
                 try:
-                    return sys.stdout.write(text)
+                    return out.write(text)
                 except UnicodeEncodeError:  # a name the stream's encoding lacks (LC_ALL=C, PYTHONIOENCODING=ascii)
                     return self._write_encoded(text)
-            except OSError:
-                self._lose()
+            except OSError as e:
+                self._lose(out, e)
         return len(text)
 
     @staticmethod
@@ -70,17 +75,32 @@ class _Stdout:
         return len(text)
 
     def flush(self) -> None:
-        if not _Stdout.lost and sys.stdout is not None:
+        out = sys.stdout
+        if out is not None and out is not _Stdout.lost:
             try:
-                sys.stdout.flush()
-            except OSError:
-                self._lose()
+                out.flush()
+            except OSError as e:
+                self._lose(out, e)
 
     @staticmethod
-    def _lose() -> None:
-        _Stdout.lost = True
+    def _lose(out: object, e: OSError) -> None:
+        _Stdout.lost = out
+        if e.errno != errno.EPIPE and _Stdout.failure is None:
+            _Stdout.failure = e.strerror or str(e)
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # type: ignore[attr-defined]
+
+    @staticmethod
+    def take_failure() -> str | None:
+        """Why stdout could not be written, once: the one who says it takes it."""
+        why, _Stdout.failure = _Stdout.failure, None
+        return why
+
+    @staticmethod
+    def reset() -> None:
+        """Nothing lost yet (a command's start: the CLI run again in one process, as the tests do)."""
+        _Stdout.lost = None
+        _Stdout.failure = None
 
     def __getattr__(self, name: str) -> object:  # isatty, fileno, encoding: the stream's own
         return getattr(sys.stdout, name)

@@ -354,3 +354,131 @@ def test_an_error_before_a_json_command_runs_goes_to_stderr(argv: list[str]) -> 
     error on stdout, into the JSON document's stream."""
     proc = subprocess.run([sys.executable, "-m", "mlbench.cli", *argv], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.startswith("error: "), (proc.stdout, proc.stderr)
+
+
+# --- errors: a folder's name in them, printed escaped -----------------------------------------------------------
+
+HOSTILE_FOLDER = "e\x1b]0;pwned\x07\nerror: forged"
+
+
+def test_a_folder_name_in_an_error_is_printed_escaped(tmp_path, monkeypatch, mlbench) -> None:
+    """`mlbench score <folder>/gpt3` printed `error: e<ESC>]0;pwned<BEL>` and then a forged line `error: forged/gpt3:
+    no result_*.txt files here`; click's own 'Got unexpected extra argument (...)' was raw too."""
+    (tmp_path / HOSTILE_FOLDER / "gpt3").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for args in (("score", f"{HOSTILE_FOLDER}/gpt3"), ("compare", f"{HOSTILE_FOLDER}/gpt3", f"{HOSTILE_FOLDER}/gpt3"),
+                 ("scaling", f"{HOSTILE_FOLDER}/gpt3", f"{HOSTILE_FOLDER}/gpt3"),
+                 ("list", f"{HOSTILE_FOLDER}\u202e")):
+        code, out, err = mlbench(*args)
+        _no_control_characters(out + err)
+        assert code == 2 and len((out + err).splitlines()) == 1, (out, err)
+        assert "e\\x1b]0;pwned\\x07\\nerror: forged" in out, out
+    assert "Got unexpected extra argument (e\\x1b]0;pwned\\x07\\nerror: forged\\u202e)" in out, out
+    code, out, _ = mlbench("show", "\"ü\"")  # ordinary text as it is: quotes, letters of any script
+    assert code == 2 and "'\"ü\"'" in out, out
+
+
+def test_the_note_on_a_dead_run_prints_its_staging_folder_escaped(tmp_path, monkeypatch) -> None:
+    """`run` printed a dead run's staging folder's name raw in its 'could not be published' line."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mlbench import dead_runs, results
+    from mlbench.launch import launcher
+
+    staging = tmp_path / "r" / "sys" / "gpt3" / f".staging-{HOSTILE_FOLDER}"
+
+    def publish_one(*_args):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(results, "dead_runs", lambda folder: [(staging, "owner")])
+    monkeypatch.setattr(dead_runs, "_publish_one", publish_one)
+    monkeypatch.setattr(dead_runs, "_set_aside", lambda folder, staging: None)
+    stub = SimpleNamespace(prepare=lambda folder: None, start=lambda: None, supervise=lambda: None, collect=lambda: 0)
+    monkeypatch.setattr(launcher, "choose", lambda *args: stub)
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    opts = SimpleNamespace(results=tmp_path / "r", system="sys")
+    assert launcher.start(SimpleNamespace(name="gpt3"), None, opts, None, console, dry_run=False) == 0
+    said = console.export_text()
+    _no_control_characters(said)
+    assert len(said.splitlines()) == 1 and ".staging-e\\x1b]0;pwned\\x07\\nerror: forged) could not be" in said, said
+
+
+def test_a_folder_name_in_a_plot_label_is_escaped(tmp_path, mlbench) -> None:
+    """`compare ... --html` with a folder named with an ESC: matplotlib warned 'Glyph 27 (<ESC>) missing from
+    font', a raw ESC on stderr."""
+    import warnings
+
+    a = _forged_set(tmp_path / "s\x1b[2J" / "a\x1b]0;t\x07", "llama31_8b", "success")
+    b = _forged_set(tmp_path / "s" / "b", "llama31_8b", "success")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        code, out, err = mlbench("compare", "--no-score", a, b, "--html", tmp_path / "r.html")
+    assert code == 0, out + err
+    _no_control_characters(out + err + "".join(str(w.message) for w in said))
+    assert not [w for w in said if "Glyph" in str(w.message)], [str(w.message) for w in said]
+
+
+# --- output that cannot be written, in every command --------------------------------------------------------------
+
+def _with_stdout_full(monkeypatch, capsys, *command: object) -> tuple[int, str]:
+    """`mlbench COMMAND > /dev/full` in this process: (exit code, stderr)."""
+    from mlbench import cli
+
+    monkeypatch.setattr(sys, "stdout", _Full())
+    monkeypatch.setattr(sys, "argv", ["mlbench", *map(str, command)])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [("list",), ("show", "gpt3"), ("show", "gpt3", "--json"),
+                                     ("check", LOG, "--ruleset", "6.0.0"),
+                                     ("run", "gpt3", "--tiny", "--dry-run", "--results", "{tmp}")])
+def test_every_command_says_output_it_could_not_write_on_stderr_exit_1(monkeypatch, capsys, tmp_path,
+                                                                      command) -> None:
+    """`list`, `show`, `check` (its verdict lost), `run --dry-run` > /dev/full exited 0 with nothing said."""
+    code, err = _with_stdout_full(monkeypatch, capsys, *(str(c).format(tmp=tmp_path / "res") for c in command))
+    assert code == 1 and err == "error: could not write the output: No space left on device\n", err
+
+
+def test_an_error_stdout_cannot_take_goes_to_stderr(monkeypatch, capsys) -> None:
+    """`score /nonexistent > /dev/full` exited 2 with nothing said anywhere."""
+    code, err = _with_stdout_full(monkeypatch, capsys, "score", "/no/such/folder")
+    assert code == 2 and err == "error: /no/such/folder: no such file or folder\n", err
+
+
+def test_progress_output_lost_does_not_stop_the_command_and_is_said_once_at_its_end(monkeypatch, capsys) -> None:
+    """A run's progress lines on a full disk: the run goes on (nothing raised at each line), and the loss is said
+    once on stderr as the command ends, exit 1."""
+    from mlbench import cli, terminal
+
+    said = []
+
+    @cli.cli.command("progress-probe")
+    def probe() -> None:
+        for i in range(3):
+            terminal.console().print(f"step {i}")
+            said.append(i)
+
+    try:
+        code, err = _with_stdout_full(monkeypatch, capsys, "progress-probe")
+    finally:
+        cli.cli.commands.pop("progress-probe")
+    assert said == [0, 1, 2]
+    assert code == 1 and err == "error: could not write the output: No space left on device\n", err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("command", [("list",), ("score", "/no/such/folder")])
+def test_list_and_an_error_to_dev_full_say_so_on_stderr(command) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "mlbench.cli", *command], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert proc.returncode in (1, 2) and proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 1, \
+        proc.stderr

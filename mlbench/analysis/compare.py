@@ -344,7 +344,7 @@ def _convergence_plot(cmp):
                                  f"magnitude {PLOTTABLE:g} or more left off the convergence plot")
                 ev = ev[plottable]
             kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
-                  "label": e.label if j == 0 else None}
+                  "label": printable(e.label) if j == 0 else None}  # a name's ESC: no raw glyph warning
             a.plot(ev[:, 0], ev[:, 1], **kw)
             b.plot(ev[:, 2], ev[:, 1], **kw)
     a.set_xlabel("samples")
@@ -363,7 +363,7 @@ def _step_time_plot(cmp):
         return None
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
     ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
-    ax.set_xticks(range(1, len(data) + 1), [lbl.replace("/", "/\n") for lbl, _ in data], fontsize=7)
+    ax.set_xticks(range(1, len(data) + 1), [printable(lbl).replace("/", "/\n") for lbl, _ in data], fontsize=7)
     ax.set_ylabel("seconds per step")
     ax.grid(alpha=0.3, axis="y")
     ax.set_title("Step-time distribution (box: quartiles, whiskers: p1-p99)")

@@ -218,7 +218,7 @@ def efficiency_plot(sc: Scaling):
     ax.set_ylim(0, max([1.1, *(e for _, e in sc.strong_ttt if e is not None)]) * 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"Scaling efficiency, {sc.benchmark}")
+    ax.set_title(f"Scaling efficiency, {printable(sc.benchmark)}")
     return fig
 
 
