@@ -303,3 +303,27 @@ def test_a_dead_runs_log_that_is_a_link_is_never_written_through(
     said = console.export_text()
     assert "is a link" in said and "unpublished-" in said, said
     assert victim.read_text() == before and not list(folder.glob("result_*"))
+
+
+def test_a_conversion_that_fails_to_save_removes_its_partial_folder_and_says_the_room_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """convert-checkpoint on a full disk: 'conversion failed: [rank0]: RuntimeError: Worker failure: [enforce fail
+    at inline_container.cc:672] . unexpected pos 704 vs 598', and `.cv.partial-<pid>-...` left holding the disk.
+    The partial folder goes, and the line says how much room the disk has."""
+    from mlbench import owners
+    from mlbench.train.checkpoint import convert_bert
+    from mlbench.train.checkpoint.folder import partial_prefix
+
+    dest = tmp_path / "cv"
+
+    def full(path, *a, **k):
+        partial = dest.with_name(f"{partial_prefix(dest)}{owners.tag()}")
+        partial.mkdir()
+        (partial / "__0_0.distcp").write_bytes(b"x" * 598)
+        raise RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(convert_bert.checkpoint, "save", full)
+    with pytest.raises(convert_bert.SaveFailed, match=r"cv not saved: RuntimeError: Worker failure.* \(the disk "
+                                                      r"holding .* has [\d,.]+ MB free\); nothing of it was left"):
+        convert_bert.save(dest, None, {})
+    assert list(tmp_path.iterdir()) == []

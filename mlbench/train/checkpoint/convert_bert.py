@@ -14,6 +14,7 @@ prints one JSON line; exits 2 with the reason on stderr when SRC does not fit th
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,10 +22,11 @@ from types import SimpleNamespace
 
 import torch
 
+from mlbench import owners
 from mlbench.run_plan import benchmark_from_dict
 from mlbench.spec import Benchmark, ModelSpec
 from mlbench.train import checkpoint, one_process_world
-from mlbench.train.checkpoint.folder import load_error
+from mlbench.train.checkpoint.folder import load_error, partial_prefix
 
 CheckpointError = checkpoint.CheckpointError
 
@@ -154,10 +156,31 @@ def convert(bench: Benchmark, src: str | Path, dest: str | Path) -> dict:
     off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
     if off:
         raise CheckpointError(f"converted names do not fit the model: {off[:3]}")
-    checkpoint.save(dest, [SimpleNamespace(module=model)], None,
-                    {"converted_from": str(src), "benchmark": bench.name})
+    save(dest, model, {"converted_from": str(src), "benchmark": bench.name})
     return {"tensors": len(state), "parameters": sum(v.numel() for v in state.values()),
             "seconds": round(time.perf_counter() - start, 2), "path": str(dest)}
+
+
+class SaveFailed(Exception):
+    """The converted checkpoint could not be written (a full disk, say); nothing of it was left."""
+
+
+def save(dest: str | Path, model, info: dict) -> None:
+    """Saves MODEL to DEST (checkpoint.save); where that fails (a full disk fails inside torch's writer with 'unexpected
+    pos 704 vs 598'), its staging folder `.NAME.partial-<this process>` is removed, and SaveFailed says why, with the
+    room left on the disk."""
+    from mlbench.train.loop import _free_space, _reason
+
+    dest = Path(dest)
+    try:
+        checkpoint.save(dest, [SimpleNamespace(module=model)], None, info)
+    except CheckpointError:
+        raise
+    except BaseException as e:  # torch's CheckpointException is no Exception: whatever it was, the partial save goes
+        shutil.rmtree(dest.with_name(f"{partial_prefix(dest)}{owners.tag()}"), ignore_errors=True)
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        raise SaveFailed(f"{dest} not saved: {_reason(e)}{_free_space(str(dest))}; nothing of it was left") from None
 
 
 def main(argv: list[str]) -> int:
@@ -167,6 +190,9 @@ def main(argv: list[str]) -> int:
     except CheckpointError as e:
         print(str(e), file=sys.stderr)
         return 2
+    except SaveFailed as e:  # not bad input: exit 1, its one line
+        print(str(e), file=sys.stderr)
+        return 1
     return 0
 
 
