@@ -122,8 +122,11 @@ def _run_stop(log: Path) -> tuple[str | None, str]:
 def _plan(staging: Path, folder: Path) -> tuple[RunPlan, str]:
     """The run's plan, and ""; or, where its plan.json cannot be read, the plan its log states and a note saying
     so."""
+    path = staging / "plan.json"
     try:
-        plan = RunPlan.load(staging / "plan.json")
+        if not path.is_file():  # removed, or a folder in its place: the log still says the run began
+            raise ValueError("there is none" if not (path.exists() or path.is_symlink()) else "it is not a file")
+        plan = RunPlan.load(path)
         Layout.from_dict(plan.layout)
         return plan, ""
     except Exception as e:  # any file may be there (another version's, a garbled one): its log says the rest
