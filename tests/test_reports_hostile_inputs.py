@@ -204,3 +204,37 @@ def test_a_link_put_in_place_after_the_check_is_not_replaced(work: Path) -> None
     with pytest.raises(UserError, match="r.md: is not a regular file"):
         report.write_reports(Report("t"), out / "r.html", out / "r.md")
     assert os.listdir(out) == ["r.md"] and (out / "r.md").is_symlink() and not (work / "theirs.md").exists()
+
+
+def _mlbench_in_process(monkeypatch, capsys, *args: object) -> tuple[int, str, str]:
+    """`mlbench ARGS` through its entry point in this process: (exit code, stdout, stderr)."""
+    from mlbench import cli
+
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # put back after: an error may point it at stderr
+    monkeypatch.setattr(sys, "argv", ["mlbench", *map(str, args)])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err, out + err
+    return code, out, err
+
+
+@pytest.mark.parametrize("option", ["--html", "--md"])
+def test_a_report_on_a_full_disk_names_its_file_on_stderr_exit_1(work: Path, monkeypatch, capsys, option) -> None:
+    """A full tmpfs: 'error: : cannot write the report (No space left on device)' on stdout, exit 2: no file named
+    (the write into mkstemp's file names none), and a full disk taken for bad input."""
+
+    def full_disk(dest: Path, data: bytes) -> str:
+        raise OSError(28, "No space left on device")  # as a write to the staged file raises it: no file name
+
+    monkeypatch.setattr(report, "_stage", full_disk)
+    dest = work / "out" / f"r{option.replace('--', '.')}"
+    code, out, err = _mlbench_in_process(monkeypatch, capsys, "compare", "--no-score", SET, work / "s2", option, dest)
+    assert code == 1 and "error" not in out, out
+    written = dest if option == "--html" else work / "out" / "r_files" / "convergence.png"  # the md's images first
+    assert err == f"error: {written}: cannot write the report (No space left on device)\n", err
+    assert os.listdir(work / "out") == []
+

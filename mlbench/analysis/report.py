@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from mlbench import terminal  # noqa: E402
 from mlbench.analysis.logs import RESULT_GLOB  # noqa: E402
-from mlbench.errors import UserError, printable  # noqa: E402
+from mlbench.errors import OutputFailed, UserError, printable  # noqa: E402
 
 
 @dataclass
@@ -278,6 +278,7 @@ def _publish(files: dict[Path, bytes], folder: Path | None) -> None:
     """FILES (path: content) in place together, FOLDER (the images') made where it is not; on failure, undone."""
     made = None
     staged: list[tuple[str, Path]] = []
+    at: Path | None = folder  # the file (or the images' folder) being written: named where it fails
     try:
         if folder is not None and (st := _lstat(folder)) is None:
             folder.mkdir()
@@ -285,21 +286,35 @@ def _publish(files: dict[Path, bytes], folder: Path | None) -> None:
         elif folder is not None and not stat.S_ISDIR(st.st_mode):  # a link put there since the check
             raise UserError(f"{folder}: is not a folder (a symbolic link?); the report is not written")
         for dest, data in files.items():
+            at = dest
             staged.append((_stage(dest, data), dest))
         for _tmp, dest in staged:
             _refuse_non_file(dest)  # again: a link put there since the check is never replaced
         while staged:
             tmp, dest = staged[0]
+            at = dest
             os.replace(tmp, dest)
             staged.pop(0)
     except (OSError, UserError) as e:
         _undo(staged, made)
         if isinstance(e, UserError):
             raise
-        raise UserError(f"{e.filename or ''}: cannot write the report ({e.strerror or e})") from None
+        raise _not_written(e, at) from None
     except BaseException:  # Ctrl-C, or a fault of ours: still nothing half written
         _undo(staged, made)
         raise
+
+
+# What a write fails of that is no fault of the input: the disk or its quota full, an I/O error (exit code 1).
+_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
+
+
+def _not_written(e: OSError, at: Path | None) -> UserError:
+    """The report not written, naming the file being written (mkstemp's ENOSPC names none: it said
+    'error: : cannot write the report'); a full disk is OutputFailed (stderr, exit 1), not bad input."""
+    name = printable(at if at is not None else e.filename or "the report")
+    message = f"{name}: cannot write the report ({e.strerror or e})"
+    return OutputFailed(message) if e.errno in _SYSTEM_ERRNOS else UserError(message)
 
 
 def _stage(dest: Path, data: bytes) -> str:
