@@ -238,3 +238,26 @@ def test_a_report_on_a_full_disk_names_its_file_on_stderr_exit_1(work: Path, mon
     assert err == f"error: {written}: cannot write the report (No space left on device)\n", err
     assert os.listdir(work / "out") == []
 
+
+HOSTILE_NAME = "a|b<img src=x onerror=alert(1)>](javascript:x)"
+HOSTILE_STATUS = "<script>alert(1)</script>"
+
+
+def test_the_markdown_report_passes_no_markdown_or_html_through(work: Path, monkeypatch, capsys) -> None:
+    """A folder 'a|b<img src=x onerror=alert(1)>](javascript:x)' and a log's status '<script>alert(1)</script>'
+    went into the --md report raw: an image that runs script, a link, a table cell split at the '|'."""
+    hostile = work / HOSTILE_NAME
+    hostile.mkdir()
+    log = (SET / "result_0.txt").read_text()
+    assert '"status": "success"' in log
+    (hostile / "result_0.txt").write_text(log.replace('"status": "success"', f'"status": "{HOSTILE_STATUS}"', 1))
+    md = work / "out" / "r.md"
+    code, out, err = _mlbench_in_process(monkeypatch, capsys, "compare", "--no-score", hostile, work / "s2", "--md",
+                                         md)
+    assert code == 0, out + err
+    text = md.read_text()
+    assert "<img" not in text and "<script" not in text and "](javascript" not in text, text
+    assert "a\\|b&lt;img src=x onerror=alert\\(1\\)&gt;\\]\\(javascript:x\\)" in text, text
+    assert "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in text, text
+    cells = {line.replace("\\|", "").count("|") for line in text.splitlines() if line.startswith("| ")}
+    assert len(cells) == 1, text  # (one table) no '|' of a name splits a cell: each row has the header's cells

@@ -89,8 +89,20 @@ def render_html(rep: Report) -> str:
     return "\n".join(out)
 
 
+# What Markdown reads in text anywhere: each written with a backslash; `&` `<` `>` (raw HTML, which Markdown passes
+# through) as entities. At a line's start also what opens a heading, list or rule (`#`, `-`, `+`, `=`).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]()|~])|^([#+=-])")
+
+
+def _md(s: object) -> str:
+    """Text of a Markdown report: `printable`, then nothing in it read as Markdown or HTML. A folder named
+    'a|b<img src=x onerror=alert(1)>](javascript:x)' or a log's status '<script>...' went into the report raw."""
+    text = _MD_SPECIAL.sub(lambda m: "\\" + (m.group(1) or m.group(2)), printable(s))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _md_cell(s: object) -> str:
-    return printable(s).replace("|", "\\|")
+    return _md(s)
 
 
 def markdown_files(path: Path) -> Path:
@@ -102,15 +114,15 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
     """Markdown text, and the images it links (relative, into `markdown_files(PATH)`) by file name. Every text is
     `printable`: one line each, no control character (a log's ESC sequence reached the report raw)."""
     files = markdown_files(path)
-    out, images = [f"# {printable(rep.title)}", ""], {}
+    out, images = [f"# {_md(rep.title)}", ""], {}
     for part in rep.parts:
         kind = part[0]
         if kind == "h":
-            out += [f"## {printable(part[1])}", ""]
+            out += [f"## {_md(part[1])}", ""]
         elif kind == "p":
-            out += [printable(part[1]), ""]
+            out += [_md(part[1]), ""]
         elif kind == "ul":
-            out += [f"- {printable(x)}" for x in part[1]] + [""]
+            out += [f"- {_md(x)}" for x in part[1]] + [""]
         elif kind == "table":
             out.append("| " + " | ".join(_md_cell(h) for h in part[1]) + " |")
             out.append("|" + "---|" * len(part[1]))
@@ -118,7 +130,7 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
             out.append("")
         elif kind == "img":
             images[f"{part[1]}.png"] = part[2]
-            out += [f"![{printable(part[3])}]({files.name}/{part[1]}.png)", ""]
+            out += [f"![{_md(part[3])}]({files.name}/{part[1]}.png)", ""]
     return "\n".join(out), images
 
 
