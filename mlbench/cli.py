@@ -300,17 +300,17 @@ def main() -> None:
     said on stderr at the end, exit 1 where the command had succeeded (`mlbench list > /dev/full` exited 0)."""
     terminal.hold_standard_streams()
     terminal.STDOUT.reset()
+    exited: SystemExit | None = None
     try:
         _main()
-        code: object = 0
     except SystemExit as e:
-        code = e.code
+        exited = e
     terminal.STDOUT.flush()
     if (why := terminal.STDOUT.take_failure()) is not None:
         _on_stderr(Text.assemble(("error:", "red"), f" could not write the output: {why}"))
-        sys.exit(code or 1)
-    if code:
-        sys.exit(code)
+        sys.exit((exited and exited.code) or 1)
+    if exited is not None:  # as the command ended it (a run's sys.exit(0) too: callers in-process see it)
+        raise exited
 
 
 def _main() -> None:

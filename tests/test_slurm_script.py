@@ -131,6 +131,7 @@ def test_render_defaults_and_variants() -> None:
     "kw",
     [
         {"time_limit": "90 minutes"},
+        {"time_limit": "\u0663:00:00"},  # an Arabic-Indic 3: \\d matched it, and it went into #SBATCH --time
         {"signal": "TERM now"},
         {"env": {"BAD NAME": "x"}},
         {"command": ["echo", "a\nb"]},

@@ -19,7 +19,7 @@ from typing import Literal
 
 GENERATOR = "mlbench.launch.slurm_script"
 
-_TIME_RE = re.compile(r"^(?:\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")
+_TIME_RE = re.compile(r"^(?:[0-9]+-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]$")  # ASCII digits: \d takes '٣' too
 # sbatch --signal=[{R|B}:]<sig>[@sig_time]
 _SIGNAL_RE = re.compile(r"^(?:[RB]{1,2}:)?(?:SIG)?[A-Z0-9]+(?:@\d+)?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
