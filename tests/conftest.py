@@ -42,6 +42,28 @@ def mlbench(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path
                           cwd=cwd)
 
 
+def mlbench_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: object,
+                       stdout: object = None) -> tuple[int, str, str]:
+    """`mlbench ARGS` through its entry point (cli.main) in this process: (exit code, stdout, stderr), and never a
+    traceback. STDOUT: what sys.stdout is meanwhile (capsys's by default); put back after, since a failing --json
+    command points it at stderr."""
+    from mlbench import cli
+
+    monkeypatch.setattr(sys, "argv", ["mlbench", *map(str, args)])
+    saved = sys.stdout
+    sys.stdout = saved if stdout is None else stdout
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.stdout = saved
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err, out + err
+    return code, out, err
+
+
 def launch_ranks(script: Path, nproc: int, *args: str, env: dict | None = None, rank: int = 0) -> str:
     """Run SCRIPT ARGS as NPROC gloo ranks under mlbench's local agent (what `mlbench run` starts on one node:
     torchrun's environment and log layout, without torch imported in the agent); returns RANK's output. A failure shows

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import mlbench_in_process
 
 from mlbench import compliance, mlperf_tools, registry
 from mlbench.analysis import score
@@ -37,24 +38,7 @@ LOG = SET / "result_0.txt"
 @pytest.fixture
 def mlbench(monkeypatch, capsys):
     """`mlbench ARGS` through its entry point in this process: (exit code, stdout, stderr)."""
-    from mlbench import cli
-
-    stdout: list = []  # capsys's, as the test runs (not yet at this fixture's setup)
-
-    def run(*args: object) -> tuple[int, str, str]:
-        stdout[:] = stdout or [sys.stdout]
-        monkeypatch.setattr(sys, "stdout", stdout[0])  # each time: a failing --json command points it at stderr
-        monkeypatch.setattr(sys, "argv", ["mlbench", *map(str, args)])
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err, out + err
-        return code, out, err
-
-    return run
+    return lambda *args: mlbench_in_process(monkeypatch, capsys, *args)
 
 
 # --- a compliance checker killed from outside -----------------------------------------------------------------
@@ -426,16 +410,8 @@ def test_a_folder_name_in_a_plot_label_is_escaped(tmp_path, mlbench) -> None:
 
 def _with_stdout_full(monkeypatch, capsys, *command: object) -> tuple[int, str]:
     """`mlbench COMMAND > /dev/full` in this process: (exit code, stderr)."""
-    from mlbench import cli
-
-    monkeypatch.setattr(sys, "stdout", _Full())
-    monkeypatch.setattr(sys, "argv", ["mlbench", *map(str, command)])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    return code, capsys.readouterr().err
+    code, _, err = mlbench_in_process(monkeypatch, capsys, *command, stdout=_Full())
+    return code, err
 
 
 @pytest.mark.parametrize("command", [("list",), ("show", "gpt3"), ("show", "gpt3", "--json"),

@@ -90,8 +90,9 @@ def render_html(rep: Report) -> str:
 
 
 # What Markdown reads in text anywhere: each written with a backslash; `&` `<` `>` (raw HTML, which Markdown passes
-# through) as entities. At a line's start also what opens a heading, list or rule (`#`, `-`, `+`, `=`).
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]()|~])|^([#+=-])")
+# through) as entities. At a line's start also what opens a heading, list or rule (`#`, `-`, `+`, `=`). Parentheses
+# stay as they are: a link or an image needs `](`, and the brackets are escaped (our own labels read "(s)").
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])|^([#+=-])")
 
 
 def _md(s: object) -> str:
