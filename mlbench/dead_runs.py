@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mlbench import mlperf_log, registry, results, runner
+from mlbench.errors import disk_free, printable
 from mlbench.launch.supervise import EventTail, Outcome
 from mlbench.layout import Layout
 from mlbench.run_plan import RunPlan
@@ -39,12 +40,15 @@ def publish(folder: Path, console: Console) -> list[Path]:
             kept = _set_aside(folder, staging)
             full = isinstance(e, results.PublishError)
             where = (f"its files were moved to {kept}" + (" (a rename: no room needed)" if full else "")
-                     if kept else f"its files stay in {staging}") + (_free_space(folder) if full else "")
-            console.print(f"a run whose mlbench process had died ({staging.name}) could not be published "
-                          f"({_why(e)}); {where}", highlight=False, soft_wrap=True)
+                     if kept else f"its files stay in {staging}")
+            if full and (free := disk_free(folder)):
+                where += f"; {free}"
+            # printable: the folder's name is whatever was put there ("x\nerror: forged" forged a line)
+            console.print(printable(f"a run whose mlbench process had died ({staging.name}) could not be published "
+                                    f"({_why(e)}); {where}"), highlight=False, soft_wrap=True)
             continue
         placed.append(path)
-        console.print(f"published a run whose mlbench process had died{note}: {path}", highlight=False,
+        console.print(printable(f"published a run whose mlbench process had died{note}: {path}"), highlight=False,
                       soft_wrap=True)
     return placed
 
@@ -185,14 +189,6 @@ def plan_from_log(log: Path, benchmark: str, source: str) -> RunPlan:
     return RunPlan(benchmark=bench, layout=layout.as_dict(), seed=seed if isinstance(seed, int) else 0,
                    run_dir=str(log.parent), system=text.get("submission_platform", ""),
                    org=text.get("submission_org", "mlbench"), division=text.get("submission_division", "closed"))
-
-
-def _free_space(folder: Path) -> str:
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return ""
-    return f"; the disk holding {folder} has {st.f_bavail * st.f_frsize / 1e6:,.1f} MB free"
 
 
 def _why(e: BaseException) -> str:

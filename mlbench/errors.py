@@ -153,3 +153,16 @@ def document_on_stdout() -> Iterator[Callable[[str], None]]:
     except BaseException:
         sys.stdout = sys.stderr
         raise
+
+
+def disk_free(path: object) -> str:
+    """'the disk holding PATH has N MB free' (PATH, else its parent where it is not there yet), for the reason a
+    write failed: a full disk fails inside torch's writer with messages such as "unexpected pos 704 vs 598" that do
+    not say so; "" where the disk cannot be asked."""
+    for where in (str(path), os.path.dirname(str(path)) or "."):
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        return f"the disk holding {path} has {st.f_bavail * st.f_frsize / 1e6:,.1f} MB free"
+    return ""

@@ -345,14 +345,16 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_I
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def _not_json_file(path: Path | str, st: os.stat_result) -> OSError | None:
-    """Why a file with stat ST cannot be a JSON input (an OSError whose strerror says it), or None."""
+def _not_input_file(path: Path | str, st: os.stat_result, limit: int = MAX_JSON_BYTES,
+                    what: str = "a JSON input file", note: str = "") -> OSError | None:
+    """Why a file with stat ST cannot be read as WHAT of at most LIMIT bytes (an OSError whose strerror says it),
+    or None."""
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in _KINDS if test(st.st_mode)), "something else")
         return OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
-    if st.st_size > MAX_JSON_BYTES:
-        return OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the {MAX_JSON_BYTES >> 20} MiB a JSON input "
-                                    "file may hold", str(path))
+    if st.st_size > limit:
+        return OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the {limit >> 20} MiB {what} may hold{note}",
+                       str(path))
     return None
 
 
@@ -360,8 +362,23 @@ def check_json_file(path: Path | str) -> None:
     """OSError naming why PATH cannot be read as a JSON input file: not a regular file where it leads (a pipe
     would block the read forever, /dev/zero fill the memory) or larger than MAX_JSON_BYTES. Asks the file system
     only; opens nothing."""
-    if (why := _not_json_file(path, os.stat(path))) is not None:
+    if (why := _not_input_file(path, os.stat(path))) is not None:
         raise why
+
+
+def read_capped(path: Path | str, limit: int = MAX_JSON_BYTES, what: str = "a JSON input file",
+                note: str = "") -> bytes:
+    """PATH's bytes, where it is a regular file of at most LIMIT bytes (else an OSError naming why: WHAT may hold
+    LIMIT, NOTE after it). Never blocks, never reads more than LIMIT and a byte: the file is opened without waiting
+    (a pipe put in its place is refused) and checked as opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if (why := _not_input_file(path, os.fstat(fd), limit, what, note)) is not None:
+            raise why
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew since
+        raise OSError(errno.EFBIG, f"over the {limit >> 20} MiB {what} may hold", str(path))
+    return data
 
 
 def load_json(path: Path | str) -> object:
@@ -370,13 +387,7 @@ def load_json(path: Path | str) -> object:
     deep for the parser included (RecursionError, which no caller expects of a file). Never blocks: the file is
     checked before it is opened, and opened without waiting (a pipe put in its place meanwhile is refused too)."""
     check_json_file(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if (why := _not_json_file(path, os.fstat(fd))) is not None:
-            raise why
-        data = f.read(MAX_JSON_BYTES + 1)
-    if len(data) > MAX_JSON_BYTES:  # it grew since
-        raise OSError(errno.EFBIG, f"over the {MAX_JSON_BYTES >> 20} MiB a JSON input file may hold", str(path))
+    data = read_capped(path)
     try:
         return json.loads(data)  # UTF-8 (a BOM allowed), -16 or -32, as the standard says
     except RecursionError:

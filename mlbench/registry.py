@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import errno
 import math
 import os
 import re
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -78,21 +76,12 @@ MAX_BENCHMARK_BYTES = 1 << 20
 
 
 def _text(path: Path) -> str:
-    """PATH's text, refused (OSError naming the limit: EFBIG) where it is larger than MAX_BENCHMARK_BYTES, as
-    `logfile.load_json` refuses a JSON input over its own limit: the size is checked on the file opened (without
-    waiting: a pipe put in its place is no regular file), and no more than the limit and a byte is read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if st.st_size > MAX_BENCHMARK_BYTES:
-            raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the {MAX_BENCHMARK_BYTES >> 20} MiB a benchmark "
-                                       f"file may hold; the built-in ones are under 20 KB", str(path))
-        data = f.read(MAX_BENCHMARK_BYTES + 1)
-    if len(data) > MAX_BENCHMARK_BYTES:  # it grew since
-        raise OSError(errno.EFBIG, f"over the {MAX_BENCHMARK_BYTES >> 20} MiB a benchmark file may hold", str(path))
-    return data.decode("utf-8")
+    """PATH's text, refused (OSError naming the limit) where it is larger than MAX_BENCHMARK_BYTES or no regular
+    file, read as `logfile.load_json` reads a JSON input: without waiting, and no more than the limit and a byte."""
+    from mlbench.logfile import read_capped
+
+    return read_capped(path, MAX_BENCHMARK_BYTES, "a benchmark file",
+                       "; the built-in ones are under 20 KB").decode("utf-8")
 
 
 def _read(path: Path) -> dict:

@@ -44,25 +44,9 @@ def start(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: SlurmO
 
     launcher = choose(bench, layout, opts, slurm_opts, console, dry_run)
     with results.result_folder(opts.results, opts.system, bench.name) as folder:
-        dead_runs.publish(folder, EscapingConsole(console))  # what a killed mlbench left, before this run takes one
+        dead_runs.publish(folder, console)  # what a killed mlbench left, before this run takes an index
         launcher.prepare(folder)
         launcher.start()
         launcher.supervise()
         return launcher.collect()
 
-
-class EscapingConsole:
-    """CONSOLE whose `print` writes its text `printable`: for the notes on dead runs (mlbench.dead_runs), which
-    name a staging folder and an error as they are ("... ({staging.name}) could not be published: ..."): a
-    folder named "x\\nerror: forged" forged a line, an ESC in it reached the terminal."""
-
-    def __init__(self, console: Console):
-        self._console = console
-
-    def print(self, *objects: object, **kwargs: object) -> None:
-        from mlbench.errors import printable
-
-        self._console.print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._console, name)

@@ -17,10 +17,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 import torch.distributed as dist
 
+from mlbench.errors import disk_free
 from mlbench.launch.lifeline import STOPPED_EXIT, exit_if_orphaned
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
 from mlbench.train.reporter import Reporter
@@ -71,10 +71,10 @@ def train(plan: RunPlan) -> int:
         consequent = _consequent(e)
         # run_stop is the supervisor's to write for a rank stopped by another's failure: it learns which rank
         # failed first once every rank is gone
-        (report.stopped_by_another if consequent else report.aborted)(_reason(e))
+        (report.stopped_by_another if consequent else report.aborted)(failure_reason(e))
         if not isinstance(e, Aborted):  # the rank's log keeps where it failed; the last line stays the reason
             traceback.print_exception(e, file=sys.stderr)
-        print(f"[rank {rank}] run aborted: {_reason(e)}", file=sys.stderr, flush=True)
+        print(f"[rank {rank}] run aborted: {failure_reason(e)}", file=sys.stderr, flush=True)
         os._exit(STOPPED_EXIT if consequent else 3)  # no interpreter teardown: peers may be gone, collectives hang
     if plan.save_checkpoint and save:  # after run_stop, untimed; a failure here leaves the run's result alone
         report.emit("checkpoint_saving", path=plan.save_checkpoint)
@@ -84,7 +84,7 @@ def train(plan: RunPlan) -> int:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:
-            why = _reason(e) + _free_space(plan.save_checkpoint)
+            why = failure_reason(e) + (f" ({free})" if (free := disk_free(plan.save_checkpoint)) else "")
             report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=why)
             print(f"[rank {rank}] checkpoint not saved: {why}", file=sys.stderr, flush=True)
             os._exit(4)
@@ -95,23 +95,14 @@ def train(plan: RunPlan) -> int:
     return 0 if status == "success" else 1  # the entry point exits without interpreter teardown
 
 
-def _free_space(path: str) -> str:
-    """How much room the disk holding PATH has left, for a failed save's reason: a full disk fails inside torch's
-    writer with messages such as "unexpected pos 704 vs 598" that do not say so."""
-    try:
-        st = os.statvfs(Path(path).parent)
-    except OSError:
-        return ""
-    return f" (the disk holding {path} has {st.f_bavail * st.f_frsize / 1e6:,.1f} MB free)"
-
-
-def _reason(e: BaseException) -> str:
+def failure_reason(e: BaseException) -> str:
+    """E in one line (a checkpoint writer's: the first failing rank's), at most 300 characters."""
     failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's: each rank's (exception, traceback)
     if isinstance(failures, dict) and failures:
         rank, failure = next(iter(failures.items()))
         inner = failure[0] if isinstance(failure, tuple) else failure
         if isinstance(inner, BaseException):
-            return f"{type(e).__name__}: rank {rank}: {_reason(inner)}"[:300]
+            return f"{type(e).__name__}: rank {rank}: {failure_reason(inner)}"[:300]
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 

@@ -169,7 +169,8 @@ def save(dest: str | Path, model, info: dict) -> None:
     """Saves MODEL to DEST (checkpoint.save); where that fails (a full disk fails inside torch's writer with 'unexpected
     pos 704 vs 598'), its staging folder `.NAME.partial-<this process>` is removed, and SaveFailed says why, with the
     room left on the disk."""
-    from mlbench.train.loop import _free_space, _reason
+    from mlbench.errors import disk_free
+    from mlbench.train.loop import failure_reason
 
     dest = Path(dest)
     try:
@@ -180,7 +181,8 @@ def save(dest: str | Path, model, info: dict) -> None:
         shutil.rmtree(dest.with_name(f"{partial_prefix(dest)}{owners.tag()}"), ignore_errors=True)
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
-        raise SaveFailed(f"{dest} not saved: {_reason(e)}{_free_space(str(dest))}; nothing of it was left") from None
+        free = f" ({free})" if (free := disk_free(dest)) else ""
+        raise SaveFailed(f"{dest} not saved: {failure_reason(e)}{free}; nothing of it was left") from None
 
 
 def main(argv: list[str]) -> int:
