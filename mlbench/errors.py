@@ -4,7 +4,6 @@ how text from an input is printed (`printable`), and where a command's output an
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import os
 import signal
@@ -90,50 +89,40 @@ class OutputFailed(UserError):
 
 
 class ProductStream:
-    """The stream a command's product goes to: sys.stdout as it is at each write (as `terminal.STDOUT`), but a
-    failure to write is not dropped in silence, as a run's progress lines are: `score > /dev/full` printed nothing
-    and exited 0 (1 with --json), its output lost. The reader leaving (`| head`: EPIPE) ends the output quietly;
-    any other failure is OutputFailed, and what is printed after it (the CLI's error line) goes to stderr. Either
-    way stdout's descriptor is then held on /dev/null, so the interpreter's last flush cannot fail again."""
+    """The stream a command's product goes to (a score, a table, a JSON document): `terminal.STDOUT` (sys.stdout as
+    it is at each write; a reader that left, `| head`, ends it quietly, and stdout is then held on /dev/null), but
+    a failure to write is not left for the command's end, as a run's progress lines are: it is OutputFailed at
+    once (`score > /dev/full` printed nothing and exited 0), what is printed after it (the CLI's error line) goes
+    to stderr, and the rest of the product is dropped."""
 
-    def __init__(self, stream: Callable[[], Any] = lambda: sys.stdout):
-        self._stream = stream
+    def __init__(self) -> None:
         self.dropped = False
 
     def write(self, text: str) -> int:
-        out = self._stream()
-        if self.dropped or out is None:  # None: started without a stdout (`>&-`): nobody reads it
-            return len(text)
-        try:
-            try:
-                return out.write(text)
-            except UnicodeEncodeError:  # a name the encoding lacks (LC_ALL=C): terminal.STDOUT's fallback
-                from mlbench import terminal
+        from mlbench import terminal
 
-                return terminal.STDOUT.write(text)
-        except OSError as e:
-            self._failed(out, e)
+        if not self.dropped:
+            terminal.STDOUT.write(text)
+            self._said_failure()
         return len(text)
 
     def flush(self) -> None:
-        out = self._stream()
-        if not self.dropped and out is not None:
-            try:
-                out.flush()
-            except OSError as e:
-                self._failed(out, e)
+        from mlbench import terminal
 
-    def _failed(self, out: Any, e: OSError) -> None:
-        self.dropped = True
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # (no descriptor: a test's stream)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-        if e.errno == errno.EPIPE:
-            return
-        sys.stdout = sys.stderr
-        raise OutputFailed(f"could not write the output: {e.strerror or e}") from None
+        if not self.dropped:
+            terminal.STDOUT.flush()
+            self._said_failure()
+
+    def _said_failure(self) -> None:
+        from mlbench import terminal
+
+        if (why := terminal.STDOUT.take_failure()) is not None:
+            self.dropped = True
+            sys.stdout = sys.stderr
+            raise OutputFailed(f"could not write the output: {why}") from None
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's own
-        return getattr(self._stream(), name)
+        return getattr(sys.stdout, name)
 
 
 @contextlib.contextmanager
