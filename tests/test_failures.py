@@ -134,8 +134,11 @@ def test_a_signal_aborts_cleanly_with_the_reason(tmp_path: Path, sig: signal.Sig
     assert not any(_run_pids(tmp_path).values()), "a one-process run starts no agent"
     _wait_for_steps(tmp_path, 3)
     proc.send_signal(sig)
-    proc.communicate(timeout=60)
-    _assert_aborted(tmp_path, proc, f"received {sig.name}")
+    out = proc.communicate(timeout=60)[0]
+    try:
+        _assert_aborted(tmp_path, proc, f"received {sig.name}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nmlbench run said:\n{out}") from None
 
 
 def test_ctrl_c_stops_the_set_not_only_the_run_in_progress(tmp_path: Path, quick_env: dict) -> None:

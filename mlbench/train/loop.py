@@ -23,10 +23,14 @@ import torch.distributed as dist
 from mlbench.errors import disk_free
 from mlbench.launch.lifeline import STOPPED_EXIT, exit_if_orphaned
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
+from mlbench.train import interrupt
 from mlbench.train.reporter import Reporter
 
 
-class Aborted(Exception):
+class Aborted(BaseException):
+    """The run stops: a stop signal, or a loss that is not finite. BaseException, as KeyboardInterrupt is: no
+    library's `except Exception` (logging's, mlperf-logging's) may swallow it and train on."""
+
     def __init__(self, reason: str, consequent: bool = False):
         super().__init__(reason)
         self.consequent = consequent  # stopped because another process failed first (see _consequent)
@@ -44,18 +48,22 @@ def _consequent(e: BaseException) -> bool:
     return getattr(e, "consequent", False) or isinstance(e, RuntimeError) and bool(_PEER_LOST.search(str(e)))
 
 
-def train(plan: RunPlan) -> int:
-    rank = int(os.environ.get("RANK", "0"))
-
-    def on_sigterm(signum, frame):  # the supervisor, torchrun and SLURM send SIGTERM before killing
-        try:  # the supervisor says why it stops the run (a hang, a signal it received)
+def stop_handler(plan: RunPlan) -> Callable:
+    """SIGTERM's handler: the supervisor, torchrun and SLURM send it before killing. The run ends as Aborted, with
+    the reason the supervisor left (a hang, a signal it received), raised between the reporter's writes."""
+    def on_sigterm(signum, frame):
+        try:
             why = stop_reason_path(plan.events_path).read_text()
         except OSError:
             why = ""
         # no reason: the launcher stops every rank because another failed (or someone outside sent it)
-        raise Aborted(why or f"signal {signal.Signals(signum).name}", consequent=not why)
+        interrupt.deliver(Aborted(why or f"signal {signal.Signals(signum).name}", consequent=not why))
+    return on_sigterm
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+
+def train(plan: RunPlan) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    signal.signal(signal.SIGTERM, stop_handler(plan))
     report = Reporter(plan, rank, int(os.environ.get("LOCAL_RANK", "0")))
     try:
         report.preamble()

@@ -13,6 +13,7 @@ from mlperf_logging.mllog import constants as C
 
 from mlbench.mlperf_log import MLPerfLog, write_preamble
 from mlbench.run_plan import RunPlan
+from mlbench.train.interrupt import whole
 
 
 class Reporter:
@@ -30,17 +31,20 @@ class Reporter:
         self._step = 0  # the last step trained
         self._stopped = False  # run_stop written
 
+    @whole
     def emit(self, kind: str, **fields) -> None:
         if self._events:
             self._events.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
 
     # ---- the MLPerf log, in the order a run writes it --------------------------------------------------------
 
+    @whole
     def preamble(self) -> None:
         """Submission keys and every hyperparameter, up to init."""
         if self.log:
             write_preamble(self.plan, self.log)
 
+    @whole
     def run_start(self, **start) -> None:
         if self.log:
             self.log.end(C.INIT_STOP)
@@ -53,14 +57,17 @@ class Reporter:
         return {"first_epoch_num": first_step * self._gbs * self._unit,
                 "epoch_count": (last_step - first_step) * self._gbs * self._unit}
 
+    @whole
     def block_start(self, first_step: int, last_step: int) -> None:
         if self.log:
             self.log.start(C.BLOCK_START, metadata=self._block_meta(first_step, last_step))
 
+    @whole
     def block_stop(self, first_step: int, last_step: int) -> None:
         if self.log:
             self.log.end(C.BLOCK_STOP, metadata=self._block_meta(first_step, last_step))
 
+    @whole
     def step(self, step: int, stats: dict, **display) -> None:
         """A training step's statistics: in the log (tracked_stats) and the events (with what only the display
         shows: learning rate, gradient norm)."""
@@ -71,10 +78,12 @@ class Reporter:
                   tokens_per_s=stats["tokens_per_s"], mfu=stats.get("mfu"),
                   tflops_per_device=stats["tflops_per_device"], **display)
 
+    @whole
     def eval_start(self, samples: int) -> None:
         if self.log:
             self.log.start(C.EVAL_START, metadata={self._key: samples * self._unit})
 
+    @whole
     def eval_stop(self, step: int, samples: int, value: float, scored: float) -> None:
         meta = {self._key: samples * self._unit}
         if self.log:
@@ -82,6 +91,7 @@ class Reporter:
             self.log.end(C.EVAL_STOP, metadata=meta)
         self.emit("eval", step=step, samples=samples, value=value, scored=scored)
 
+    @whole
     def run_stop(self, step: int, status: str, reason: str = "") -> None:
         if self.log:
             # What the run trained on, once, before run_stop, as NVIDIA's BERT logs it (the RCP checker's
@@ -91,6 +101,7 @@ class Reporter:
         self._stopped = True
         self.emit("stopped", status=status, step=step, reason=reason)
 
+    @whole
     def aborted(self, reason: str) -> None:
         """The run failed: train_samples (the checker wants exactly one) and run_stop with status aborted; after
         run_stop (a failure in what follows it, untimed), the log's status stands and only the event says so."""
@@ -99,6 +110,7 @@ class Reporter:
             return
         self.run_stop(self._step, "aborted", reason)
 
+    @whole
     def stopped_by_another(self, reason: str) -> None:
         """The run failed because another process did first (the launcher's SIGTERM, a peer lost): the event says
         so, marked `consequent`, and run_stop is left to the supervisor, which names the rank that failed first
@@ -108,6 +120,7 @@ class Reporter:
             return
         self.emit("stopped", status="aborted", step=self._step, reason=reason, consequent=True)
 
+    @whole
     def close(self) -> None:
         if self.log:
             self.log.close()
