@@ -37,7 +37,7 @@ def publish(folder: Path, console: Console) -> list[Path]:
         try:
             path, note = _publish_one(folder, staging, owner)
         except Exception as e:  # a full disk, or whatever a dead run left (a foreign, garbled or linked file)
-            kept = _set_aside(folder, staging)
+            kept = results.set_aside(folder, staging)
             full = isinstance(e, results.PublishError)
             where = (f"its files were moved to {kept}" + (" (a rename: no room needed)" if full else "")
                      if kept else f"its files stay in {staging}")
@@ -65,7 +65,7 @@ def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
-    return results.publish(folder, staging, rec | {"exit_code": None}, keep=True), note + unread  # nobody saw it exit
+    return results.publish(folder, staging, rec | {"exit_code": None}), note + unread  # nobody saw it exit
 
 
 def _own_files(staging: Path) -> None:
@@ -195,18 +195,6 @@ def _why(e: BaseException) -> str:
     """An exception in a few words: its message, else its kind; one line, not a page."""
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _set_aside(folder: Path, staging: Path) -> Path | None:
-    """A dead run that cannot be published, moved out of the way (logs/unpublished-<its folder>): kept for a person
-    to read, and never taken for a run to publish again. None where it could not be moved (it stays)."""
-    dest = folder / "logs" / f"unpublished-{staging.name.lstrip('.')}"
-    try:
-        dest.parent.mkdir(exist_ok=True)
-        staging.rename(dest)
-        return dest
-    except OSError:  # left where it is, never deleted: the next command tries it again
-        return None
 
 
 def _drop_cut_line(log: Path) -> None:

@@ -72,7 +72,7 @@ def log_problem(path: Path, last_key: str) -> str:
 
 
 class PublishError(Exception):
-    """A finished run could not be published (the message says why); nothing of it was left in the folder."""
+    """A finished run could not be published (the message says why); nothing of it was placed."""
 
 
 # Names that become folders (--system, the benchmark): portable, never hidden, never an option or a path.
@@ -198,16 +198,15 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def publish(folder: Path, staging: Path, record: dict, *, keep: bool = False) -> Path:
+def publish(folder: Path, staging: Path, record: dict) -> Path:
     """Moves a finished run from its staging folder into place under the next free index (free: no result,
     record or rank-log folder of that index, whatever a dead run left); returns the result's path. Raises
-    PublishError, with nothing placed and the staging folder gone, if it cannot; with KEEP, the staging folder
-    stays (a dead run's, for its publisher to set aside: a rename, which a full disk allows)."""
+    PublishError, with nothing placed, if it cannot: the staging folder stays, for its publisher to set aside
+    (`set_aside`: a rename, which a full disk allows)."""
     placed: list[Path] = []
     log = staging / "mlperf.log"
     if not log.exists():  # the supervisor begins the log of a run whose rank 0 never did: not expected here
-        shutil.rmtree(staging, ignore_errors=True)
-        raise PublishError(f"run not published: it left no MLPerf log; nothing of it was left in {folder}")
+        raise PublishError("run not published: it left no MLPerf log")
     try:
         with open(log, "rb+") as f:
             os.fsync(f.fileno())  # on disk before it is a result
@@ -239,11 +238,7 @@ def publish(folder: Path, staging: Path, record: dict, *, keep: bool = False) ->
         for p in placed:
             with contextlib.suppress(OSError):
                 p.unlink()
-        if keep:
-            raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder})") from None
-        shutil.rmtree(staging, ignore_errors=True)
-        raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder}); nothing of it was "
-                           f"left in {folder}") from None
+        raise PublishError(f"run not published: {e.strerror or e} ({e.filename or folder})") from None
     _keep_rank_logs(folder, staging, i, record.get("status") != "success")
     shutil.rmtree(staging, ignore_errors=True)
     return folder / f"result_{i}.txt"
@@ -302,6 +297,19 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def set_aside(folder: Path, staging: Path) -> Path | None:
+    """A run that cannot be published (its log could not be completed, no room to place it, or, for a dead run,
+    whatever it left), moved out of the way (logs/unpublished-<its folder>): kept for a person to read, never taken
+    for a result nor published again; a rename, which a full disk allows. None where it could not be moved."""
+    dest = folder / "logs" / f"unpublished-{staging.name.lstrip('.')}"
+    try:
+        dest.parent.mkdir(exist_ok=True)
+        staging.rename(dest)
+        return dest
+    except OSError:
+        return None
 
 
 def discard(staging: Path) -> None:

@@ -254,23 +254,31 @@ class RunSet:
             checkpoint_folder.remove_dead_partials(Path(opts.save_checkpoint))
         try:
             if outcome.log_error:
-                results.discard(staging)
                 raise results.PublishError(f"run not published: {outcome.log_error}")
             ttt = time_to_train(plan.log_path)
             verdict = compliance_verdict(plan.log_path, bench)
             rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info, opts.device)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
-            console.print(Text.assemble((str(e), "red"), f" (the run ended: {outcome.status}"
-                                        f"{', ' + outcome.reason if outcome.reason else ''})"), highlight=False,
-                          soft_wrap=True)
-            return RunResult(folder, "aborted", None, None, False, str(e), published=False,
-                             stopped_by=outcome.signal)
+            return self._not_published(str(e), staging, outcome)
         result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
                            outcome.checkpoint_error, stopped_by=outcome.signal,
                            error_after_run_stop=outcome.error_after_run_stop)
         _summary(console, bench, result)
         return result
+
+
+    def _not_published(self, why: str, staging: Path, outcome: Outcome) -> RunResult:
+        """A run whose log could not be completed or placed (a full disk): its files are set aside under logs/, for
+        a person to read and never taken for a result (deleted where even that fails)."""
+        kept = results.set_aside(self.folder, staging)
+        if not kept:
+            results.discard(staging)
+        where = f"its files were moved to {kept}" if kept else f"nothing of it was left in {self.folder}"
+        self.console.print(Text.assemble((why, "red"), f"; {where} (the run ended: {outcome.status}"
+                                         f"{', ' + outcome.reason if outcome.reason else ''})"),
+                           highlight=False, soft_wrap=True)
+        return RunResult(self.folder, "aborted", None, None, False, why, published=False, stopped_by=outcome.signal)
 
 
 def compliance_verdict(log: Path, bench: Benchmark) -> compliance.Verdict:

@@ -380,7 +380,7 @@ def test_the_note_on_a_dead_run_prints_its_staging_folder_escaped(tmp_path, monk
 
     monkeypatch.setattr(results, "dead_runs", lambda folder: [(staging, "owner")])
     monkeypatch.setattr(dead_runs, "_publish_one", publish_one)
-    monkeypatch.setattr(dead_runs, "_set_aside", lambda folder, staging: None)
+    monkeypatch.setattr(results, "set_aside", lambda folder, staging: None)
     stub = SimpleNamespace(prepare=lambda folder: None, start=lambda: None, supervise=lambda: None, collect=lambda: 0)
     monkeypatch.setattr(launcher, "choose", lambda *args: stub)
     console = Console(record=True, width=1 << 20, file=io.StringIO())

@@ -161,8 +161,9 @@ def _fill(disk: Path, leave: int) -> None:
 
 def test_a_full_disk_while_publishing_leaves_each_result_complete_or_absent(small_disk: Path) -> None:
     """On a real full filesystem, for every amount of space left: publishing either places the whole result
-    (log and record) or raises PublishError and leaves nothing of it (no half-published result_1.txt, no
-    staging or temporary files); the earlier result stays intact."""
+    (log and record) or raises PublishError and places nothing of it (no half-published result_1.txt, no
+    temporary files), its staging folder kept for the publisher to set aside (a rename, which a full disk allows);
+    the earlier result stays intact."""
     outcomes = set()
     for leave in range(0, 48 * 1024, 2048):
         with results.result_folder(small_disk, "sys", "gpt3") as folder:
@@ -175,6 +176,7 @@ def test_a_full_disk_while_publishing_leaves_each_result_complete_or_absent(smal
             except results.PublishError as e:
                 assert "No space left on device" in str(e), e
                 outcomes.add("refused")
+                assert results.set_aside(folder, staging), "a rename needs no room"
             (small_disk / "filler").unlink()
             assert not staging.exists()
             _assert_readable(folder)
@@ -203,11 +205,13 @@ def test_publish_is_all_or_nothing_when_any_write_fails(tmp_path: Path, monkeypa
         monkeypatch.setattr("builtins.open" if failing == "open" else "os.link", failing_call)
         try:
             results.publish(folder, staging, {"status": "success"})
+            assert not staging.exists()
         except results.PublishError as e:
             assert "No space left on device" in str(e)
+            assert staging.exists(), "kept for its publisher to set aside"
+            assert results.set_aside(folder, staging)
         finally:
             monkeypatch.undo()
-        assert not staging.exists()
         _assert_readable(folder)
 
 
@@ -298,13 +302,18 @@ def test_a_full_disk_refuses_a_dry_run_in_one_line(small_disk: Path) -> None:
 @pytest.mark.slow
 def test_a_full_disk_while_training_aborts_cleanly(tmp_path: Path) -> None:
     """64 KiB fill up while rank 0 writes its log (a run needs about 130 KiB): the rank fails, the log cannot
-    be completed, so the run is not published; no traceback, nothing left, exit 1."""
+    be completed, so the run is not published: no result, no traceback, exit 1; its files are set aside under
+    logs/ (a rename) for a person to read (they were deleted)."""
     with _tmpfs(tmp_path / "disk", "64k") as disk:
         proc = mlbench("run", "gpt3", "--tiny", "--results", str(disk), "--system", "ci", "--seed", "3")
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "run not published" in proc.stdout and "No space left on device" in proc.stdout, proc.stdout
         assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-        assert not list(disk.iterdir())
+        folder = disk / "ci" / "gpt3"
+        [kept] = (folder / "logs").iterdir()
+        assert sorted(p.name for p in folder.iterdir()) == ["logs"]
+        assert kept.name.startswith("unpublished-staging-") and f"its files were moved to {kept}" in proc.stdout
+        assert (kept / "mlperf.log").is_file()
 
 
 @pytest.mark.slow
