@@ -23,7 +23,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from mlbench import mlperf_tools, registry
+from mlbench import mlperf_tools, registry, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
 from mlbench.logfile import BadField, LogReader, load_json, text
@@ -128,12 +128,16 @@ def line_lengths(path: Path) -> LineLengths:
 
 def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None,
           checkers: Checkers | None = None) -> Verdict:
-    """The official checker's verdict on one file: the closed rules of RULESET, or our smoke rules.
+    """The official checker's verdict on one file: the closed rules of RULESET, or our smoke rules (kept: a file
+    judged before is not checked again, mlbench.verdicts).
     quiet: leave out its warnings (as the result summarizer does). time_limit: seconds before it is stopped and
     the file judged not compliant (default: time_limit_s). A file whose long lines would keep the checker past
     the limit even on a machine FASTEST_MACHINE times faster than the one measured is judged so without it."""
     limit = time_limit_s(path) if time_limit is None else time_limit
     rules = "smoke rules" if smoke else f"training {ruleset} rules"
+    digest = verdicts.key(Path(path), f"{ruleset} {smoke}", SMOKE_RULES if smoke else None, quiet)
+    if digest and (kept := verdicts.load(digest, Path(path))):  # judged before: the same bytes, the same rules
+        return Verdict(path=Path(path), ok=kept[0], rules=rules, messages=kept[1])
     lines = _line_lengths(Path(path))
     if lines is not None and lines.checker_s() / FASTEST_MACHINE > limit:
         return Verdict(path=Path(path), ok=False, rules=rules, messages=[
@@ -154,7 +158,10 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
                 return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
         unfinished = _unfinished(proc)
         if not unfinished:
-            return _verdict(Path(path), rules, proc)
+            verdict = _verdict(Path(path), rules, proc)
+            if digest:
+                verdicts.save(digest, Path(path), bool(verdict.ok), verdict.messages)
+            return verdict
         if attempt == 1 and time.monotonic() - started < RETRY_WITHIN_S:
             continue  # cheap to ask again: a checker killed from outside (the OOM killer, kill -9) may finish now
     again = "" if attempt == 1 else " (twice)"

@@ -187,7 +187,9 @@ def test_a_report_path_ending_as_a_folder_is_refused(tmp_path, capsys, monkeypat
 # terminal's foreground process takes it: a suite started in the background by a shell without job control
 # (`make test &`) hands its processes SIGINT ignored, and Python then keeps it so (the INT case timed out there).
 _SLOW_CHECK = """
-import signal, sys
+import os, signal, sys
+# no verdict kept from before (beside the log, not in the temp folder the tests watch): the (slow) checker runs
+os.environ["MLBENCH_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), "cache")
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from mlbench import cli, mlperf_tools
 mlperf_tools.checker_command = lambda *args, **kwargs: [sys.executable, "-c", "import time; time.sleep(120)"]

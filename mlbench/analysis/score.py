@@ -9,7 +9,6 @@ the official summarizer would have printed instead (`official_score_min`).
 from __future__ import annotations
 
 import math
-import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -31,14 +30,6 @@ def infer_ruleset(folder: Path, benchmark: str | None) -> str:
     if known:
         return known[-1]
     return mlperf_tools.rulesets()[-1]
-
-
-_VERDICTS: dict[tuple, tuple[bool | None, list[str]]] = {}
-
-
-def _verdict_key(path: str, ruleset: str, smoke: bool) -> tuple:
-    st = os.stat(path)
-    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, ruleset, smoke)
 
 
 @dataclass
@@ -90,20 +81,11 @@ class SetScore:
 
 def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,
                     smoke: bool = False) -> list[tuple[bool | None, list[str]]]:
-    """The official checker's verdicts for PATHS, as the summarizer asks for them (no warnings), remembered per
-    file: (compliant, messages each on one line); compliant None where the checker gave none (not remembered:
-    asked again next time)."""
-    keys = [_verdict_key(p, ruleset, smoke) if os.path.exists(p) else None for p in paths]
-    todo = [p for p, k in zip(paths, keys, strict=True) if k is None or k not in _VERDICTS]
-    got = compliance.check_all([(Path(p), ruleset, smoke) for p in todo], quiet=True, jobs=jobs)
-    fresh = {p: (v.ok, [" ".join(m.split())[:300] for m in v.messages]) for p, v in zip(todo, got, strict=True)}
-    out = []
-    for p, k in zip(paths, keys, strict=True):
-        v = fresh[p] if p in fresh else _VERDICTS[k]
-        if k is not None and v[0] is not None:
-            _VERDICTS[k] = v
-        out.append(v)
-    return out
+    """The official checker's verdicts for PATHS, as the summarizer asks for them (no warnings; a file judged before
+    is not checked again: mlbench.verdicts): (compliant, messages each on one line); compliant None where the
+    checker gave none."""
+    got = compliance.check_all([(Path(p), ruleset, smoke) for p in paths], quiet=True, jobs=jobs)
+    return [(v.ok, [" ".join(m.split())[:300] for m in v.messages]) for v in got]
 
 
 def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str]) -> tuple[bool, str, float]:

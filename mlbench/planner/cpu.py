@@ -17,22 +17,14 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from mlbench import user_cache
+
 
 def _cache_file() -> Path:
-    """MLBENCH_CACHE, else XDG_CACHE_HOME/mlbench, else ~/.cache/mlbench (set but empty is unset); where there is no
-    home directory at all (a container's user without one: Path.home() raises), the temp folder's mlbench-<uid>."""
-    folder = os.environ.get("MLBENCH_CACHE")
-    if not folder:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        try:
-            folder = Path(xdg) / "mlbench" if xdg else Path.home() / ".cache" / "mlbench"
-        except RuntimeError:
-            folder = Path(tempfile.gettempdir()) / f"mlbench-{os.getuid()}"
-    return Path(folder) / "cpu-device.json"
+    return user_cache.folder() / "cpu-device.json"
 
 
 CACHE = _cache_file()

@@ -1,0 +1,76 @@
+"""The official checker's verdicts, kept. A verdict depends only on the log's bytes, the rules (a ruleset, or our
+smoke rules' file), --quiet and the installed mlperf-logging, so each log is checked once: `score`, `compare` and
+`scaling` over the same results (a published folder compared against again and again; logs of hundreds of MB, which
+the checker reads at about 5 MB a second) run the checker only on what they have not judged before.
+
+Kept: what a checker that finished said (compliant or not, a crash on its own rules included). Never kept: a
+checker stopped at its time limit or killed (no verdict, or one the next try may not share), a file skipped for its
+long lines (decided without the checker). One JSON file a verdict under user_cache's folder/verdicts, written
+whole (a rename); one that cannot be read is checked again, a cache that cannot be written is done without."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from mlbench import mlperf_tools, user_cache
+
+VERSION = 1  # of what a verdict file holds
+_PATH = "\0path\0"  # stands for the log's path in a kept message (the same bytes may lie anywhere)
+
+
+def folder() -> Path:
+    return user_cache.folder() / "verdicts"
+
+
+def key(path: Path, rules: str, rules_file: Path | None, quiet: bool) -> str | None:
+    """What the verdict on PATH depends on, hashed; None where a file cannot be read (the checker says why)."""
+    h = hashlib.sha256(f"{VERSION}\0{mlperf_tools.installed_version()}\0{rules}\0{quiet}\0".encode())
+    try:
+        if rules_file is not None:
+            h.update(rules_file.read_bytes())
+        h.update(b"\0")
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def load(digest: str, path: Path) -> tuple[bool, list[str]] | None:
+    """(compliant, messages) kept for DIGEST, the messages naming PATH; None where none is kept or it is garbled."""
+    try:
+        data = json.loads((folder() / f"{digest}.json").read_text())
+        ok, messages = data["ok"], data["messages"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not isinstance(ok, bool) or not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
+        return None
+    return ok, [m.replace(_PATH, str(path)) for m in messages]
+
+
+def save(digest: str, path: Path, ok: bool, messages: list[str]) -> None:
+    """Keeps a finished checker's verdict on PATH; a cache that cannot be written is done without."""
+    named = {str(Path(path).resolve()), str(path)}
+    kept = []
+    for m in messages:
+        for p in sorted(named, key=len, reverse=True):
+            m = m.replace(p, _PATH)
+        kept.append(m)
+    with contextlib.suppress(OSError):
+        where = folder()
+        where.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=".verdict-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"ok": ok, "messages": kept}, f)
+            os.replace(tmp, where / f"{digest}.json")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
