@@ -136,3 +136,34 @@ def test_the_cpu_cache_lives_where_the_user_says_and_somewhere_without_a_home(mo
 
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert cpu._cache_file().parent.name.startswith("mlbench-")
+
+
+_MEASURE_SLOWLY = """
+import json, sys, time
+from mlbench.planner import cpu
+real = json.loads(sys.argv[1])
+def measure():
+    with open(sys.argv[2], "a") as f:
+        f.write("x")
+    time.sleep(1.5)
+    return real
+cpu.measure = measure
+print(cpu.measured() == real)
+"""
+
+
+def test_processes_starting_together_measure_the_cpu_once(tmp_path) -> None:
+    """Test workers (or runs) starting side by side on a fresh machine each measured the CPU: 17 s of two cores
+    each, slower for one another. The second waits for the first and reads its measurement."""
+    import json
+    import subprocess
+    import sys
+
+    from mlbench.planner import cpu
+
+    real = cpu.cached() or cpu.measured()
+    env = {**os.environ, "MLBENCH_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", _MEASURE_SLOWLY, json.dumps(real), str(tmp_path / "count")],
+                              env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    assert [p.communicate(timeout=60)[0].strip() for p in procs] == ["True", "True"]
+    assert (tmp_path / "count").read_text() == "x"

@@ -20,6 +20,16 @@ ok, why = available()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(not ok, reason=why)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cpu_measured() -> None:
+    """A run's record holds the planner's prediction once this CPU is measured (once a machine, cached): measured
+    here, not left to another file's test that may run after these in another worker (on a fresh machine the
+    prediction was 'this CPU is not measured yet'). Two workers at once measure once: the second waits."""
+    from mlbench.planner import cpu
+
+    cpu.measured()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     """One cluster for the module (starting and stopping one costs seconds): each test's jobs end before it does."""

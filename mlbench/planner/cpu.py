@@ -260,9 +260,37 @@ def measured() -> dict:
     """The cached measurement for this machine, measuring (about 17 s, once) when there is none. A cache that is
     there but not usable is measured again with a note saying why; a cache folder that cannot be written costs a
     note, and a measurement next time."""
-    data, why = _cache()
+    data, _ = _cache()
     if data is not None:
         return data
+    with _measuring():
+        data, why_now = _cache()  # another process that held the lock measured meanwhile
+        if data is not None:
+            return data
+        return _measure_and_keep(why_now)
+
+
+@contextlib.contextmanager
+def _measuring():
+    """One process of this user measures at a time (runs or test workers starting together measured side by side:
+    each about 17 s of two cores, and each slower for the others); without a cache folder, no lock."""
+    import fcntl
+
+    try:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        fd: int | None = os.open(CACHE.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _measure_and_keep(why: str) -> dict:
     if why:
         print(f"note: the cached CPU measurement {CACHE} {why}; measuring this CPU again (about 17 s)", file=sys.stderr)
     data = measure()
