@@ -4,6 +4,9 @@ training step so Adam's state exists, and measures rank 0), plus a 1-process lau
 layout; the tiny gpt_oss_20b (mixture of experts: router, all-to-all dispatch, top-2 of 4 experts) at 1 process,
 TP2 with sequence parallelism, EP2 with and without the distributed optimizer, in the same two launches.
 
+The tiny bert (post-LN, LM head, pooler and next-sentence head) at 1 process and TP2: its heads' parameters on a
+TP rank are exact (the output bias is split with the output layer: it was counted whole on every rank).
+
 What must hold without any estimate: fp32 parameters and gradients are 4 bytes each (the same count at DP2,
 half of the split layers' at TP2 and PP2); Adam's two fp32 moments are twice the parameters; megatron's
 distributed optimizer at DP2 halves them (its shards, padded as megatron pads them); recompute and sequence and
@@ -86,8 +89,9 @@ CASES_2 = {
     "moe_ep2": ({"ep": 2}, {}, "gpt_oss_20b"),
     # gpt_oss_20b's benchmark file turns the distributed optimizer on (the reference's); the plain one too
     "moe_ep2_no_distributed_optimizer": ({"ep": 2}, {"distributed_optimizer": False}, "gpt_oss_20b"),
+    "bert_tp2": ({"tp": 2}, {}, "bert"),
 }
-CASES_1 = {"one": ({}, {}), "moe_one": ({}, {}, "gpt_oss_20b")}
+CASES_1 = {"one": ({}, {}), "moe_one": ({}, {}, "gpt_oss_20b"), "bert_one": ({}, {}, "bert")}
 
 
 def _launch(tmp: Path, nproc: int, cases: dict) -> dict:
@@ -136,7 +140,7 @@ def test_distributed_optimizer_halves_the_optimizer_state(memory: dict[str, dict
 
 def test_recompute_and_sequence_and_context_parallel_save_less(memory: dict[str, dict]) -> None:
     act = {name: r["measured"]["activations_per_micro_batch_bytes"] for name, r in memory.items()
-           if not name.startswith("moe")}
+           if not name.startswith(("moe", "bert"))}
     assert act["one"] == act["dp2"] > act["dp2_selective"] > act["dp2_full"] > 0
     assert act["tp2"] > act["tp2_sequence_parallel"]
     assert act["cp2"] < 0.7 * act["dp2"]
@@ -163,3 +167,4 @@ def test_moe_experts_split_over_expert_parallelism(memory: dict[str, dict]) -> N
     assert 0.4 * act["moe_one"] < act["moe_tp2_sequence_parallel"] < 0.6 * act["moe_one"]
     # routing without a load-balancing loss: rank 0's experts get a few % more or fewer copies than the average
     assert abs(act["moe_ep2"] - act["moe_one"]) < 0.1 * act["moe_one"]
+

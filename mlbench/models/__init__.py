@@ -41,6 +41,9 @@ class Family:
     active_param_count: Callable[[ModelSpec, int], int] | None = None
     # TransformerConfig fields the family adds (mixture of experts: the router and dispatcher settings).
     config: Callable[[ModelSpec], dict] = lambda m: {}
+    # (model, tp) -> the parameters of its heads beyond the decoder's on one tensor-parallel rank (BERT's LM head,
+    # pooler, token types; the planner's memory plan of the last stage)
+    head_params: Callable[[ModelSpec, int], int] = lambda m, tp: 0
     # Whether its "sdpa" layer spec puts PyTorch's scaled_dot_product_attention in megatron's place; where not, a
     # GPU without Transformer Engine runs megatron's local attention, which keeps the s x s probabilities.
     sdpa_attention: bool = False

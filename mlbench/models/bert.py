@@ -11,16 +11,26 @@ if TYPE_CHECKING:
     from mlbench.spec import Benchmark, ModelSpec
 
 
-def param_count(m: ModelSpec, tp: int = 1) -> int:
-    """The decoder's count, plus what BertModel adds: token-type embeddings, the LM head (dense h x h + bias,
-    LayerNorm), the output-layer bias (padded vocab), and with add_binary_head the pooler (h x h + bias) and
-    the next-sentence head (h x 2 + bias)."""
+def _replicated_heads(m: ModelSpec) -> int:
+    """What BertModel adds to the decoder whole on every tensor-parallel rank: token-type embeddings, the LM head
+    (dense h x h + bias, LayerNorm), and with add_binary_head the pooler (h x h + bias) and the next-sentence head
+    (h x 2 + bias)."""
     h = m.hidden_size
-    total = transformer.decoder_params(m, tp) + m.num_tokentypes * h
-    total += h * h + h + 2 * h + transformer.padded_vocab(m, tp)
+    total = m.num_tokentypes * h + h * h + h + 2 * h
     if m.add_binary_head:
         total += h * h + h + h * 2 + 2
     return total
+
+
+def param_count(m: ModelSpec, tp: int = 1) -> int:
+    """The decoder's count, the heads (_replicated_heads) and the output-layer bias (padded vocab)."""
+    return transformer.decoder_params(m, tp) + _replicated_heads(m) + transformer.padded_vocab(m, tp)
+
+
+def head_params(m: ModelSpec, tp: int = 1) -> int:
+    """The heads' parameters on one tensor-parallel rank: the output-layer bias is split with the output layer
+    (megatron's ColumnParallelLinear), the rest whole."""
+    return _replicated_heads(m) + transformer.padded_vocab(m, tp) // tp
 
 
 def flops_per_sample(m: ModelSpec, tp: int = 1) -> float:
@@ -82,6 +92,7 @@ FAMILY = Family(
     data_sources=("markov", "tfrecord"),
     markov_vocab=lambda m: m.vocab_size - 1,  # one id kept for [MASK]
     param_count=param_count,
+    head_params=head_params,
     flops_per_sample=flops_per_sample,
     describe=describe,
     build_model=build_model,

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from mlbench.layout import Layout
 from mlbench.models import core_attention, family
-from mlbench.models.transformer import decoder_params, norm_params, padded_vocab, shapes
+from mlbench.models.transformer import norm_params, padded_vocab, shapes
 from mlbench.spec import Benchmark, ModelSpec
 
 GPU_WORKSPACE_BYTES = 3 * 2**30  # CUDA context, cuBLAS and NCCL workspaces, fragmentation: a stated allowance
@@ -185,9 +185,8 @@ def _stage_params(bench: Benchmark, layout: Layout, stage: int) -> tuple[list[in
         dense.append(norm_params(m))
         if m.untie_embeddings or (layout.pp > 1 and not first):
             dense.append(vocab)  # the output layer (an untied one, or the tied embedding's last-stage copy)
-        extra = family(m.family).param_count(m, tp) - decoder_params(m, tp)
-        if extra > 0 and not m.num_experts:
-            dense.append(extra)  # the family's heads (BERT: token types, LM head, pooler), counted whole
+        if heads := family(m.family).head_params(m, tp):
+            dense.append(heads)  # the family's heads (BERT: token types, LM head, pooler; the output bias split)
     return dense, expert
 
 
