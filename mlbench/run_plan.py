@@ -49,7 +49,13 @@ class RunPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> RunPlan:
-        data = json.loads(Path(path).read_text())
+        """The plan at PATH: OSError where it cannot be read (over logfile.MAX_JSON_BYTES included: a dead run's
+        plan may be anything), ValueError where it is not a plan's JSON."""
+        from mlbench.logfile import load_json  # numpy and orjson: not for the CLI's start-up
+
+        data = load_json(path)
+        if not isinstance(data, dict) or not isinstance(data.get("benchmark"), dict):
+            raise ValueError("not a run plan (a JSON object with its benchmark)")
         return cls(benchmark=benchmark_from_dict(data.pop("benchmark")), **data)
 
 

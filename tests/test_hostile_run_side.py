@@ -134,6 +134,8 @@ _BAD_PLANS = {
     "layout-size-not-a-count": lambda p: p | {"layout": p["layout"] | {"tp": "x"}},
     "deeply-nested": lambda p: "[" * 100_000 + "]" * 100_000,
     "not-json": lambda p: "{plan",
+    # read whole before (3 GB: a MemoryError), a valid plan of 65 MiB was taken as it was
+    "over-64-MiB": lambda p: p | {"system": "x" * (65 << 20)},
 }
 
 
