@@ -267,7 +267,6 @@ class RunSet:
         _summary(console, bench, result)
         return result
 
-
     def _not_published(self, why: str, staging: Path, outcome: Outcome) -> RunResult:
         """A run whose log could not be completed or placed (a full disk): its files are set aside under logs/, for
         a person to read and never taken for a result (deleted where even that fails)."""
