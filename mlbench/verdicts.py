@@ -44,10 +44,12 @@ def key(path: Path, rules: str, rules_file: Path | None, quiet: bool) -> str | N
 
 def load(digest: str, path: Path) -> tuple[bool, list[str]] | None:
     """(compliant, messages) kept for DIGEST, the messages naming PATH; None where none is kept or it is garbled."""
-    try:
-        data = json.loads((folder() / f"{digest}.json").read_text())
-        ok, messages = data["ok"], data["messages"]
-    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+    from mlbench.logfile import load_json  # numpy and orjson: not for the CLI's start-up
+
+    try:  # capped and never blocking: a pipe or a huge file in its place is a verdict not kept
+        data = load_json(folder() / f"{digest}.json")
+        ok, messages = data["ok"], data["messages"]  # type: ignore[index]
+    except (OSError, ValueError, TypeError, KeyError):
         return None
     if not isinstance(ok, bool) or not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
         return None

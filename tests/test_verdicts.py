@@ -95,6 +95,18 @@ def test_a_garbled_verdict_file_is_checked_again_and_replaced(cache, monkeypatch
     assert json.loads(kept.read_text()) == {"ok": True, "messages": []}
 
 
+def test_a_pipe_in_place_of_a_verdict_is_checked_again_never_waited_on(cache, monkeypatch) -> None:
+    import os
+
+    compliance.check(SET / "result_0.txt", RULESET, smoke=False)
+    [kept] = cache.glob("*.json")
+    kept.unlink()
+    os.mkfifo(kept)  # read as a file, it would block for ever
+    assert verdicts.load(kept.stem, SET / "result_0.txt") is None
+    assert compliance.check(SET / "result_0.txt", RULESET, smoke=False).ok is True
+    assert kept.is_file()  # replaced by the new verdict
+
+
 def test_a_cache_that_cannot_be_written_is_done_without(tmp_path, monkeypatch) -> None:
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "file"))  # a file where the folder should be
