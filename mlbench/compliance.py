@@ -135,7 +135,8 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
     the limit even on a machine FASTEST_MACHINE times faster than the one measured is judged so without it."""
     limit = time_limit_s(path) if time_limit is None else time_limit
     rules = "smoke rules" if smoke else f"training {ruleset} rules"
-    digest = verdicts.key(Path(path), f"{ruleset} {smoke}", SMOKE_RULES if smoke else None, quiet)
+    rules_id, rules_file = f"{ruleset} {smoke}", SMOKE_RULES if smoke else None
+    digest = verdicts.key(Path(path), rules_id, rules_file, quiet)
     if digest and (kept := verdicts.load(digest, Path(path))):  # judged before: the same bytes, the same rules
         return Verdict(path=Path(path), ok=kept[0], rules=rules, messages=kept[1])
     lines = _line_lengths(Path(path))
@@ -159,7 +160,8 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
         unfinished = _unfinished(proc)
         if not unfinished:
             verdict = _verdict(Path(path), rules, proc)
-            if digest:
+            # kept only for the bytes the checker read: a log still being written (a live run's) has moved on
+            if digest and verdicts.key(Path(path), rules_id, rules_file, quiet) == digest:
                 verdicts.save(digest, Path(path), bool(verdict.ok), verdict.messages)
             return verdict
         if attempt == 1 and time.monotonic() - started < RETRY_WITHIN_S:

@@ -72,6 +72,16 @@ def test_a_non_compliant_verdict_is_kept_with_messages_naming_the_file_checked(c
     assert str(bad) not in (cache / f"{next(cache.glob('*.json')).stem}.json").read_text()
 
 
+def test_a_log_that_changed_while_it_was_checked_is_not_kept(cache, tmp_path, monkeypatch) -> None:
+    """A live run's log, checked as it grows: the verdict is on bytes other than those hashed before."""
+    log = tmp_path / "result_0.txt"
+    shutil.copy(SET / "result_0.txt", log)
+    grows = f"open({str(log)!r}, 'a').write('more\\n'); import sys; sys.stderr.write('ERROR - FAILED\\n'); sys.exit(1)"
+    monkeypatch.setattr(mlperf_tools, "checker_command", lambda *a, **k: [sys.executable, "-c", grows])
+    assert compliance.check(log, RULESET, smoke=False).ok is False
+    assert not cache.exists() or not list(cache.iterdir())
+
+
 def test_a_checker_that_did_not_finish_is_not_kept(cache, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(mlperf_tools, "checker_command",
                         lambda *a, **k: [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"])
