@@ -4,8 +4,9 @@ training step so Adam's state exists, and measures rank 0), plus a 1-process lau
 layout; the tiny gpt_oss_20b (mixture of experts: router, all-to-all dispatch, top-2 of 4 experts) at 1 process,
 TP2 with sequence parallelism, EP2 with and without the distributed optimizer, in the same two launches.
 
-The tiny bert (post-LN, LM head, pooler and next-sentence head) at 1 process and TP2: its heads' parameters on a
-TP rank are exact (the output bias is split with the output layer: it was counted whole on every rank).
+The tiny bert (post-LN, embedding LayerNorm, LM head) at 1 process and TP2: its heads' parameters on a TP rank are
+exact (the output bias is split with the output layer: it was counted whole on every rank), its activations
+within 3 %.
 
 What must hold without any estimate: fp32 parameters and gradients are 4 bytes each (the same count at DP2,
 half of the split layers' at TP2 and PP2); Adam's two fp32 moments are twice the parameters; megatron's
@@ -154,6 +155,8 @@ def test_estimate_matches_the_measurement(memory: dict[str, dict]) -> None:
         # one micro-batch's, as measured (the plan's activations_bytes holds the schedule's micro-batches in flight)
         one, measured = est["activations_per_micro_batch_bytes"], got["activations_per_micro_batch_bytes"]
         assert abs(one - measured) <= 0.15 * measured, (name, one, measured)
+        if name.startswith("bert"):  # its embedding LayerNorm and LM head counted (7.6 % under without them)
+            assert abs(one - measured) <= 0.03 * measured, (name, one, measured)
         assert est["activations_bytes"] == one * est["micro_batches_in_flight"], name
 
 

@@ -44,6 +44,10 @@ class Family:
     # (model, tp) -> the parameters of its heads beyond the decoder's on one tensor-parallel rank (BERT's LM head,
     # pooler, token types; the planner's memory plan of the last stage)
     head_params: Callable[[ModelSpec, int], int] = lambda m, tp: 0
+    # Activations one micro-batch saves outside the transformer layers, in units of s x b x h elements, on the first
+    # and the last pipeline stage, where they differ from a pre-norm decoder's (nothing before the layers; the final
+    # norm's input and output after them): (first, last); None for a pre-norm decoder.
+    edge_activation_units: Callable[[ModelSpec], tuple[float, float]] | None = None
     # Whether its "sdpa" layer spec puts PyTorch's scaled_dot_product_attention in megatron's place; where not, a
     # GPU without Transformer Engine runs megatron's local attention, which keeps the s x s probabilities.
     sdpa_attention: bool = False

@@ -87,12 +87,22 @@ def objective(b: Benchmark) -> Any:
                     num_tokentypes=b.model.num_tokentypes, output_vocab=vocab)
 
 
+def edge_activation_units(m: ModelSpec) -> tuple[float, float]:
+    """Outside the layers (saved tensors traced on CPU, megatron-core 0.16 BertModel): the embedding LayerNorm's
+    input and output on the first stage; on the last, the LM head's dense output, GeLU output and LayerNorm output
+    (the last layer's output is the dense layer's input, counted with the layer), and no final norm: post-LN layers
+    end normalized. A pre-LN encoder has megatron's final norm (input and output) before the head instead: not
+    traced, no benchmark runs one."""
+    return (2.0, 3.0) if m.norm_position == "post" else (0.0, 5.0)
+
+
 FAMILY = Family(
     name="bert",
     data_sources=("markov", "tfrecord"),
     markov_vocab=lambda m: m.vocab_size - 1,  # one id kept for [MASK]
     param_count=param_count,
     head_params=head_params,
+    edge_activation_units=edge_activation_units,
     flops_per_sample=flops_per_sample,
     describe=describe,
     build_model=build_model,

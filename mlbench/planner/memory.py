@@ -33,6 +33,10 @@ Which path runs is the estimate's `on_cpu` and `attention` (the layer spec's bac
 narrowed by the family (models.core_attention). A run's record passes what it ran; the planner's default for a
 16-bit or FP8 precision is Transformer Engine on a GPU (the published runs' stack), for fp32 the CPU.
 
+Outside the layers a pre-norm decoder saves its final norm's input and output; a family that differs says so in
+the family table (edge_activation_units): BERT's post-LN model saves its embedding LayerNorm's input and output on
+the first stage and its LM head's dense, GeLU and LayerNorm outputs on the last, with no final norm (traced).
+
 Mixture-of-experts layers (gpt_oss_20b) are counted as megatron-core's MoELayer saves them (_moe_layer_bytes):
 the router's top-k indices and softmax, the permutation's routing map, probabilities and sorted indices, and per
 token copy the experts compute (tokens x top-k, all-gathered over the expert tensor-parallel group, balanced over
@@ -381,9 +385,14 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int, path: _Path) -> Me
     chunks = _stage_layers(m, layout, stage)
     seq_unit = m.seq_length // layout.cp * layout.micro_batch_size * m.hidden_size * act_b
     last = stage == layout.pp - 1
-    final_copies = 3 if path.on_cpu and m.normalization == "RMSNorm" else 2  # in, out (+ torch RMSNorm's normalized)
-    final = final_copies * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0
-    first_chunk = chunks[0] * per_layer + (final if layout.vp == 1 else 0)
+    if edges := family(m.family).edge_activation_units:  # the family's own before and after the layers
+        before, after = edges(m)
+        first = before * seq_unit if stage == 0 else 0
+        final = after * seq_unit if last else 0
+    else:  # a pre-norm decoder: the final norm's input and output (+ torch RMSNorm's normalized copy)
+        final_copies = 3 if path.on_cpu and m.normalization == "RMSNorm" else 2
+        first, final = 0, final_copies * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0
+    first_chunk = chunks[0] * per_layer + first + (final if layout.vp == 1 else 0)
     per_chunk = sum(chunks) / layout.vp * per_layer
     in_flight = _in_flight(layout, stage)
     # interleaved: chunks of about equal size in flight, the first one's exactly
