@@ -236,3 +236,34 @@ def test_kill_9_of_mlbench_takes_the_run_with_it(tmp_path: Path) -> None:
 
 def test_sys_executable_is_used() -> None:
     assert MLBENCH[0] == sys.executable
+
+
+_RANK_1_LATE = """
+import os, time
+if os.environ.get("RANK") == "1":  # the rank (its launcher has no RANK), before any handler of its own
+    time.sleep(300)  # rank 0 waits for it inside init_process_group
+"""
+
+
+def test_a_stop_during_the_rendezvous_ends_the_run_at_once(tmp_path: Path) -> None:
+    """Rank 0 waiting for rank 1 inside init_process_group (C code, where no Python handler runs) ignored the
+    supervisor's SIGTERM and ended only at its SIGKILL, after the 10 s grace; now SIGTERM ends it there at once,
+    and the run is aborted with the supervisor's reason."""
+    site = tmp_path.parent / f"{tmp_path.name}-site"  # beside the results, which hold one system folder
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_RANK_1_LATE)
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path),
+                             "--seed", "3", "--system", "ci"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(site)))
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("ci/gpt3/.staging-*/mlperf.log")):  # rank 0's preamble: it is past its imports
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.2)
+    time.sleep(3)  # rank 0 imports torch and megatron-core, then waits in the rendezvous
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out = _communicate_or_explain(proc, tmp_path, 60)
+    elapsed = time.monotonic() - stopped
+    record = _assert_aborted(tmp_path, proc, "received SIGTERM")
+    assert record["steps"] == [], out
+    assert elapsed < 8, f"{elapsed:.1f} s: the ranks were killed after the grace, not ended by SIGTERM"

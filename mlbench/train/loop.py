@@ -131,7 +131,12 @@ def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
     gc.freeze()
     gc.enable()
 
+    # The rendezvous and the first collectives wait inside C, where no Python handler runs: a stop signal ended the
+    # rank there only at SIGKILL, after the supervisor's grace (10 s). Until they return, SIGTERM ends it at once;
+    # its launcher and the supervisor know why, and the supervisor completes the log.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     device = init_distributed(plan)
+    signal.signal(signal.SIGTERM, stop_handler(plan))
     parts = build(plan, device)
     if parts.loaded is not None:
         report.emit("checkpoint_loaded", **parts.loaded)
