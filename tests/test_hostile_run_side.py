@@ -329,3 +329,22 @@ def test_a_conversion_that_fails_to_save_removes_its_partial_folder_and_says_the
                                                       r"holding .* has [\d,.]+ MB free\); nothing of it was left"):
         convert_bert.save(dest, None, {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_score_says_a_dead_run_is_not_published_yet_and_leaves_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder whose run's mlbench was killed scored one run fewer, without a word: analysis never writes the
+    folder (the next `mlbench run` there publishes the run), so score says so."""
+    import shutil
+
+    from mlbench.analysis import score
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    published = (Path(__file__).parent / "data" / "mlperf-results" / "training_results_v5.1" / "AMD" / "results"
+                 / "MI355X_EPYC_9575F_pytorch" / "llama31_8b" / "result_0.txt")
+    shutil.copy(published, folder / "result_0.txt")
+    [s] = score.score_path(folder, "6.0.0", jobs=1)
+    said = [n for n in s.notes if "whose mlbench process died" in n]
+    assert said == [f"1 run(s) whose mlbench process died are not published yet ({staging.name}): not scored until "
+                    f"the next `mlbench run` in this folder publishes them"], s.notes
+    assert staging.is_dir() and sorted(p.name for p in folder.iterdir()) == sorted([staging.name, "result_0.txt"])

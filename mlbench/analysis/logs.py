@@ -549,6 +549,20 @@ def _natural(files: list[Path]) -> list[Path]:
     return sorted(files, key=key)
 
 
+def _unpublished(folder: Path) -> list[str]:
+    """Runs whose mlbench process died before publishing them (kill -9, a lost session) are not in the folder's
+    results until the next `mlbench run` there publishes them (mlbench.dead_runs): said, not done here (analysis
+    reads a folder, never writes it)."""
+    from mlbench import results  # who owns a staging folder: no training code
+
+    dead = results.dead_runs(folder)
+    if not dead:
+        return []
+    names = ", ".join(printable(s.name) for s, _ in dead[:3]) + (", ..." if len(dead) > 3 else "")
+    return [f"{len(dead)} run(s) whose mlbench process died are not published yet ({names}): not scored until the "
+            f"next `mlbench run` in this folder publishes them"]
+
+
 def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     folder = folder.resolve()
     # mlbench publishes a run's record before its log: in a folder of its runs, a log without a record beside it
@@ -565,6 +579,7 @@ def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     else:
         left_out = [f"{f.name}: read as a log without a run record: {wrong[f]}" for f in files if wrong[f]]
     files = recorded or files
+    left_out += _unpublished(folder)
     system = folder.parent.name
     org_root = None
     # ORG/results/<system>/<benchmark>/result_*.txt
