@@ -5,6 +5,7 @@ the checker's verdicts (verdicts.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -19,3 +20,18 @@ def folder() -> Path:
         except RuntimeError:
             path = Path(tempfile.gettempdir()) / f"mlbench-{os.getuid()}"
     return Path(path)
+
+
+def write(path: Path, text: str) -> None:
+    """PATH, a file of the cache, replaced whole: written beside it, then renamed over it (a reader sees the old
+    file or the new one, never a part); OSError where it cannot be, nothing left behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

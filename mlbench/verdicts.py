@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from mlbench import mlperf_tools, user_cache
@@ -65,14 +63,4 @@ def save(digest: str, path: Path, ok: bool, messages: list[str]) -> None:
             m = m.replace(p, _PATH)
         kept.append(m)
     with contextlib.suppress(OSError):
-        where = folder()
-        where.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where, prefix=".verdict-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"ok": ok, "messages": kept}, f)
-            os.replace(tmp, where / f"{digest}.json")
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        user_cache.write(folder() / f"{digest}.json", json.dumps({"ok": ok, "messages": kept}))

@@ -294,14 +294,9 @@ def _measure_and_keep(why: str) -> dict:
     if why:
         print(f"note: the cached CPU measurement {CACHE} {why}; measuring this CPU again (about 17 s)", file=sys.stderr)
     data = measure()
-    tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
     try:
-        CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(CACHE)
+        user_cache.write(CACHE, json.dumps(data, indent=1))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         print(f"note: the CPU measurement is not cached ({CACHE}: {e.strerror or e}); set MLBENCH_CACHE to a folder "
               f"you can write, or it is measured again next time", file=sys.stderr)
     return data

@@ -134,9 +134,9 @@ def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
     # The rendezvous and the first collectives wait inside C, where no Python handler runs: a stop signal ended the
     # rank there only at SIGKILL, after the supervisor's grace (10 s). Until they return, SIGTERM ends it at once;
     # its launcher and the supervisor know why, and the supervisor completes the log.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    on_stop = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     device = init_distributed(plan)
-    signal.signal(signal.SIGTERM, stop_handler(plan))
+    signal.signal(signal.SIGTERM, on_stop)
     parts = build(plan, device)
     if parts.loaded is not None:
         report.emit("checkpoint_loaded", **parts.loaded)
