@@ -168,6 +168,13 @@ def _staged_plan(folder: Path, plan_for: Callable[[Path], RunPlan]) -> tuple[Pat
     return staging, plan
 
 
+def rank_env(threads: int) -> dict[str, str]:
+    """The ranks' environment: this one, with --threads for torch's threads and for numpy's OpenBLAS (which would
+    otherwise start one a core in every rank)."""
+    n = str(threads)
+    return dict(os.environ, MLBENCH_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, PYTHONWARNINGS="ignore")
+
+
 class RunSet:
     """The local and torchrun launchers, and the driver inside a SLURM job: the runs one after another on this
     machine or node, each started with `command_for`, supervised, checked and published (the launcher contract
@@ -196,8 +203,7 @@ class RunSet:
         """Nothing ahead of time: see the class."""
 
     def supervise(self) -> None:
-        env = dict(os.environ, MLBENCH_THREADS=str(self.opts.threads), OMP_NUM_THREADS=str(self.opts.threads),
-                   PYTHONWARNINGS="ignore")
+        env = rank_env(self.opts.threads)
         # A stop signal (Ctrl-C, a closed terminal, preemption) ends the set, not only the run in progress; one that
         # comes between runs (while a run is checked and published) is held until that run is published.
         received: list[str] = []

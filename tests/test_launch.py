@@ -560,3 +560,22 @@ def test_node_0s_watch_says_at_once_when_its_rendezvous_is_gone(tmp_path: Path) 
     finally:
         watch.close()
         server.close()
+
+
+def _threads_after_numpy(env: dict) -> int:
+    code = "import mlbench, numpy; print(next(l for l in open('/proc/self/status') if l.startswith('Threads:')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    return int(out.split()[1])
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="on one core OpenBLAS starts no thread: nothing to tell")
+def test_numpy_starts_no_blas_threads_in_mlbench_processes_unless_asked() -> None:
+    """numpy's OpenBLAS started a thread a core in every mlbench process (0.1 s of CPU each: the CLI, the ranks);
+    none now, while a user's setting is kept; the ranks get --threads, as torch's threads."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    assert _threads_after_numpy(env) == 1
+    assert _threads_after_numpy({**env, "OPENBLAS_NUM_THREADS": "2"}) == 2
+    from mlbench.runner import rank_env
+
+    ranks = rank_env(3)
+    assert ranks["OPENBLAS_NUM_THREADS"] == ranks["OMP_NUM_THREADS"] == ranks["MLBENCH_THREADS"] == "3"
