@@ -6,19 +6,25 @@ the checker reads at about 5 MB a second) run the checker only on what they have
 Kept: what a checker that finished said (compliant or not, a crash on its own rules included). Never kept: a
 checker stopped at its time limit or killed (no verdict, or one the next try may not share), a file skipped for its
 long lines (decided without the checker). One JSON file a verdict under user_cache's folder/verdicts, written
-whole (a rename); one that cannot be read is checked again, a cache that cannot be written is done without."""
+whole (a rename); one that cannot be read is checked again, a cache that cannot be written is done without. At
+most KEEP verdicts are kept: past that, the least recently used go (a verdict read is touched), and what a killed
+write left behind."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
 
 from mlbench import mlperf_tools, user_cache
 
 VERSION = 1  # of what a verdict file holds
 _PATH = "\0path\0"  # stands for the log's path in a kept message (the same bytes may lie anywhere)
+KEEP = 4096  # verdicts, a file (a disk block) each: mlbench's own test suite adds about 300 new ones a run
+_STALE_S = 3600  # a write's temporary file older than this was left by a killed process
 
 
 def folder() -> Path:
@@ -44,13 +50,16 @@ def load(digest: str, path: Path) -> tuple[bool, list[str]] | None:
     """(compliant, messages) kept for DIGEST, the messages naming PATH; None where none is kept or it is garbled."""
     from mlbench.logfile import load_json  # numpy and orjson: not for the CLI's start-up
 
+    file = folder() / f"{digest}.json"
     try:  # capped and never blocking: a pipe or a huge file in its place is a verdict not kept
-        data = load_json(folder() / f"{digest}.json")
+        data = load_json(file)
         ok, messages = data["ok"], data["messages"]  # type: ignore[index]
     except (OSError, ValueError, TypeError, KeyError):
         return None
     if not isinstance(ok, bool) or not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(file)  # used: the last to go when the cache is pruned
     return ok, [m.replace(_PATH, str(path)) for m in messages]
 
 
@@ -64,3 +73,23 @@ def save(digest: str, path: Path, ok: bool, messages: list[str]) -> None:
         kept.append(m)
     with contextlib.suppress(OSError):
         user_cache.write(folder() / f"{digest}.json", json.dumps({"ok": ok, "messages": kept}))
+        prune()
+
+
+def prune() -> None:
+    """Leaves the KEEP most recently used verdicts (the rest, and stale temporary files, removed); each of many
+    processes pruning at once removes what it can."""
+    now, files = time.time(), []
+    with os.scandir(folder()) as entries:
+        for e in entries:
+            with contextlib.suppress(OSError):
+                mtime = e.stat(follow_symlinks=False).st_mtime
+                if e.name.startswith("."):
+                    if now - mtime > _STALE_S:
+                        os.unlink(e.path)
+                elif e.name.endswith(".json"):
+                    files.append((mtime, e.path))
+    if len(files) > KEEP:
+        for _, p in sorted(files)[: len(files) - KEEP]:
+            with contextlib.suppress(OSError):
+                os.unlink(p)

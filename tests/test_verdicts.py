@@ -132,3 +132,36 @@ def test_score_of_a_set_scored_before_runs_no_checker(cache, monkeypatch) -> Non
     started = _no_checker(monkeypatch)
     again = score.score_path(SET, RULESET, jobs=2)[0]
     assert not started and again.to_json() == first.to_json()
+
+
+def test_the_cache_keeps_the_most_recently_used_verdicts(cache, tmp_path, monkeypatch) -> None:
+    """It grew without bound (a file a log ever checked); now the least recently used go past KEEP, and the
+    temporary files of writes killed long ago."""
+    import os
+    import time
+
+    _no_checker(monkeypatch)
+    monkeypatch.setattr(verdicts, "KEEP", 3)
+    logs = []
+    for i in range(4):
+        log = tmp_path / f"{i}" / "result_0.txt"
+        log.parent.mkdir()
+        log.write_text(f":::MLLOG {{\"key\": \"x{i}\"}}\n")
+        logs.append(log)
+    for log in logs[:3]:
+        compliance.check(log, RULESET, smoke=False)
+    kept = sorted(cache.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    long_ago = time.time() - 7200
+    for n, p in enumerate(kept):  # their ages: the first log's oldest
+        os.utime(p, (long_ago + n, long_ago + n))
+    left = cache / ".abc.json-x1"
+    left.write_text("{")
+    os.utime(left, (long_ago, long_ago))
+    started = _no_checker(monkeypatch)
+    compliance.check(logs[0], RULESET, smoke=False)  # read: now the most recently used
+    assert not started
+    compliance.check(logs[3], RULESET, smoke=False)  # a fourth: the least recently used (the second log's) goes
+    assert len(list(cache.glob("*.json"))) == 3 and not left.exists()
+    for log, checked in ((logs[0], 0), (logs[2], 0), (logs[3], 0), (logs[1], 1)):
+        compliance.check(log, RULESET, smoke=False)
+        assert len(started) == 1 + checked, log
