@@ -229,6 +229,10 @@ _GPT3_NORMS = textwrap.dedent("""
     from mlbench.train.optim import lamb
     one_process_world.init()
     b = registry.load("gpt3", tiny=True)
+    import sys
+    from mlbench.train.checkpoint import check
+    meta = check.meta_model(b.model)  # the checkpoint check's: its learned position embedding drew on meta
+    meta_ok = all(p.is_meta for p in meta.parameters()) and "torch._dynamo" not in sys.modules
     config = M.transformer_config(b.model, tp=1, pp=1, vp=1, cp=1, bf16=False)
     chunk = M.build(b.model, config)
     norms = {n: m for n, m in chunk.named_modules() if isinstance(m, torch.nn.LayerNorm)}
@@ -245,7 +249,7 @@ _GPT3_NORMS = textwrap.dedent("""
         out[str(decay)] = sorted(g["wd_mult"] for m in opt.chained_optimizers for g in m.optimizer.param_groups)
     print(json.dumps({"norms": sorted({type(m).__name__ for m in norms.values()}), "count": len(norms),
                       "zero": all(float(m.weight.abs().max()) == 0 for n, m in norms.items() if m is not ln),
-                      "same": bool(torch.allclose(ln(x), plain)), "wd_mult": out}))
+                      "same": bool(torch.allclose(ln(x), plain)), "wd_mult": out, "meta_ok": meta_ok}))
 """)
 
 
@@ -259,4 +263,5 @@ def test_gpt3_layernorms_store_gamma_minus_one_and_every_parameter_decays() -> N
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["norms"] == ["LayerNorm1P"] and r["count"] == 2 * 2 + 1  # two a layer, and the final one
     assert r["zero"] and r["same"]
+    assert r["meta_ok"]  # the checkpoint check's meta build: nothing allocated, and no dynamo (0.5 s of each check)
     assert r["wd_mult"] == {"False": [0.0, 1.0], "True": [1.0]}

@@ -6,6 +6,7 @@ runs this before writing anything)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -15,16 +16,34 @@ from mlbench.run_plan import RunPlan
 from mlbench.train import checkpoint, one_process_world
 
 
-def check(plan: RunPlan) -> dict:
-    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
+@contextlib.contextmanager
+def _no_embedding_init():
+    """torch.nn.Embedding draws its weights whatever megatron's perform_initialization says (the learned position
+    embedding's): on the meta device that draws nothing, yet torch's meta normal_ imports dynamo to do it (a third
+    of this check's time)."""
+    real = torch.nn.Embedding.reset_parameters
+    torch.nn.Embedding.reset_parameters = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Embedding.reset_parameters = real  # type: ignore[method-assign]
+
+
+def meta_model(m):
+    """The model of definition M built on the meta device (megatron-core's, at one process: global shapes)."""
     from mlbench.train import model as model_lib
 
-    m = plan.benchmark.model
     # Global shapes do not depend on the layout, except the vocabulary padding, which may differ anyway.
     config = model_lib.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
     config.use_cpu_initialization, config.perform_initialization = True, False  # no device, no init: meta
-    with torch.device("meta"):
-        model = model_lib.build(m, config, backend="local")
+    with torch.device("meta"), _no_embedding_init():
+        return model_lib.build(m, config, backend="local")
+
+
+def check(plan: RunPlan) -> dict:
+    one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
+    m = plan.benchmark.model
+    model = meta_model(m)
     state = model.sharded_state_dict()
     found = checkpoint.match(plan.init_checkpoint, state, m.vocab_size, plan.benchmark.train.checkpoint_names)
     return {"tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
