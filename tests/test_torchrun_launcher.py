@@ -255,22 +255,45 @@ def _other_host() -> Iterator[tuple[list[str], str]]:
         subprocess.run(["ip", "link", "del", here], capture_output=True)  # gone with the namespace, unless it failed
 
 
+_WAIT_BEFORE_TRAINING = """import os, sys, time
+class _Gate:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mlbench.train.loop":  # imported as the rank starts training, after its claim
+            while not os.path.exists({go!r}):
+                time.sleep(0.05)
+        return None
+if "mlbench.launch.torchrun_rank" in sys.orig_argv:
+    sys.meta_path.insert(0, _Gate())
+"""
+
+
 def test_a_second_node_0_on_another_host_stops_and_the_run_goes_on(tmp_path: Path, quick_benchmarks: Path) -> None:
     """A second invocation with --node-rank 0 on another host (a network namespace here) serves a rendezvous store
     of its own there, which nobody joins, and its torchrun meets the first node 0's at the endpoint: it counted as
     a node, took global rank 0 too, and its ranks could claim node rank 0 first; the first node 0's ranks stopped
     and its store went with them, so node 1 and the second node 0 failed after 2 minutes. The second node 0 now
     stops at once, saying why, and the run goes on."""
+    # Node 0's rank, once it has claimed its node rank, waits for the second node 0 to have stopped: on a loaded
+    # machine the run (20 steps) could end, and its store with it, before the second one's rank asked (which then
+    # said that node 0 had ended, also true).
+    go = tmp_path / "go"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_WAIT_BEFORE_TRAINING.format(go=str(go)))
     with _other_host() as (ns, host):
         endpoint = f"{host}:{free_port(host)}"
         env = {"MLBENCH_BENCHMARKS": str(quick_benchmarks)}
-        procs = {"node0": _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60", env=env)}
+        procs = {"node0": _node(tmp_path, "node0", endpoint, 0, "--rdzv-timeout", "60",
+                                env={**env, "PYTHONPATH": str(site)})}
         dup = subprocess.Popen([*ns, *MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
                                 "--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--node-rank", "0",
                                 "--results", str(tmp_path / "again0"), "--system", "ci", "--rdzv-timeout", "60"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=dict(os.environ, COLUMNS="200", **env))
         procs |= {"again0": dup, "node1": _node(tmp_path, "node1", endpoint, 1, "--rdzv-timeout", "60", env=env)}
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            dup.wait(timeout=120)
+        go.touch()
         outs = _ends(procs, timeout=120)
     assert {name: p.returncode for name, p in procs.items()} == {"node0": 0, "again0": 1, "node1": 0}, outs
     assert "target reached" in outs["node0"], outs
