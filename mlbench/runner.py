@@ -145,11 +145,12 @@ def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
         if layout.nodes == 1 and not opts.rdzv_endpoint:
             return Command(local_ranks.argv(plan_path, staging / "ranks", layout.nproc_per_node), env,
                            stdout=staging / "launcher.log", rank_failure=local_ranks.rank_failure)
+        run_id = f"mlbench-run{i}"  # the same on every node
         argv = torchrun.argv(plan_path, staging / "ranks", nodes=layout.nodes, nproc_per_node=layout.nproc_per_node,
-                             node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint,
-                             rdzv_id=f"mlbench-run{i}", rdzv_timeout=opts.rdzv_timeout)  # the same on every node
+                             node_rank=opts.node_rank, rdzv_endpoint=opts.rdzv_endpoint, rdzv_id=run_id,
+                             rdzv_timeout=opts.rdzv_timeout)
         return torchrun.node_command(argv, env, staging / "launcher.log", torchrun.Rendezvous(
-            opts.rdzv_endpoint, layout.nodes, opts.node_rank, opts.rdzv_timeout, staging / "ranks"))
+            opts.rdzv_endpoint, layout.nodes, opts.node_rank, opts.rdzv_timeout, staging / "ranks", run_id))
     return command_for
 
 

@@ -106,14 +106,9 @@ def test_a_rendezvous_that_fails_ends_at_once_with_the_reason(tmp_path: Path) ->
 
 # Node 1's first rank exits 7 as soon as it has left node 0's failures port for its supervisor (node_failures): past
 # its node rank's claim, before its process group forms (mlbench.train still importing)
-_NODE_1_AT_START = """import os, sys, threading, time
+_NODE_1_AT_START = """import os, sys
 if "mlbench.launch.torchrun_rank" in sys.orig_argv and os.environ.get("RANK") == "1":
-    def fail():
-        while not os.path.exists(os.environ["MLBENCH_FAILURES_FILE"]):
-            time.sleep(0.05)
-        os._exit(7)
-
-    threading.Thread(target=fail, daemon=True).start()
+    os._exit(7)  # as its interpreter starts: before it could leave node 0's port for its supervisor
 """
 
 
@@ -125,10 +120,11 @@ def test_a_rank_that_fails_is_named_in_node_0s_published_record(tmp_path: Path, 
     own words name the rank at the end of a long traceback). Node 1's rank 1 exits 7 at step 3: its peer on node 0
     stopped in consequence, and node 0's record said rank 0's gloo error ("RuntimeError: [...] Read error
     [127.0.0.1]:<port>: Connection reset by peer. ..."); node 1's own output alone named the rank. Node 1's rank 1
-    exits 7 at start, before the process group forms: node 1 ended within seconds, but node 0's rank 0 waited in
-    init_process_group for its 120 s timeout and node 0 named that timeout; now node 0's supervisor stops its run as
-    node 1 tells it, within seconds. Every record now names the rank, how it ended and its logs (node 1's, on node 1:
-    node 1 tells node 0, node_failures)."""
+    exits 7 as its interpreter starts, before the process group forms: node 1 ended within seconds, but node 0's
+    rank 0 waited in init_process_group for its 120 s timeout and node 0 named that timeout; now node 0's supervisor
+    stops its run as node 1 tells it, within seconds (node 1's supervisor reads node 0's port from the rendezvous
+    store: its rank died before it could leave it). Every record now names the rank, how it ended and its logs
+    (node 1's, on node 1: node 1 tells node 0, node_failures)."""
     site = tmp_path / "site"
     if failing == "node 0 at start":
         site.mkdir()

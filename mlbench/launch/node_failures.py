@@ -15,7 +15,9 @@ in init_process_group (a rank of node 1 dead before the process group formed) un
 0's ranks ended first and none of them failed of itself, it waits for the other nodes' word (up to WAIT_S,
 `Board.heard`). Either way it names the earliest failure, as a SLURM job's driver does from every node's torchrun
 output. The ranks already meet on ports of any number (gloo's), so a port of the supervisor's asks nothing more of
-a firewall. A rank that dies before its node has the port (as its interpreter starts) cannot be told of.
+a firewall. Where another node's first rank died before it left the port (as its interpreter started), that node's
+supervisor reads it from the store itself (`port_from_store`, a helper process: the supervisor imports no torch);
+node 0's ranks, waiting for the lost peer, keep the store up.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import contextlib
 import json
 import selectors
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +37,7 @@ WAIT_S = 10.0  # for every other node's word, from the time node 0's supervisor 
 TELL_S = 2.0  # for node 0's supervisor to take the connection (it is listening: at once, unless its host is gone)
 MAX_BYTES = 65536  # one report: a line of JSON
 MAX_OPEN = 64  # connections read at once (each node tells once; anything else connected is not a node)
+STORE_S = 5.0  # for the store to answer, and to hold the port (node 0's ranks post it as they start)
 
 
 def key(run_id: str) -> str:
@@ -134,13 +139,45 @@ class Board:
     __del__ = close  # a command described but never run (a dry run's) drops its board unread
 
 
-def tell(host: str, port_file: Path, report: dict) -> None:
+def tell(host: str, port_file: Path, report: dict, store: tuple[int, str] | None = None) -> None:
     """Another node's supervisor, once its torchrun has ended: tells node 0's supervisor REPORT, at HOST (the
-    endpoint's host) and the port its first rank left in PORT_FILE. Nothing where that rank left none (the ranks
-    never started) or node 0 does not answer (it is gone: its record says why)."""
+    endpoint's host) and the port its first rank left in PORT_FILE, or that the rendezvous store holds (STORE: its
+    port and the run id) where that rank left none. Nothing where neither has it (node 0's ranks never started) or
+    node 0 does not answer (it is gone: its record says why)."""
     try:
         port = int(port_file.read_text())
     except (OSError, ValueError):
+        port = port_from_store(host, *store) if store else None
+    if port is None:
         return
     with contextlib.suppress(OSError), socket.create_connection((host.strip("[]"), port), timeout=TELL_S) as sock:
         sock.sendall(json.dumps(report).encode())
+
+
+def port_from_store(host: str, store_port: int, run_id: str) -> int | None:
+    """Node 0's failures port as its ranks posted it in the rendezvous store at HOST:STORE_PORT, read by a helper
+    process (torch's store client); None where the store does not answer or holds none."""
+    try:
+        from mlbench.launch import lifeline
+
+        out = subprocess.run([sys.executable, "-m", __name__, host, str(store_port), run_id], capture_output=True,
+                             text=True, timeout=STORE_S + 30,  # its own time: torch's import
+                             preexec_fn=lifeline.die_with_parent)
+        return int(out.stdout.strip())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def _print_port(host: str, store_port: str, run_id: str) -> None:
+    from datetime import timedelta
+
+    from torch.distributed import DistError, TCPStore
+
+    with contextlib.suppress(DistError, OSError, ValueError):
+        store = TCPStore(host.strip("[]"), int(store_port), is_master=False, timeout=timedelta(seconds=STORE_S),
+                         wait_for_workers=False)
+        print(store.get(key(run_id)).decode())
+
+
+if __name__ == "__main__":  # HOST STORE_PORT RUN_ID: port_from_store's helper
+    _print_port(*sys.argv[1:4])

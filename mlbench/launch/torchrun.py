@@ -87,7 +87,7 @@ def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous:
 
         def tell(output: str, stopped: str, at: float) -> None:
             node_failures.tell(node0[0], told, node_report(output, rendezvous.ranks_dir, rendezvous.node_rank,
-                                                           stopped, at))
+                                                           stopped, at), (node0[1], rendezvous.run_id))
 
         return Command(argv, {**env, node_failures.FILE: str(told)}, stdout=stdout, rendezvous=rendezvous,
                        rank_failure=own, ended=tell)
@@ -216,6 +216,7 @@ class Rendezvous:
     node_rank: int
     timeout: float
     ranks_dir: Path  # torchrun's --log-dir: <run id>_<random>/attempt_0 appears there as the ranks start
+    run_id: str = "mlbench"  # torchrun's --rdzv-id (argv's), the same on every node
 
     @property
     def deadline_s(self) -> float:
