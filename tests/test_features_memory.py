@@ -4,7 +4,8 @@ training step so Adam's state exists, and measures rank 0), plus a 1-process lau
 layout; the tiny gpt_oss_20b (mixture of experts: router, all-to-all dispatch, top-2 of 4 experts) at 1 process,
 TP2 with sequence parallelism, EP2 with and without the distributed optimizer, in the same two launches.
 
-The tiny bert (post-LN, embedding LayerNorm, LM head) at 1 process and TP2: its heads' parameters on a TP rank are
+The tiny bert (post-LN, embedding LayerNorm, LM head) at 1 process and TP2, and at both with the full bert's
+dropout 0.1 (its masks: 23 % of the activations uncounted before): its heads' parameters on a TP rank are
 exact (the output bias is split with the output layer: it was counted whole on every rank), its activations
 within 3 %.
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow  # two launches, fourteen layouts built: about 10 
 
 _SCRIPT = textwrap.dedent("""
     from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
-    import json, os, socket, sys, tempfile
+    import dataclasses, json, os, socket, sys, tempfile
     from mlbench import registry
     from mlbench.layout import resolve
     from mlbench.run_plan import RunPlan
@@ -56,6 +57,8 @@ _SCRIPT = textwrap.dedent("""
     out = {"port": {"held": held}}
     for name, (kw, features, *which) in cases.items():
         bench = registry.load(which[0] if which else "gpt3", tiny=True)
+        if len(which) > 1:  # the model's fields changed (dropout)
+            bench = dataclasses.replace(bench, model=dataclasses.replace(bench.model, **which[1]))
         layout = resolve(bench, nodes=1, nproc_per_node=world, features=features, **kw)
         plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=3, run_dir=tempfile.mkdtemp(), system="x")
         if device is None:
@@ -91,8 +94,11 @@ CASES_2 = {
     # gpt_oss_20b's benchmark file turns the distributed optimizer on (the reference's); the plain one too
     "moe_ep2_no_distributed_optimizer": ({"ep": 2}, {"distributed_optimizer": False}, "gpt_oss_20b"),
     "bert_tp2": ({"tp": 2}, {}, "bert"),
+    "bert_tp2_dropout": ({"tp": 2}, {}, "bert", {"dropout": 0.1}),
 }
-CASES_1 = {"one": ({}, {}), "moe_one": ({}, {}, "gpt_oss_20b"), "bert_one": ({}, {}, "bert")}
+# the full bert trains with dropout 0.1 (the tiny one with none): its masks, and the copies dropout makes
+CASES_1 = {"one": ({}, {}), "moe_one": ({}, {}, "gpt_oss_20b"), "bert_one": ({}, {}, "bert"),
+           "bert_one_dropout": ({}, {}, "bert", {"dropout": 0.1})}
 
 
 def _launch(tmp: Path, nproc: int, cases: dict) -> dict:

@@ -20,10 +20,14 @@ parallelism), and the attention probabilities (a x s x s x b, split by tensor pa
 kernel keeps them (_keeps_probabilities: megatron's local attention, and PyTorch's math kernel, which SDPA falls to
 on a GPU for fp32 grouped-query heads; Transformer Engine's fused attention and SDPA's flash, cuDNN and memory-
 efficient kernels keep only softmax statistics). Widths follow the real model (grouped-query K/V, SwiGLU's doubled
-fc1, RoPE's rotated copies of Q and K) rather than the paper's 34 + 5as/h constant, and no dropout masks are kept
-when dropout is 0. Selective recompute drops the attention probabilities; full recompute keeps only the inputs of
-recomputed layers. The micro-batches in flight are the pipeline schedule's: one without pipelining, pp - stage for
-1F1B, megatron's warm-up count + 1 chunks for the interleaved schedule. Where attention is not fused (megatron's
+fc1, RoPE's rotated copies of Q and K) rather than the paper's 34 + 5as/h constant. With dropout (the full BERT's
+0.1) each dropout keeps a mask, a byte an element on a GPU and on the CPU (torch's unfused dropout) its noise at the
+activations' width: the embedding's, the two bias-dropout-adds' of each layer, and where the attention
+probabilities are kept, their dropout's, with the dropped copy the context's product keeps; none when dropout is 0
+(traced on CPU, exact for the tiny bert and gpt3 at dropout 0.1). Selective recompute drops the attention
+probabilities; full recompute keeps only the inputs of recomputed layers. The micro-batches in flight are the
+pipeline schedule's: one without pipelining, pp - stage for 1F1B, megatron's warm-up count + 1 chunks for the
+interleaved schedule. Where attention is not fused (megatron's
 local attention, SDPA's math kernel) the tensors are those that path saves (_unfused_attention_width): grouped-
 query keys and values expanded to the query heads, q/k norms' inputs and copies, the full s x s probabilities under
 a sliding window. On the CPU, torch's RMSNorm also keeps its normalized copy and the unfused glu two extra ffn-wide
@@ -254,16 +258,31 @@ def _layer_activation_bytes(m: ModelSpec, layout: Layout, path: _Path, act_b: in
     if cp > 1 and unfused:
         width += 2 * s.kv / t * cp  # keys and values all-gathered over the context-parallel group
     elements = unit * (norms + width / s.h)
+    masks = 0.0  # dropout's masks, in elements (_mask_bytes each)
+    if m.dropout > 0:  # the hidden dropout of attention's and the MLP's bias-dropout-add
+        masks += 2 * unit / (t if f.sequence_parallel else 1)
     if unfused and f.recompute != "selective":
         # megatron's DotProductAttention computes all s x s scores and masks them: a sliding window saves the
         # same probabilities (dot_product_attention.py: baddbmm, then scale_mask_softmax)
-        elements += m.num_attention_heads * seq * m.seq_length * b / t  # the softmax's probabilities
+        probs = m.num_attention_heads * seq * m.seq_length * b / t
+        elements += probs  # the softmax's probabilities
+        if m.dropout > 0:  # dropped, a second copy (the context's bmm keeps it), and its mask
+            elements += probs
+            masks += probs
+    masks *= _mask_bytes(path, act_b)
     if m.num_experts:
-        return elements * act_b + _moe_layer_bytes(m, layout, act_b)
+        return elements * act_b + masks + _moe_layer_bytes(m, layout, act_b)
     mlp = s.fc1 + s.ffn  # the activation's input, fc2's input
     if path.on_cpu and m.activation == "swiglu":
         mlp += 2 * s.ffn  # megatron's unfused glu (mlp.py: glu): silu(x_glu) and x_linear + glu_linear_offset
-    return (elements + seq * b * mlp / t) * act_b
+    return (elements + seq * b * mlp / t) * act_b + masks
+
+
+def _mask_bytes(path: _Path, act_b: int) -> int:
+    """Bytes a dropout keeps an element for backward: on the CPU, where torch's dropout is not fused, its noise,
+    multiplied in and kept at the activations' own width (traced); on a GPU a bool mask (torch's native_dropout:
+    from its source, not measured here)."""
+    return act_b if path.on_cpu else 1
 
 
 def _unfused_attention_width(m: ModelSpec, t: int) -> float:
@@ -392,6 +411,8 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int, path: _Path) -> Me
     else:  # a pre-norm decoder: the final norm's input and output (+ torch RMSNorm's normalized copy)
         final_copies = 3 if path.on_cpu and m.normalization == "RMSNorm" else 2
         first, final = 0, final_copies * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0
+    if m.dropout > 0 and stage == 0:  # the embedding's dropout (megatron's LanguageModelEmbedding): its mask
+        first += seq_unit / act_b * _mask_bytes(path, act_b) / (layout.tp if f.sequence_parallel else 1)
     first_chunk = chunks[0] * per_layer + first + (final if layout.vp == 1 else 0)
     per_chunk = sum(chunks) / layout.vp * per_layer
     in_flight = _in_flight(layout, stage)
