@@ -141,13 +141,13 @@ class Board:
 
 def tell(host: str, port_file: Path, report: dict, store: tuple[int, str] | None = None) -> None:
     """Another node's supervisor, once its torchrun has ended: tells node 0's supervisor REPORT, at HOST (the
-    endpoint's host) and the port its first rank left in PORT_FILE, or that the rendezvous store holds (STORE: its
-    port and the run id) where that rank left none. Nothing where neither has it (node 0's ranks never started) or
-    node 0 does not answer (it is gone: its record says why)."""
+    endpoint's host) and the port its first rank left in PORT_FILE, or, where that rank left none and REPORT has
+    news (a failure, a stop), that the rendezvous store holds (STORE: its port and the run id). Nothing where neither
+    has it (node 0's ranks never started) or node 0 does not answer (it is gone: its record says why)."""
     try:
         port = int(port_file.read_text())
     except (OSError, ValueError):
-        port = port_from_store(host, *store) if store else None
+        port = port_from_store(host, *store) if store and set(report) - {"node"} else None
     if port is None:
         return
     with contextlib.suppress(OSError), socket.create_connection((host.strip("[]"), port), timeout=TELL_S) as sock:
@@ -156,8 +156,11 @@ def tell(host: str, port_file: Path, report: dict, store: tuple[int, str] | None
 
 def port_from_store(host: str, store_port: int, run_id: str) -> int | None:
     """Node 0's failures port as its ranks posted it in the rendezvous store at HOST:STORE_PORT, read by a helper
-    process (torch's store client); None where the store does not answer or holds none."""
+    process (torch's store client); None where the store does not answer or holds none. Nothing is started where
+    the store's port refuses a connection (node 0 is gone: torch's client would retry it for STORE_S)."""
     try:
+        with socket.create_connection((host.strip("[]"), store_port), timeout=TELL_S):
+            pass
         from mlbench.launch import lifeline
 
         out = subprocess.run([sys.executable, "-m", __name__, host, str(store_port), run_id], capture_output=True,
