@@ -15,15 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import MLBENCH, assert_no_markup, mllog, quick_env_at, result_dir
 
 pytestmark = pytest.mark.slow
 
 
-def _start(tmp_path: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
+def _start(tmp_path: Path, *extra: str, nproc: int = 2, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nproc-per-node", str(nproc), "--results",
                              str(tmp_path), "--seed", "3", "--system", "ci", *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200"))
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200", **(env or {})))
 
 
 def _wait_for_steps(tmp_path: Path, n: int, timeout: float = 120) -> None:
@@ -204,28 +205,35 @@ def test_killed_launcher_aborts_the_run_and_leaves_no_rank(tmp_path: Path) -> No
     _assert_aborted(tmp_path, proc, "")
 
 
-def test_kill_9_of_mlbench_takes_the_run_with_it(tmp_path: Path) -> None:
+def test_kill_9_of_mlbench_takes_the_run_with_it(tmp_path: Path, benchmarks_copy: Path) -> None:
     """kill -9 of `mlbench run`: the agent and the ranks stop (they trained on, unsupervised, before), nothing is
     published by them, and the next mlbench command in the folder publishes the dead run as aborted (before, it
     removed its staging folder, and the run went unrecorded), its log closed as rank 0 closes an aborted one."""
-    proc = _start(tmp_path)
-    _wait_for_steps(tmp_path, 3)
-    assert len(_run_pids(tmp_path)) == 3  # the agent and two ranks
+    # The first evaluation at step 200: under a loaded suite the ranks, ending as their launcher goes, once got to
+    # step 24, past the evaluation at 20 that this run must not have reached.
+    spec = yaml.safe_load((benchmarks_copy / "gpt3.yaml").read_text())
+    spec["tiny"]["eval"]["interval_samples"] = 200 * spec["tiny"]["train"]["global_batch_size"]
+    (benchmarks_copy / "gpt3.yaml").write_text(yaml.safe_dump(spec))
+    env = {"MLBENCH_BENCHMARKS": str(benchmarks_copy)}
+    root = tmp_path / "results"  # beside the benchmarks copy
+    proc = _start(root, env=env)
+    _wait_for_steps(root, 3)
+    assert len(_run_pids(root)) == 3  # the agent and two ranks
     pid = proc.pid
     proc.kill()
     proc.communicate(timeout=30)
-    _wait_gone(tmp_path)
-    folder = result_dir(tmp_path, "gpt3")
+    _wait_gone(root)
+    folder = result_dir(root, "gpt3")
     (stale,) = folder.glob(".staging-*")
     assert not list(folder.glob("result_*"))
     with open(stale / "mlperf.log", "a") as f:
         f.write(':::MLLOG {"namespace": "", "time_ms": 17')  # a line the kill cut short
-    nxt = subprocess.run([*MLBENCH, "run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system",
-                          "ci"], capture_output=True, text=True, timeout=120)
+    nxt = subprocess.run([*MLBENCH, "run", "gpt3", "--tiny", "--dry-run", "--results", str(root), "--system",
+                          "ci"], capture_output=True, text=True, timeout=120, env=dict(os.environ, **env))
     assert nxt.returncode == 0, nxt.stdout + nxt.stderr
     assert "published a run whose mlbench process had died as aborted" in nxt.stdout, nxt.stdout
     assert not stale.exists()
-    record = _assert_aborted(tmp_path, proc, f"mlbench (pid {pid}) died before the run ended")
+    record = _assert_aborted(root, proc, f"mlbench (pid {pid}) died before the run ended")
     assert record["exit_code"] is None and record["seed"] == 3 and record["steps"], record
     # judged by the checker: not compliant for the evaluation it never reached, its run_stop and lines accepted
     messages = record["compliance"]["messages"]
