@@ -78,18 +78,22 @@ def save(digest: str, path: Path, ok: bool, messages: list[str]) -> None:
 
 def prune() -> None:
     """Leaves the KEEP most recently used verdicts (the rest, and stale temporary files, removed); each of many
-    processes pruning at once removes what it can."""
-    now, files = time.time(), []
-    with os.scandir(folder()) as entries:
-        for e in entries:
+    processes pruning at once removes what it can. Names are listed on every save; the verdicts' times are read
+    only once there are more than KEEP."""
+    now, base = time.time(), folder()
+    names = os.listdir(base)
+    for name in names:
+        if name.startswith("."):  # a write's temporary file
             with contextlib.suppress(OSError):
-                mtime = e.stat(follow_symlinks=False).st_mtime
-                if e.name.startswith("."):
-                    if now - mtime > _STALE_S:
-                        os.unlink(e.path)
-                elif e.name.endswith(".json"):
-                    files.append((mtime, e.path))
-    if len(files) > KEEP:
-        for _, p in sorted(files)[: len(files) - KEEP]:
-            with contextlib.suppress(OSError):
-                os.unlink(p)
+                if now - os.lstat(base / name).st_mtime > _STALE_S:
+                    os.unlink(base / name)
+    kept = [name for name in names if name.endswith(".json") and not name.startswith(".")]
+    if len(kept) <= KEEP:
+        return
+    used = []
+    for name in kept:
+        with contextlib.suppress(OSError):
+            used.append((os.lstat(base / name).st_mtime, name))
+    for _, name in sorted(used)[: len(used) - KEEP]:
+        with contextlib.suppress(OSError):
+            os.unlink(base / name)

@@ -150,8 +150,13 @@ def tell(host: str, port_file: Path, report: dict, store: tuple[int, str] | None
         port = port_from_store(host, *store) if store and set(report) - {"node"} else None
     if port is None:
         return
-    with contextlib.suppress(OSError), socket.create_connection((host.strip("[]"), port), timeout=TELL_S) as sock:
+    with contextlib.suppress(OSError), _connect(host, port) as sock:
         sock.sendall(json.dumps(report).encode())
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    """A connection to node 0's HOST (the endpoint's: an IPv6 address in brackets) at PORT, within TELL_S."""
+    return socket.create_connection((host.strip("[]"), port), timeout=TELL_S)
 
 
 def port_from_store(host: str, store_port: int, run_id: str) -> int | None:
@@ -159,8 +164,7 @@ def port_from_store(host: str, store_port: int, run_id: str) -> int | None:
     process (torch's store client); None where the store does not answer or holds none. Nothing is started where
     the store's port refuses a connection (node 0 is gone: torch's client would retry it for STORE_S)."""
     try:
-        with socket.create_connection((host.strip("[]"), store_port), timeout=TELL_S):
-            pass
+        _connect(host, store_port).close()
         from mlbench.launch import lifeline
 
         out = subprocess.run([sys.executable, "-m", __name__, host, str(store_port), run_id], capture_output=True,

@@ -27,11 +27,10 @@ probabilities are kept, their dropout's, with the dropped copy the context's pro
 (traced on CPU, exact for the tiny bert and gpt3 at dropout 0.1). Selective recompute drops the attention
 probabilities; full recompute keeps only the inputs of recomputed layers. The micro-batches in flight are the
 pipeline schedule's: one without pipelining, pp - stage for 1F1B, megatron's warm-up count + 1 chunks for the
-interleaved schedule. Where attention is not fused (megatron's
-local attention, SDPA's math kernel) the tensors are those that path saves (_unfused_attention_width): grouped-
-query keys and values expanded to the query heads, q/k norms' inputs and copies, the full s x s probabilities under
-a sliding window. On the CPU, torch's RMSNorm also keeps its normalized copy and the unfused glu two extra ffn-wide
-tensors; a GPU runs the fused ones.
+interleaved schedule. Where attention is not fused (megatron's local attention, SDPA's math kernel) the tensors are
+those that path saves (_unfused_attention_width): grouped-query keys and values expanded to the query heads, q/k
+norms' inputs and copies, the full s x s probabilities under a sliding window. On the CPU, torch's RMSNorm also
+keeps its normalized copy and the unfused glu two extra ffn-wide tensors; a GPU runs the fused ones.
 
 Which path runs is the estimate's `on_cpu` and `attention` (the layer spec's backend: "te", "sdpa", "local"),
 narrowed by the family (models.core_attention). A run's record passes what it ran; the planner's default for a
@@ -402,7 +401,8 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int, path: _Path) -> Me
     act_b = 4 if fp32 else 2
     per_layer = _layer_activation_bytes(m, layout, path, act_b)
     chunks = _stage_layers(m, layout, stage)
-    seq_unit = m.seq_length // layout.cp * layout.micro_batch_size * m.hidden_size * act_b
+    seq_elements = m.seq_length // layout.cp * layout.micro_batch_size * m.hidden_size
+    seq_unit = seq_elements * act_b
     last = stage == layout.pp - 1
     if edges := family(m.family).edge_activation_units:  # the family's own before and after the layers
         before, after = edges(m)
@@ -412,7 +412,7 @@ def _stage_plan(bench: Benchmark, layout: Layout, stage: int, path: _Path) -> Me
         final_copies = 3 if path.on_cpu and m.normalization == "RMSNorm" else 2
         first, final = 0, final_copies * seq_unit / (layout.tp if f.sequence_parallel else 1) if last else 0
     if m.dropout > 0 and stage == 0:  # the embedding's dropout (megatron's LanguageModelEmbedding): its mask
-        first += seq_unit / act_b * _mask_bytes(path, act_b) / (layout.tp if f.sequence_parallel else 1)
+        first += seq_elements * _mask_bytes(path, act_b) / (layout.tp if f.sequence_parallel else 1)
     first_chunk = chunks[0] * per_layer + first + (final if layout.vp == 1 else 0)
     per_chunk = sum(chunks) / layout.vp * per_layer
     in_flight = _in_flight(layout, stage)
