@@ -3,7 +3,9 @@ next mlbench command that takes the results folder publishes each, so that no ru
 
 Its ranks die with their supervisor (mlbench.launch.lifeline), so what the dead run left is what it had written:
 the plan, rank 0's MLPerf log and events, the rank logs. The log is the source of truth: one without `run_stop` is
-closed as rank 0 closes an aborted one (mlperf_log.finalize_aborted) and the run is aborted; one whose `run_stop`
+closed as rank 0 closes an aborted one (mlperf_log.finalize_aborted) and the run is aborted (a one-node run killed
+while its ranks started, before rank 0 began its log, is begun from its plan first, as its supervisor would have
+begun it); one whose `run_stop`
 was written keeps its status (a run that reached its target and whose mlbench died after it is a success, with
 `error_after_run_stop` saying that mlbench died). The official checker judges the log, and the record is the same
 as any run's, built from the plan and the events, with `exit_code` null (nobody saw it exit).
@@ -57,11 +59,13 @@ def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
     """The run published: its result, and how it ended as the line that announces it says."""
     _own_files(staging)
     log = staging / "mlperf.log"
-    _drop_cut_line(log)
+    begun = log.exists() and log.stat().st_size > 0  # not yet: killed while its ranks started (results)
+    if begun:
+        _drop_cut_line(log)
     plan, unread = _plan(staging, folder)
     events = _events(staging / "events.jsonl")
     _remove_partial_saves(plan, events)
-    outcome, note = _outcome(log, plan, events, owner.split("-", 1)[0])
+    outcome, note = _outcome(log, plan, events, owner.split("-", 1)[0], begun)
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
@@ -76,7 +80,8 @@ def _own_files(staging: Path) -> None:
     for p in staging.iterdir():
         if p.is_symlink():
             raise ValueError(f"its {p.name} is a link (to {os.readlink(p)}), not a file of its own")
-    if not (staging / "mlperf.log").is_file():
+    log = staging / "mlperf.log"
+    if log.exists() and not log.is_file():
         raise ValueError("its mlperf.log is not a regular file")
 
 
@@ -90,10 +95,11 @@ def _remove_partial_saves(plan: RunPlan, events: list[dict]) -> None:
                 checkpoint_folder.remove_dead_partials(Path(dest))
 
 
-def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str) -> tuple[Outcome, str]:
-    """How the dead run ended, as its log says (its run_stop, or none: then it is closed as aborted here)."""
+def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool = True) -> tuple[Outcome, str]:
+    """How the dead run ended, as its log says (its run_stop, or none: then it is closed as aborted here; a log
+    not BEGUN is begun from the plan first, as the supervisor begins the log of a rank that died importing)."""
     at = f"by a later mlbench command at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
-    status, logged_reason = _run_stop(log)
+    status, logged_reason = _run_stop(log) if begun else (None, "")
     if status == "success":  # it reached its target; mlbench died after it, before publishing: the status stands
         after = f"mlbench (pid {pid}) died after the run ended (run_stop success), before it published the run; " \
                 f"published {at}"
@@ -104,7 +110,7 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str) -> tuple[Ou
                         checkpoint_error=unsaved), " after the run ended (its log: run_stop success)")
     died = f"mlbench (pid {pid}) died before the run ended (killed, or its session lost); published as aborted {at}"
     if status is None:
-        mlperf_log.finalize_aborted(log, died, plan)
+        mlperf_log.finalize_aborted(log, died, plan, begin=not begun)
         reason = died
     elif logged_reason.startswith(died[:died.index(";")]):  # a publisher killed after closing it: its words stand
         reason = logged_reason

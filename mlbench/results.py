@@ -150,10 +150,12 @@ def _stale(folder: Path) -> list[Path]:
 
 
 def _unpublished_run(folder: Path, staging: Path) -> bool:
-    """A begun MLPerf log (its plan may be missing: the log states it) and no record of it placed in the folder (a
-    placed one was finished by _finish_publishing)."""
+    """A begun MLPerf log (its plan may be missing: the log states it), or the plan of a run whose log is this
+    folder's own and was not begun yet (`_log_not_begun`), and no record of it placed in the folder (a placed one
+    was finished by _finish_publishing)."""
     with contextlib.suppress(OSError):  # its plan may be gone or garbled: its log says it began
-        if (staging / "mlperf.log").lstat().st_size == 0:
+        log = staging / "mlperf.log"
+        if (not log.exists() and not log.is_symlink() or log.lstat().st_size == 0) and not _log_not_begun(staging):
             return False
         for staged in staging.glob("result_*.json"):
             with contextlib.suppress(OSError):
@@ -161,6 +163,26 @@ def _unpublished_run(folder: Path, staging: Path) -> bool:
                     return False
         return True
     return False
+
+
+# The most of a dead run's plan.json read to tell whether it began a run (a plan is a few KB; the staging folder may
+# hold anything).
+_PLAN_BYTES = 1 << 20
+
+
+def _log_not_begun(staging: Path) -> bool:
+    """A run killed before rank 0 began its MLPerf log (its ranks still importing) whose log is this staging
+    folder's to write: a run on one node, not a dry run, with a plan that reads as JSON. Its supervisor, had it
+    lived, would have begun the log from the plan and closed it as aborted (supervise._complete_log); a node of a
+    multi-node run is left alone, as its supervisor leaves it (another node may hold the log)."""
+    path = staging / "plan.json"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > _PLAN_BYTES:
+            return False
+        plan = json.loads(path.read_bytes())
+        return plan["layout"]["nodes"] == 1 and plan.get("dry_run") is False
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
 
 
 def _in_use(staging: Path) -> bool:

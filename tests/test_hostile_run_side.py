@@ -127,6 +127,36 @@ def test_a_run_killed_after_rank_0_logged_it_aborted_keeps_the_logs_reason(
     assert [e["metadata"]["status"] for e in mllog(placed) if e["key"] == "run_stop"] == ["aborted"]
 
 
+@pytest.mark.parametrize("log", ["missing", "empty"])
+def test_a_run_killed_before_rank_0_began_its_log_is_published_as_aborted(
+        log: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of mlbench while its ranks imported: the staging folder held the plan and the rank logs but no
+    MLPerf log yet, and the next command deleted it without a word (SIGTERM at the same moment publishes an aborted
+    run). The log is begun from the plan and closed as aborted, as the supervisor does for a rank that dies
+    importing; a node of a multi-node run and a dry run, whose logs are not theirs to begin, are still removed."""
+    from mlbench import results
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    (staging / "mlperf.log").unlink()
+    (staging / "events.jsonl").unlink()
+    if log == "empty":
+        (staging / "mlperf.log").write_text("")
+    said, record, placed = _publish_dead(folder)
+    assert "as aborted" in said and record["status"] == "aborted" and record["exit_code"] is None, said
+    assert "died before the run ended" in record["reason"] and record["seed"] == 7, record
+    events = mllog(placed)
+    assert events[0]["key"] == "cache_clear" and [e["key"] for e in events][-2:] == ["train_samples", "run_stop"]
+    assert {"global_batch_size", "seed", "submission_benchmark"} <= {e["key"] for e in events}
+    assert not staging.exists()
+    for change in ({"dry_run": True}, {"layout": {"nodes": 2}}):  # not this folder's log to begin
+        folder, staging = _dead_run(tmp_path / str(change), monkeypatch, run_stop=None)
+        (staging / "mlperf.log").unlink()
+        plan = json.loads((staging / "plan.json").read_text())
+        plan |= {k: plan[k] | v if isinstance(v, dict) else v for k, v in change.items()}
+        (staging / "plan.json").write_text(json.dumps(plan))
+        assert results.dead_runs(folder) == [] and results.remove_stale(folder) == [staging], change
+
+
 _BAD_PLANS = {
     "unknown-key": lambda p: p | {"benchmark": p["benchmark"] | {"model": p["benchmark"]["model"] | {"new": 1}}},
     "missing-key": lambda p: {k: v for k, v in p.items() if k != "seed"},
