@@ -33,12 +33,8 @@ if TYPE_CHECKING:
 # numpy's legacy seeding takes 0 .. 2**32 - 1 and every library a run seeds accepts that range; run i of a set
 # uses seed + i, so the last run's seed must fit too.
 SEED_MAX = spec.SEED_MAX
-# Devices in one run: 2**20, ten times the largest training clusters built so far (and a bound on the layout's
-# divisor searches).
-MAX_DEVICES = 2**20
-# Sequences a step: 128 times the largest MLPerf LLM batch (gpt3's 8,192), and a bound on what a step's data
-# may hold (2**40 asked a tiny run for 512 TiB).
-MAX_GLOBAL_BATCH = 2**20
+MAX_DEVICES = spec.MAX_DEVICES
+MAX_GLOBAL_BATCH = spec.MAX_GLOBAL_BATCH
 # Runs in one set: 100 times the most any MLPerf benchmark requires (10: bert, llama31_8b, gpt_oss_20b). Each run is
 # a result_<i> and a seed of its own, and the set is planned before the first starts: 3,000,000,000 was a traceback
 # (the random first seed's range), 200,000,000 ran out of memory, and a dry run took 100,000,000,000.
@@ -506,7 +502,7 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     """The layout for these options, every rule checked (mlbench.layout), and the flags the model cannot take
     refused: what `run` and `plan` share."""
     from mlbench import layout as layout_lib
-    from mlbench.spec import check_expressions
+    from mlbench.spec import check_expressions, check_schedule
 
     check_request(bench, req)
     layout = layout_lib.resolve(bench, req.nodes, req.nproc_per_node, req.tp, req.pp, req.vp, req.cp,
@@ -515,6 +511,7 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
     # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
     where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
     check_expressions(bench, where, [layout.global_batch_size])
+    check_schedule(bench, where, [layout.global_batch_size])
     check_recompute_layers(bench, layout, "recompute_layers" in req.features)
     return layout
 
@@ -564,6 +561,11 @@ def check_request(bench: Benchmark, req: LayoutRequest) -> None:
     from mlbench import layout as layout_lib
     from mlbench.spec import FeaturesSpec
 
+    for flag, value in (("--nodes", req.nodes), ("--nproc-per-node", req.nproc_per_node), ("--tp", req.tp),
+                        ("--pp", req.pp), ("--vp", req.vp), ("--cp", req.cp), ("--ep", req.ep),
+                        ("--micro-batch-size", req.micro_batch_size), ("--global-batch-size", req.global_batch_size)):
+        if value is not None and value < 1:  # (plan's search took a 0 for a value not given)
+            raise UserError(f"{flag} must be at least 1, got {value}")
     if req.nodes * req.nproc_per_node > MAX_DEVICES:
         raise UserError(f"--nodes {req.nodes} x --nproc-per-node {req.nproc_per_node} = "
                         f"{req.nodes * req.nproc_per_node:,} devices; at most {MAX_DEVICES:,}")

@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from mlbench import spec
-from mlbench.errors import UserError
-from mlbench.spec import Benchmark, build, check_expressions, deep_merge
+from mlbench.errors import UserError, printable
+from mlbench.spec import Benchmark, build, check_expressions, check_schedule, deep_merge
 
 ROOT = Path(__file__).resolve().parent.parent
 # Bound on every integer of a model definition: 2**24 (16.7M) is past any layer count, width, vocabulary or
@@ -124,6 +124,9 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"
         raise UserError(f"unknown benchmark {name!r}; {hint}")
+    if not _NAME.fullmatch(name):  # it names the results folder and the rows of `list`: "x\ny" forged a row
+        raise UserError(printable(f"{path}: a benchmark's name (the file's, less .yaml) is letters, digits, '-', '_' "
+                                  f"and '.' ('-' and '.' not first), at most 100 characters; rename the file"))
     data = _read(path)
     if data.get("name") != name:
         raise UserError(f"{path}: 'name' is {data.get('name')!r}, expected {name!r} (the file's name)")
@@ -145,6 +148,7 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
 def _validate(b: Benchmark, path: Path) -> None:
     m = b.model
     where = f"{path.name}{' (tiny)' if b.variant == 'tiny' else ''}"
+    _validate_text(b, where)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
                 "seq_length"):
         if getattr(m, key) <= 0:
@@ -161,18 +165,28 @@ def _validate(b: Benchmark, path: Path) -> None:
         raise UserError(f"{where}: model.hidden_size ({m.hidden_size}) must divide by num_attention_heads "
                         f"({m.num_attention_heads}), or set model.kv_channels")
     _validate_size(b, where)
-    if b.train.global_batch_size <= 0 or b.train.micro_batch_size <= 0:
-        raise UserError(f"{where}: train.global_batch_size and train.micro_batch_size must be positive")
+    # Batches and layout sizes within the bounds the flags have (spec.MAX_GLOBAL_BATCH, MAX_DEVICES): a file's
+    # batch of 8,388,608 was trained until the OOM killer took the rank, where --global-batch-size was refused.
+    for key, value in (("global_batch_size", b.train.global_batch_size), ("micro_batch_size",
+                                                                           b.train.micro_batch_size)):
+        if not 1 <= value <= spec.MAX_GLOBAL_BATCH:
+            raise UserError(f"{where}: train.{key} is {value}; it must be 1 to {spec.MAX_GLOBAL_BATCH:,} sequences")
     for i, ly in enumerate(b.layouts):
-        sizes = {k: getattr(ly, k) for k in ("tp", "pp", "vp", "cp", "ep", "micro_batch_size", "global_batch_size")}
-        bad = next((k for k, v in sizes.items() if v is not None and v < 1), None)
-        if bad or ly.devices < 0:
-            key, value = (bad, sizes[bad]) if bad else ("devices", ly.devices)
-            raise UserError(f"{where}: layouts[{i}].{key} is {value}; sizes are at least 1 (devices: 0 for any)")
+        sizes = {k: getattr(ly, k) for k in ("devices", "tp", "pp", "vp", "cp", "ep", "micro_batch_size",
+                                             "global_batch_size")}
+        for key, value in sizes.items():
+            batch = key.endswith("batch_size")
+            least, most = (0, spec.MAX_DEVICES) if key == "devices" else \
+                (1, spec.MAX_GLOBAL_BATCH if batch else spec.MAX_DEVICES)
+            if value is not None and not least <= value <= most:
+                what = "sequences" if batch else "devices" if key == "devices" else "ranks"
+                raise UserError(f"{where}: layouts[{i}].{key} is {value}; it must be {least} to {most:,} {what}"
+                                + (" (0: any number of devices)" if key == "devices" else ""))
     # Every expression, where it is used and at the smallest batch: a bad one fails here, naming its key.
     batches = {1, b.train.global_batch_size} | {ly.global_batch_size for ly in b.layouts if ly.global_batch_size}
     _validate_tables(b, where)
     check_expressions(b, where, batches)
+    check_schedule(b, where, batches | set(b.optimizer.lr_table))
     _validate_budget(b, where, batches - {1})
     _validate_ranges(b, where)
     _validate_quality(b, where)
@@ -191,6 +205,32 @@ def _validate(b: Benchmark, path: Path) -> None:
     if b.data.source == "markov":
         _validate_markov(b, where)
     _validate_ruleset(b, where)
+
+
+# The benchmark name: what a results folder is named by (results.check_name's rule).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+_PROSE = ("notes", "note")  # text of paragraphs, where a line break is text; every other string is one line
+
+
+def _validate_text(obj: object, where: str, key: str = "") -> None:
+    """Every string of the file printable where `list`, `show` and the logs print it: no control character (a
+    title's ESC [31m reached the terminal, its newline split `list`'s row), a line break only in prose."""
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name != "path":  # (where the file was found: not the file's text)
+                _validate_text(getattr(obj, f.name), where, f"{key}.{f.name}" if key else f.name)
+    elif isinstance(obj, tuple | list):
+        for i, v in enumerate(obj):
+            _validate_text(v, where, f"{key}[{i}]")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _validate_text(v, where, f"{key}.{k}")
+    elif isinstance(obj, str) and not obj.isprintable():
+        prose = key.rsplit(".", 1)[-1] in _PROSE
+        bad = next((c for c in obj if not c.isprintable() and not (prose and c == "\n")), None)
+        if bad is not None:
+            raise UserError(f"{where}: {key} holds {repr(bad)[1:-1]}, a character that is not printable; "
+                            + ("text here is one line" if bad == "\n" else "remove it"))
 
 
 # Values with a range of their own: what torch's optimizers, megatron-core and the sources accept, refused at load

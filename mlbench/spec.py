@@ -276,6 +276,11 @@ FLOAT32_TINY = 1.1754943508222875e-38
 # library a run seeds accept.
 SEED_MAX = 2**32 - 1
 MAX_EXPRESSION_CHARS = 1000  # bounds the parser's recursion too
+# Devices in one run: 2**20, ten times the largest training clusters built so far (and a bound on the layout's
+# divisor searches). Sequences a step: 128 times the largest MLPerf LLM batch (gpt3's 8,192), and a bound on what a
+# step's data may hold (2**40 asked a tiny run for 512 TiB). Flags and benchmark files alike.
+MAX_DEVICES = 2**20
+MAX_GLOBAL_BATCH = 2**20
 
 
 def max_lr(beta1: float) -> float:
@@ -431,6 +436,21 @@ def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -
                                 f"steps or samples: a whole number (ceil() or floor() of it, say)")
 
 
+def check_schedule(b: Benchmark, where: str, batches: typing.Iterable[int]) -> None:
+    """At each global batch the file defines a learning rate at, min_lr at most lr: the schedule decays from lr
+    down to min_lr (as --lr below min_lr is refused). Not at batch 1, where the expressions are only probed: an lr
+    that scales with the batch is below any floor there."""
+    for gbs in sorted(set(batches) - {1}):
+        try:
+            base = b.optimizer.base_at(gbs)
+        except UserError:  # check_expressions names it, under its own key
+            continue
+        if base is not None and (low := evaluate(b.optimizer.min_lr, global_batch_size=gbs, lr=base[0])) > base[0]:
+            raise UserError(f"{where}: optimizer.min_lr is {low!r} at global_batch_size = {gbs}, above "
+                            f"optimizer.lr {base[0]!r}: the schedule decays from lr down to min_lr; make min_lr at "
+                            f"most lr")
+
+
 def resolved(b: Benchmark, global_batch_size: int | None = None) -> dict:
     """`b` as plain data with every expression evaluated, at `global_batch_size` (default: the benchmark's)."""
     gbs = global_batch_size or b.train.global_batch_size
@@ -543,4 +563,5 @@ def build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-__all__ = ["Benchmark", "build", "check_expressions", "deep_merge", "evaluate", "expressions", "field", "resolved"]
+__all__ = ["Benchmark", "build", "check_expressions", "check_schedule", "deep_merge", "evaluate", "expressions",
+           "field", "resolved"]

@@ -85,6 +85,43 @@ def test_an_expression_is_checked_at_the_batch_a_run_uses(benchmarks_copy: Path)
         resolve_layout(bench, LayoutRequest(nodes=64, nproc_per_node=8, tp=8, pp=8, global_batch_size=3072))
 
 
+def test_min_lr_above_lr_at_the_batch_a_run_uses_is_refused(benchmarks_copy: Path) -> None:
+    """min_lr scaling faster with the batch than lr: below it at the file's batch, above it at --gbs 64."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("min_lr: 3.0e-4,", "min_lr: 3.0e-3 * global_batch_size / 32,", 1))
+    bench = registry.load("gpt3", tiny=True, directory=benchmarks_copy)
+    resolve_layout(bench, LayoutRequest(global_batch_size=32))  # equal: a flat schedule
+    with pytest.raises(UserError, match=r"^gpt3.yaml \(tiny\): optimizer.min_lr is 0.006 at global_batch_size = 64, "
+                                        r"above optimizer.lr 0.003"):
+        resolve_layout(bench, LayoutRequest(global_batch_size=64))
+
+
+def test_a_benchmark_name_that_cannot_name_a_folder_is_refused(benchmarks_copy: Path) -> None:
+    """A file named 'x<newline>y.yaml' (its name: key the same) was listed as two rows by `list`."""
+    name = "x\ny"
+    text = (benchmarks_copy / "gpt3.yaml").read_text().replace("name: gpt3\n", 'name: "x\\ny"\n', 1)
+    (benchmarks_copy / f"{name}.yaml").write_text(text)
+    with pytest.raises(UserError) as e:
+        registry.load(name, directory=benchmarks_copy)
+    assert str(e.value) == (f"{benchmarks_copy}/x\\ny.yaml: a benchmark's name (the file's, less .yaml) is letters, "
+                            "digits, '-', '_' and '.' ('-' and '.' not first), at most 100 characters; rename the file")
+    proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    assert proc.returncode == 2 and proc.stdout.splitlines() == [f"error: {e.value}"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("flags", [["--gbs", "0"], ["--mbs", "0"], ["--ep", "0"], ["--ep", "-3"], ["--tp", "0"],
+                                   ["--nproc-per-node", "0"], ["--nproc-per-node", "-1"]])
+def test_plan_refuses_sizes_below_1_whether_it_searches_or_not(flags: list[str]) -> None:
+    """Searching (no --tp/--pp given), --gbs 0 and --ep 0 were taken as not given (exit 0, ten layouts), and
+    --nproc-per-node 0 said no layout passed, as if the model did not fit."""
+    res = CliRunner().invoke(cli, ["plan", "gpt3", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8",
+                                   *flags])
+    flag = {"--gbs": "--global-batch-size", "--mbs": "--micro-batch-size"}.get(flags[0], flags[0])
+    # (in-process the UserError is the result; mlbench.cli.main prints it in one line, exit 2)
+    assert isinstance(res.exception, UserError) and not res.output, res.output
+    assert str(res.exception) == f"{flag} must be at least 1, got {flags[1]}"
+
+
 def test_layout_errors_at_the_largest_sizes_answer_at_once(benchmarks_copy: Path) -> None:
     """A layout error lists valid values: the divisor search is bounded by the sizes' bounds, not a long loop."""
     f = benchmarks_copy / "gpt3.yaml"
@@ -225,6 +262,9 @@ def test_characters_that_are_not_what_they_look_like(benchmarks_copy: Path, edit
     assert "\n" not in str(e.value) and said.format(n=text.count("\n")) in str(e.value), str(e.value)
 
 
+_TITLE = "title: GPT-3 175B (MLPerf Training LLM pretraining, C4, from the 4000-step reference checkpoint)"
+
+
 # Values a run took and then died of (or ran on broken), each after its log was published as aborted; the full
 # definition's, so the tiny variant refuses them too.
 @pytest.mark.parametrize(("name", "old", "new", "said"), [
@@ -256,9 +296,30 @@ def test_characters_that_are_not_what_they_look_like(benchmarks_copy: Path, edit
     ("gpt3", "size: 175B", "size: 175X", "gpt3.yaml: size '175X' is not a parameter count as published"),  # KeyError
     ("gpt3", "published_params: 1.75e+11", "published_params: 0",  # show's ZeroDivisionError
      "gpt3.yaml: published_params is 0.0; it must be a positive parameter count"),
+    # a file's batch past the flags' bound: --global-batch-size 8388608 is refused, the same batch from the file was
+    # trained until the OOM killer took the rank; a layout's 1e20 died in the rank ("Maximum allowed dimension")
+    ("gpt3", "global_batch_size: 1536  #", "global_batch_size: 8388608  #",
+     "gpt3.yaml: train.global_batch_size is 8388608; it must be 1 to 1,048,576 sequences"),
+    ("gpt3", "    global_batch_size: 2048\n", "    global_batch_size: 99999999999999999999\n",
+     "gpt3.yaml: layouts[0].global_batch_size is 99999999999999999999; it must be 1 to 1,048,576 sequences"),
+    ("gpt3", "  - devices: 256\n    tp: 4", "  - devices: 256\n    tp: 2097152",
+     "gpt3.yaml: layouts[0].tp is 2097152; it must be 1 to 1,048,576 ranks"),
+    ("gpt3", "  - devices: 256", "  - devices: -1",
+     "gpt3.yaml: layouts[0].devices is -1; it must be 0 to 1,048,576 devices (0: any number of devices)"),
+    # min_lr above lr: the schedule would rise to min_lr (--lr below min_lr was refused, the file's was not)
+    ("gpt3", "min_lr: max(2e-6, 3e-6 * min(1, max(0, global_batch_size - 3599)))", "min_lr: 1.0",
+     "gpt3.yaml: optimizer.min_lr is 1.0 at global_batch_size = 1536, above optimizer.lr 2e-05: the schedule "
+     "decays from lr down to min_lr"),
+    # `list` printed these raw: ESC reached the terminal, a newline split the row in two
+    ("gpt3", _TITLE, 'title: "GPT-3 \\e[31m175B"', "gpt3.yaml: title holds \\x1b, a character that is "
+                                                           "not printable; remove it"),
+    ("gpt3", _TITLE, 'title: "GPT-3\\n175B"', "gpt3.yaml: title holds \\n, a character that is not "
+                                                          "printable; text here is one line"),
 ], ids=["unknown-ruleset", "ruleset-without-gpt3", "unknown-benchmark", "lamb-weight-decay-overflow", "huge-eps",
         "eps-below-float32", "huge-rotary-base", "fractional-rotary-base", "negative-init-std", "huge-lr-in-table",
-        "negative-warmup-in-table", "size-unit", "zero-published-params"])
+        "negative-warmup-in-table", "size-unit", "zero-published-params", "file-batch-past-the-bound",
+        "layout-batch-past-the-bound", "layout-tp-past-the-bound", "negative-devices", "min-lr-above-lr",
+        "escape-in-title", "newline-in-title"])
 def test_values_a_run_died_of_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                   said: str) -> None:
     f = benchmarks_copy / f"{name}.yaml"
