@@ -120,17 +120,33 @@ def olympic_average(times: list[float], dropped: int, max_dropped: int) -> float
 def scaling_factor(folder: Path) -> float | None:
     """result_summarizer._get_scaling_factor: the review's factor from FOLDER/scaling.json (None: no file).
     ValueError naming the file when it does not hold a finite positive number."""
+    from mlbench.logfile import load_json, shown
+
     path = Path(folder) / "scaling.json"
     if not path.is_file():
         return None
+    try:  # read here first, for the reason: the summarizer's own error on a file that is not JSON was its TypeError
+        data = load_json(path)
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or "scaling_factor" not in data:
+        raise ValueError(f"{path}: no scaling_factor in it (a JSON object {{\"scaling_factor\": N}} is expected)")
     f = _internal(_result_summarizer(), "_get_scaling_factor", "result_summarizer")
     try:
         v = f(str(folder))
     except (ValueError, KeyError, TypeError, OSError, RecursionError) as e:  # deep nesting: RecursionError
         raise ValueError(f"{path}: no scaling_factor in it ({type(e).__name__}: {str(e)[:120]})") from None
-    if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v < float("inf")):
-        raise ValueError(f"{path}: scaling_factor is {v!r}, expected a finite positive number")
+    # (a 400-digit int is below float('inf') as a Python int, and float() of it an OverflowError)
+    if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v <= MAX_SCALING_FACTOR):
+        raise ValueError(f"{path}: scaling_factor is {shown(v, 40)}, expected a positive number at most "
+                         f"{MAX_SCALING_FACTOR:g} (the RCP check's factor, samples to converge against the "
+                         f"reference's: 1.0 to 1.17 in published results)")
     return float(v)
+
+
+# The most a scaling factor may be: a thousand times the reference's samples to converge is no converged run, and
+# past it a score could overflow (1e308 printed a score of inf).
+MAX_SCALING_FACTOR = 1000.0
 
 
 def max_dropped(benchmark: str | None) -> int:

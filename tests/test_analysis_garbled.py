@@ -175,7 +175,8 @@ def test_scaling_json_with_garbage_is_a_note_not_a_crash(tmp_path, capsys, monke
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
     assert code == 0, out
     s = _strict(out)[0]
-    assert s["score_min"] is None and any("scaling_factor is inf" in n for n in s["notes"])
+    assert s["score_min"] is None and any("scaling_factor is Infinity, expected" in n for n in s["notes"])
+    assert not any("no scaling.json" in n for n in s["notes"]), s["notes"]  # (it is there, unusable)
 
 
 def test_unknown_ruleset_is_bad_input_for_check_and_score(tmp_path, capsys, monkeypatch):

@@ -40,10 +40,20 @@ def test_result_summarizer_get_scaling_factor(tmp_path):
     (tmp_path / "scaling.json").write_text('{"scaling_factor": 1.25}')
     assert tools.scaling_factor(tmp_path) == 1.25, "result_summarizer._get_scaling_factor changed"
     (tmp_path / "scaling.json").write_text('{"scaling_factor": NaN}')
-    with pytest.raises(ValueError, match="scaling.json: scaling_factor is nan"):
+    with pytest.raises(ValueError, match="scaling.json: scaling_factor is NaN, expected"):
         tools.scaling_factor(tmp_path)
     (tmp_path / "scaling.json").write_text("[" * 100000 + "]" * 100000)  # was a RecursionError out of score
-    with pytest.raises(ValueError, match="scaling.json: no scaling_factor in it .RecursionError"):
+    with pytest.raises(ValueError, match="scaling.json: not JSON .JSON nested too deeply to parse.$"):
+        tools.scaling_factor(tmp_path)
+    # a 400-digit int: OverflowError out of score (below float('inf') as an int); 1e308: a score of inf
+    for factor in ("1" + "0" * 400, "1e308"):
+        (tmp_path / "scaling.json").write_text(f'{{"scaling_factor": {factor}}}')
+        with pytest.raises(ValueError, match=r"scaling.json: scaling_factor is 1.*, expected a positive number at "
+                                             r"most 1000 \(the RCP check's factor"):
+            tools.scaling_factor(tmp_path)
+    # the summarizer's own error was "TypeError: JSONDecodeError.__init__() missing 2 required positional arguments"
+    (tmp_path / "scaling.json").write_text("garbage")
+    with pytest.raises(ValueError, match=r"scaling.json: not JSON \(Expecting value: line 1 column 1 \(char 0\)\)$"):
         tools.scaling_factor(tmp_path)
 
 

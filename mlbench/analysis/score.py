@@ -198,7 +198,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
                          "applying scaling.json (the review's factor, as the official summarizer does)")
     else:
         factor = computed if ok else 1.0
-        if olympic is not None and factor != 1.0:
+        if olympic is not None and factor != 1.0 and scaling_ok:  # (not where scaling.json is there but unusable)
             notes.append(f"no scaling.json: the official summarizer's first pass reports {olympic:.4f} min "
                          f"unscaled (it reads scaling.json before its RCP pass writes it) and a second pass "
                          f"{olympic * factor:.4f}; the score here applies the RCP factor {factor:.4f}")
