@@ -232,6 +232,22 @@ def test_a_garbled_published_table_is_one_line(tmp_path):
     bad.write_text(",".join(header) + "\n" + ",".join(row[h] for h in header) + "\n")
     with pytest.raises(UserError, match=r"t.csv:2: time_to_train_min: 'nan' is not a positive number"):
         published.load(bad)
+    # a byte that is not UTF-8, a field past csv's limit: tracebacks; a FIFO hung, /dev/zero filled the memory
+    text = published.TABLE.read_bytes()
+    last = len(text.splitlines()) + 1
+    for content, said in ((text + b"\xff,x\n", rf"t.csv:{last}: not UTF-8 text \(byte 0xff\)"),
+                          (text + b"a," + b"x" * 200_000 + b"\n", r"t.csv: not a CSV table the reader takes \(field "
+                                                                  r"larger than field limit")):
+        bad.write_bytes(content)
+        with pytest.raises(UserError, match=said):
+            published.load(bad)
+    for make, what in ((lambda p: os.mkfifo(p), "a named pipe"), (lambda p: p.symlink_to("/dev/zero"),
+                                                                   "a character device")):
+        bad.unlink()
+        make(bad)
+        with pytest.raises(UserError, match=f"t.csv: cannot read the published results table \\({what}, not a "
+                                            f"regular file\\)$"):
+            published.load(bad)
 
 
 def test_garbled_block_events_are_named_at_their_own_line(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +48,25 @@ def _num(s: str, kind: type, where: str) -> float | int | None:
     return v
 
 
+# The most the table may hold: it is a few KB of cited rows; a FIFO or /dev/zero put in its place hung `compare`
+# or filled the memory.
+MAX_TABLE_BYTES = 4 << 20
+
+
 def load(table: Path = TABLE) -> list[PublishedRow]:
+    from mlbench.logfile import read_capped
+
     try:
-        with open(table, newline="") as f:
-            rows = list(csv.DictReader(f))
+        text = read_capped(table, MAX_TABLE_BYTES, "the published results table").decode()
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except OSError as e:
-        raise UserError(f"{table}: cannot read the published results table ({e.strerror})") from None
+        raise UserError(f"{table}: cannot read the published results table ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        line = _line_of(e.object, e.start)
+        raise UserError(f"{table}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}); the table is UTF-8 CSV") \
+            from None
+    except csv.Error as e:  # a field past csv's limit (128 KiB), a NUL byte
+        raise UserError(f"{table}: not a CSV table the reader takes ({e})") from None
     out = []
     for n, r in enumerate(rows, 2):  # line 1 is the header
         try:
@@ -67,6 +81,11 @@ def load(table: Path = TABLE) -> list[PublishedRow]:
         except KeyError as e:
             raise UserError(f"{table}: no column {e} (line {n})") from None
     return out
+
+
+def _line_of(data: bytes, at: int) -> int:
+    """The line number of byte AT of DATA."""
+    return data.count(b"\n", 0, at) + 1
 
 
 def get(ref: str, table: Path = TABLE) -> PublishedRow:
