@@ -237,7 +237,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
 
 
 @cli.command()
-@click.argument("path", type=PathParam(exists=True))
+@click.argument("path", type=PathParam())
 @click.option("--ruleset", help="Training ruleset. Default: the benchmark's own (from its definition).")
 @click.option("--rules", type=click.Choice(["auto", "smoke", "closed"]), default="auto", show_default=True,
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")

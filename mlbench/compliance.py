@@ -26,7 +26,7 @@ from rich.text import Text
 from mlbench import mlperf_tools, registry, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
-from mlbench.logfile import BadField, LogReader, load_json, text
+from mlbench.logfile import BadField, LogReader, load_json, text, why_not_a_file
 
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
 _SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
@@ -197,8 +197,12 @@ def _unfinished(proc: subprocess.CompletedProcess) -> str:
 
 
 def _verdict(path: Path, rules: str, proc: subprocess.CompletedProcess) -> Verdict:
-    """The verdict of a checker that finished."""
-    log, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
+    """The verdict of a checker that finished. Its messages name the log as `printable` writes it: a folder named
+    "x<newline>FAIL ..." split a message in two, the second half a line of its own."""
+    err = proc.stderr
+    for form in sorted({str(path), str(Path(path).resolve())}, key=len, reverse=True):
+        err = err.replace(form, printable(form))
+    log, crash, trace = err.partition("Traceback (most recent call last)")
     messages = _messages(log)
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
         messages.append("the compliance checker crashed: " + _last_line(trace)[:300])
@@ -391,11 +395,19 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
     rules of RULESET or of the benchmark the log names. UserError, before any check, for what cannot be decided."""
     if ruleset is not None:
         require_ruleset(ruleset)
-    if not path.exists():
-        raise UserError(f"{path}: no such file or folder")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("result_*.txt") if p.is_file())
+    if not path.is_dir():
+        why = why_not_a_file(path)
+        if why == "no such file or directory":
+            raise UserError(printable(f"{path}: no such file or folder"))
+        if why is not None:  # a pipe would block the checker, /dev/zero never end
+            raise UserError(printable(f"{path}: {why} (a result log is a regular file; or give a folder of them)"))
+    found = [path] if not path.is_dir() else sorted(path.rglob("result_*.txt"))
+    files = [f for f in found if why_not_a_file(f) is None]
+    if len(files) < len(found):  # refused whole, as a file given alone is: `check` is a verdict on every file
+        f = next(f for f in found if f not in files)
+        raise UserError(printable(f"{f}: {why_not_a_file(f)} (a result log is a regular file)"))
     if not files:
-        raise UserError(f"{path}: no result_*.txt files here (a result file, or a folder of them)")
+        raise UserError(printable(f"{path}: no result_*.txt files here (a result file, or a folder of them)"))
     return [_target(f, ruleset, rules) for f in files]
 
 

@@ -358,6 +358,20 @@ def _not_input_file(path: Path | str, st: os.stat_result, limit: int = MAX_JSON_
     return None
 
 
+def why_not_a_file(path: Path | str) -> str | None:
+    """Why PATH, an input named by its place (a result log found in a folder), cannot be read as a file: not a
+    regular file where it leads ("a named pipe, not a regular file"), a link to nothing or a loop of links; None
+    for a regular file. Asks the file system only."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a loop of links"
+        return "a link to nothing" if os.path.islink(path) else (e.strerror or str(e)).lower()
+    why = _not_input_file(path, st, limit=math.inf)
+    return why.strerror if why is not None else None
+
+
 def check_json_file(path: Path | str) -> None:
     """OSError naming why PATH cannot be read as a JSON input file: not a regular file where it leads (a pipe
     would block the read forever, /dev/zero fill the memory) or larger than MAX_JSON_BYTES. Asks the file system

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from mlbench import mlperf_tools, user_cache
+from mlbench.errors import printable
 
 VERSION = 1  # of what a verdict file holds
 _PATH = "\0path\0"  # stands for the log's path in a kept message (the same bytes may lie anywhere)
@@ -60,12 +61,12 @@ def load(digest: str, path: Path) -> tuple[bool, list[str]] | None:
         return None
     with contextlib.suppress(OSError):
         os.utime(file)  # used: the last to go when the cache is pruned
-    return ok, [m.replace(_PATH, str(path)) for m in messages]
+    return ok, [m.replace(_PATH, printable(str(path))) for m in messages]  # as the checker's are (compliance)
 
 
 def save(digest: str, path: Path, ok: bool, messages: list[str]) -> None:
     """Keeps a finished checker's verdict on PATH; a cache that cannot be written is done without."""
-    named = {str(Path(path).resolve()), str(path)}
+    named = {printable(p) for p in (Path(path).resolve(), path)}  # as the messages name it (compliance._verdict)
     kept = []
     for m in messages:
         for p in sorted(named, key=len, reverse=True):

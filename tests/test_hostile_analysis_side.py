@@ -181,6 +181,53 @@ def test_mlbench_check_prints_a_file_name_escaped(tmp_path, mlbench) -> None:
     assert code == 0 and "x\\x1b[2J/result_\\x1b]0;t\\x07.txt" in out
 
 
+def test_a_folder_name_cannot_forge_a_line_of_checks_verdict_even_from_the_cache(tmp_path, monkeypatch,
+                                                                                   mlbench) -> None:
+    """A folder "x<newline>FAIL fake": the PASS line was escaped, but the checker's message naming the file was
+    split at the newline and its second half printed as a line of its own, "FAIL fake ..."; kept in the verdict
+    cache, it was printed under another folder holding the same bytes."""
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    forged, plain = tmp_path / "x\nFAIL fake (closed rules)", tmp_path / "plain"
+    for folder in (forged, plain):
+        folder.mkdir()
+        shutil.copy(LOG, folder / "result_0.txt")
+    for folder in (forged, forged, plain):  # judged, then from the cache twice
+        code, out, err = mlbench("check", folder, "--ruleset", "6.0.0")
+        assert code == 0 and out.splitlines() == [f"PASS {folder}/result_0.txt (training 6.0.0 rules)".replace(
+            "\n", "\\n")], out
+
+
+@pytest.mark.parametrize("command", ["check", "score"])
+def test_a_result_file_that_is_no_regular_file_is_named_with_what_it_is(tmp_path, mlbench, command) -> None:
+    """A FIFO, a folder or a link to /dev/zero named result_1.txt: `score` dropped it without a word (and the
+    score changed); given alone, 'no result_*.txt files here'; a loop of links 'no such file' (`check`: click's
+    'does not exist'). `score` leaves it out with a note naming it; `check`, a verdict on every file, refuses."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    shutil.copy(LOG, folder / "result_0.txt")
+    os.mkfifo(folder / "result_1.txt")
+    (folder / "result_2.txt").mkdir()
+    (folder / "result_3.txt").symlink_to("/dev/zero")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    said = {"result_1.txt": "a named pipe, not a regular file", "result_2.txt": "a folder, not a regular file",
+            "result_3.txt": "a character device, not a regular file"}
+    for name, what in said.items():
+        if name == "result_2.txt":  # (a folder given is searched, as any)
+            continue
+        code, out, err = mlbench(command, folder / name, "--ruleset", "6.0.0")
+        assert code == 2 and out + err == f"error: {folder / name}: {what} (a result log is a regular file; or give " \
+                                          f"a folder of them)\n", out + err
+    code, out, err = mlbench(command, tmp_path / "loop", "--ruleset", "6.0.0")
+    assert code == 2 and f"{tmp_path / 'loop'}: a loop of links" in out + err, out + err
+    code, out, err = mlbench(command, folder, "--ruleset", "6.0.0", *(["--json"] if command == "score" else []))
+    if command == "check":
+        assert code == 2 and out == f"error: {folder / 'result_1.txt'}: a named pipe, not a regular file (a result " \
+                                    f"log is a regular file)\n", out
+    else:
+        notes = json.loads(out)[0]["notes"]
+        assert code == 0 and [f"{n}: left out: {w}" for n, w in said.items()] == notes[:3], notes
+
+
 def test_printable_is_the_escaping_of_a_status_and_leaves_printable_text_alone() -> None:
     from mlbench.errors import printable
 

@@ -30,6 +30,7 @@ from mlbench.logfile import (
     shown,
     text,
     time_to_train_s,
+    why_not_a_file,
 )
 
 RESULT_GLOB = "result_*.txt"
@@ -528,18 +529,25 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
     """Every benchmark folder under PATH: a folder of result_*.txt, a submission tree, or one file.
     steps: whether its runs are read with their per-step records."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such file or folder")
-    if path.is_file():
+    if not path.is_dir():
+        why = why_not_a_file(path)
+        if why == "no such file or directory":
+            raise UserError(printable(f"{path}: no such file or folder"))
+        if why is not None:  # a pipe would block, /dev/zero never end: refused, with what it is
+            raise UserError(printable(f"{path}: {why} (a result log is a regular file; or give a folder of them)"))
         return [_make_set(path.parent, [path], steps)]
     folders: dict[Path, list[Path]] = {}
+    others: dict[Path, list[str]] = {}  # result_*.txt that are no file to read (a pipe, a folder, a dead link)
     for f in sorted(path.rglob(RESULT_GLOB)):
-        if f.is_file():
+        if (why := why_not_a_file(f)) is None:
             folders.setdefault(f.parent, []).append(f)
+        else:
+            others.setdefault(f.parent, []).append(f"{f.name}: left out: {why}")
     if not folders:
+        first = next((f"; {printable(d / notes[0])}" for d, notes in sorted(others.items())), "")
         raise UserError(f"{path}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
-                        "or a submission tree ORG/results/<system>/<benchmark>/)")
-    return [_make_set(d, _natural(fs), steps) for d, fs in sorted(folders.items())]
+                        f"or a submission tree ORG/results/<system>/<benchmark>/){first}")
+    return [_make_set(d, _natural(fs), steps, others.get(d, [])) for d, fs in sorted(folders.items())]
 
 
 def _natural(files: list[Path]) -> list[Path]:
@@ -563,7 +571,8 @@ def _unpublished(folder: Path) -> list[str]:
             f"next `mlbench run` in this folder publishes them"]
 
 
-def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
+def _make_set(folder: Path, files: list[Path], steps: bool = True, others: list[str] = ()) -> ResultSet:
+    """The set of FILES in FOLDER; OTHERS: what was left out of it already, said in its notes."""
     folder = folder.resolve()
     # mlbench publishes a run's record before its log: in a folder of its runs, a log without a record beside it
     # (or with one that cannot be read) was not published by it (left by hand, or a copy), and would be scored as a
@@ -579,7 +588,7 @@ def _make_set(folder: Path, files: list[Path], steps: bool = True) -> ResultSet:
     else:
         left_out = [f"{f.name}: read as a log without a run record: {wrong[f]}" for f in files if wrong[f]]
     files = recorded or files
-    left_out += _unpublished(folder)
+    left_out += [*others, *_unpublished(folder)]
     system = folder.parent.name
     org_root = None
     # ORG/results/<system>/<benchmark>/result_*.txt
