@@ -424,6 +424,12 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
         raise UserError(f"{f}: cannot read ({e.strerror or e})") from None
     record, why = _run_record(f) if rules == "auto" else ({}, "")
     smoke = rules == "smoke" or record.get("variant") == "tiny"
+    if ruleset is not None and isinstance(benchmark, str) and not smoke \
+            and ruleset not in mlperf_tools.rulesets_with(benchmark):
+        # the checker crashed reading its own files (a FAIL, exit 1): bad input, as an unknown ruleset is
+        raise UserError(printable(f"{f}: --ruleset {ruleset} has no rules for {benchmark} (the benchmark its log "
+                                  f"names); rulesets holding it: "
+                                  f"{', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}"))
     if ruleset is None:
         if benchmark not in registry.names():
             raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "

@@ -197,6 +197,17 @@ def test_a_folder_name_cannot_forge_a_line_of_checks_verdict_even_from_the_cache
             "\n", "\\n")], out
 
 
+@pytest.mark.parametrize("command", ["check", "score", "compare"])
+def test_a_ruleset_asked_for_without_rules_for_the_benchmark_is_refused_as_an_unknown_one(mlbench, command) -> None:
+    """--ruleset 1.0.0 (known, without llama31_8b): `check` said FAIL ('the compliance checker crashed:
+    FileNotFoundError', exit 1), `score` and `compare` judged every run non-compliant, exit 0; --ruleset 9.9.9
+    is refused by all three (exit 2)."""
+    code, out, err = mlbench(command, SET, *([SET] if command == "compare" else []), "--ruleset", "1.0.0")
+    where = f"{LOG}: " if command == "check" else ""
+    assert code == 2 and f"error: {where}--ruleset 1.0.0 has no rules for llama31_8b" in out + err, out + err
+    assert "rulesets holding it: 5.1.0, 6.0.0, 6.1.0" in out + err and "Traceback" not in out + err
+
+
 @pytest.mark.parametrize("command", ["check", "score"])
 def test_a_result_file_that_is_no_regular_file_is_named_with_what_it_is(tmp_path, mlbench, command) -> None:
     """A FIFO, a folder or a link to /dev/zero named result_1.txt: `score` dropped it without a word (and the

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mlbench import compliance, mlperf_tools
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets, passed_over
+from mlbench.errors import UserError, printable
 from mlbench.logfile import check_json_file
 
 
@@ -154,6 +155,10 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     runs = rs.runs
     notes: list[str] = list(rs.left_out)
     benchmark = _benchmark(rs, runs, notes)
+    if ruleset and benchmark and ruleset not in mlperf_tools.rulesets_with(benchmark) and not rs.smoke:
+        # asked for (--ruleset): bad input, as an unknown ruleset is; inferred, a note below
+        raise UserError(printable(f"--ruleset {ruleset} has no rules for {benchmark} ({rs.folder}); rulesets "
+                                  f"holding it: {', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}"))
     ruleset = ruleset or infer_ruleset(rs.folder, benchmark)
     if benchmark and ruleset not in mlperf_tools.rulesets_with(benchmark):
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
