@@ -431,6 +431,9 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
                                   f"names); rulesets holding it: "
                                   f"{', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}"))
     if ruleset is None:
+        if benchmark is None:
+            raise UserError(printable(f"{f}: cannot tell the ruleset: the log names no benchmark (no "
+                                      f"submission_benchmark record); pass --ruleset"))
         if benchmark not in registry.names():
             raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
                             f"{', '.join(registry.names())}); pass --ruleset")

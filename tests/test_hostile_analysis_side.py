@@ -208,6 +208,29 @@ def test_a_ruleset_asked_for_without_rules_for_the_benchmark_is_refused_as_an_un
     assert "rulesets holding it: 5.1.0, 6.0.0, 6.1.0" in out + err and "Traceback" not in out + err
 
 
+def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -> None:
+    """`score` of a file of text: exit 0 with a table headed '(None, ruleset 6.1.0, ? devices)' and 'RCP Skipped
+    (no RCP check for division None)'; `check` said 'benchmark None is not one of ...'. In a tree of sets it is a
+    run of its set, said so in the notes."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "result_0.txt").write_text("hello\n")
+    code, out, err = mlbench("score", folder / "result_0.txt")
+    assert code == 2 and out + err == f"error: {folder / 'result_0.txt'} is not an MLPerf result log (no :::MLLOG " \
+                                      f"lines)\n", out + err
+    (folder / "result_1.txt").write_text("")
+    code, out, err = mlbench("score", folder)
+    assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in out, out
+    code, out, err = mlbench("check", folder / "result_0.txt")
+    assert code == 2 and out == f"error: {folder / 'result_0.txt'}: cannot tell the ruleset: the log names no " \
+                                "benchmark (no submission_benchmark record); pass --ruleset\n", out
+    shutil.copytree(SET, tmp_path / "llama31_8b")
+    code, out, err = mlbench("score", tmp_path, "--json")
+    doc = json.loads(out)
+    assert code == 0 and len(doc) == 2 and "None" not in out, out
+    assert doc[1]["rcp"]["message"] == "no RCP check (the logs state no submission_division)", doc[1]
+
+
 @pytest.mark.parametrize("command", ["check", "score"])
 def test_a_result_file_that_is_no_regular_file_is_named_with_what_it_is(tmp_path, mlbench, command) -> None:
     """A FIFO, a folder or a link to /dev/zero named result_1.txt: `score` dropped it without a word (and the

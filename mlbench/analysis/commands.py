@@ -88,8 +88,8 @@ COMPLIANT = {True: "yes", False: "NO", None: "unknown"}  # None: the checker did
 
 def _print_set(console: Console, s) -> None:
     """A set's score. Every text from its logs and folders (names, statuses, problems, notes) is `printable`."""
-    t = Table(title=printable(f"{s.label}  ({s.benchmark}, ruleset {s.ruleset}, {s.devices or '?'} devices)"),
-              title_justify="left")
+    head = f"{s.benchmark or 'benchmark unknown'}, ruleset {s.ruleset}, {s.devices or '?'} devices"
+    t = Table(title=printable(f"{s.label}  ({head})"), title_justify="left")
     for c in ("file", "status", "compliant", "time to train (min)", "samples to converge", "global batch", "counted"):
         t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left", overflow="fold")
     for r in s.runs:

@@ -34,6 +34,7 @@ from mlbench.logfile import (
 )
 
 RESULT_GLOB = "result_*.txt"
+NOT_A_LOG = "no :::MLLOG lines: not an MLPerf result log"
 
 # Benchmarks whose eval/block counters count tokens (samples x sequence length) rather than samples.
 TOKEN_COUNTED = {"gpt3"}
@@ -356,8 +357,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
     scan.finish()
     log.problems[:0] = reader.problems()
     if not events:
-        log.problems.append("no :::MLLOG lines: not an MLPerf result log" if not reader.n_broken
-                            else "no readable records")
+        log.problems.append(NOT_A_LOG if not reader.n_broken else "no readable records")
         return log
     if log.run_start_ms is None:  # where a line was there, its bad time_ms is the problem already listed
         if not scan.seen["run_start"]:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlbench import compliance, mlperf_tools
-from mlbench.analysis.logs import ResultSet, RunLog, find_sets, passed_over
+from mlbench.analysis.logs import NOT_A_LOG, ResultSet, RunLog, find_sets, passed_over
 from mlbench.errors import UserError, printable
 from mlbench.logfile import check_json_file
 
@@ -193,7 +193,8 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
     else:
         ok, computed = False, 1.0
-        rcp = RcpResult("Skipped", f"no RCP check for division {division!r}", 1.0, scaling_json)
+        why = f"for division {division!r}" if division else "(the logs state no submission_division)"
+        rcp = RcpResult("Skipped", f"no RCP check {why}", 1.0, scaling_json)
     # The factor applied: scaling.json when present (in a published folder, the MLCommons review's factor;
     # it is what the official summarizer applies), else what the RCP pass would write.
     if scaling_json is not None:
@@ -275,4 +276,8 @@ def score_path(path: Path, ruleset: str | None = None, devices: int | None = Non
     if ruleset is not None:
         compliance.require_ruleset(ruleset)
     sets = find_sets(Path(path), steps=False)
+    if len(sets) == 1 and all(r.problems[-1:] == [NOT_A_LOG] for r in sets[0].runs):  # (in a tree: a note)
+        files = sets[0].files
+        what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
+        raise UserError(printable(f"{what} an MLPerf result log (no :::MLLOG lines)"))
     return [score_set(s, ruleset, devices, jobs) for s in sets]
