@@ -6,6 +6,7 @@ traceback, a warning on stderr, or a figure silently computed from a replacement
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -143,7 +144,12 @@ def test_a_samples_count_below_0_or_absurd_invalidates_the_run(tmp_path, new, sh
     ('"train_step_time": 0.5', '"train_step_time": 0', "train_step_time is 0"),
     ('"train_step_time": 0.5', '"train_step_time": 1e308', "train_step_time is 1e+308"),
     ('"tokens_per_s": 2048.0', '"tokens_per_s": -2048.0', "tokens_per_s is -2048.0"),
-], ids=["negative", "zero", "1e308", "negative tokens"])
+    # summed to inf, shown as the mean TFLOP/s with numpy's overflow warning
+    ('"tflops_per_device": 100.0', '"tflops_per_device": 1e308', "tflops_per_device is 1e+308"),
+    # passed over as "other statistics NVIDIA logs under this key", without a word
+    ('"value": {"train_step_time": 0.5, "tokens_per_s": 2048.0, "tflops_per_device": 100.0}', '"value": [1, 2]',
+     "is [1, 2]"),
+], ids=["negative", "zero", "1e308", "negative tokens", "1e308 tflops", "value a list"])
 def test_an_implausible_step_is_a_problem_left_out_of_the_statistics(tmp_path, old, new, shown):
     text, line = _garble(tiny_log(), "tracked_stats", old, new)
     f = tmp_path / "result_0.txt"
@@ -152,6 +158,24 @@ def test_an_implausible_step_is_a_problem_left_out_of_the_statistics(tmp_path, o
     assert any(p.startswith(f"{f}:{line}: tracked_stats {shown}, expected") for p in log.problems), log.problems
     assert log.status == "success"  # a step record does not decide the run
     assert len(log.step_times.seconds) == 4 and log.step_times.stats()["median"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("step", ["7", "1.5", "1e300"])
+def test_records_left_out_for_a_step_that_does_not_rise_are_counted_in_the_note(tmp_path, step):
+    """metadata.step the same on every line: all records but the first were left out (taken for NVIDIA's block
+    summaries) without a word, and the median was the first step's."""
+    text = re.sub(r'"step": \d+', f'"step": {step}', tiny_log(steps=6))
+    f = tmp_path / "result_0.txt"
+    f.write_text(text)
+    st = read_log(f).step_times
+    assert len(st.seconds) == 1 and "5 of 6 records in the timed region left out, their metadata step not above the " \
+        "steps before it" in st.note, st.note
+    assert "left out" not in read_log(_write(tmp_path / "ok.txt", tiny_log(steps=6))).step_times.note
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
 
 
 def test_compare_shows_no_negative_step_time_and_prints_no_warning(tmp_path, capsys, monkeypatch):

@@ -216,7 +216,8 @@ class _Pass:
                     return False
             elif type(x) is not int or not -_BIG < x < _BIG:
                 return False
-        if not 0 < fields[1] <= st.MAX_STEP_S or fields[3] < 0 or fields[4] < 0:  # as st.plausible
+        if not 0 < fields[1] <= st.MAX_STEP_S or fields[3] < 0 or not 0 <= fields[4] <= st.MAX_TFLOPS \
+                and fields[4] is not _NAN:  # as st.plausible
             return False
         self.log.tracked.add(*fields)
         return True
@@ -237,9 +238,9 @@ class _Pass:
         self.log.eval_points.append((count, value, number(path, e, "time_ms", e.time_ms)))
 
     def tracked(self, e: Event) -> None:
-        if not isinstance(e.value, dict):
-            return  # other statistics NVIDIA logs under this key
         path = self.log.path
+        if not isinstance(e.value, dict):  # (NVIDIA logs other statistics under this key: objects too)
+            raise BadField(path, e, "value", e.value, "an object of per-step statistics")
         name = next((n for n in st.STEP_TIME_KEYS if n in e.value), None)
         if name is None:
             return
@@ -250,6 +251,8 @@ class _Pass:
         step = number(path, e, "step", md["step"]) if "step" in md else math.nan
         extra = [_at_least_0(path, e, n, e.value[n]) if n in e.value else math.nan
                  for n in ("tokens_per_s", "tflops_per_device")]
+        if extra[1] > st.MAX_TFLOPS:
+            raise BadField(path, e, "tflops_per_device", extra[1], f"TFLOP/s a device, at most {st.MAX_TFLOPS:g}")
         self.log.tracked.add(step, secs, number(path, e, "time_ms", e.time_ms), *extra)
 
     def block(self, e: Event) -> None:
@@ -284,9 +287,12 @@ _BIG = 2.0**1023  # an int beyond this cannot become a float
 
 def _step_fields(record: dict) -> tuple | None:
     """A per-step record's row as `tracked` reads it: step, seconds, time_ms, tokens_per_s, tflops (NaN: not
-    logged); () where it holds no step time (`tracked` passes it over), None where its metadata is no object."""
+    logged); () where it holds no step time (`tracked` passes it over), None where its value or its metadata is
+    no object."""
     v = record.get("value")
-    if type(v) is not dict or (name := next((n for n in st.STEP_TIME_KEYS if n in v), None)) is None:
+    if type(v) is not dict:
+        return None  # `tracked` names it
+    if (name := next((n for n in st.STEP_TIME_KEYS if n in v), None)) is None:
         return ()
     if type(md := _metadata(record)) is not dict:
         return None

@@ -17,14 +17,17 @@ MAX_BLOCK_STEPS = 1_000_000  # a block claiming more steps than this is garbage,
 # A step time is above 0 and at most this (11 days): anything else is a garbled log, and would show as a negative
 # throughput or overflow the statistics (1e308 s)
 MAX_STEP_S = 1e6
+# TFLOP/s a device: at most an exaFLOP/s (the fastest accelerators do a few thousand at their narrowest precision);
+# past it a logged figure is garbled (1e308 on every line summed to inf and was shown as the mean)
+MAX_TFLOPS = 1e6
 NO_STATS = {"median": None, "p90": None, "p99": None, "jitter": None, "mean": None}
 
 
 def plausible(rows: np.ndarray) -> np.ndarray:
     """Which tracked rows (step, seconds, time_ms, tokens_per_s, tflops; `Tracked`) hold a plausible step: 0 <
-    seconds <= MAX_STEP_S, and a throughput logged (not NaN) not negative."""
+    seconds <= MAX_STEP_S, and a throughput logged (not NaN) not negative, TFLOP/s at most MAX_TFLOPS."""
     secs, tps, tfl = rows[:, 1], rows[:, 3], rows[:, 4]
-    return (secs > 0) & (secs <= MAX_STEP_S) & ~(tps < 0) & ~(tfl < 0)
+    return (secs > 0) & (secs <= MAX_STEP_S) & ~(tps < 0) & ~(tfl < 0) & ~(tfl > MAX_TFLOPS)
 
 
 def step_stats(seconds: np.ndarray) -> dict[str, float | None]:
@@ -117,6 +120,7 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
     s = step if every else step[keep]
     later = np.ones(len(s), dtype=bool)
     later[1:] = ~(s[1:] <= np.fmax.accumulate(s)[:-1])
+    timed, behind = len(s), len(s) - int(np.count_nonzero(later))
     if every:
         keep = later
     else:
@@ -146,6 +150,9 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
         del inc
     idx = steps / per if per != 1.0 else steps
     note = f"tracked_stats; metadata step counts {unit}"
+    if behind:  # said: a step logged the same on every line (garbled) left one record of them all
+        note += (f"; {behind} of {timed} records in the timed region left out, their metadata step not above the "
+                 f"steps before it (as NVIDIA's block summaries)")
     secs = secs[keep]
     # Does one record's time cover one step or all the steps since the previous record? Compare with the
     # wall-clock gap between records.
