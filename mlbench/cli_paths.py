@@ -31,8 +31,13 @@ class FileParam(PathParam):
     refused. Path() drops that ending, so `--md r7.md/` wrote the file r7.md."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        option = param.opts[0] if param is not None and param.opts else "PATH"
+        bad = next((c for c in value if not c.isprintable() and not "\udc80" <= c <= "\udcff"), None) \
+            if isinstance(value, str) else None  # (an undecodable byte of a name is no control character)
+        if bad is not None:  # "wrote a<newline>b.html" split the line it is named on
+            raise UserError(f"{option} {value!r}: holds {repr(bad)[1:-1]}, a character that is not printable; name "
+                            f"the report without one")
         if isinstance(value, str) and value.endswith(("/", "/.")):
-            option = param.opts[0] if param is not None and param.opts else "PATH"
             ending = "/" if value.endswith("/") else "/."
             raise UserError(f"{option} {value}: ends with '{ending}', a folder's path; give the report's file name, "
                             f"without the '{ending}'")

@@ -231,6 +231,15 @@ def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -
     assert doc[1]["rcp"]["message"] == "no RCP check (the logs state no submission_division)", doc[1]
 
 
+@pytest.mark.parametrize("option", ["--md", "--html"])
+def test_a_report_path_with_a_control_character_is_refused(tmp_path, mlbench, option) -> None:
+    """--html 'a<newline>b.html' was written, and 'wrote ...' printed on two lines."""
+    code, out, err = mlbench("compare", "--no-score", SET, SET.parent, option, tmp_path / "a\nb.x")
+    assert code == 2 and out + err == f"error: {option} '{tmp_path}/a\\nb.x': holds \\n, a character that is not " \
+                                      "printable; name the report without one\n", out + err
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("command", ["check", "score"])
 def test_a_result_file_that_is_no_regular_file_is_named_with_what_it_is(tmp_path, mlbench, command) -> None:
     """A FIFO, a folder or a link to /dev/zero named result_1.txt: `score` dropped it without a word (and the

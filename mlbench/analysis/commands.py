@@ -171,4 +171,4 @@ def _write_reports(build, html_out: Path | None, md_out: Path | None) -> None:
     console = _console()
     for out in (html_out, md_out):
         if out:
-            console.print(f"wrote {out}", highlight=False)
+            console.print(printable(f"wrote {out}"), highlight=False, soft_wrap=True)
