@@ -349,6 +349,9 @@ def _os_error(e: OSError) -> str:
     """An OSError as '<path>: <what the system says>', with the limit where a name or path is too long."""
     why = e.strerror or str(e)
     if e.filename is None:
+        if e.errno == errno.ENOENT and not _working_folder_exists():  # os.getcwd() said only "No such file..."
+            return ("the working folder no longer exists (removed after the shell entered it), and a relative path "
+                    "is read from it; cd to a folder that exists, or give absolute paths")
         return why
     path = os.fsdecode(e.filename)
     if e.errno == errno.ENAMETOOLONG:
@@ -357,6 +360,14 @@ def _os_error(e: OSError) -> str:
                 if name_max > path_limit("PC_NAME_MAX", path, 255)
                 else f" (a path takes at most {path_limit('PC_PATH_MAX', path, 4096) - 1} bytes; give a shorter one)")
     return f"{path}: {why}"
+
+
+def _working_folder_exists() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

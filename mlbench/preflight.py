@@ -272,8 +272,10 @@ def _check_launcher_options(req: RunRequest) -> None:
                             f"is {req.launcher}: add --launcher {launchers[0]}, or leave {flag} out")
         if req.launcher in launchers and isinstance(value, str) and not value.strip():
             raise UserError(f"{flag} is empty; give a value, or leave it out for the default")
-    if req.master_addr is not None and any(c.isspace() for c in req.master_addr):
-        raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds a space)")
+    if req.master_addr is not None and (bad := next((c for c in req.master_addr if c.isspace()
+                                                     or not c.isprintable()), None)) is not None:
+        what = "a space" if bad == " " else repr(bad)[1:-1]
+        raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds {what})")
 
 
 def check_lr(bench: Benchmark, lr: float | None) -> None:
@@ -399,6 +401,8 @@ def _creatable(folder: Path) -> tuple[Path, str]:
     read-only mount."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # mkdir through it said "File exists"
+            return existing, f"is a link to {os.readlink(existing)}, which does not exist"
         existing = existing.parent
     if not existing.is_dir():
         return existing, "is not a folder"

@@ -82,8 +82,8 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 def check_name(what: str, value: str) -> None:
     """A name that becomes a folder: letters, digits, '-', '_' and '.', not starting with '.' or '-', at most 100."""
     if not _NAME.fullmatch(value):
-        raise UserError(f"{what} {value!r} cannot name a folder: use letters, digits, '-', '_' or '.' ('-' and '.' "
-                        f"not first), at most 100 characters")
+        raise UserError(f"{what} {value!r} cannot name a folder: use ASCII letters and digits, '-', '_' or '.' ('-' "
+                        f"and '.' not first), at most 100 characters")
 
 
 @contextlib.contextmanager

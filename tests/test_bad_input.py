@@ -120,7 +120,7 @@ def test_check_on_a_folder_without_results(tmp_path: Path) -> None:
 def test_bad_slurm_time_limit(tmp_path: Path) -> None:
     proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "slurm", "--time", "2h", "--dry-run",
                    "--results", str(tmp_path))
-    _assert_clean_error(proc, "time_limit must be HH:MM:SS", "'2h'")
+    _assert_clean_error(proc, "--time (time_limit) must be HH:MM:SS", "'2h'")
     assert not list(tmp_path.rglob("*.sbatch"))
 
 
@@ -152,7 +152,7 @@ def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmark
                                                                "give one of 1, 2"]),
         (["--lr", "1e308"], ["--lr 1e+308 is more than gpt3's optimizer can take", "at most 1.7e+37"]),
         (["--launcher", "slurm", "--container-mounts", ":::", "--dry-run"], ["container mount ':::'"]),
-        (["--launcher", "slurm", "--time", "0:00:00", "--dry-run"], ["time_limit 0:00:00 is zero"]),
+        (["--launcher", "slurm", "--time", "0:00:00", "--dry-run"], ["--time (time_limit) 0:00:00 is zero"]),
     ],
     ids=["nodes-0", "system-newline", "sp-tp1", "cp", "overlap-gather", "fp8", "bad-choice", "recompute-layers",
          "huge-lr", "empty-mount", "zero-time"],
@@ -165,6 +165,28 @@ def test_bad_run_flags_through_the_cli(tmp_path: Path, flags: list[str], needles
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), *flags)
     _assert_clean_error(proc, *needles)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_working_folder_removed_under_the_shell_is_named(tmp_path: Path) -> None:
+    """The default --results is relative: it said only 'error: No such file or directory'."""
+    import subprocess
+
+    from conftest import MLBENCH
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(["sh", "-c", 'rmdir "$PWD" && exec "$@"', "sh", *MLBENCH, "run", "gpt3", "--tiny",
+                           "--dry-run", "--system", "ci"], cwd=gone, capture_output=True, text=True, timeout=120)
+    _assert_clean_error(proc, "error: the working folder no longer exists (removed after the shell entered it)",
+                        "cd to a folder that exists, or give absolute paths")
+
+
+def test_an_init_checkpoint_that_is_a_file_is_named_so(tmp_path: Path) -> None:
+    """It said 'no such folder'."""
+    (tmp_path / "ck").write_text("x")
+    proc = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "r"), "--system", "ci",
+                   "--init-checkpoint", str(tmp_path / "ck"))
+    _assert_clean_error(proc, f"--init-checkpoint {tmp_path / 'ck'}: not a folder (a megatron-core distributed")
 
 
 def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"--time 99999999999-00:00:00 is more than SLURM can take: .* at most 24855-03:13:08"),
     ({"launcher": "slurm", "time_limit": "24855-03:13:09", "dry_run": True}, r"at most 24855-03:13:08"),
     ({"launcher": "slurm", "layout": {"nodes": 2}, "time_limit": "2h", "dry_run": True},
-     r"cannot write the SLURM job: time_limit must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
+     r"cannot write the SLURM job: --time \(time_limit\) must be HH:MM:SS or D-HH:MM:SS, not '2h'"),
     # digits of another script matched the job script's \d and went into #SBATCH --time, which sbatch refuses
     ({"launcher": "slurm", "time_limit": "\u0663:00:00", "dry_run": True}, r"--time '\u0663:00:00': HH:MM:SS .*ASCII"),
     # another launcher's options were dropped without a word: --partition alone trained on this machine
@@ -108,6 +108,9 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"rdzv_endpoint": "h:1"}, r"--rdzv-endpoint is an option of --launcher torchrun"),
     ({"launcher": "slurm", "node_rank": 1, "layout": {"nodes": 2}}, r"--node-rank is an option of --launcher torchrun"),
     ({"launcher": "slurm", "partition": " "}, r"--partition is empty; give a value"),
+    # it said "(it holds a space)"
+    ({"launcher": "slurm", "master_addr": "x\ny", "dry_run": True}, r"--master-addr 'x\\ny' is not a host name or an "
+                                                                    r"address \(it holds \\n\)"),
     ({"launcher": "slurm", "master_addr": ""}, r"--master-addr is empty"),
     ({"launcher": "slurm", "master_addr": "a b"}, r"--master-addr 'a b' is not a host name"),
     ({"launcher": "torchrun", "rdzv_endpoint": "a b:29500"}, r"--rdzv-endpoint 'a b:29500' must be HOST:PORT"),
@@ -143,7 +146,7 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"launcher": "slurm", "container_mounts": "/data:/data,data:/x", "dry_run": True},
      r"container mount 'data:/x': the source 'data' must be a path \(starting with / or \.\), tmpfs or umount"),
     ({"launcher": "slurm", "time_limit": "0:00:00", "dry_run": True},
-     r"cannot write the SLURM job: time_limit 0:00:00 is zero, which SLURM reads as no limit at all"),
+     r"cannot write the SLURM job: --time \(time_limit\) 0:00:00 is zero, which SLURM reads as no limit at all"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
@@ -154,7 +157,7 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: d
 @pytest.mark.parametrize("name", [" ", "", "a b", "two\nlines", "tab\there", "bell\x07", ".hidden", "a/b", "..",
                                   "x" * 101, "-", "--help", "é"])
 def test_system_names_that_cannot_be_folders(tmp_path: Path, name: str) -> None:
-    _refused(tmp_path, r"--system .* cannot name a folder: use letters, digits", system=name)
+    _refused(tmp_path, r"--system .* cannot name a folder: use ASCII letters and digits", system=name)
 
 
 @pytest.mark.parametrize("flag", ["results_root", "save_checkpoint"])
@@ -166,6 +169,15 @@ def test_folders_named_in_the_output_have_no_control_characters(tmp_path: Path, 
     with pytest.raises(UserError, match=rf"^{option} .* holds a control character .*; choose a name without one$"):
         prepare(req)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_results_link_to_nothing_is_named_so(tmp_path: Path) -> None:
+    """It said '(File exists)', the mkdir's error through the link."""
+    (tmp_path / "out").symlink_to(tmp_path / "gone" / "x")
+    req = dataclasses.replace(_request(tmp_path), results_root=tmp_path / "out")
+    with pytest.raises(UserError, match=rf"^results folder {tmp_path}/out/\S+/gpt3 is not writable \({tmp_path}/out "
+                                        rf"is a link to {tmp_path}/gone/x, which does not exist\)"):
+        prepare(req)
 
 
 def test_system_names_that_can(tmp_path: Path) -> None:

@@ -78,10 +78,10 @@ class SlurmJob:
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
             raise ValueError("cpus_per_task must be >= 1")
         if self.time_limit is not None and not _TIME_RE.match(self.time_limit):
-            raise ValueError(f"time_limit must be HH:MM:SS or D-HH:MM:SS, not {self.time_limit!r}")
+            raise ValueError(f"--time (time_limit) must be HH:MM:SS or D-HH:MM:SS, not {self.time_limit!r}")
         if self.time_limit is not None and time_limit_seconds(self.time_limit) == 0:  # sbatch --time: "0: no limit"
-            raise ValueError(f"time_limit {self.time_limit} is zero, which SLURM reads as no limit at all (the "
-                             f"partition's longest); give the job's limit, such as 02:00:00")
+            raise ValueError(f"--time (time_limit) {self.time_limit} is zero, which SLURM reads as no limit at all "
+                             f"(the partition's longest); give the job's limit, such as 02:00:00")
         for mount in self.container_mounts:
             if problem := mount_problem(mount):
                 raise ValueError(f"container mount {mount!r}: {problem}")

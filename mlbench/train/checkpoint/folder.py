@@ -18,8 +18,9 @@ def check_readable(path: str | Path) -> None:
     """Fails early, on the launching side, for a path that cannot be a checkpoint to start from."""
     p = Path(path)
     if not p.is_dir():
-        raise CheckpointError(f"--init-checkpoint {path}: no such folder (a megatron-core distributed checkpoint "
-                              f"folder, with metadata.json)")
+        what = "no such folder" if not p.exists() else "not a folder"  # (a file: it said "no such folder")
+        raise CheckpointError(f"--init-checkpoint {path}: {what} (a megatron-core distributed checkpoint folder, "
+                              f"with metadata.json)")
     meta = p / "metadata.json"
     if not meta.is_file():
         hint = (" (this looks like a legacy per-rank Megatron checkpoint: convert it to the torch_dist format with "
