@@ -189,6 +189,7 @@ class RunSet:
         self.bench, self.layout, self.opts, self.console, self.command_for = bench, layout, opts, console, command_for
         self.announce = announce
         self.results: list[RunResult] = []
+        self.held: list[str] = []  # stop signals held while a run was checked and published (supervise)
 
     def describe(self, folder: Path) -> list[tuple[str, str]]:
         return [("each run starts", shlex.join(self.command_for(Path("PLAN.json"), Path("STAGING"), 0, {}).argv))]
@@ -207,7 +208,7 @@ class RunSet:
         env = rank_env(self.opts.threads)
         # A stop signal (Ctrl-C, a closed terminal, preemption) ends the set, not only the run in progress; one that
         # comes between runs (while a run is checked and published) is held until that run is published.
-        received: list[str] = []
+        received = self.held
         previous = {s: signal.signal(s, lambda n, _: received.append(signal.Signals(n).name)) for s in STOP_SIGNALS}
         try:
             for i, seed in enumerate(self.seeds):
@@ -221,6 +222,10 @@ class RunSet:
                 if result.stopped_by:
                     self._not_started(result.stopped_by, len(self.seeds) - i - 1)
                     break
+            else:
+                if received and not self.results[-1].stopped_by:  # after the last run was published: said, exit 1
+                    self.console.print(f"{received[0]} received after the last run was published: nothing was "
+                                       f"left to stop", highlight=False)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -231,7 +236,7 @@ class RunSet:
 
     def collect(self) -> int:
         complete = len(self.results) == len(self.seeds)
-        return 0 if complete and all(r.ok for r in self.results) else 1
+        return 0 if complete and all(r.ok for r in self.results) and not self.held else 1
 
     def _run(self, i: int, seed: int, env: dict) -> RunResult:
         bench, layout, opts, folder, console = self.bench, self.layout, self.opts, self.folder, self.console
@@ -264,6 +269,7 @@ class RunSet:
                 raise results.PublishError(f"run not published: {outcome.log_error}")
             ttt = time_to_train(plan.log_path)
             verdict = compliance_verdict(plan.log_path, bench)
+            outcome = self._held_signal(outcome)
             rec = record(bench, layout, plan, outcome, verdict, ttt, self.env_info, opts.device)
             path = results.publish(folder, staging, rec)
         except results.PublishError as e:
@@ -273,6 +279,18 @@ class RunSet:
                            error_after_run_stop=outcome.error_after_run_stop)
         _summary(console, bench, result)
         return result
+
+    def _held_signal(self, outcome: Outcome) -> Outcome:
+        """A stop signal that came once the run had ended (held while its log was checked): a run that reached its
+        target stays a success, and its record says the signal apart, as any failure after run_stop (exit 1); the
+        set ends with it."""
+        if not self.held or outcome.signal:
+            return outcome
+        what = f"{self.held[0]} received while the run was checked and published (held until it was published)"
+        after = f"{outcome.error_after_run_stop}; {what}" if outcome.error_after_run_stop else what
+        return dataclasses.replace(outcome, signal=self.held[0],
+                                   error_after_run_stop=after if outcome.status == "success" else
+                                   outcome.error_after_run_stop)
 
     def _not_published(self, why: str, staging: Path, outcome: Outcome) -> RunResult:
         """A run whose log could not be completed or placed (a full disk): its files are set aside under logs/, for

@@ -579,3 +579,69 @@ def test_numpy_starts_no_blas_threads_in_mlbench_processes_unless_asked() -> Non
 
     ranks = rank_env(3)
     assert ranks["OPENBLAS_NUM_THREADS"] == ranks["OMP_NUM_THREADS"] == ranks["MLBENCH_THREADS"] == "3"
+
+
+# A run that reaches its target at once: the rank's log written whole from its plan (no model: the runner's handling
+# of what follows the run is what is tested).
+_LOGS_A_SUCCESS = r"""
+import sys
+from mlbench import mlperf_log
+from mlbench.mlperf_log import C
+from mlbench.run_plan import RunPlan
+plan = RunPlan.load(sys.argv[1])
+log = mlperf_log.write_preamble(plan)
+log.end(C.INIT_STOP)
+log.start(C.RUN_START)
+log.event(C.TRAIN_SAMPLES, value=16)
+log.end(C.RUN_STOP, metadata={"status": "success"})
+log.close()
+with open(plan.events_path, "a") as f:  # what rank 0 tells its supervisor
+    f.write('{"event": "stopped", "status": "success"}\n')
+"""
+
+
+@pytest.mark.parametrize("when", ["checked", "published"])
+def test_a_stop_signal_once_the_run_ended_is_said_and_ends_the_command_non_zero(tmp_path: Path, monkeypatch,
+                                                                               when: str) -> None:
+    """Ctrl-C while the last run's log was checked (or once it was published) was held and then forgotten: exit 0,
+    nothing said. While it is checked, the run stays the success it is and its record says the signal apart
+    (error_after_run_stop); after it is published, the line says nothing was left to stop; exit 1 either way."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import rcp_schedule, results, runner
+    from mlbench.launch.supervise import Command
+
+    bench = registry.load("gpt3", tiny=True)
+    layout = _layout()
+    bench = rcp_schedule.for_run(bench, layout.global_batch_size)
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    console = Console(file=io.StringIO(), width=1 << 20)
+    runs = runner.RunSet(bench, layout, RunOptions(results=tmp_path, system="ci", seed=3), console,
+                         lambda plan, staging, i, env: Command([sys.executable, "-c", _LOGS_A_SUCCESS, str(plan)], env,
+                                                               stdout=staging / "launcher.log"))
+    runs.prepare(folder)
+    checked, published = runner.compliance_verdict, results.publish
+
+    def interrupted(check):
+        def call(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the run's check or publication goes on
+            return check(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(runner, "compliance_verdict", interrupted(checked) if when == "checked" else checked)
+    monkeypatch.setattr(results, "publish", interrupted(published) if when == "published" else published)
+    runs.supervise()
+    said = console.file.getvalue()
+    record = json.loads((folder / "result_0.json").read_text())
+    assert runs.collect() == 1 and record["status"] == "success", said
+    if when == "checked":
+        assert record["error_after_run_stop"] == "SIGINT received while the run was checked and published (held " \
+                                                 "until it was published)", record
+        assert "failed after run_stop (the result stands): SIGINT received" in said, said
+    else:
+        assert record["error_after_run_stop"] is None and "SIGINT received after the last run was published: " \
+                                                          "nothing was left to stop" in said, said
+    assert runs.results[0].status == "success" and runs.results[0].stopped_by == ("SIGINT" if when == "checked" else "")
