@@ -429,6 +429,7 @@ class LogReader:
     broken: list[int] = field(default_factory=list)
     n_broken: int = 0
     truncated: bool = False
+    cr_ends: bool = False  # a broken line holds records parted by a lone carriage return (old Mac line ends)
     lines: int = 0
     take: Take | None = None  # records taken without an Event (the analysis: a big log's per-step records)
     _learned: tuple[Take, _Layout | None] | None = field(default=None, init=False, repr=False, compare=False)
@@ -578,6 +579,7 @@ class LogReader:
         event = _event(payload, n)
         if event is None:
             self._broken(n, complete)
+            self.cr_ends |= b"\r" + TOKEN_B in payload  # records parted by a lone CR: no line ends to this reader
             return None
         return event if keys is None or event.key in keys else None
 
@@ -592,6 +594,10 @@ class LogReader:
         if not self.n_broken:
             return []
         last = self.broken[-1]
+        if self.cr_ends:  # the checker reads them as lines (Python's universal newlines): said, not guessed at
+            return [f"records parted by a carriage return alone (\\r, no \\n: old Mac line ends) in line {last}: "
+                    f"mlbench reads lines that end in \\n or \\r\\n (the official checker takes \\r too); convert "
+                    f"the line ends (tr '\\r' '\\n')"]
         if self.truncated and self.n_broken == 1:
             return [f"truncated: the last line ({last}) is cut off"]
         shown = ", ".join(map(str, self.broken[:5])) + (" ..." if self.n_broken > 5 else "")

@@ -265,3 +265,15 @@ def test_compare_says_what_a_prediction_does_not_model(tmp_path, capsys, monkeyp
     code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
     flat = " ".join(out.split())
     assert code == 0 and flat.count(note) == 1 and "[1]" not in flat, out
+
+
+def test_records_parted_by_a_lone_carriage_return_are_said_so(tmp_path):
+    """Every \\n a \\r: 'no readable records; the last line (1) is cut off', while the official checker (universal
+    newlines) read the lines and passed the log."""
+    f = tmp_path / "result_0.txt"
+    f.write_text(tiny_log().replace("\n", "\r"))
+    log = read_log(f)
+    assert log.problems[0].startswith("records parted by a carriage return alone (\\r, no \\n: old Mac line ends) "
+                                      "in line 1: mlbench reads lines that end in \\n or \\r\\n"), log.problems
+    f.write_text(tiny_log().replace("\n", "\r\n"))
+    assert read_log(f).problems == []
