@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from mlbench import spec
+from mlbench import results, spec
 from mlbench.errors import UserError, printable
 from mlbench.spec import Benchmark, build, check_expressions, check_schedule, deep_merge
 
@@ -124,7 +124,7 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"
         raise UserError(f"unknown benchmark {name!r}; {hint}")
-    if not _NAME.fullmatch(name):  # it names the results folder and the rows of `list`: "x\ny" forged a row
+    if not results.FOLDER_NAME.fullmatch(name):  # it names a results folder and a row of `list` ("x\ny": two)
         raise UserError(printable(f"{path}: a benchmark's name (the file's, less .yaml) is letters, digits, '-', '_' "
                                   f"and '.' ('-' and '.' not first), at most 100 characters; rename the file"))
     data = _read(path)
@@ -207,8 +207,6 @@ def _validate(b: Benchmark, path: Path) -> None:
     _validate_ruleset(b, where)
 
 
-# The benchmark name: what a results folder is named by (results.check_name's rule).
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 _PROSE = ("notes", "note")  # text of paragraphs, where a line break is text; every other string is one line
 
 

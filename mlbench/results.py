@@ -76,12 +76,12 @@ class PublishError(Exception):
 
 
 # Names that become folders (--system, the benchmark): portable, never hidden, never an option or a path.
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")  # a --system, a benchmark
 
 
 def check_name(what: str, value: str) -> None:
     """A name that becomes a folder: letters, digits, '-', '_' and '.', not starting with '.' or '-', at most 100."""
-    if not _NAME.fullmatch(value):
+    if not FOLDER_NAME.fullmatch(value):
         raise UserError(f"{what} {value!r} cannot name a folder: use ASCII letters and digits, '-', '_' or '.' ('-' "
                         f"and '.' not first), at most 100 characters")
 
