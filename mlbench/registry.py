@@ -125,8 +125,8 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"
         raise UserError(f"unknown benchmark {name!r}; {hint}")
     if not results.FOLDER_NAME.fullmatch(name):  # it names a results folder and a row of `list` ("x\ny": two)
-        raise UserError(printable(f"{path}: a benchmark's name (the file's, less .yaml) is letters, digits, '-', '_' "
-                                  f"and '.' ('-' and '.' not first), at most 100 characters; rename the file"))
+        raise UserError(printable(f"{path}: a benchmark's name (the file's, less .yaml) is ASCII letters and digits, "
+                                  f"'-', '_' and '.' ('-' and '.' not first), at most 100 characters; rename the file"))
     data = _read(path)
     if data.get("name") != name:
         raise UserError(f"{path}: 'name' is {data.get('name')!r}, expected {name!r} (the file's name)")

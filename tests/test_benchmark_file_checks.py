@@ -103,8 +103,9 @@ def test_a_benchmark_name_that_cannot_name_a_folder_is_refused(benchmarks_copy: 
     (benchmarks_copy / f"{name}.yaml").write_text(text)
     with pytest.raises(UserError) as e:
         registry.load(name, directory=benchmarks_copy)
-    assert str(e.value) == (f"{benchmarks_copy}/x\\ny.yaml: a benchmark's name (the file's, less .yaml) is letters, "
-                            "digits, '-', '_' and '.' ('-' and '.' not first), at most 100 characters; rename the file")
+    assert str(e.value) == (f"{benchmarks_copy}/x\\ny.yaml: a benchmark's name (the file's, less .yaml) is ASCII "
+                            "letters and digits, '-', '_' and '.' ('-' and '.' not first), at most 100 characters; "
+                            "rename the file")
     proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     assert proc.returncode == 2 and proc.stdout.splitlines() == [f"error: {e.value}"], proc.stdout + proc.stderr
 
