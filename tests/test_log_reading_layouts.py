@@ -128,7 +128,8 @@ def _reference(t: step_times.Tracked, start_ms: float | None, stop_ms: float | N
     s = step[at]
     finite = np.isfinite(s)
     before = np.maximum.accumulate(np.where(finite, s, -np.inf))
-    keep[at[1:][finite[1:] & (s[1:] <= before[:-1])]] = False
+    behind = at[1:][finite[1:] & (s[1:] <= before[:-1])]
+    keep[behind] = False
     if np.isfinite(step[keep]).any():
         keep &= np.isfinite(step)
     if not keep.any():
@@ -147,6 +148,9 @@ def _reference(t: step_times.Tracked, start_ms: float | None, stop_ms: float | N
                 unit, per = "samples", float(gbs)
     idx = steps / per
     note = f"tracked_stats; metadata step counts {unit}"
+    if len(behind):
+        note += (f"; {len(behind)} of {len(at)} records in the timed region left out, their metadata step not above "
+                 f"the steps before it (as NVIDIA's block summaries)")
     if len(idx) > 2:
         k = np.diff(idx)
         gap = np.diff(times) / 1000
