@@ -232,6 +232,26 @@ def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -
 
 
 @pytest.mark.parametrize("option", ["--md", "--html"])
+def test_a_report_replaces_only_an_earlier_report(tmp_path, mlbench, option) -> None:
+    """A log whose lines a launcher prefixed with the rank ('0: :::MLLOG ...'), one behind 64 KiB of shell output,
+    and a set's scaling.json were replaced by a report, exit 0. An earlier report is replaced, as before."""
+    log = LOG.read_text()
+    other = shutil.copytree(SET, tmp_path / "b" / "llama31_8b")
+    victims = {"ranked.log": "".join(f"0: {ln}" for ln in log.splitlines(keepends=True)),
+               "preamble.log": "+ echo noise\n" * 6000 + log, "scaling.json": '{"scaling_factor": 1.0625}'}
+    for name, text in victims.items():
+        (tmp_path / name).write_text(text)
+        code, out, err = mlbench("compare", "--no-score", SET, other, option, tmp_path / name)
+        assert code == 2 and out + err == f"error: {option} {tmp_path / name}: is there, and is no report mlbench " \
+                                          "wrote; a report replaces only an earlier report, give another name\n"
+        assert (tmp_path / name).read_text() == text
+    report = tmp_path / ("r.md" if option == "--md" else "r.html")
+    for _ in range(2):
+        code, out, err = mlbench("compare", "--no-score", SET, other, option, report)
+        assert code == 0 and out.endswith(f"wrote {report}\n"), out + err
+
+
+@pytest.mark.parametrize("option", ["--md", "--html"])
 def test_a_report_path_with_a_control_character_is_refused(tmp_path, mlbench, option) -> None:
     """--html 'a<newline>b.html' was written, and 'wrote ...' printed on two lines."""
     code, out, err = mlbench("compare", "--no-score", SET, SET.parent, option, tmp_path / "a\nb.x")

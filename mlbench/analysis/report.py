@@ -61,13 +61,29 @@ text-align:right}th{background:#f0f0f0}td:first-child,th:first-child{text-align:
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}li{margin:.2em 0}"""
 
 
+# What every report mlbench writes begins with (the HTML's head, the Markdown's first line: a comment, not shown): an
+# existing file is replaced only where it holds it. A report given the path of a run log not named result_* (rank-
+# prefixed lines, a long shell preamble) or of a set's scaling.json replaced it.
+_MARK = {"html": "<meta name='generator' content='mlbench report'>", "md": "<!-- mlbench report -->"}
+
+
+def _ours(path: Path) -> bool:
+    """Whether the regular file PATH is a report mlbench wrote (`_MARK` in its first KiB)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return False
+    return any(mark.encode() in head for mark in _MARK.values())
+
+
 def _esc(text: object) -> str:
     """Text of a report in HTML: `printable` (a log's control characters written out), then HTML's escaping."""
     return html.escape(printable(text))
 
 
 def render_html(rep: Report) -> str:
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(rep.title)}</title>"
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>{_MARK['html']}<title>{_esc(rep.title)}</title>"
            f"<style>{_CSS}</style></head><body><h1>{_esc(rep.title)}</h1>"]
     for part in rep.parts:
         kind = part[0]
@@ -115,7 +131,7 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
     """Markdown text, and the images it links (relative, into `markdown_files(PATH)`) by file name. Every text is
     `printable`: one line each, no control character (a log's ESC sequence reached the report raw)."""
     files = markdown_files(path)
-    out, images = [f"# {_md(rep.title)}", ""], {}
+    out, images = [_MARK["md"], f"# {_md(rep.title)}", ""], {}
     for part in rep.parts:
         kind = part[0]
         if kind == "h":
@@ -205,6 +221,9 @@ def _check_file(path: Path, option: str) -> None:
         raise UserError(f"{option} {path}: is not a regular file (a device or a pipe); give a file name")
     if st is not None and _is_result_log(path):
         raise UserError(f"{option} {path}: is an MLPerf result log; a report never replaces one, give another name")
+    if st is not None and not _ours(path):
+        raise UserError(f"{option} {path}: is there, and is no report mlbench wrote; a report replaces only an "
+                        "earlier report, give another name")
     if _is_result_name(path.name):  # one that is not there yet too: a log without its record, or a record alone
         raise UserError(f"{option} {path}: is named as a run's file ({_RESULT_NAMES}), and a results folder holds a "
                         "run's log and record both or neither; give another name")
