@@ -231,6 +231,27 @@ def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -
     assert doc[1]["rcp"]["message"] == "no RCP check (the logs state no submission_division)", doc[1]
 
 
+def test_a_report_of_many_sets_stays_readable_and_names_are_not_maths(tmp_path, mlbench) -> None:
+    """A folder named 'x$^{$' was parsed as maths by matplotlib: a traceback. 50 sets: the legend was drawn over the
+    convergence plot, the step-time plot was 9510 px wide (squeezed to the page, unreadable), and the colours
+    repeated every 10. Now: rows of the step-time plot top to bottom, the legend under the plots, a colour each."""
+    import struct
+
+    from test_analysis_logs import tiny_log
+
+    sets = [tmp_path / "s" / f"set{i:02d}" for i in range(24)] + [tmp_path / "s" / "x$^{$"]
+    for folder in sets:
+        folder.mkdir(parents=True)
+        (folder / "result_0.txt").write_text(tiny_log())
+    code, out, err = mlbench("compare", "--no-score", *sets, "--md", tmp_path / "r.md")
+    assert code == 0 and "Traceback" not in out + err, out + err
+    size = {p.stem: struct.unpack(">II", p.read_bytes()[16:24]) for p in (tmp_path / "r_files").glob("*.png")}
+    assert size["step_times"][0] < 1200 and size["step_times"][1] > 25 * 20, size  # a row of 20 px or more a set
+    assert size["convergence"][1] > 600, size  # the legend's rows under the plots
+    from mlbench.analysis.compare import _colors
+    assert len({tuple(c) for c in _colors(25)}) == 25 and len(set(_colors(15))) >= 15
+
+
 @pytest.mark.parametrize("option", ["--md", "--html"])
 def test_a_report_replaces_only_an_earlier_report(tmp_path, mlbench, option) -> None:
     """A log whose lines a launcher prefixed with the rank ('0: :::MLLOG ...'), one behind 64 KiB of shell output,

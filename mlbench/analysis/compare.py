@@ -331,8 +331,11 @@ def _convergence_plot(cmp):
     series = [(e, r) for e in cmp.entries for r in e.runs if r.evals]
     if not series:
         return None
+    n = len(cmp.entries)
+    # Beyond a few entries the legend goes below the plots, in columns (over them it hid the lines and the title
+    # at 50), and the colours come from a map with as many as there are entries (the cycle repeats after 10).
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = _colors(n)
     for i, e in enumerate(cmp.entries):
         for j, r in enumerate(x for x in e.runs if x.evals):
             ev = np.array(r.evals, dtype=float)
@@ -352,19 +355,44 @@ def _convergence_plot(cmp):
     for ax in (a, b):
         ax.set_ylabel("eval_accuracy")
         ax.grid(alpha=0.3)
-    a.legend(fontsize=8)
+    if n <= _LEGEND_INSIDE:
+        a.legend(fontsize=8)
+    else:  # under the figure (the image is cut to what is drawn: it grows to hold it)
+        a.legend(loc="upper center", bbox_to_anchor=(1.1, -0.15), ncol=min(4, -(-n // 12)), fontsize=7,
+                 frameon=False)
     fig.suptitle("Convergence (each line one run)")
     return fig
+
+
+_LEGEND_INSIDE = 8  # entries whose legend fits inside the left plot
+
+
+def _colors(n: int) -> list:
+    """N colours told apart: matplotlib's cycle (10), tab20 (20), else evenly spaced on a perceptual map."""
+    if n <= 10:
+        return plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if n <= 20:
+        return list(plt.get_cmap("tab20").colors)
+    return [plt.get_cmap("turbo")(x) for x in np.linspace(0.05, 0.95, n)]
 
 
 def _step_time_plot(cmp):
     data = [(e.label, e.step_seconds) for e in cmp.entries if len(e.step_seconds)]
     if not data:
         return None
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
-    ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
-    ax.set_xticks(range(1, len(data) + 1), [printable(lbl).replace("/", "/\n") for lbl, _ in data], fontsize=7)
-    ax.set_ylabel("seconds per step")
-    ax.grid(alpha=0.3, axis="y")
+    labels = [printable(lbl) for lbl, _ in data]
+    if len(data) <= 6:  # side by side, each label over two lines
+        fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
+        ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
+        ax.set_xticks(range(1, len(data) + 1), [lbl.replace("/", "/\n") for lbl in labels], fontsize=7)
+        ax.set_ylabel("seconds per step")
+        ax.grid(alpha=0.3, axis="y")
+    else:  # one row each, top to bottom: 50 side by side were 9510 px wide, squeezed to the page unreadable
+        fig, ax = plt.subplots(figsize=(10, 1.2 + 0.28 * len(data)))
+        ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True, orientation="horizontal")
+        ax.set_yticks(range(1, len(data) + 1), labels, fontsize=7)
+        ax.invert_yaxis()  # in the order given
+        ax.set_xlabel("seconds per step")
+        ax.grid(alpha=0.3, axis="x")
     ax.set_title("Step-time distribution (box: quartiles, whiskers: p1-p99)")
     return fig

@@ -20,6 +20,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # no display: reports are written on headless machines
+# Names are text: a folder named 'x$^{$' was parsed as maths (a traceback out of matplotlib's mathtext)
+matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mlbench import terminal  # noqa: E402
