@@ -252,6 +252,21 @@ def test_a_report_of_many_sets_stays_readable_and_names_are_not_maths(tmp_path, 
     assert len({tuple(c) for c in _colors(25)}) == 25 and len(set(_colors(15))) >= 15
 
 
+@pytest.mark.parametrize(("nodes", "said"), [
+    ("9999999", "systems/MI355X_EPYC_9575F_pytorch.json number_of_nodes 9,999,999 x accelerators_per_node 8 = "
+                "79,999,992 devices, more than 10,000,000"),
+    ("sixty-four", 'systems/MI355X_EPYC_9575F_pytorch.json number_of_nodes "sixty-four" is not a whole count')])
+def test_scaling_says_why_a_systems_json_gives_no_device_count(tmp_path, mlbench, nodes, said) -> None:
+    """Each field a count, their product 79,999,992 devices was taken (an efficiency of 0.000); a garbled count was
+    'no systems/<system>.json, no run record with devices', with the file there."""
+    org = shutil.copytree(SET.parents[2], tmp_path / "AMD")
+    system = org / "systems" / "MI355X_EPYC_9575F_pytorch.json"
+    system.write_text(json.dumps(json.loads(system.read_text()) | {"number_of_nodes": nodes}))
+    other = shutil.copytree(SET, tmp_path / "b" / "llama31_8b")
+    code, out, err = mlbench("scaling", org / "results" / SET.parent.name / SET.name, other)
+    assert code == 2 and f"device count unknown ({said}" in out + err, out + err
+
+
 @pytest.mark.parametrize("option", ["--md", "--html"])
 def test_a_report_replaces_only_an_earlier_report(tmp_path, mlbench, option) -> None:
     """A log whose lines a launcher prefixed with the rank ('0: :::MLLOG ...'), one behind 64 KiB of shell output,

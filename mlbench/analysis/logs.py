@@ -443,7 +443,10 @@ class ResultSet:
             name = f"systems/{self.system}.json"
             nodes = _count(d, "number_of_nodes", name, why)
             per_node = _count(d, "accelerators_per_node", name, why) if "accelerators_per_node" in d else 1
-            if nodes and per_node:
+            if nodes and per_node and nodes * per_node > MAX_DEVICES:  # each a count, their product none
+                why.append(f"{name} number_of_nodes {nodes:,} x accelerators_per_node {per_node:,} = "
+                           f"{nodes * per_node:,} devices, more than {MAX_DEVICES:,}")
+            elif nodes and per_node:
                 return nodes * per_node, _source("systems json", why)
         for f in self.files:
             record = run_record(f)

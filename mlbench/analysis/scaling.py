@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import mlperf_tools
-from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets
+from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, passed_over
 from mlbench.analysis.report import Report, plt
 from mlbench.errors import UserError, printable
 
@@ -85,8 +85,10 @@ def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -
 def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
     n, src = rs.devices(devices)
     if not n:
-        raise UserError(f"{printable(rs.folder)}: device count unknown (no systems/<system>.json, no run record with "
-                        "'devices'); give it with --devices, one per PATH")
+        _, why = passed_over(src)  # a file there but garbled: said, not "no systems json"
+        what = why or "no systems/<system>.json, no run record with 'devices'"
+        raise UserError(printable(f"{rs.folder}: device count unknown ({what}); give it with --devices, one per "
+                                  f"PATH"))
     ok = [r for r in rs.runs if r.status == "success" and r.ttt_min is not None]
     notes += [f"{rs.label}: {n}" for n in rs.left_out]
     for r in rs.runs:
