@@ -146,10 +146,12 @@ def test_a_samples_count_below_0_or_absurd_invalidates_the_run(tmp_path, new, sh
     ('"tokens_per_s": 2048.0', '"tokens_per_s": -2048.0', "tokens_per_s is -2048.0"),
     # summed to inf, shown as the mean TFLOP/s with numpy's overflow warning
     ('"tflops_per_device": 100.0', '"tflops_per_device": 1e308', "tflops_per_device is 1e+308"),
+    # a step of 5e-324 s: tokens/s of inf; 1e-300, of 300 digits
+    ('"train_step_time": 0.5', '"train_step_time": 5e-324', "train_step_time is 5e-324"),
     # passed over as "other statistics NVIDIA logs under this key", without a word
     ('"value": {"train_step_time": 0.5, "tokens_per_s": 2048.0, "tflops_per_device": 100.0}', '"value": [1, 2]',
      "is [1, 2]"),
-], ids=["negative", "zero", "1e308", "negative tokens", "1e308 tflops", "value a list"])
+], ids=["negative", "zero", "1e308", "negative tokens", "1e308 tflops", "5e-324", "value a list"])
 def test_an_implausible_step_is_a_problem_left_out_of_the_statistics(tmp_path, old, new, shown):
     text, line = _garble(tiny_log(), "tracked_stats", old, new)
     f = tmp_path / "result_0.txt"
@@ -277,3 +279,17 @@ def test_records_parted_by_a_lone_carriage_return_are_said_so(tmp_path):
                                       "in line 1: mlbench reads lines that end in \\n or \\r\\n"), log.problems
     f.write_text(tiny_log().replace("\n", "\r\n"))
     assert read_log(f).problems == []
+
+
+@pytest.mark.parametrize("mfu", [-5, 50, 0.4])
+def test_an_mfu_from_a_run_record_is_a_fraction_of_the_peak(tmp_path, mfu):
+    """A record edited to -5 or 50 showed MFU -500 % and 5,000 %."""
+    from mlbench.analysis.compare import build_comparison
+
+    folders = [tmp_path / s / "llama31_8b" for s in ("a", "b")]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "result_0.txt").write_text(tiny_log())
+        (folder / "result_0.json").write_text(json.dumps({"variant": "full", "mfu": mfu}))
+    entry = build_comparison([str(f) for f in folders], with_score=False).entries[0]
+    assert entry.mfu() == (mfu if 0 <= mfu <= 1 else None)

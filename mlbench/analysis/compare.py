@@ -132,7 +132,8 @@ class Entry:
 
     def mfu(self) -> float | None:
         """From our run record when it says (published logs do not)."""
-        v = [x for r in self.runs if (x := record_number(r.path, "mfu")) is not None]
+        # a fraction of the device's peak: 0 to 1 (a record edited to -5 or 50 showed -500 % and 5,000 %)
+        v = [x for r in self.runs if (x := record_number(r.path, "mfu")) is not None and 0 <= x <= 1]
         return float(np.mean(v)) if v else None
 
     def prediction(self) -> tuple[float | None, str]:

@@ -216,7 +216,7 @@ class _Pass:
                     return False
             elif type(x) is not int or not -_BIG < x < _BIG:
                 return False
-        if not 0 < fields[1] <= st.MAX_STEP_S or fields[3] < 0 or not 0 <= fields[4] <= st.MAX_TFLOPS \
+        if not st.MIN_STEP_S <= fields[1] <= st.MAX_STEP_S or fields[3] < 0 or not 0 <= fields[4] <= st.MAX_TFLOPS \
                 and fields[4] is not _NAN:  # as st.plausible
             return False
         self.log.tracked.add(*fields)
@@ -245,8 +245,9 @@ class _Pass:
         if name is None:
             return
         secs = number(path, e, name, e.value[name], positive=True)
-        if secs > st.MAX_STEP_S:
-            raise BadField(path, e, name, secs, f"a step time in seconds, above 0 and at most {st.MAX_STEP_S:g}")
+        if not st.MIN_STEP_S <= secs <= st.MAX_STEP_S:
+            raise BadField(path, e, name, secs, f"a step time in seconds, from {st.MIN_STEP_S:g} to "
+                                                f"{st.MAX_STEP_S:g}")
         md = metadata(path, e)
         step = number(path, e, "step", md["step"]) if "step" in md else math.nan
         extra = [_at_least_0(path, e, n, e.value[n]) if n in e.value else math.nan

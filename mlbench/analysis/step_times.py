@@ -17,6 +17,8 @@ MAX_BLOCK_STEPS = 1_000_000  # a block claiming more steps than this is garbage,
 # A step time is above 0 and at most this (11 days): anything else is a garbled log, and would show as a negative
 # throughput or overflow the statistics (1e308 s)
 MAX_STEP_S = 1e6
+# ... and at least a microsecond: no optimizer step of a model is shorter (5e-324 s gave tokens/s of inf)
+MIN_STEP_S = 1e-6
 # TFLOP/s a device: at most an exaFLOP/s (the fastest accelerators do a few thousand at their narrowest precision);
 # past it a logged figure is garbled (1e308 on every line summed to inf and was shown as the mean)
 MAX_TFLOPS = 1e6
@@ -24,10 +26,10 @@ NO_STATS = {"median": None, "p90": None, "p99": None, "jitter": None, "mean": No
 
 
 def plausible(rows: np.ndarray) -> np.ndarray:
-    """Which tracked rows (step, seconds, time_ms, tokens_per_s, tflops; `Tracked`) hold a plausible step: 0 <
-    seconds <= MAX_STEP_S, and a throughput logged (not NaN) not negative, TFLOP/s at most MAX_TFLOPS."""
+    """Which tracked rows (step, seconds, time_ms, tokens_per_s, tflops; `Tracked`) hold a plausible step:
+    MIN_STEP_S <= seconds <= MAX_STEP_S, a throughput logged (not NaN) not negative, TFLOP/s at most MAX_TFLOPS."""
     secs, tps, tfl = rows[:, 1], rows[:, 3], rows[:, 4]
-    return (secs > 0) & (secs <= MAX_STEP_S) & ~(tps < 0) & ~(tfl < 0) & ~(tfl > MAX_TFLOPS)
+    return (secs >= MIN_STEP_S) & (secs <= MAX_STEP_S) & ~(tps < 0) & ~(tfl < 0) & ~(tfl > MAX_TFLOPS)
 
 
 def step_stats(seconds: np.ndarray) -> dict[str, float | None]:
@@ -199,7 +201,7 @@ def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
         if size:
             n_steps = size * samples_per_count / gbs
             dur = (b.stop_ms - b.start_ms) / 1000
-            if 1 <= n_steps <= MAX_BLOCK_STEPS and 0 < dur / n_steps <= MAX_STEP_S:
+            if 1 <= n_steps <= MAX_BLOCK_STEPS and MIN_STEP_S <= dur / n_steps <= MAX_STEP_S:
                 out.extend([dur / n_steps] * round(n_steps))
     if not out:
         return None
