@@ -293,3 +293,14 @@ def test_an_mfu_from_a_run_record_is_a_fraction_of_the_peak(tmp_path, mfu):
         (folder / "result_0.json").write_text(json.dumps({"variant": "full", "mfu": mfu}))
     entry = build_comparison([str(f) for f in folders], with_score=False).entries[0]
     assert entry.mfu() == (mfu if 0 <= mfu <= 1 else None)
+
+
+def test_a_sequence_length_past_any_context_invalidates_the_run(tmp_path):
+    """10^15 tokens a sequence: counted, with samples to converge 1.2e-10 and tokens/s of 18 digits."""
+    text, line = _garble(tiny_log(), "max_sequence_length", '"value": 128', '"value": 1000000000000000')
+    f = tmp_path / "result_0.txt"
+    f.write_text(text)
+    log = read_log(f)
+    assert f"{f}:{line}: max_sequence_length is 1000000000000000, expected a positive integer at most 16,777,216: " \
+           "the run cannot count" in log.problems, log.problems
+    assert log.status == "invalid"

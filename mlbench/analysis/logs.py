@@ -182,7 +182,7 @@ class _Pass:
                 self.checked(lambda e: setattr(log, "gbs", _whole(path, e)), e)
         elif k == "max_sequence_length":
             if log.seq_len is None:
-                self.checked(lambda e: setattr(log, "seq_len", _whole(path, e)), e)
+                self.checked(lambda e: setattr(log, "seq_len", _whole(path, e, MAX_SEQUENCE)), e)
         elif k == "run_start":
             if log.run_start_ms is None:
                 self.checked(lambda e: setattr(log, "run_start_ms", _clock(path, e)), e)
@@ -335,11 +335,18 @@ def _samples(path: Path, e: Event, name: str, value: object) -> float:
     return v
 
 
-def _whole(path: Path, e: Event) -> int:
+def _whole(path: Path, e: Event, most: int | None = None) -> int:
+    """The event's value, a positive integer below 2^53, or at most MOST."""
     v = number(path, e, "value", e.value, positive=True, integer=True)
-    if v >= _MAX_SAMPLES:
-        raise BadField(path, e, "value", v, "a positive integer below 2^53")
+    if v >= _MAX_SAMPLES or most is not None and v > most:
+        raise BadField(path, e, "value", v, "a positive integer below 2^53" if most is None else
+                       f"a positive integer at most {most:,}")
     return int(v)
+
+
+# Tokens a sequence: the longest context trained is some millions; 10^15 made samples to converge 1e-10 and a
+# throughput of 18 digits (a bound on what a sample may hold, as the batch's 2^53)
+MAX_SEQUENCE = 2**24
 
 
 def read_log(path: Path, steps: bool = True) -> RunLog:
