@@ -304,3 +304,18 @@ def test_a_sequence_length_past_any_context_invalidates_the_run(tmp_path):
     assert f"{f}:{line}: max_sequence_length is 1000000000000000, expected a positive integer at most 16,777,216: " \
            "the run cannot count" in log.problems, log.problems
     assert log.status == "invalid"
+
+
+def test_an_evaluation_whose_count_goes_back_is_left_out_and_said(tmp_path):
+    """Counts rewritten to 10^6 - count were taken: samples to converge 13,705 for a run of 120 steps. A count that
+    goes back is a garbled evaluation, as any other: the run cannot count."""
+    lines = tiny_log(steps=3).splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if '"eval_accuracy"' in ln)
+    later = lines[at].replace('"samples_count": 24', '"samples_count": 8').replace('"value": 3.5', '"value": 3.0')
+    lines.insert(at + 1, later)
+    f = tmp_path / "result_0.txt"
+    f.write_text("".join(lines))
+    log = read_log(f)
+    assert f"{f}:{at + 2}: eval_accuracy samples_count is 8, expected a count not below the evaluation's before it " \
+           "(24): the run cannot count" in log.problems, log.problems  # as any garbled evaluation
+    assert log.status == "invalid"

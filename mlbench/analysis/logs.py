@@ -235,7 +235,10 @@ class _Pass:
             return
         count = _samples(path, e, name, md[name])
         value = number(path, e, "value", e.value)
-        self.log.eval_points.append((count, value, number(path, e, "time_ms", e.time_ms)))
+        points = self.log.eval_points
+        if points and count < points[-1][0]:  # garbled: samples to converge would be read off a count gone back
+            raise BadField(path, e, name, count, f"a count not below the evaluation's before it ({points[-1][0]:g})")
+        points.append((count, value, number(path, e, "time_ms", e.time_ms)))
 
     def tracked(self, e: Event) -> None:
         path = self.log.path
