@@ -319,3 +319,19 @@ def test_an_evaluation_whose_count_goes_back_is_left_out_and_said(tmp_path):
     assert f"{f}:{at + 2}: eval_accuracy samples_count is 8, expected a count not below the evaluation's before it " \
            "(24): the run cannot count" in log.problems, log.problems  # as any garbled evaluation
     assert log.status == "invalid"
+
+
+def test_a_success_whose_last_evaluation_misses_its_records_target_does_not_count(tmp_path, capsys, monkeypatch):
+    """Tiny runs (smoke rules: no target check) whose evaluations were edited to 5 - v, 3.96 against a target of
+    1.04, were scored: three runs counted."""
+    folder = tmp_path / "ci" / "llama31_8b"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"result_{i}.txt").write_text(tiny_log())  # last evaluation 3.5
+        (folder / f"result_{i}.json").write_text(json.dumps(
+            {"variant": "tiny", "quality": {"metric": "log_perplexity", "target": 1.04, "direction": "min"}}))
+    code, out = mlbench(capsys, monkeypatch, "score", str(folder), "--json")
+    runs = _strict(out)[0]["runs"]
+    assert code == 0 and [r["status"] for r in runs] == ["invalid"] * 3 and _strict(out)[0]["score_min"] is None
+    assert runs[0]["problems"][-1].endswith("run_stop says success, but the last evaluation, 3.5, misses the target "
+                                            "its run record states (<= 1.04): the run cannot count"), runs[0]

@@ -408,7 +408,10 @@ class ResultSet:
 
     @cached_property
     def runs(self) -> list[RunLog]:
-        return [read_log(f, self.steps) for f in self.files]
+        runs = [read_log(f, self.steps) for f in self.files]
+        for log in runs:
+            _check_own_target(log)
+        return runs
 
     @property
     def label(self) -> str:
@@ -464,6 +467,25 @@ class ResultSet:
             if "devices" in record and (n := _count(record, "devices", f.with_suffix(".json").name, why)):
                 return n, _source("run record", why)
         return None, _source("unknown", why)
+
+
+def _check_own_target(log: RunLog) -> None:
+    """A run whose log says success but whose last evaluation misses the target its run record states is garbled:
+    the run cannot count. The closed rules make the checker see to a full run's target; the smoke rules do not, and
+    tiny runs whose every evaluation was edited away from the target were scored."""
+    if log.status != "success" or not log.eval_points:
+        return
+    q = run_record(log.path).get("quality")
+    target, direction = (q.get("target"), q.get("direction")) if isinstance(q, dict) else (None, None)
+    if not is_number(target) or direction not in ("min", "max"):
+        return
+    last = log.eval_points[-1][1]
+    if last <= target if direction == "min" else last >= target:
+        return
+    log.problems.append(f"{log.path}: run_stop says success, but the last evaluation, {last:g}, misses the target "
+                        f"its run record states ({'<=' if direction == 'min' else '>='} {target:g}): the run cannot "
+                        f"count")
+    log.invalid = True
 
 
 def _source(where: str, why: list[str]) -> str:
