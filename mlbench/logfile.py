@@ -681,10 +681,17 @@ def number(path: Path | str, event: Event, name: str, value: object, *, positive
     return value
 
 
+# The longest text a log field that analysis shows may hold (a status, an organisation, a benchmark): a status of
+# 10 million characters was printed whole (91 MB of output, 932 MB of memory).
+MAX_TEXT = 256
+
+
 def text(path: Path | str, event: Event, name: str, value: object) -> str:
-    """A string from a log field, or BadField."""
+    """A string from a log field, at most MAX_TEXT characters, or BadField."""
     if not isinstance(value, str):
         raise BadField(path, event, name, value, "a string")
+    if len(value) > MAX_TEXT:
+        raise BadField(path, event, name, value, f"a string of at most {MAX_TEXT} characters (it has {len(value):,})")
     return value
 
 

@@ -335,3 +335,12 @@ def test_a_success_whose_last_evaluation_misses_its_records_target_does_not_coun
     assert code == 0 and [r["status"] for r in runs] == ["invalid"] * 3 and _strict(out)[0]["score_min"] is None
     assert runs[0]["problems"][-1].endswith("run_stop says success, but the last evaluation, 3.5, misses the target "
                                             "its run record states (<= 1.04): the run cannot count"), runs[0]
+
+
+def test_a_text_field_of_millions_of_characters_is_not_printed_whole(tmp_path, capsys, monkeypatch):
+    """A run_stop status of 10 million ESCs was printed whole, escaped: 91 MB of output from `score`."""
+    text, line = _garble(tiny_log(), "run_stop", '"status": "success"', '"status": "' + "\\u001b" * 1_000_000 + '"')
+    a, _b = _sets(tmp_path, text)
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET)
+    assert code == 0 and len(out) < 20_000, len(out)
+    assert "run_stop status is" in out and "expected a string of at most 256 characters (it has 1,000,000)" in out
