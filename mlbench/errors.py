@@ -36,7 +36,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 @contextlib.contextmanager
 def stopped_by_signals() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP raise `Stopped` (by default they end the process at once, and a scratch folder
-    or a staged file stays behind). For the analysis commands, not `run`, whose supervisor has its own handlers.
+    or a staged file stays behind). For the analysis commands, and `run` until its supervisor puts its own in place.
     The handlers before are put back after; in a thread other than the main one (which alone gets signals in
     Python) nothing changes."""
     if threading.current_thread() is not threading.main_thread():

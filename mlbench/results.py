@@ -94,16 +94,15 @@ def result_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Pat
     check_name("the benchmark", benchmark)
     folder = Path(root) / system / benchmark
     created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):  # unnamed on Linux: nothing to leave behind if killed
-            pass
-    except OSError as e:
-        _remove_empty(folder, created)
-        raise UserError(f"results folder {folder} is not writable ({e.strerror}); pass --results DIR with a "
-                        f"folder you can write") from None
-    remove_stale(folder)
-    try:
+    try:  # from the first folder made on: whatever ends this (a stop signal too) removes what is left empty
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):  # unnamed on Linux: nothing to leave behind if killed
+                pass
+        except OSError as e:
+            raise UserError(f"results folder {folder} is not writable ({e.strerror}); pass --results DIR with a "
+                            f"folder you can write") from None
+        remove_stale(folder)
         yield folder
     finally:
         _remove_empty(folder, created)

@@ -378,3 +378,26 @@ def test_score_says_a_dead_run_is_not_published_yet_and_leaves_it(tmp_path: Path
     assert said == [f"1 run(s) whose mlbench process died are not published yet ({staging.name}): not scored until "
                     f"the next `mlbench run` in this folder publishes them"], s.notes
     assert staging.is_dir() and sorted(p.name for p in folder.iterdir()) == sorted([staging.name, "result_0.txt"])
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stop_signal_as_the_results_folder_is_made_leaves_no_folder(tmp_path: Path, monkeypatch, capsys,
+                                                                      sig: str) -> None:
+    """A signal in the first fraction of a second (before the supervisor's handlers): SIGTERM's and SIGHUP's
+    default killed mlbench with its new, empty results folders left for good; Ctrl-C left them too, where it came
+    before the folder's clean-up was armed. Now each ends the command with 128 + the signal, nothing left."""
+    import signal
+
+    from conftest import mlbench_in_process
+
+    from mlbench import dead_runs
+
+    def signalled(folder, console):
+        os.kill(os.getpid(), getattr(signal, sig))  # as the folder was just made
+        return []
+
+    monkeypatch.setattr(dead_runs, "publish", signalled)
+    code, out, err = mlbench_in_process(monkeypatch, capsys, "run", "gpt3", "--tiny", "--dry-run", "--results",
+                                        tmp_path / "r", "--system", "ci")
+    assert code == 128 + getattr(signal, sig) and "Traceback" not in out + err, out + err
+    assert not (tmp_path / "r").exists()

@@ -41,9 +41,12 @@ def start(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: SlurmO
           dry_run: bool) -> int:
     """Runs (or, with `dry_run`, describes) the set of runs; returns the exit code."""
     from mlbench import dead_runs, results
+    from mlbench.errors import stopped_by_signals
 
     launcher = choose(bench, layout, opts, slurm_opts, console, dry_run)
-    with results.result_folder(opts.results, opts.system, bench.name) as folder:
+    # A stop signal before the runs' own handlers are in place (supervise's) ends the command as an exception, so the
+    # folders made for it are removed: SIGTERM's default had killed it with its empty results folder left behind.
+    with stopped_by_signals(), results.result_folder(opts.results, opts.system, bench.name) as folder:
         dead_runs.publish(folder, console)  # what a killed mlbench left, before this run takes an index
         launcher.prepare(folder)
         launcher.start()
