@@ -7,8 +7,10 @@ in parallel processes.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -23,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from mlbench import mlperf_tools, registry, verdicts
+from mlbench import mlperf_tools, owners, registry, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
 from mlbench.logfile import BadField, LogReader, load_json, text, why_not_a_file
@@ -144,9 +146,10 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
         return Verdict(path=Path(path), ok=False, rules=rules, messages=[
             f"the compliance checker was not run, as it could not finish within the {limit:.0f} s limit: "
             + lines.reason()])
+    _remove_dead_scratch()
     for attempt in (1, 2):
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="mlbench-check-") as scratch:
+        with tempfile.TemporaryDirectory(prefix=f"{SCRATCH}{owners.tag()}-") as scratch:
             cmd = mlperf_tools.checker_command(path, ruleset, SMOKE_RULES if smoke else None,
                                                Path(scratch) / "checker.log", quiet)
             # In a session of its own: Ctrl-C at the terminal goes to mlbench alone, which holds it until the run is
@@ -207,6 +210,18 @@ def _verdict(path: Path, rules: str, proc: subprocess.CompletedProcess) -> Verdi
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
         messages.append("the compliance checker crashed: " + _last_line(trace)[:300])
     return Verdict(path=path, ok=proc.returncode == 0, messages=messages, rules=rules)
+
+
+SCRATCH = "mlbench-check-"  # a checker's scratch folder in the temp folder: SCRATCH<owner tag>-XXXXXXXX
+
+
+@functools.cache  # once a process
+def _remove_dead_scratch() -> None:
+    """The scratch folders of checks whose mlbench was killed (kill -9: no clean-up ran) are removed, once their
+    owner is gone (owners.gone: this host and PID namespace, no live process of that pid and start time)."""
+    for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*"):
+        if owners.gone(p.name[len(SCRATCH):].rpartition("-")[0]) and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _last_line(text: str) -> str:

@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -283,3 +284,27 @@ def test_check_stopped_by_a_signal_removes_its_scratch_folder_at_once(tmp_path, 
     assert proc.returncode == 128 + sig and "Traceback" not in out, out
     assert out.strip().endswith("aborted" if sig == signal.SIGINT else f"aborted ({sig.name})"), out
     assert os.listdir(scratch) == []
+
+
+def test_the_scratch_folder_of_a_check_whose_mlbench_was_killed_is_removed_by_the_next(tmp_path, monkeypatch):
+    """kill -9 of mlbench while its log was checked left /tmp/mlbench-check-XXXX for good (no clean-up runs): the
+    next check removes those whose owner is gone; a live owner's, and one not named by an owner, are left."""
+    from mlbench import compliance, owners
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (read TMPDIR again)
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    dead = subprocess.run([sys.executable, "-c", "from mlbench import owners; print(owners.tag())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    folders = {who: tmp_path / f"{compliance.SCRATCH}{tag}-abcd1234" for who, tag in
+               (("dead", dead), ("live", owners.tag()))} | {"untagged": tmp_path / f"{compliance.SCRATCH}x1y2z3"}
+    for folder in folders.values():
+        folder.mkdir()
+        (folder / "checker.log").write_text("x")
+    log = tmp_path / "result_0.txt"
+    log.write_text(tiny_log())
+    compliance._remove_dead_scratch.cache_clear()
+    assert compliance.check(log, RULESET, smoke=False).checked
+    assert [w for w, f in folders.items() if f.exists()] == ["live", "untagged"]
+    assert sorted(p.name for p in tmp_path.glob(f"{compliance.SCRATCH}*")) == sorted(
+        f.name for w, f in folders.items() if w != "dead")  # its own removed once done
