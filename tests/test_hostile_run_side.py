@@ -401,3 +401,16 @@ def test_a_stop_signal_as_the_results_folder_is_made_leaves_no_folder(tmp_path: 
                                         tmp_path / "r", "--system", "ci")
     assert code == 128 + getattr(signal, sig) and "Traceback" not in out + err, out + err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_folder_holding_only_a_dead_run_says_it_is_not_published_yet(tmp_path: Path, monkeypatch) -> None:
+    """score of a folder whose one run's mlbench was killed said only 'no result_*.txt files here'."""
+    from mlbench.analysis.logs import find_sets
+    from mlbench.errors import UserError
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    with pytest.raises(UserError) as e:
+        find_sets(folder)
+    assert str(e.value).endswith(f"; 1 run(s) whose mlbench process died are not published yet ({staging.name}): not "
+                                 "scored until the next `mlbench run` in this folder publishes them"), str(e.value)
+    assert staging.is_dir()  # analysis never writes

@@ -587,8 +587,9 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
             others.setdefault(f.parent, []).append(f"{f.name}: left out: {why}")
     if not folders:
         first = next((f"; {printable(d / notes[0])}" for d, notes in sorted(others.items())), "")
-        raise UserError(f"{path}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
-                        f"or a submission tree ORG/results/<system>/<benchmark>/){first}")
+        dead = "".join(f"; {n}" for n in _unpublished(path))  # (a folder of one killed run: said, not published)
+        raise UserError(f"{printable(path)}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
+                        f"or a submission tree ORG/results/<system>/<benchmark>/){first}{dead}")
     return [_make_set(d, _natural(fs), steps, others.get(d, [])) for d, fs in sorted(folders.items())]
 
 
