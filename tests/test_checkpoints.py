@@ -159,7 +159,11 @@ def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llam
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = _records(tmp_path / "results", "llama31_405b")[0]
     assert record["status"] == "aborted"
-    assert record["reason"].startswith("CheckpointException: rank 0: UnpicklingError: invalid load key"), record
+    # named as the checkpoint's, in one line (torch's text for 200 KB of such bytes was its advice to load with
+    # weights_only=False, cut short at 300 characters)
+    assert record["reason"].startswith(f"CheckpointError: --init-checkpoint {bad}: its tensors could not be read ("
+                                       "CheckpointException: _pickle.UnpicklingError: invalid load key"), record
+    assert record["reason"].endswith("a damaged checkpoint: save or copy it again"), record
     log = (result_dir(tmp_path / "results", "llama31_405b") / "result_0.txt").read_text().splitlines()
     stop = json.loads(log[-1].split(":::MLLOG ", 1)[1])
     assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
@@ -216,3 +220,24 @@ def test_optimizer_metadata_is_found_for_fp32_and_bf16_optimizers() -> None:
     assert has_optimizer_metadata({"optimizer": {"optimizer": groups, "fp32_from_fp16_params": []}})  # bf16
     assert not has_optimizer_metadata({"optimizer": {"state": {}}})
     assert not has_optimizer_metadata({})
+
+
+def test_a_load_error_is_the_unpicklers_reason_not_torchs_advice() -> None:
+    """Torch's text for a file that is no pickle is a page of advice to load with weights_only=False (unsafe); in a
+    CheckpointException it comes wrapped in each rank's traceback."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from mlbench.train.checkpoint.folder import load_error
+    try:
+        torch.load(io.BytesIO(b"\x80\x02\xff\xff\xff\xff"), weights_only=True)
+    except Exception as e:
+        assert load_error(e) == "UnpicklingError: Unsupported operand 255"
+        assert load_error(CheckpointException("load", {0: (e, None)})) == "CheckpointException: Unsupported operand 255"
+    try:
+        raise RuntimeError("size mismatch")
+    except RuntimeError as e:
+        assert load_error(CheckpointException("load", {0: (e, None)})) == "CheckpointException: RuntimeError: size " \
+                                                                          "mismatch"

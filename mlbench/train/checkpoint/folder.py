@@ -4,6 +4,7 @@ is a distributed checkpoint (metadata.json) in a backend this megatron-core read
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -55,7 +56,9 @@ def load_error(e: BaseException) -> str:
     torch.load's advice to load with weights_only=False (which runs whatever the file holds)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.endswith("WeightsUnpickler error:")]
-    return f"{type(e).__name__}: {(after or lines or [''])[0]}"[:200]
+    # torch's CheckpointException: each rank's traceback, its error on its last line
+    raised = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception): ", ln)]
+    return f"{type(e).__name__}: {(after or raised[-1:] or lines or [''])[0]}"[:200]
 
 
 def partial_prefix(dest: Path) -> str:

@@ -288,7 +288,14 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     if not with_optimizer:  # undo the placeholder moments sharded_state_dict(is_loading=True) created
         for m in members:
             m.optimizer.state.clear()
-    loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
+    try:
+        loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # a file's bytes damaged past what the index can tell: torch's CheckpointException
+        # (no Exception), whose text was its advice to load with weights_only=False, cut short
+        raise CheckpointError(f"--init-checkpoint {path}: its tensors could not be read ({load_error(e)}); a "
+                              f"damaged checkpoint: save or copy it again") from None
     for i, chunk in enumerate(model):
         result = _inner(chunk).load_state_dict(loaded["model" if len(model) == 1 else f"model{i}"], strict=False)
         off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
