@@ -231,13 +231,11 @@ def test_a_load_error_is_the_unpicklers_reason_not_torchs_advice() -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     from mlbench.train.checkpoint.folder import load_error
-    try:
+
+    with pytest.raises(Exception) as e:
         torch.load(io.BytesIO(b"\x80\x02\xff\xff\xff\xff"), weights_only=True)
-    except Exception as e:
-        assert load_error(e) == "UnpicklingError: Unsupported operand 255"
-        assert load_error(CheckpointException("load", {0: (e, None)})) == "CheckpointException: Unsupported operand 255"
-    try:
-        raise RuntimeError("size mismatch")
-    except RuntimeError as e:
-        assert load_error(CheckpointException("load", {0: (e, None)})) == "CheckpointException: RuntimeError: size " \
-                                                                          "mismatch"
+    assert load_error(e.value) == "UnpicklingError: Unsupported operand 255"
+    unpickled = CheckpointException("load", {0: (e.value, None)})
+    assert load_error(unpickled) == "CheckpointException: Unsupported operand 255"
+    wrapped = CheckpointException("load", {0: (RuntimeError("size mismatch"), None)})
+    assert load_error(wrapped) == "CheckpointException: RuntimeError: size mismatch"
