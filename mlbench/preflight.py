@@ -283,8 +283,11 @@ def check_lr(bench: Benchmark, lr: float | None) -> None:
     beta1 = bench.optimizer.beta1
     if lr is not None and lr > spec.max_lr(beta1):
         raise UserError(f"--lr {lr:g} is more than {bench.name}'s optimizer can take: its first step moves each "
-                        f"weight by up to lr / (1 - beta1) (optimizer.beta1 {beta1:g}) in float32, whose largest "
+                        f"weight by up to lr / (1 - beta1) (optimizer.beta1 {beta1!r}) in float32, whose largest "
                         f"number is {spec.FLOAT32_MAX:.3g}; at most {spec.max_lr(beta1):.3g}")
+    if lr is not None and lr >= spec.MAX_MAGNITUDE:  # as optimizer.lr in a benchmark file (1e20 passed the flag)
+        raise UserError(f"--lr {lr:g} is beyond the bound of every number a benchmark file holds: below "
+                        f"{spec.MAX_MAGNITUDE:.3g}")
 
 
 _FLOAT32_SMALLEST = 1.401298464324817e-45  # float32's smallest positive (subnormal) number

@@ -108,6 +108,9 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"rdzv_endpoint": "h:1"}, r"--rdzv-endpoint is an option of --launcher torchrun"),
     ({"launcher": "slurm", "node_rank": 1, "layout": {"nodes": 2}}, r"--node-rank is an option of --launcher torchrun"),
     ({"launcher": "slurm", "partition": " "}, r"--partition is empty; give a value"),
+    # as a benchmark file's optimizer.lr is bounded (1e20 passed the flag, the file refused it)
+    ({"lr": 1e20, "dry_run": True}, r"--lr 1e\+20 is beyond the bound of every number a benchmark file holds: below "
+                                    r"9.22e\+18"),
     # it said "(it holds a space)"
     ({"launcher": "slurm", "master_addr": "x\ny", "dry_run": True}, r"--master-addr 'x\\ny' is not a host name or an "
                                                                     r"address \(it holds \\n\)"),
