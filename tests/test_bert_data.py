@@ -208,3 +208,18 @@ def test_tfrecord_paths_are_checked_before_launch(tmp_path: Path, benchmarks_cop
     assert [s["metadata"]["status"] for s in stops] == ["aborted"] and reason in stops[0]["metadata"]["reason"]
     record = json.loads(next(results.rglob("result_0.json")).read_text())
     assert record["status"] == "aborted" and reason in record["reason"], record["reason"]
+
+
+def test_a_data_path_that_is_no_file_says_what_it_is(tmp_path: Path) -> None:
+    """A FIFO given as --data-path said 'no such file, folder or matching files', though it is there."""
+    import os
+
+    from mlbench.errors import UserError
+    from mlbench.train.data import bert_records
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(UserError, match=r"^--data-path \S+/pipe: a named pipe, not a regular file \(MLPerf BERT's "
+                                        r"TFRecord shards are regular files\)$"):
+        bert_records.files(str(tmp_path / "pipe"), "--data-path")
+    with pytest.raises(UserError, match=r": no such file, folder or matching files"):
+        bert_records.files(str(tmp_path / "missing"), "--data-path")

@@ -14,6 +14,7 @@ The reference (run_pretraining.py input_fn) also shuffles files, then interleave
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def files(spec: str, flag: str) -> list[str]:
             here = [str(p) for p in Path(part).iterdir() if p.is_file()]
         else:
             here = glob.glob(part) if any(c in part for c in "*?[") else [part] if Path(part).is_file() else []
+        if not here and os.path.lexists(part) and not any(c in part for c in "*?["):  # there, but no file: what
+            from mlbench.logfile import why_not_a_file
+
+            raise UserError(f"{flag} {part}: {why_not_a_file(part)} (MLPerf BERT's TFRecord shards are regular "
+                            f"files)")
         if not here:
             raise UserError(f"{flag} {part}: no such file, folder or matching files (MLPerf BERT's TFRecord "
                             f"shards, e.g. 'DIR/part-*-of-00500')")
