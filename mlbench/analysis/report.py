@@ -305,7 +305,12 @@ def write_reports(rep: Report, html_out: Path | None, md_out: Path | None) -> No
             folder = markdown_files(Path(md_out))
             files.update({folder / name: png for name, png in images.items()})
         files[Path(md_out)] = terminal.encode(text)  # last: the text, once its images are there
-    _publish(files, folder)
+    try:
+        _publish(files, folder)
+    except UserError as e:  # (OutputFailed too): the other report was not written either, said
+        if html_out is None or md_out is None:
+            raise
+        raise type(e)(f"{e}; neither report was written (the two are written together)") from None
 
 
 def _publish(files: dict[Path, bytes], folder: Path | None) -> None:
