@@ -412,7 +412,7 @@ def _creatable(folder: Path) -> tuple[Path, str]:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".mlbench-probe-", dir=existing))
     except OSError as e:
-        return existing, f"is not a folder this user can write ({e.strerror or e})"
+        return existing, f"is not a folder this user can write: {e.strerror or e}"
     return existing, ""
 
 
