@@ -374,7 +374,12 @@ def _parsed(expr: str) -> ast.Expression:
 
 
 def _at(names: dict[str, float]) -> str:
-    return ", ".join(f"{k} = {v}" for k, v in names.items()) or "no names"
+    text = ", ".join(f"{k} = {v}" for k, v in names.items()) or "no names"
+    return text + _PROBE if names.get("global_batch_size") == 1 else text
+
+
+# Said of batch 1, which no file names: every expression is evaluated there too, so a file fails when it is loaded
+_PROBE = " (the smallest batch: every expression is checked there too)"
 
 
 # What an expression's value must be: at least 0 (warm-up 0 and max_steps 0 mean "none" / "the schedule"), above 0
@@ -429,10 +434,12 @@ def check_expressions(b: Benchmark, where: str, batches: typing.Iterable[int]) -
                 raise UserError(f"{where}: {key}: {e}") from None
             positive = key in _POSITIVE
             if value < 0 or positive and value <= 0:
-                raise UserError(f"{where}: {key} = {expr!r} is {value} at global_batch_size = {gbs}; it must be "
+                at = _at({"global_batch_size": gbs})
+                raise UserError(f"{where}: {key} = {expr!r} is {value} at {at}; it must be "
                                 f"{'positive' if positive else 'at least 0'}")
             if key in _WHOLE and value != int(value):
-                raise UserError(f"{where}: {key} = {expr!r} is {value} at global_batch_size = {gbs}; it counts "
+                at = _at({"global_batch_size": gbs})
+                raise UserError(f"{where}: {key} = {expr!r} is {value} at {at}; it counts "
                                 f"steps or samples: a whole number (ceil() or floor() of it, say)")
 
 

@@ -230,10 +230,12 @@ def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path) 
 
 @pytest.mark.parametrize(("old", "new", "needle"), [
     ("max_steps: floor(20000000 / global_batch_size) - ceil(4000 * 1536 / global_batch_size)",
-     "max_steps: 1.5 * 3", "train.max_steps = '1.5 * 3' is 4.5 at global_batch_size = 1; it counts steps or "
-                           "samples: a whole number"),
+     "max_steps: 1.5 * 3", "train.max_steps = '1.5 * 3' is 4.5 at global_batch_size = 1 (the smallest batch: "
+                           "every expression is checked there too); it counts steps or samples: a whole number"),
+    # batch 1, which the file does not name, is said to be the probe (it read as a batch of the file's)
     ("lr: max(2e-5, 3e-5 * min(1, max(0, global_batch_size - 3599)))", "lr: 0 * global_batch_size",
-     "optimizer.lr = '0 * global_batch_size' is 0 at global_batch_size = 1; it must be positive"),
+     "optimizer.lr = '0 * global_batch_size' is 0 at global_batch_size = 1 (the smallest batch: every expression "
+     "is checked there too); it must be positive"),
 ], ids=["fractional-steps", "zero-lr"])
 def test_values_an_expression_cannot_take_are_refused(benchmarks_copy: Path, old: str, new: str,
                                                       needle: str) -> None:
