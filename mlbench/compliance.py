@@ -28,7 +28,7 @@ from rich.text import Text
 from mlbench import mlperf_tools, owners, registry, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
-from mlbench.logfile import BadField, LogReader, load_json, text, why_not_a_file
+from mlbench.logfile import BadField, LogReader, given_path_problem, load_json, text, why_not_a_file
 
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
 _SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
@@ -410,17 +410,12 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
     rules of RULESET or of the benchmark the log names. UserError, before any check, for what cannot be decided."""
     if ruleset is not None:
         require_ruleset(ruleset)
-    if not path.is_dir():
-        why = why_not_a_file(path)
-        if why == "no such file or directory":
-            raise UserError(printable(f"{path}: no such file or folder"))
-        if why is not None:  # a pipe would block the checker, /dev/zero never end
-            raise UserError(printable(f"{path}: {why} (a result log is a regular file; or give a folder of them)"))
-    found = [path] if not path.is_dir() else sorted(path.rglob("result_*.txt"))
-    files = [f for f in found if why_not_a_file(f) is None]
-    if len(files) < len(found):  # refused whole, as a file given alone is: `check` is a verdict on every file
-        f = next(f for f in found if f not in files)
-        raise UserError(printable(f"{f}: {why_not_a_file(f)} (a result log is a regular file)"))
+    if (why := given_path_problem(path)) is not None:
+        raise UserError(printable(why))
+    files = [path] if not path.is_dir() else sorted(path.rglob("result_*.txt"))
+    for f in files:  # refused whole, as a file given alone is: `check` is a verdict on every file
+        if (why := why_not_a_file(f)) is not None:
+            raise UserError(printable(f"{f}: {why} (a result log is a regular file)"))
     if not files:
         raise UserError(printable(f"{path}: no result_*.txt files here (a result file, or a folder of them)"))
     return [_target(f, ruleset, rules) for f in files]

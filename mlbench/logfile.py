@@ -372,6 +372,21 @@ def why_not_a_file(path: Path | str) -> str | None:
     return why.strerror if why is not None else None
 
 
+def given_path_problem(path: Path | str) -> str | None:
+    """What is wrong with PATH, given on the command line as a result log or a folder of them (`score`, `compare`,
+    `scaling`, `check`): '<path>: no such file or folder', or what it is where it is no regular file (a pipe would
+    block the reader, /dev/zero never end); None for a folder or a regular file. A path the system refuses (a
+    name too long) raises its OSError, which the CLI says with the limit."""
+    if Path(path).is_dir():
+        return None
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return f"{path}: no such file or folder"
+    why = why_not_a_file(path)
+    return f"{path}: {why} (a result log is a regular file; or give a folder of them)" if why else None
+
+
 def check_json_file(path: Path | str) -> None:
     """OSError naming why PATH cannot be read as a JSON input file: not a regular file where it leads (a pipe
     would block the read forever, /dev/zero fill the memory) or larger than MAX_JSON_BYTES. Asks the file system

@@ -154,7 +154,8 @@ def _unpublished_run(folder: Path, staging: Path) -> bool:
     was finished by _finish_publishing)."""
     with contextlib.suppress(OSError):  # its plan may be gone or garbled: its log says it began
         log = staging / "mlperf.log"
-        if (not log.exists() and not log.is_symlink() or log.lstat().st_size == 0) and not _log_not_begun(staging):
+        begun = os.path.lexists(log) and log.lstat().st_size > 0
+        if not begun and not _log_not_begun(staging):
             return False
         for staged in staging.glob("result_*.json"):
             with contextlib.suppress(OSError):

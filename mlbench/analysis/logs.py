@@ -23,6 +23,7 @@ from mlbench.logfile import (
     Event,
     LogReader,
     Take,
+    given_path_problem,
     is_number,
     load_json,
     metadata,
@@ -571,12 +572,9 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
     """Every benchmark folder under PATH: a folder of result_*.txt, a submission tree, or one file.
     steps: whether its runs are read with their per-step records."""
     path = Path(path)
+    if (why := given_path_problem(path)) is not None:
+        raise UserError(printable(why))
     if not path.is_dir():
-        why = why_not_a_file(path)
-        if why == "no such file or directory":
-            raise UserError(printable(f"{path}: no such file or folder"))
-        if why is not None:  # a pipe would block, /dev/zero never end: refused, with what it is
-            raise UserError(printable(f"{path}: {why} (a result log is a regular file; or give a folder of them)"))
         return [_make_set(path.parent, [path], steps)]
     folders: dict[Path, list[Path]] = {}
     others: dict[Path, list[str]] = {}  # result_*.txt that are no file to read (a pipe, a folder, a dead link)

@@ -155,14 +155,16 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     runs = rs.runs
     notes: list[str] = list(rs.left_out)
     benchmark = _benchmark(rs, runs, notes)
-    if ruleset and benchmark and ruleset not in mlperf_tools.rulesets_with(benchmark) and not rs.smoke:
+    with_rules = mlperf_tools.rulesets_with(benchmark)
+    having = ", ".join(with_rules) or "none"
+    if ruleset and benchmark and ruleset not in with_rules and not rs.smoke:
         # asked for (--ruleset): bad input, as an unknown ruleset is; inferred, a note below
         raise UserError(printable(f"--ruleset {ruleset} has no rules for {benchmark} ({rs.folder}); rulesets "
-                                  f"holding it: {', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}"))
+                                  f"holding it: {having}"))
     ruleset = ruleset or infer_ruleset(rs.folder, benchmark)
-    if benchmark and ruleset not in mlperf_tools.rulesets_with(benchmark):
+    if benchmark and ruleset not in with_rules:
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
-                     f"rulesets holding it: {', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}")
+                     f"rulesets holding it: {having}")
 
     if rs.smoke:
         notes.append("tiny (smoke) runs: compliance by the structural smoke rules, and no RCP (no reference "
