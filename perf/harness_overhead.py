@@ -1,12 +1,14 @@
-"""What the harness costs over a bare megatron-core loop: `python perf/harness_overhead.py [PAIRS]`.
+"""What the harness costs over a bare megatron-core loop: `python perf/harness_overhead.py [PAIRS] [--benchmark NAME]`.
 
-Alternates, PAIRS times (the machine's speed drifts), two ways of training the tiny gpt3 model:
-- harness: `mlbench run gpt3 --tiny --seed 1` as a user runs it (CLI, launcher, supervision, MLPerf log,
+Alternates, PAIRS times (the machine's speed drifts), two ways of training a benchmark's tiny variant (gpt3 unless
+--benchmark names another; MLBENCH_BENCHMARKS reaches both, so a GPU-sized `tiny:` section works too):
+- harness: `mlbench run NAME --tiny --seed 1` as a user runs it (CLI, launcher, supervision, MLPerf log,
   events, record, compliance check), timed from outside;
 - bare: the same model (built by the same megatron-core code), the same data source, optimizer, schedule and
   micro-batches, trained for the same steps with evaluations at the same steps by a loop of a few lines in one
   process started directly: no launcher, no log, no record, no checker.
-Prints each run's whole wall time and median per-step time, the medians and the harness / bare ratios.
+On a CUDA GPU both train there (NCCL, the benchmark's precision, bf16 through megatron's Float16Module), else on
+the CPU. Prints each run's whole wall time and median per-step time, the medians and the harness / bare ratios.
 Targets (issue 19): whole wall <= 1.10x, per-step <= 1.02x.
 """
 
@@ -27,7 +29,7 @@ BARE = r"""
 import json, os, sys, time
 import numpy as np, torch, torch.distributed as dist
 from mlbench.train import cpu_compat
-cpu_compat.enable()
+on_gpu = not cpu_compat.enable()
 from megatron.core import parallel_state as ps, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -38,19 +40,28 @@ from mlbench import registry
 from mlbench.train.data.source import markov_source
 from mlbench.train.model import build, transformer_config
 
-steps, eval_steps, seed = int(sys.argv[1]), set(json.loads(sys.argv[2])), int(sys.argv[3])
+steps, eval_steps, seed, name = int(sys.argv[1]), set(json.loads(sys.argv[2])), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(1)
-dist.init_process_group("gloo", rank=0, world_size=1)
+if on_gpu:
+    torch.cuda.set_device(0)
+dist.init_process_group("nccl" if on_gpu else "gloo", rank=0, world_size=1)
 ps.initialize_model_parallel(1, 1)
 torch.manual_seed(seed)
 model_parallel_cuda_manual_seed(seed)
-b = registry.load("gpt3", tiny=True)
+b = registry.load(name, tiny=True)
 m, o, gbs, mbs = b.model, b.optimizer, b.train.global_batch_size, b.train.micro_batch_size
-config = transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
+bf16 = on_gpu and b.train.precision == "bf16"
+config = transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=bf16)
+chunk = build(m, config)
+if on_gpu:
+    from megatron.core.transformer.module import Float16Module
+    chunk = chunk.cuda()
+    chunk = Float16Module(config, chunk) if bf16 else chunk
 model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
-                                module=build(m, config))
+                                module=chunk)
 opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
-                             adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps, clip_grad=o.clip_grad), [model])
+                             adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps, clip_grad=o.clip_grad,
+                             bf16=config.bf16, params_dtype=config.params_dtype), [model])
 sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=o.warmup_steps,
                                 lr_decay_steps=o.warmup_steps + o.decay_steps, lr_decay_style=o.decay_style,
                                 start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
@@ -59,6 +70,7 @@ config.finalize_model_grads_func = finalize_model_grads
 config.grad_scale_func = opt.scale_loss
 fwd_bwd = get_forward_backward_func()
 src = markov_source(b)
+dev = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
 pos = torch.arange(m.seq_length).unsqueeze(0).expand(mbs, -1).contiguous()
 
 def batches(tokens):
@@ -66,11 +78,11 @@ def batches(tokens):
     return [(t[i:i + mbs, :-1], t[i:i + mbs, 1:]) for i in range(0, len(t), mbs)]
 
 def step_fn(it, chunk):
-    x, y = next(it)
-    logits = chunk(x, pos[:len(x)], None)
+    x, y = (t.to(dev, non_blocking=True) for t in next(it))
+    logits = chunk(x, pos[:len(x)].to(dev, non_blocking=True), None)
     def loss(out):
         per = tensor_parallel.vocab_parallel_cross_entropy(out.float().contiguous(), y)
-        return per.sum(), torch.tensor(per.numel(), dtype=torch.int), {"loss": per.sum().detach()}
+        return per.sum(), torch.tensor(per.numel(), dtype=torch.int, device=dev), {"loss": per.sum().detach()}
     return logits, loss
 
 eval_rng = np.random.default_rng([b.data.seed, 2**31 - 1])
@@ -97,11 +109,16 @@ os._exit(0)
 """
 
 
-def harness(tmp: Path, i: int) -> dict:
+def mlbench_command() -> list[str]:
+    script = Path(sys.executable).with_name("mlbench")  # the console script, as a user runs it, where installed
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from mlbench.cli import main; main()"]
+
+
+def harness(tmp: Path, i: int, name: str) -> dict:
     results = tmp / f"h{i}"
     t0 = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).with_name("mlbench")), "run", "gpt3", "--tiny", "--seed",
-                           str(SEED), "--results", str(results), "--system", "perf"], capture_output=True, text=True)
+    proc = subprocess.run([*mlbench_command(), "run", name, "--tiny", "--seed", str(SEED), "--results", str(results),
+                           "--system", "perf"], capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"harness run failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -110,10 +127,10 @@ def harness(tmp: Path, i: int) -> dict:
             "eval_steps": [e["step"] for e in record["evals"]]}
 
 
-def bare(steps: int, eval_steps: list[int]) -> dict:
+def bare(steps: int, eval_steps: list[int], name: str) -> dict:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", BARE, str(steps), json.dumps(eval_steps), str(SEED)],
+    proc = subprocess.run([sys.executable, "-c", BARE, str(steps), json.dumps(eval_steps), str(SEED), name],
                           capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -121,18 +138,18 @@ def bare(steps: int, eval_steps: list[int]) -> dict:
     return {"wall": wall, "step_times": json.loads(proc.stdout.strip().splitlines()[-1])["step_times"]}
 
 
-def main(pairs: int) -> None:
+def main(pairs: int, name: str = "gpt3") -> None:
     walls: dict[str, list[float]] = {"harness": [], "bare": []}
     steps: dict[str, list[float]] = {"harness": [], "bare": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):
-            h = harness(Path(tmp), i)
-            b = bare(len(h["step_times"]), h["eval_steps"])
-            for name, r in (("harness", h), ("bare", b)):
-                walls[name].append(r["wall"])
-                steps[name].append(statistics.median(r["step_times"]))
-                print(f"{name:7} run {i + 1}: wall {r['wall']:6.2f} s, {len(r['step_times'])} steps, "
-                      f"median step {1000 * steps[name][-1]:6.2f} ms", flush=True)
+            h = harness(Path(tmp), i, name)
+            b = bare(len(h["step_times"]), h["eval_steps"], name)
+            for kind, r in (("harness", h), ("bare", b)):
+                walls[kind].append(r["wall"])
+                steps[kind].append(statistics.median(r["step_times"]))
+                print(f"{kind:7} run {i + 1}: wall {r['wall']:6.2f} s, {len(r['step_times'])} steps, "
+                      f"median step {1000 * steps[kind][-1]:6.2f} ms", flush=True)
     hw, bw = statistics.median(walls["harness"]), statistics.median(walls["bare"])
     hs, bs = statistics.median(steps["harness"]), statistics.median(steps["bare"])
     print(f"median wall: harness {hw:.2f} s, bare {bw:.2f} s: {hw / bw:.3f}x (target <= 1.10x)")
@@ -140,4 +157,10 @@ def main(pairs: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pairs", nargs="?", type=int, default=3)
+    ap.add_argument("--benchmark", default="gpt3")
+    args = ap.parse_args()
+    main(args.pairs, args.benchmark)
