@@ -120,9 +120,13 @@ def harness(tmp: Path, i: int, name: str) -> dict:
     proc = subprocess.run([*mlbench_command(), "run", name, "--tiny", "--seed", str(SEED), "--results", str(results),
                            "--system", "perf"], capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
+    record_file = next(results.rglob("result_*.json"), None)
+    record = json.loads(record_file.read_text()) if record_file else {}
+    # a run that trained its step budget without reaching the target (exit 1) is still timed: a GPU-sized
+    # variant's few steps are there to measure, not to converge
+    if not record.get("steps") or record.get("status") not in ("success", "aborted") or (
+            proc.returncode != 0 and "target not reached" not in record.get("reason", "")):
         raise SystemExit(f"harness run failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    record = json.loads(next(results.rglob("result_*.json")).read_text())
     return {"wall": wall, "step_times": [s["step_time"] for s in record["steps"]],
             "eval_steps": [e["step"] for e in record["evals"]]}
 

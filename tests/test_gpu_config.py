@@ -202,7 +202,7 @@ def test_collective_tensors_live_where_the_backend_takes_them(monkeypatch) -> No
     meta = torch.device("meta")
     plan = type("Plan", (), {"layout": {"tp": 1}})()
     for call in (lambda: build._same_layout_as_rank0(plan, meta),
-                 lambda: step.sum_over_ranks([{"loss_sum": 1.0, "tokens": 2.0}], ("loss_sum", "tokens"), meta)):
+                 lambda: step.start_sum_over_ranks([{"loss_sum": 1.0, "tokens": 2.0}], ("loss_sum", "tokens"), meta)):
         with pytest.raises(Handed):
             call()
     assert seen == [meta, meta]

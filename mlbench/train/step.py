@@ -90,13 +90,15 @@ class Stepper:
         batch = self._microbatches(self.gbs, self.mbs, partial(self.parts.source.train_batch, 0, rng), rng)[0]
         return self._as_forward_gets_it(batch)
 
-    def _run(self, batches: list[dict], mbs: int, forward_only: bool) -> dict[str, float]:
+    def _run(self, batches: list[dict], mbs: int, forward_only: bool) -> Callable[[], dict[str, float]]:
+        """Forward (and backward) over the micro-batches; returns what reads the statistics' sums (see
+        start_sum_over_ranks)."""
         model = self.parts.model
         iters = [iter(batches) for _ in model] if self.vp > 1 else iter(batches)
         out = self._fwd_bwd(forward_step_func=self._forward_step, data_iterator=iters,
                             model=model if self.vp > 1 else model[0], num_microbatches=len(batches),
                             seq_length=self.seq, micro_batch_size=mbs, forward_only=forward_only)
-        return sum_over_ranks(out or [], ("loss_sum", "tokens", "correct"), collectives_device(self.on_cpu))
+        return start_sum_over_ranks(out or [], ("loss_sum", "tokens", "correct"), collectives_device(self.on_cpu))
 
     def train_step(self, step: int) -> StepResult:
         """Step `step` (0-based): its global batch, forward and backward, the optimizer and the schedule."""
@@ -107,9 +109,10 @@ class Stepper:
         for c in parts.model:
             c.zero_grad_buffer()
         parts.optimizer.zero_grad()
-        totals = self._run(batches, self.mbs, forward_only=False)
+        read_totals = self._run(batches, self.mbs, forward_only=False)
         _, grad_norm, _ = parts.optimizer.step()
         parts.scheduler.step(increment=1)
+        totals = read_totals()  # after the optimizer's kernels are queued: the GPU does not idle while we wait
         return StepResult(loss=totals["loss_sum"] / max(totals["tokens"], 1.0), seconds=time.perf_counter() - t0,
                           lr=parts.scheduler.get_lr(parts.optimizer.param_groups[0]),
                           grad_norm=float(grad_norm) if grad_norm is not None else None)
@@ -119,7 +122,7 @@ class Stepper:
         for c in self.parts.model:
             c.eval()
         with torch.no_grad():
-            totals = self._run(self.eval_batches, self.eval_mbs, forward_only=True)
+            totals = self._run(self.eval_batches, self.eval_mbs, forward_only=True)()
         for c in self.parts.model:
             c.train()
         return self.parts.objective.value(totals), totals["tokens"]
@@ -134,15 +137,28 @@ def eval_micro_batch(n: int, dp: int, mbs: int, pp: int) -> int:
     return -(-rows // count)
 
 
-def sum_over_ranks(stats: list[dict], keys: tuple[str, ...], device: torch.device) -> dict[str, float]:
-    """Each key's sum over this rank's micro-batch statistics and over every rank, in float64, through a tensor on
-    DEVICE (NCCL's: the rank's GPU). Only last-stage ranks hold losses; tensor-parallel peers hold equal copies,
-    which cancel in the ratios taken of them."""
-    local = [0.0] * len(keys)
-    for s in stats:  # in order, one addition at a time (Python 3.12's sum() of floats compensates: other digits)
-        for i, k in enumerate(keys):
-            if k in s:
-                local[i] += float(s[k])
-    total = torch.tensor(local, dtype=torch.float64, device=device)
+def start_sum_over_ranks(stats: list[dict], keys: tuple[str, ...],
+                         device: torch.device) -> Callable[[], dict[str, float]]:
+    """Starts each key's sum over this rank's micro-batch statistics and over every rank, in float64, on DEVICE
+    (NCCL's: the rank's GPU), and returns what reads the sums. Nothing waits for the GPU until that is called, so
+    a step that reads them after queueing the optimizer does not hold the optimizer's launches until backward ends
+    (on one H100 the difference was within run-to-run noise: docs/gpu.md). The sums are exact (float32 values of
+    one magnitude, and counts, in float64), so their order does not change a digit. Only last-stage ranks hold
+    losses; tensor-parallel peers hold equal copies, which cancel in the ratios taken of them."""
+    sums = []
+    for k in keys:
+        values = [torch.as_tensor(s[k], dtype=torch.float64).to(device).reshape(()) for s in stats if k in s]
+        sums.append(torch.stack(values).sum() if values else torch.zeros((), dtype=torch.float64, device=device))
+    total = torch.stack(sums)
     dist.all_reduce(total)
-    return dict(zip(keys, total.tolist(), strict=True))
+    if device.type != "cuda":
+        return lambda: dict(zip(keys, total.tolist(), strict=True))
+    host = total.to("cpu", non_blocking=True)  # queued now, ahead of the optimizer's kernels
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> dict[str, float]:
+        copied.synchronize()
+        return dict(zip(keys, host.tolist(), strict=True))
+
+    return read
