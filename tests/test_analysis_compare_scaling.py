@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,19 @@ def test_compare_refuses_an_entry_given_twice():
             build_comparison([str(p) for p in paths], with_score=False)
     cmp = build_comparison([str(n64), str(n64 / "result_0.txt")], with_score=False)
     assert [e.kind for e in cmp.entries] == ["set", "run"]
+
+
+def test_compare_tells_apart_two_sets_of_one_label(tmp_path, monkeypatch):
+    """One organisation's system and benchmark from two results trees (two copies of a submission, a rerun kept
+    apart) had the same label: the table's two columns, the notes and the plots' legends could not be told apart.
+    Each now carries its folder after the label."""
+    amd = Path(__file__).parent / "data/mlperf-results/training_results_v5.1/AMD"
+    for tree in ("before", "after"):
+        shutil.copytree(amd, tmp_path / tree / "AMD")
+    monkeypatch.chdir(tmp_path)
+    sets = [f"{tree}/AMD/results/MI355X_EPYC_9575F_pytorch/llama31_8b" for tree in ("before", "after")]
+    cmp = build_comparison(sets, with_score=False)
+    assert [e.label for e in cmp.entries] == [f"AMD/MI355X_EPYC_9575F_pytorch/llama31_8b [{s}]" for s in sets]
+    res = CliRunner().invoke(compare_cmd, [*sets, "--no-score"])
+    assert res.exit_code == 0, res.output
+    assert "[before/AMD" in res.output and "[after/AMD" in res.output

@@ -35,6 +35,7 @@ class Entry:
     runs: list[RunLog] = field(default_factory=list)
     published: published.PublishedRow | None = None
     problems: list[str] = field(default_factory=list)
+    where: Path | None = None  # the run's file or the set's folder, to tell apart two entries of one label
 
     # --- figures -------------------------------------------------------------------------------------
     @property
@@ -212,7 +213,8 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
     n, src = rs.devices()
     kind = "run" if len(rs.files) == 1 else "set"
     e = Entry(label=rs.label if kind == "set" else f"{rs.label}/{rs.files[0].name}", kind=kind,
-              benchmark=bench, devices=n, devices_from=src, runs=runs)
+              benchmark=bench, devices=n, devices_from=src, runs=runs,
+              where=Path(rs.folder) if kind == "set" else Path(rs.files[0]))
     for r in runs:
         e.problems += [f"{r.name}: {p}" for p in r.problems]
     if with_score and kind == "set":
@@ -220,6 +222,24 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
     else:
         e.problems += rs.left_out
     return e
+
+
+def _tell_apart(entries: list[Entry]) -> None:
+    """Entries of one label (the same organisation, system and benchmark from two results trees) get their path
+    after it: every table, note and plot names them by label."""
+    count: dict[str, int] = {}
+    for e in entries:
+        count[e.label] = count.get(e.label, 0) + 1
+    for e in entries:
+        if count[e.label] > 1 and e.where is not None:
+            e.label = f"{e.label} [{_shown_path(e.where)}]"
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (OSError, ValueError):
+        return str(path)
 
 
 def build_comparison(paths: list[str], ruleset: str | None = None, with_score: bool = True) -> Comparison:
@@ -247,6 +267,7 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
     if len(entries) < 2:
         raise UserError("compare needs at least two runs, sets or published rows; got "
                         f"{len(entries)} from {' '.join(paths)}")
+    _tell_apart(entries)
     cmp = Comparison(entries)
     benches = {e.benchmark for e in entries if e.benchmark}
     if len(benches) > 1:
