@@ -188,10 +188,17 @@ def _log_not_begun(staging: Path) -> bool:
 def _in_use(staging: Path) -> bool:
     """Whether a live process (of those this one may see) holds a file open inside `staging`."""
     inside = f"{staging.resolve()}/"
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
-        with contextlib.suppress(OSError):
-            if os.readlink(fd).startswith(inside):
-                return True
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # ended since /proc was listed (a glob raised it: FileNotFoundError), or not ours to see
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(inside):
+                    return True
     return False
 
 

@@ -414,3 +414,33 @@ def test_a_folder_holding_only_a_dead_run_says_it_is_not_published_yet(tmp_path:
     assert str(e.value).endswith(f"; 1 run(s) whose mlbench process died are not published yet ({staging.name}): not "
                                  "scored until the next `mlbench run` in this folder publishes them"), str(e.value)
     assert staging.is_dir()  # analysis never writes
+
+
+def test_a_process_that_ends_while_dead_runs_are_sought_is_passed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeking a dead run's staging folder lists every process's open files under /proc. A process that ended
+    between the listing of /proc and the listing of its fd/ raised FileNotFoundError out of the glob (seen once in
+    the suite, with other tests' processes ending): the command that publishes a dead run failed with a traceback.
+    Here one live process's fd/ is made to vanish as it is listed."""
+    import subprocess
+
+    folder, _ = _dead_run(tmp_path, monkeypatch, run_stop="aborted")
+    victim = subprocess.Popen(["sleep", "30"])
+    gone = f"/proc/{victim.pid}/fd"
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def vanishing(real):
+        def listing(path="."):
+            if isinstance(path, (str, os.PathLike)) and os.fspath(path) == gone:  # not a descriptor (rmtree's)
+                raise FileNotFoundError(2, "No such file or directory", gone)
+            return real(path)
+        return listing
+
+    monkeypatch.setattr(os, "scandir", vanishing(real_scandir))
+    monkeypatch.setattr(os, "listdir", vanishing(real_listdir))
+    try:
+        _, record, _ = _publish_dead(folder)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert record["status"] == "aborted", record
