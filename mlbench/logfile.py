@@ -81,6 +81,9 @@ def _sort_lines(data: bytes, pos: int, cut: int, wanted: frozenset[bytes]) -> tu
     ok = (ends - starts > _TOKEN_LEN) & (starts < end)
     head = np.minimum(starts, end - 1)
     ok &= (word[head] == _TOKEN_WORD) & (a[head + 8] == 0x20)  # the line begins with the token, so every
+    if data.count(TOKEN_B, pos, cut) > np.count_nonzero(ok):  # a token inside a line: the rule reads the last
+        t = np.flatnonzero(word == _TOKEN_WORD)
+        ok[np.searchsorted(ends, t[t != head[np.minimum(np.searchsorted(ends, t), n - 1)]])] = False
     y = np.flatnonzero(a == 0x79) - 3  # "key" in it is in the record. Where a "key" would begin, by its y
     y = y[y >= 0]
     ok[np.searchsorted(ends, y[y >= end])] = False  # a "key" there would not be seen
@@ -334,7 +337,10 @@ def shown(value: object, width: int = 60) -> str:
     try:
         text = json.dumps(value)
     except (TypeError, ValueError, RecursionError):
-        text = repr(value)
+        try:
+            text = repr(value)
+        except RecursionError:  # (a list nested a thousand deep)
+            text = f"({type(value).__name__} nested too deep to show)"
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -581,9 +587,11 @@ class LogReader:
         A line of a key the caller does not read is skipped unparsed only where its key cannot be misread:
         it holds `"key"` once (not also inside the metadata, say) and no backslash (an escape can spell a key).
         A line this does not match, whatever its spacing or field order, is parsed."""
-        i = raw.find(TOKEN_B)
-        if i < 0:
+        i = raw.rfind(TOKEN_B)  # the record after the last token, as the official tools read a line (re.sub(".*"
+        if i < 0:  # + TOKEN, TOKEN, line)): a rank's record cut off by another's on the same line is not read
             return None
+        if i and b"\r" + TOKEN_B in raw:  # records parted by a lone carriage return: said as such (`cr_ends`)
+            i = raw.find(TOKEN_B)
         payload = raw[i + _TOKEN_LEN:]
         keys = self.keys
         if keys is not None:
@@ -720,7 +728,7 @@ def metadata(path: Path | str, event: Event) -> dict:
 # --- time to train ------------------------------------------------------------------------------------------
 
 def time_to_train_s(start_ms: float | None, stop_ms: float | None) -> float | None:
-    """Seconds from the first run_start to the first run_stop, as MLPerf scores it. None when either is missing
+    """Seconds from run_start to run_stop, as MLPerf scores it. None when either is missing
     or run_stop is not after run_start (no time to train: a run of no length, or one that stopped before it
     started, never counts as a success)."""
     if start_ms is None or stop_ms is None or stop_ms <= start_ms:
@@ -736,9 +744,8 @@ def log_time_to_train(path: Path | str) -> float | None:
     times: dict[str, float] = {}
     try:
         for e in LogReader(path, keys=frozenset({"run_start", "run_stop"})):
-            if e.key not in times:
-                times[e.key] = number(path, e, "time_ms", e.time_ms)
-            if len(times) == 2:
+            times[e.key] = number(path, e, "time_ms", e.time_ms)  # as the official summarizer: each replaces the
+            if len(times) == 2:  # one before until both are there
                 break
     except BadField:
         return None

@@ -78,7 +78,7 @@ def seeds(first: int | None, runs: int) -> list[int]:
 
 
 def time_to_train(log: Path) -> float | None:
-    """Seconds from the first run_start to the first run_stop, as MLPerf scores it."""
+    """Seconds from run_start to run_stop, as the official summarizer reads them (logfile.log_time_to_train)."""
     return log_time_to_train(log)
 
 

@@ -93,21 +93,47 @@ def test_a_batch_off_the_table_is_refused_unless_the_schedule_is_given() -> None
     assert rcp_schedule.at(rcp_schedule.for_run(bench, 64, lr=1e-3), 64).warmup_steps == 96
 
 
-def test_published_scores_equal_the_official_summarizer() -> None:
+def _garbled_copy(tmp_path: Path) -> Path:
+    """AMD's submission with two run_start lines in result_1 (a copy of it ten minutes earlier) and, in result_0,
+    another rank's record cut off by the run_start line on the same line: both pass the official checker. mlbench
+    read them otherwise than the official tools (the first run_start; the line as broken JSON, so no run_start),
+    and left a run with a note out of the official summarizer's figure: 0.85 minutes off it."""
+    import re
+    import shutil
+
+    org = tmp_path / "training_results_v5.1" / "AMD"
+    shutil.copytree(RESULTS / "training_results_v5.1" / "AMD", org)
+    folder = org / "results" / "MI355X_EPYC_9575F_pytorch" / "llama31_8b"
+    start = re.compile(r'^(:::MLLOG \{"namespace": "", "time_ms": )(\d+)(.*"key": "run_start".*)$', re.M)
+    f0, f1 = folder / "result_0.txt", folder / "result_1.txt"
+    f0.write_text(start.sub(r'\1\2, "event_type": "POINT_IN_TIME", "key": "trac\1\2\3', f0.read_text(), count=1))
+    f1.write_text(start.sub(lambda m: f"{m[1]}{int(m[2]) - 600_000}{m[3]}\n{m[0]}", f1.read_text(), count=1))
+    return org
+
+
+def test_published_scores_equal_the_official_summarizer(tmp_path: Path) -> None:
     """Published v5.1 llama31_8b submissions (tests/data, Apache-2.0): AMD MI355X at batch 32 and the University
-    of Florida's 32 DGX B200 nodes at 128, scored by `mlbench score` and by the official result summarizer."""
+    of Florida's 32 DGX B200 nodes at 128, scored by `mlbench score` and by the official result summarizer; and a
+    garbled copy of AMD's that the official tools accept (`_garbled_copy`)."""
     orgs = sorted({p.parent.parent for p in RESULTS.glob("training_results_v*/*/results/*")})
-    proc = subprocess.run([sys.executable, "-c", OFFICIAL, *map(str, orgs)], capture_output=True, text=True,
-                          timeout=300, check=True)
+    garbled = _garbled_copy(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", OFFICIAL, *map(str, orgs), str(garbled)], capture_output=True,
+                          text=True, timeout=300, check=True)
     official = json.loads(proc.stdout)
     from mlbench.analysis.score import score_path
 
-    ours = {s.folder: s for s in score_path(RESULTS, jobs=1)}
-    assert set(ours) == set(official) and len(ours) == 2
+    ours = {s.folder: s for s in score_path(RESULTS, jobs=1) + score_path(garbled, jobs=1)}
+    assert set(ours) == set(official) and len(ours) == 3
     for folder, s in ours.items():
         assert s.benchmark == "llama31_8b"
         assert s.score_min == pytest.approx(official[folder], abs=1e-4), folder
+        assert s.official_score_min == pytest.approx(official[folder], abs=1e-4), folder
         assert s.rcp.status == "Pass" and all(r.compliant for r in s.runs), folder
+    (g,) = score_path(garbled, jobs=1)
+    r0, r1 = g.runs[:2]
+    assert r0.problems == [] and r0.status == "success", r0.problems
+    assert r1.problems == ["2 run_start lines: time to train is from the last run_start before the first run_stop, "
+                           "as the official summarizer reads them"], r1.problems
 
 
 def test_show_lists_the_current_suite() -> None:

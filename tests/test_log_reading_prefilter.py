@@ -76,6 +76,7 @@ def _variants(rnd: random.Random) -> bytes:
         lambda r: r.replace('"s"', '"\xff"'),  # bad UTF-8 below
         lambda r: r.replace('"key": "' + key + '"', '"key": 5'),
         lambda r: r.replace('"lineno"', '"' + "y" * rnd.randint(0, 300) + '"'),
+        lambda r: r[:rnd.randint(0, len(r))] + ":::MLLOG " + r,  # another rank's record cut off by this one
     ]
     line = rnd.choice(forms)(rec) if rnd.random() < 0.3 else rec
     prefix = rnd.choice(["", "", "", "", "0: ", "x:::MLLOG ", "\\"])

@@ -17,11 +17,16 @@ from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, passe
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
 from mlbench.errors import UserError, printable
-from mlbench.logfile import is_number
+from mlbench.logfile import MAX_TEXT, is_number
 
 # Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
 LAYOUT = ("global_batch_size", "micro_batch_size", "tensor_parallelism", "pipeline_parallelism",
           "context_parallelism", "gradient_accumulation_steps", "max_sequence_length")
+
+
+def _cut(text: str) -> str:
+    """A string from a run record, at most MAX_TEXT characters (a million-character device name was printed whole)."""
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 3] + "..."
 
 
 @dataclass
@@ -142,12 +147,12 @@ class Entry:
         written before the run's figures are read): the median over runs, and the device(s) it was predicted on."""
         preds = [p for r in self.runs if isinstance(p := run_record(r.path).get("prediction"), dict)]
         times = [t for p in preds if is_number(t := p.get("step_time_s")) and 0 < t <= step_times.MAX_STEP_S]
-        return self._median(times), ", ".join(sorted({str(p["device"]) for p in preds if p.get("device")}))
+        return self._median(times), ", ".join(sorted({_cut(str(p["device"])) for p in preds if p.get("device")}))
 
     def prediction_notes(self) -> list[str]:
         """What the runs' predictions say they do not model (a GPU run without Transformer Engine), once each."""
         preds = [run_record(r.path).get("prediction") for r in self.runs]
-        return sorted({p["note"] for p in preds if isinstance(p, dict) and isinstance(p.get("note"), str)})
+        return sorted({_cut(p["note"]) for p in preds if isinstance(p, dict) and isinstance(p.get("note"), str)})
 
     def predicted_over_measured(self) -> float | None:
         predicted, measured = self.prediction()[0], self.step_stats()["median"]
@@ -163,13 +168,13 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def differing_hyperparams(self) -> dict[str, list[object]]:
-        keyed = [e for e in self.entries if e.runs]
-        keys = sorted({k for e in keyed for k in e.hyperparams()},
+        given = [e.hyperparams() for e in self.entries if e.runs]
+        keys = sorted({k for h in given for k in h},
                       key=lambda k: (k not in LAYOUT, LAYOUT.index(k) if k in LAYOUT else 0, k))
         out = {}
         for k in keys:
-            vals = [e.hyperparams().get(k) for e in keyed]
-            if len({repr(v) for v in vals}) > 1:
+            vals = [h.get(k) for h in given]
+            if len({repr(v) for v in vals}) > 1:  # (values as logs.RunLog keeps them: short, and flat)
                 out[k] = vals
         return out
 

@@ -19,6 +19,7 @@ from mlbench.analysis import MAX_DEVICES
 from mlbench.analysis import step_times as st
 from mlbench.errors import UserError, printable
 from mlbench.logfile import (
+    MAX_TEXT,
     BadField,
     Event,
     LogReader,
@@ -45,6 +46,20 @@ _NOT_HPARAMS = {
     "submission_division", "submission_status", "submission_benchmark", "submission_poc_name",
     "submission_poc_email", "seed", "tracked_stats", "weights_initialization",
 }
+# Keys before run_start kept for `compare` (real logs have 30 to 80): 300,000 made compare take minutes.
+MAX_HYPERPARAMS = 1000
+
+
+def _kept(value: object) -> object:
+    """A hyperparameter's value as compare shows it: a number, a boolean, None or a short string as it is; anything
+    else as its JSON text, cut to MAX_TEXT characters (a 5 MB string, or a list nested a thousand deep, whose repr
+    ended compare in a RecursionError, is kept as a line)."""
+    if value is None or type(value) in (bool, float) or type(value) is int and -(10**18) < value < 10**18 \
+            or type(value) is str and len(value) <= MAX_TEXT:
+        return value
+    return shown(value, MAX_TEXT)
+
+
 _TEXT_KEYS = ("submission_benchmark", "submission_org", "submission_platform", "submission_division")
 _BLOCK_KEYS = ("block_start", "epoch_start", "block_stop", "epoch_stop")
 # What is read after run_start (before it, every line: the hyperparameters).
@@ -105,7 +120,7 @@ class RunLog:
 
     @property
     def ttt_min(self) -> float | None:
-        """Time to train as the summarizer computes it: first run_stop - first run_start, in minutes."""
+        """Time to train as the summarizer computes it (the last run_start before the first run_stop), in minutes."""
         s = None if self.invalid else time_to_train_s(self.run_start_ms, self.run_stop_ms)
         return s / 60 if s is not None else None
 
@@ -157,6 +172,7 @@ class _Pass:
         self.open_block: tuple[float, float | None, float | None] | None = None  # time, size, first count
         self.started = False  # past the first run_start line (whether or not its time is usable)
         self.seen = {"run_start": 0, "run_stop": 0}  # lines of each, usable or not
+        self.hyperparams_left = 0  # keys before run_start past MAX_HYPERPARAMS
 
     def fault(self, e: BadField, key: str, invalidates: bool) -> None:
         self.bad[key] = self.bad.get(key, 0) + 1
@@ -174,7 +190,10 @@ class _Pass:
             return
         if not self.started and k not in _NOT_HPARAMS and k not in log.hyperparams \
                 and not e.event_type.startswith("INTERVAL"):
-            log.hyperparams[k] = e.value
+            if len(log.hyperparams) < MAX_HYPERPARAMS:
+                log.hyperparams[k] = _kept(e.value)
+            else:
+                self.hyperparams_left += 1
         if k in _TEXT_KEYS:
             if k not in log.texts:
                 self.checked(lambda e: log.texts.__setitem__(k, text(path, e, "value", e.value)), e)
@@ -184,12 +203,12 @@ class _Pass:
         elif k == "max_sequence_length":
             if log.seq_len is None:
                 self.checked(lambda e: setattr(log, "seq_len", _whole(path, e, MAX_SEQUENCE)), e)
-        elif k == "run_start":
-            if log.run_start_ms is None:
-                self.checked(lambda e: setattr(log, "run_start_ms", _clock(path, e)), e)
-        elif k == "run_stop":
-            if log.run_stop_ms is None:
-                self.checked(self.stop, e)
+        elif k in ("run_start", "run_stop"):
+            # As the official summarizer reads them (_query_run_start_stop): each line replaces the one before
+            # until both are there, so the last run_start before the first run_stop
+            if log.run_start_ms is None or log.run_stop_ms is None:
+                self.checked(self.stop if k == "run_stop" else
+                             lambda e: setattr(log, "run_start_ms", _clock(path, e)), e)
         elif k == "eval_accuracy":
             self.checked(self.eval, e)
         elif k == "tracked_stats" and self.steps:
@@ -279,8 +298,12 @@ class _Pass:
     def finish(self) -> None:
         log = self.log
         for key, n in self.seen.items():
-            if n > 1:  # the official checker warns (the same value) or fails the log; the summarizer takes the first
-                log.problems.append(f"{n} {key} lines: time to train is from the first, as the official summarizer's")
+            if n > 1:  # the official checker warns (the same value) or fails the log
+                log.problems.append(f"{n} {key} lines: time to train is from the last run_start before the first "
+                                    "run_stop, as the official summarizer reads them")
+        if self.hyperparams_left:
+            log.problems.append(f"{self.hyperparams_left:,} more keys before run_start than the {MAX_HYPERPARAMS:,} "
+                                "compared: left out of the comparison")
         for key, n in self.bad.items():
             if n > 1:
                 log.problems.append(f"{log.path}: {n - 1} more line(s) with a bad {key} field")
@@ -474,13 +497,15 @@ def _check_own_target(log: RunLog) -> None:
     """A run whose log says success but whose last evaluation misses the target its run record states is garbled:
     the run cannot count. The closed rules make the checker see to a full run's target; the smoke rules do not, and
     tiny runs whose every evaluation was edited away from the target were scored."""
-    if log.status != "success" or not log.eval_points:
+    # the last evaluation before run_stop, as samples to converge: one logged after it does not undo the run
+    before = [v for _, v, t in log.eval_points if log.run_stop_ms is None or t <= log.run_stop_ms]
+    if log.status != "success" or not before:
         return
     q = run_record(log.path).get("quality")
     target, direction = (q.get("target"), q.get("direction")) if isinstance(q, dict) else (None, None)
     if not is_number(target) or direction not in ("min", "max"):
         return
-    last = log.eval_points[-1][1]
+    last = before[-1]
     if last <= target if direction == "min" else last >= target:
         return
     log.problems.append(f"{log.path}: run_stop says success, but the last evaluation, {last:g}, misses the target "
