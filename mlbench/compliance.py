@@ -142,10 +142,9 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
     if digest and (kept := verdicts.load(digest, Path(path))):  # judged before: the same bytes, the same rules
         return Verdict(path=Path(path), ok=kept[0], rules=rules, messages=kept[1])
     lines = _line_lengths(Path(path))
-    if lines is not None and lines.checker_s() / FASTEST_MACHINE > limit:
+    if (why := too_long_for_the_tools(lines, limit)) is not None:
         return Verdict(path=Path(path), ok=False, rules=rules, messages=[
-            f"the compliance checker was not run, as it could not finish within the {limit:.0f} s limit: "
-            + lines.reason()])
+            f"the compliance checker was not run, as it could not finish within the {limit:.0f} s limit: {why}"])
     _remove_dead_scratch()
     for attempt in (1, 2):
         started = time.monotonic()
@@ -272,6 +271,18 @@ class Checkers:
             self._stopped = True
             for proc in self._running:
                 proc.kill()
+
+
+def too_long_for_the_tools(lines: LineLengths | None, limit: float) -> str | None:
+    """Why the official tools could not read a file of these LINES within LIMIT seconds, even on a machine
+    FASTEST_MACHINE times faster than the one measured (the checker and the RCP checker strip every line alike);
+    None where they can."""
+    return lines.reason() if lines is not None and lines.checker_s() / FASTEST_MACHINE > limit else None
+
+
+def tools_cannot_read(path: Path) -> str | None:
+    """`too_long_for_the_tools` for PATH at the checker's limit for it."""
+    return too_long_for_the_tools(_line_lengths(Path(path)), time_limit_s(Path(path)))
 
 
 def _line_lengths(path: Path) -> LineLengths | None:

@@ -670,3 +670,21 @@ def test_an_evaluation_after_run_stop_does_not_undo_a_converged_run(tmp_path) ->
     f.write_text(f.read_text().replace('"value": 3.290742874145508', '"value": 3.31'))  # before run_stop: misses
     (run,) = find_sets(f.parent)[0].runs
     assert run.invalid and "the last evaluation, 3.31, misses the target" in run.problems[-1], run.problems
+
+
+def test_the_rcp_checker_is_not_run_on_a_line_it_could_not_read_in_time(tmp_path, monkeypatch) -> None:
+    """The RCP checker strips every line as the compliance checker does (re.sub(".*:::MLLOG ", ...), quadratic in
+    the line's length) and runs inside `score`, where no limit stops it: a 3.5 MB line kept score busy for hours
+    while `check` refused the same file at once. The RCP check is now refused on the same grounds (here it would
+    have run: it is replaced by a stand-in that says so)."""
+    f = _edited_log(tmp_path / "set", lambda t: t.replace('"status": "success"',
+                                                          '"status": "success", "x": "' + "x" * 1_000_000 + '"'))
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the RCP checker ran")
+
+    monkeypatch.setattr(mlperf_tools, "rcp_check_files", ran)
+    notes: list[str] = []
+    ok, msg, factor = score.rcp_check([f], "llama31_8b", "5.1.0", notes)
+    assert not ok and factor == 1.0 and msg.startswith("RCP checker not run, as it could not read result_0.txt in "
+                                                       "time: line 128 is 1,000,"), msg
