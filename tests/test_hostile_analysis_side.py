@@ -688,3 +688,30 @@ def test_the_rcp_checker_is_not_run_on_a_line_it_could_not_read_in_time(tmp_path
     ok, msg, factor = score.rcp_check([f], "llama31_8b", "5.1.0", notes)
     assert not ok and factor == 1.0 and msg.startswith("RCP checker not run, as it could not read result_0.txt in "
                                                        "time: line 128 is 1,000,"), msg
+
+
+def test_compare_takes_a_mixed_folders_runs_as_score_does(tmp_path, mlbench) -> None:
+    """A folder of llama31_8b runs holding one gpt3 log: score left it out, saying so, while compare took the
+    first run's benchmark, counted the other's steps and noted 'different benchmarks side by side'."""
+    folder = tmp_path / "llama31_8b"
+    shutil.copytree(SET, folder)
+    other = folder / "result_0.txt"
+    other.write_text(other.read_text().replace('"key": "submission_benchmark", "value": "llama31_8b"',
+                                               '"key": "submission_benchmark", "value": "gpt3"'))
+    from mlbench.analysis.compare import build_comparison
+
+    cmp = build_comparison([str(folder), str(LOG)], with_score=False)
+    mixed = cmp.entries[0]
+    assert mixed.benchmark == "llama31_8b" and len(mixed.runs) == 9, (mixed.benchmark, len(mixed.runs))
+    assert "mixed benchmarks in one folder: llama31_8b; left out result_0.txt (gpt3)" in mixed.problems
+    assert not any("different benchmarks side by side" in n for n in cmp.notes), cmp.notes
+
+
+def test_compare_refuses_files_that_are_no_mlperf_logs_as_score_does(tmp_path, mlbench) -> None:
+    """Two text files: an empty comparison, exit 0, while score refused them (exit 2)."""
+    for i, word in enumerate(("hello", "world")):
+        (tmp_path / f"result_{i}.txt").write_text(word + "\n")
+    code, out, err = mlbench("compare", tmp_path / "result_0.txt", tmp_path / "result_1.txt")
+    assert code == 2 and "result_0.txt is not an MLPerf result log (no :::MLLOG lines)" in out + err, (code, out, err)
+    code, out, err = mlbench("compare", tmp_path, LOG)
+    assert code == 2 and "holds no MLPerf result log" in out + err, (code, out, err)

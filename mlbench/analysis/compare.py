@@ -13,7 +13,16 @@ from rich.text import Text
 
 from mlbench import compliance
 from mlbench.analysis import published, step_times
-from mlbench.analysis.logs import GivenOnce, ResultSet, RunLog, find_sets, passed_over, record_number, run_record
+from mlbench.analysis.logs import (
+    NOT_A_LOG,
+    GivenOnce,
+    ResultSet,
+    RunLog,
+    find_sets,
+    passed_over,
+    record_number,
+    run_record,
+)
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
 from mlbench.errors import UserError, printable
@@ -213,8 +222,8 @@ class Comparison:
 
 
 def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Entry:
-    runs = rs.runs
-    bench = next((r.benchmark for r in runs if r.benchmark), None)
+    bench = rs.benchmark
+    runs = [r for r in rs.runs if r.benchmark in (bench, None)]  # as score_set takes them
     n, src = rs.devices()
     kind = "run" if len(rs.files) == 1 else "set"
     e = Entry(label=rs.label if kind == "set" else f"{rs.label}/{rs.files[0].name}", kind=kind,
@@ -225,7 +234,7 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
     if with_score and kind == "set":
         e.score = score_set(rs, ruleset)  # its notes say which files were left out
     else:
-        e.problems += rs.left_out
+        e.problems += rs.left_out + [m for m in [rs.other_benchmarks()] if m]
     return e
 
 
@@ -264,11 +273,15 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
         path = Path(p)
         if path.is_file():
             once.add(("run", path.resolve()), path, p)
-            entries.append(_entry_from_set(find_sets(path)[0], ruleset, with_score=False))
-            continue
-        for rs in find_sets(path):
-            once.add(("set", Path(rs.folder).resolve()), rs.folder, p)
-            entries.append(_entry_from_set(rs, ruleset, with_score))
+            sets = find_sets(path)
+        else:
+            sets = find_sets(path)
+            for rs in sets:
+                once.add(("set", Path(rs.folder).resolve()), rs.folder, p)
+        if all(r.problems[-1:] == [NOT_A_LOG] for rs in sets for r in rs.runs):  # as score refuses it
+            what = "is not an MLPerf result log" if path.is_file() else "holds no MLPerf result log"
+            raise UserError(printable(f"{p} {what} (no :::MLLOG lines)"))
+        entries += [_entry_from_set(rs, ruleset, with_score and not path.is_file()) for rs in sets]
     if len(entries) < 2:
         raise UserError("compare needs at least two runs, sets or published rows; got "
                         f"{len(entries)} from {' '.join(paths)}")

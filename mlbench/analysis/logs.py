@@ -437,6 +437,18 @@ class ResultSet:
             _check_own_target(log)
         return runs
 
+    @cached_property
+    def benchmark(self) -> str | None:
+        """The set's benchmark: the folder's name when runs log it, else the most common one logged."""
+        logged = [r.benchmark for r in self.runs if r.benchmark]
+        return self.folder.name if self.folder.name in logged else (
+            max(sorted(set(logged)), key=logged.count) if logged else None)
+
+    def other_benchmarks(self) -> str | None:
+        """What a folder of mixed benchmarks leaves out of its set (score, compare), as a note; None if nothing."""
+        others = sorted({f"{r.name} ({r.benchmark})" for r in self.runs if r.benchmark not in (self.benchmark, None)})
+        return f"mixed benchmarks in one folder: {self.benchmark}; left out {', '.join(others)}" if others else None
+
     @property
     def label(self) -> str:
         parts = [p for p in (self.org_root.name if self.org_root else None, self.system,

@@ -128,15 +128,10 @@ def _rcp_status(ok: bool, msg: str) -> str:
     return "Fail" if msg in ("RCP found", "RCP Interpolation") else "Fail: " + msg
 
 
-def _benchmark(rs: ResultSet, runs: list[RunLog], notes: list[str]) -> str | None:
-    """The set's benchmark: the folder's name when runs log it, else the most common one logged."""
-    logged = [r.benchmark for r in runs if r.benchmark]
-    benchmark = rs.folder.name if rs.folder.name in logged else (
-        max(sorted(set(logged)), key=logged.count) if logged else None)
-    if len(set(logged)) > 1:
-        others = sorted({f"{r.name} ({r.benchmark})" for r in runs if r.benchmark and r.benchmark != benchmark})
-        notes.append(f"mixed benchmarks in one folder: scoring {benchmark}; left out {', '.join(others)}")
-    return benchmark
+def _benchmark(rs: ResultSet, notes: list[str]) -> str | None:
+    if (mixed := rs.other_benchmarks()) is not None:
+        notes.append(mixed.replace(": ", ": scoring ", 1))
+    return rs.benchmark
 
 
 def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
@@ -159,7 +154,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
               jobs: int | None = None) -> SetScore:
     runs = rs.runs
     notes: list[str] = list(rs.left_out)
-    benchmark = _benchmark(rs, runs, notes)
+    benchmark = _benchmark(rs, notes)
     with_rules = mlperf_tools.rulesets_with(benchmark)
     having = ", ".join(with_rules) or "none"
     if ruleset and benchmark and ruleset not in with_rules and not rs.smoke:
