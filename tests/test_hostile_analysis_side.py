@@ -715,3 +715,23 @@ def test_compare_refuses_files_that_are_no_mlperf_logs_as_score_does(tmp_path, m
     assert code == 2 and "result_0.txt is not an MLPerf result log (no :::MLLOG lines)" in out + err, (code, out, err)
     code, out, err = mlbench("compare", tmp_path, LOG)
     assert code == 2 and "holds no MLPerf result log" in out + err, (code, out, err)
+
+
+def test_a_markdown_reports_images_replace_only_an_earlier_reports(tmp_path, mlbench) -> None:
+    """A user's rep_files/convergence.png (no report there) was replaced by a report's image, exit 0; --html given
+    as rep_files/convergence.png beside --md rep.md was 'written' and then replaced by the image, the HTML lost."""
+    other = shutil.copytree(SET, tmp_path / "b" / "llama31_8b")
+    (tmp_path / "rep_files").mkdir()
+    mine = tmp_path / "rep_files" / "convergence.png"
+    mine.write_text("notes\n")
+    code, out, err = mlbench("compare", "--no-score", SET, other, "--md", tmp_path / "rep.md")
+    assert code == 2 and "convergence.png: is there, and is no image of a report mlbench wrote" in out + err, out + err
+    assert mine.read_text() == "notes\n" and not (tmp_path / "rep.md").exists()
+    (tmp_path / "r_files").mkdir()
+    code, out, err = mlbench("compare", "--no-score", SET, other, "--md", tmp_path / "r.md", "--html",
+                             tmp_path / "r_files" / "convergence.png")
+    assert code == 2 and "is where --md" in out + err and "puts its images" in out + err, out + err
+    mine.unlink()
+    for _ in range(2):  # its own images, from the run before, are replaced
+        code, out, err = mlbench("compare", "--no-score", SET, other, "--md", tmp_path / "rep.md")
+        assert code == 0 and mine.read_bytes().startswith(b"\x89PNG"), out + err

@@ -52,7 +52,7 @@ class Report:
         if len(name) + 4 > len(_LONGEST_IMAGE):  # the image folder was checked for names up to that long
             raise ValueError(f"image name {name!r} is longer than {len(_LONGEST_IMAGE) - 4} characters")
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": _PNG_MARK})
         plt.close(fig)
         self.parts.append(("img", name, buf.getvalue(), alt))
 
@@ -67,6 +67,20 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}li{margin:.2em 0}"""
 # existing file is replaced only where it holds it. A report given the path of a run log not named result_* (rank-
 # prefixed lines, a long shell preamble) or of a set's scaling.json replaced it.
 _MARK = {"html": "<meta name='generator' content='mlbench report'>", "md": "<!-- mlbench report -->"}
+
+
+# A report's image carries it as a PNG text chunk: an image of a Markdown report replaces only an earlier one (a
+# user's convergence.png in rep_files/ was replaced).
+_PNG_MARK = "mlbench report image"
+
+
+def _our_image(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b"tEXtSoftware\0" + _PNG_MARK.encode() in head
 
 
 def _ours(path: Path) -> bool:
@@ -155,15 +169,16 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
 
 def check_outputs(html: Path | None, md: Path | None) -> None:
     """`--html` and `--md` of one command, each checked (`check_output`), and not one file (the second would
-    replace the first), nor the HTML in the Markdown's image folder."""
+    replace the first), nor the HTML at or in the Markdown's image folder (an image would replace it)."""
     check_output(html, "--html")
     check_output(md, "--md")
     if html is not None and md is not None:
         if _guard("--html", html, lambda: Path(html).resolve() == Path(md).resolve()):
             raise UserError(f"--html and --md are both {md}: the Markdown would replace the HTML; give each its own "
                             "name")
-        if _guard("--html", html, lambda: Path(html).resolve() == markdown_files(Path(md)).resolve()):
-            raise UserError(f"--html {html} is where --md {md} puts its images; give each its own name")
+        images = markdown_files(Path(md))
+        if _guard("--html", html, lambda: images.resolve() in (Path(html).resolve(), Path(html).resolve().parent)):
+            raise UserError(f"--html {html} is where --md {md} puts its images ({images}); give each its own name")
 
 
 def check_output(path: Path | None, option: str) -> None:
@@ -329,6 +344,9 @@ def _publish(files: dict[Path, bytes], folder: Path | None) -> None:
             staged.append((_stage(dest, data), dest))
         for _tmp, dest in staged:
             _refuse_non_file(dest)  # again: a link put there since the check is never replaced
+            if dest.suffix == ".png" and _lstat(dest) is not None and not _our_image(dest):
+                raise UserError(f"{dest}: is there, and is no image of a report mlbench wrote; a report replaces "
+                                "only an earlier report's images, remove it or give another name")
         while staged:
             tmp, dest = staged[0]
             at = dest
