@@ -735,3 +735,20 @@ def test_a_markdown_reports_images_replace_only_an_earlier_reports(tmp_path, mlb
     for _ in range(2):  # its own images, from the run before, are replaced
         code, out, err = mlbench("compare", "--no-score", SET, other, "--md", tmp_path / "rep.md")
         assert code == 0 and mine.read_bytes().startswith(b"\x89PNG"), out + err
+
+
+def test_a_set_whose_runs_log_different_divisions_says_so(tmp_path, monkeypatch) -> None:
+    """One run of a closed set logging division 'open': the RCP check was skipped or not by which file came first,
+    and nothing said the set mixed divisions. (The compliance checker is not what this is about: every file is
+    taken as compliant.)"""
+    folder = shutil.copytree(SET, tmp_path / "llama31_8b")
+    (folder / "result_3.txt").write_text((folder / "result_3.txt").read_text().replace(
+        '"key": "submission_division", "value": "closed"', '"key": "submission_division", "value": "open"'))
+    from mlbench.analysis.logs import find_sets
+
+    monkeypatch.setattr(score, "_compliance_all", lambda files, *args, **kwargs: [(True, [])] * len(files))
+    rs = find_sets(folder, steps=False)[0]
+    assert sorted({r.division for r in rs.runs}) == ["closed", "open"]
+    s = score.score_set(rs, jobs=1)
+    notes = [n for n in s.notes if "submission_division" in n]
+    assert notes and "(closed: result_0.txt" in notes[0] and "open: result_3.txt)" in notes[0], s.notes

@@ -186,6 +186,12 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     olympic = _olympic([s for _, s in same], benchmark, notes)
 
     division = _division(rs, runs)
+    logged = {r.division for r in runs if r.division}
+    if len(logged) > 1:  # (the RCP check, and so the score, would hang on which file came first)
+        each = "; ".join(f"{d}: {', '.join(r.name for r in runs if r.division == d)}" for d in sorted(logged))
+        source = "the systems json" if (rs.system_desc or {}).get("division") == division else "the first run"
+        notes.append(f"the runs log different submission_division values ({each}): judged as {division}, from "
+                     f"{source}")
     if rs.smoke:
         ok, computed = False, 1.0
         rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
