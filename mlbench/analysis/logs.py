@@ -591,7 +591,9 @@ def _unusable(record: Path) -> str | None:
 
 class GivenOnce:
     """What a command's PATHs name (a set's folder, a run's file, a published row), each once: the same one given
-    twice, or inside another PATH given too, would count twice (scaling) or be compared with itself (compare)."""
+    twice, or inside another PATH given too, would count twice (scaling) or be compared with itself (compare).
+    Keys say what is the same: a set and one run of it are two keys, so compare takes a run beside its set (one
+    run against the set's median), while scaling, whose keys are sets, refuses a run file inside a set given."""
 
     def __init__(self, takes: str):
         self.takes = takes  # e.g. "scaling takes each configuration"
