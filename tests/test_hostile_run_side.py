@@ -444,3 +444,44 @@ def test_a_process_that_ends_while_dead_runs_are_sought_is_passed_over(
         victim.kill()
         victim.wait()
     assert record["status"] == "aborted", record
+
+
+_RANK_THAT_FORKS = """
+import os, sys, time
+from mlbench.launch import lifeline
+lifeline.install_pdeathsig()
+pid = os.fork()
+if pid == 0:  # as megatron-core's checkpoint writer, forked mid-save
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_a_rank_forks_dies_with_the_rank(tmp_path: Path) -> None:
+    """kill -9 of mlbench while the final checkpoint was saved: megatron's writer, which the rank forks, kept
+    sleeping for good (a fork does not inherit the parent-death signal) and held the staging folder's rank logs
+    open, so no later command published the run. Here a rank forks as the writer does, and is killed."""
+    import signal
+    import time
+
+    rank = subprocess.Popen([sys.executable, "-c", _RANK_THAT_FORKS], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        child = int(rank.stdout.readline())
+        rank.send_signal(signal.SIGKILL)
+        rank.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _running(child):
+            time.sleep(0.05)
+        assert not _running(child), "the forked process outlived the rank"
+    finally:
+        rank.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

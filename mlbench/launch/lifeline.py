@@ -4,7 +4,8 @@
   `preexec_fn`) and becomes a child subreaper (`become_subreaper`): ranks orphaned by a dead launcher are
   re-parented to it, so it can still find, stop and reap them.
 - Every rank arms its own parent-death signal first thing (`install_pdeathsig`), and the training loop
-  checks `parent_alive()` each step: a rank whose launcher is gone stops without writing anything more.
+  checks `parent_alive()` each step: a rank whose launcher is gone stops without writing anything more. A process
+  a rank forks (a checkpoint writer) dies with it too.
 - A node other than node 0 (the torchrun launcher) watches node 0 (`NodeWatch`), whose supervisor publishes the
   run: its run ends within seconds of node 0's, saying so.
 The signals are Linux's (prctl); elsewhere only the check in the loop applies.
@@ -64,6 +65,23 @@ def install_pdeathsig(sig: int = signal.SIGKILL) -> None:
     _parent = os.getppid()
     die_with_parent(sig)
     if os.getppid() != _parent:  # it died before the signal was armed
+        os._exit(ORPHANED_EXIT)
+    os.register_at_fork(before=_note_forking, after_in_child=_forked_dies_with_parent)
+
+
+_forking = [0]  # the pid of the process about to fork (the forked child reads its copy)
+
+
+def _note_forking() -> None:
+    _forking[0] = os.getpid()
+
+
+def _forked_dies_with_parent() -> None:
+    """A process a rank forks (megatron-core's checkpoint writer forks one a save) dies with the process that forked
+    it: the parent-death signal is not inherited across fork, and a writer forked from a rank killed mid-save
+    waited on a lock for good, holding the run's staging folder open so that no later command published the run."""
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != _forking[0]:  # it died before the signal was armed
         os._exit(ORPHANED_EXIT)
 
 
