@@ -189,6 +189,11 @@ def _validate(b: Benchmark, path: Path) -> None:
     check_schedule(b, where, batches | set(b.optimizer.lr_table))
     _validate_budget(b, where, batches - {1})
     _validate_ranges(b, where)
+    _validate_experts(b, where)
+    if b.optimizer.lr is None and b.optimizer.base_at(b.train.global_batch_size) is None:
+        raise UserError(f"{where}: optimizer.lr is not given and optimizer.lr_table has no learning rate at the "
+                        f"file's global batch ({b.train.global_batch_size}); give optimizer.lr, or a table entry at "
+                        f"that batch")
     _validate_quality(b, where)
     if b.variant == "tiny" and not b.quality.note:
         raise UserError(f"{where}: a tiny variant must say how its target was chosen (quality.note)")
@@ -254,13 +259,24 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "model.rotary_base": (lambda v: v == int(v) and 1 <= v < spec.MAX_MAGNITUDE,
                           f"a whole number from 1 to {spec.MAX_MAGNITUDE - 1} (megatron-core takes it as an int64)"),
     "model.rope_scaling_factor": (lambda v: v > 0, "positive (the low frequencies are divided by it)"),
-    "eval.samples": (lambda v: v > 0, "positive"),
+    # an eval set is made whole in memory: 10^18 samples launched a run that died on "array is too big"
+    "eval.samples": (lambda v: 0 < v <= spec.MAX_GLOBAL_BATCH, f"1 to {spec.MAX_GLOBAL_BATCH:,} sequences"),
     "data.mask_prob": (lambda v: 0 < v < 1, "in (0, 1)"),
     "data.branching": (lambda v: v >= 1, "at least 1"),
     "data.concentration": (lambda v: v > 0, "positive"),
     # numpy.random.default_rng refused a negative one ("expected non-negative integer") once the run had started
     "data.seed": (lambda v: 0 <= v <= spec.SEED_MAX, f"0 to {spec.SEED_MAX}, as a run's --seed"),
     "mlperf.runs_required": (lambda v: v >= 1, "at least 1"),
+    # megatron pads the vocabulary to a multiple of it (0 was a ZeroDivisionError in show and plan)
+    "model.make_vocab_size_divisible_by": (lambda v: v >= 1, "at least 1"),
+    "model.num_query_groups": (lambda v: v is None or v >= 1, "at least 1 (or not given: one group a head)"),
+    "model.kv_channels": (lambda v: v is None or v >= 1, "at least 1 (or not given: hidden / heads)"),
+    "model.num_tokentypes": (lambda v: v >= 0, "at least 0"),
+    "model.window_size": (lambda v: v >= 0, "at least 0 (0: full causal attention)"),
+    "model.window_attn_skip_freq": (lambda v: v >= 0, "at least 0"),
+    "model.num_experts": (lambda v: v >= 0, "at least 0"),
+    "model.moe_router_topk": (lambda v: v >= 0, "at least 0"),
+    "model.moe_ffn_hidden_size": (lambda v: v >= 0, "at least 0"),
     "features.recompute_layers": (lambda v: v >= 1, "at least 1"),
 }
 
@@ -284,6 +300,21 @@ def _validate_ranges(b: Benchmark, where: str) -> None:
         value = getattr(getattr(b, section), name)
         if not ok(value):
             raise UserError(f"{where}: {key} is {value}; it must be {what}")
+
+
+def _validate_experts(b: Benchmark, where: str) -> None:
+    """A mixture-of-experts model has experts, each of some width, and routes each token to 1 to all of them (a
+    width of -1 was counted as a model of 1.4B parameters by show, and an IndexError in plan)."""
+    m = b.model
+    if m.family != "moe":
+        return
+    for key in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"):
+        if getattr(m, key) < 1:
+            raise UserError(f"{where}: model.{key} is {getattr(m, key)}; a mixture-of-experts model (family moe) "
+                            f"needs it at least 1")
+    if m.moe_router_topk > m.num_experts:
+        raise UserError(f"{where}: model.moe_router_topk is {m.moe_router_topk}, more than its {m.num_experts} "
+                        f"experts (model.num_experts)")
 
 
 def _validate_tables(b: Benchmark, where: str) -> None:

@@ -298,7 +298,7 @@ def _bounded(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"the result is {value}")
     if abs(value) >= MAX_MAGNITUDE:
-        raise ValueError(f"a value reaches {float(value):.3g}, beyond the bound {MAX_MAGNITUDE:.3g}")
+        raise ValueError(f"a value reaches {_magnitude(value)}, beyond the bound {MAX_MAGNITUDE:.3g}")
     return value
 
 
@@ -492,6 +492,24 @@ def _shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
+_FLOAT_LIMIT = 2**1023  # an integer from here on cannot become a float
+
+
+def _not_huge(where: str, value: int, bound: int) -> None:
+    """An integer below BOUND: a 400-digit one was an OverflowError where it met a float (a traceback out of list,
+    show and plan)."""
+    if abs(value) >= bound:
+        raise UserError(f"{where}: {_magnitude(value)} is beyond the bound {bound:.3g}")
+
+
+def _magnitude(value: Any) -> str:
+    """A number for a message, however large (float() of a 400-digit integer overflows)."""
+    try:
+        return f"{float(value):.3g}"
+    except OverflowError:
+        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+
+
 def _check_value(where: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -518,6 +536,7 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: expected an integer, got {_shown(value)}")
+        _not_huge(where, value, _FLOAT_LIMIT)  # (the key's own range, checked later, says more below that)
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 175.0e9 (no exponent sign) as a string
@@ -525,6 +544,8 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
                 value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(f"{where}: expected a number, got {_shown(value)}")
+        if isinstance(value, int):
+            _not_huge(where, value, MAX_MAGNITUDE)
         if not math.isfinite(value):
             raise UserError(f"{where}: expected a finite number, got {_shown(value)}")
         return float(value)

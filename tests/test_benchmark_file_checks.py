@@ -410,3 +410,33 @@ def test_full_recompute_layers_from_the_file_are_checked_against_the_pipeline_ch
         "features.recompute_layers 5 (gpt3.yaml; --recompute-layers sets it): full recompute (uniform) recomputes "
         "each pipeline chunk's layers in groups of 5, which must divide them, and gpt3's 96 layers over pp 8 x vp 6 "
         "give 2 layers a pipeline chunk: give one of 1, 2, or --recompute-method block")
+
+
+# Values that were a traceback out of list, show or plan (an OverflowError, a ZeroDivisionError, an IndexError, a
+# TypeError) or launched a run that died: each refused at load, naming the key.
+@pytest.mark.parametrize(("name", "old", "new", "said"), [
+    ("gpt3", "published_params: 1.75e+11", "published_params: 1" + "0" * 400,
+     "gpt3.yaml.published_params: a number of about 401 digits is beyond the bound 9.22e+18"),
+    ("gpt3", "beta1: 0.9", "beta1: 1" + "0" * 400, "optimizer.beta1: a number of about 401 digits is beyond"),
+    ("gpt3", "make_vocab_size_divisible_by: 128", "make_vocab_size_divisible_by: 0",
+     "gpt3.yaml: model.make_vocab_size_divisible_by is 0; it must be at least 1"),
+    ("gpt_oss_20b", "moe_ffn_hidden_size: 2880", "moe_ffn_hidden_size: -1",
+     "gpt_oss_20b.yaml: model.moe_ffn_hidden_size is -1; it must be at least 0"),
+    ("gpt_oss_20b", "moe_ffn_hidden_size: 2880", "moe_ffn_hidden_size: 0",
+     "model.moe_ffn_hidden_size is 0; a mixture-of-experts model (family moe) needs it at least 1"),
+    ("gpt3", "lr: max(2e-5, 3e-5 * min(1, max(0, global_batch_size - 3599)))", "lr: null",
+     "gpt3.yaml: optimizer.lr is not given and optimizer.lr_table has no learning rate at the file's global batch "
+     "(1536)"),
+    ("gpt_oss_20b", "  samples: 1024", "  samples: 1000000000000000000",
+     "gpt_oss_20b.yaml: eval.samples is 1000000000000000000; it must be 1 to 1,048,576 sequences"),
+], ids=["huge-int-as-float", "huge-int-beta1", "vocab-multiple-0", "negative-expert-width", "moe-without-width",
+        "no-lr-at-the-files-batch", "eval-samples-past-memory"])
+def test_values_that_were_tracebacks_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
+                                                         said: str) -> None:
+    f = benchmarks_copy / f"{name}.yaml"
+    text = f.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+    with pytest.raises(UserError) as e:
+        registry.load(name, directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
