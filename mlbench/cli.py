@@ -17,7 +17,7 @@ from mlbench import registry, terminal
 from mlbench.cli_options import layout_options
 from mlbench.cli_paths import PathParam, path_limit
 from mlbench.errors import OutputFailed, Stopped, UserError, printable, stops_on_signals
-from mlbench.preflight import LayoutRequest, check_new_folder
+from mlbench.preflight import LayoutRequest, check_new_folder, check_save_path_length
 from mlbench.quality import operator
 
 console = terminal.console()
@@ -222,6 +222,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
         raise UserError(f"{name}: no conversion needed or provided; its reference checkpoint loads directly with "
                         f"--init-checkpoint when it is a megatron-core torch_dist checkpoint (docs/checkpoints.md)")
     check_new_folder("DEST", dest)
+    check_save_path_length(dest, 1, "local", "DEST")  # where the conversion saves, as a run's save is checked
     with tempfile.TemporaryDirectory(prefix="mlbench-convert-") as tmp:
         spec = Path(tmp) / "benchmark.json"
         spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))

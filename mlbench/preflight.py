@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from mlbench import rcp_schedule, registry, results, spec
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -364,7 +364,7 @@ def check_path_lengths(root: Path, system: str, bench: Benchmark, layout: Layout
                         f"path is at most {most} bytes")
 
 
-def check_save_path_length(save: Path, world_size: int, launcher: str) -> None:
+def check_save_path_length(save: Path, world_size: int, launcher: str, what: str = "--save-checkpoint") -> None:
     """The deepest file a checkpoint save makes (in its staging folder `.NAME.partial-<owner tag>` beside SAVE:
     megatron-core's `__<rank>_<thread>.distcp`, .metadata, common.pt, metadata.json) within NAME_MAX and PATH_MAX.
     Past them the run trained to its end, then 'checkpoint NOT saved: File name too long'."""
@@ -386,13 +386,13 @@ def check_save_path_length(save: Path, world_size: int, launcher: str) -> None:
     deepest = dest.parent / partial / file
     name_max = path_limit("PC_NAME_MAX", deepest, 255)
     if len(os.fsencode(partial)) > name_max:
-        raise UserError(f"--save-checkpoint {save}: File name too long: the save is made in {partial[:60]!r}... "
+        raise UserError(f"{what} {save}: File name too long: the save is made in {partial[:60]!r}... "
                         f"beside it, {len(os.fsencode(partial))} bytes (a name takes at most {name_max}); give a "
                         f"name of at most {name_max - len(os.fsencode(partial)) + len(os.fsencode(dest.name))} "
                         f"bytes")
     path_max, size = path_limit("PC_PATH_MAX", deepest, 4096), len(os.fsencode(str(deepest)))
     if size >= path_max:  # PATH_MAX counts the terminating NUL
-        raise UserError(f"--save-checkpoint {save}: too deep: the deepest file the save makes, "
+        raise UserError(f"{what} {save}: too deep: the deepest file the save makes, "
                         f"<its folder's parent>/{partial}/{file}, would be {size} bytes (a path takes at most "
                         f"{path_max - 1} bytes: PATH_MAX {path_max} with its terminating NUL); give a path at most "
                         f"{path_max - 1 - (size - len(os.fsencode(str(dest))))} bytes long")
@@ -465,10 +465,25 @@ def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
 
 
 def check_new_folder(what: str, path: Path) -> None:
-    """A folder about to be written (a checkpoint): new, and creatable."""
+    """A folder about to be written (a checkpoint): new, and creatable, its name printable (it is printed), not a
+    link (a dangling one was found only after a conversion, its output left aside), not through a loop of links (a
+    RuntimeError out of resolve())."""
+    bad = next((c for c in str(path) if not c.isprintable() and not "\udc80" <= c <= "\udcff"), None)
+    if bad is not None:
+        raise UserError(printable(f"{what} {path}: holds {repr(bad)[1:-1]}, a character that is not printable; name "
+                                  f"the folder without one"))
+    if path.is_symlink():
+        raise UserError(f"{what} {path}: is a symbolic link (to {os.readlink(path)}); a checkpoint is written to a new "
+                        f"folder: give its own path")
     if path.exists():
         raise UserError(f"{what} {path}: exists; a checkpoint is never overwritten")
-    parent, why = _creatable(path.resolve())
+    try:
+        resolved = path.resolve()
+    except RuntimeError:  # (Python 3.11 on a loop of links; later versions raise OSError ELOOP)
+        raise UserError(f"{what} {path}: its path runs through a loop of symbolic links; give another") from None
+    except OSError as e:
+        raise UserError(f"{what} {path}: {e.strerror or e}; give another path") from None
+    parent, why = _creatable(resolved)
     if why:
         raise UserError(f"{what} {path}: {parent} {why}")
 

@@ -485,3 +485,49 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_a_new_checkpoint_folder_path_is_checked_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """`--save-checkpoint` and convert-checkpoint's DEST: a loop of links was a RuntimeError traceback; a dangling
+    link, a path past PATH_MAX and a name with ESC or a newline were found only after the conversion (the output left
+    in .DEST.partial-*, blamed on SRC and --save-checkpoint) or printed raw."""
+    from conftest import mlbench_in_process
+
+    from mlbench.errors import UserError
+    from mlbench.preflight import check_new_folder
+
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loopB", "loopA")
+    os.symlink("loopA", "loopB")
+    os.symlink("nowhere", "dangling")
+    room = 4070 - len(str(tmp_path)) - 1  # DEST itself within PATH_MAX (4096), the files of its save past it
+    deep = ("d" * 199 + "/") * ((room - 1) // 200) + "e" * (room - 200 * ((room - 1) // 200))
+    src = tmp_path / "ref.pt"
+    src.write_bytes(b"not read: DEST is refused first")
+    cases = {"loopA": "is a symbolic link (to loopB)", "loopA/x": "its path runs through a loop of symbolic links",
+             "dangling": "is a symbolic link (to nowhere)", "cv\x1b[31mRED": "holds \\x1b, a character that is not",
+             "cv\nnl": "holds \\n", deep: "too deep: the deepest file the save makes"}
+    for dest, said in cases.items():
+        if dest != deep:
+            with pytest.raises(UserError, match=re_escape(said)):
+                check_new_folder("--save-checkpoint", Path(dest))
+        code, out, err = mlbench_in_process(monkeypatch, capsys, "convert-checkpoint", "bert", src, dest, "--tiny")
+        assert code == 2 and said in out + err and "Traceback" not in out + err, (dest, code, out, err)
+        assert "\x1b" not in out + err and not list(tmp_path.glob(".*partial*")), (dest, out)
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_a_checkpoints_metadata_nested_too_deep_is_named_not_a_recursion_error(tmp_path: Path) -> None:
+    from mlbench.train.checkpoint import folder
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata.json").write_text('{"sharded_backend": "torch_dist", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(folder.CheckpointError, match=r"cannot read metadata.json \(nested too deep\)"):
+        folder.check_readable(ck)

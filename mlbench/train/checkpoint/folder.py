@@ -29,9 +29,14 @@ def check_readable(path: str | Path) -> None:
         raise CheckpointError(f"--init-checkpoint {path}: not a megatron-core distributed checkpoint "
                               f"(no metadata.json){hint}")
     try:
+        if meta.stat().st_size > _METADATA_BYTES:
+            raise CheckpointError(f"--init-checkpoint {path}: metadata.json is {meta.stat().st_size:,} bytes; "
+                                  f"megatron-core writes a few dozen")
         data = json.loads(meta.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"--init-checkpoint {path}: cannot read metadata.json ({e})") from None
+    except RecursionError:  # (lists nested 100,000 deep)
+        raise CheckpointError(f"--init-checkpoint {path}: cannot read metadata.json (nested too deep)") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not a JSON object")
     backend = data.get("sharded_backend")
@@ -49,6 +54,9 @@ def check_readable(path: str | Path) -> None:
             raise CheckpointError(f"--init-checkpoint {path}: no {' and no '.join(absent)}: a torch_dist "
                                   f"checkpoint holds its tensor index (.metadata) and its non-tensor state "
                                   f"(common.pt); this one is incomplete")
+
+
+_METADATA_BYTES = 1 << 20  # megatron-core's metadata.json: {"sharded_backend": ..., "sharded_backend_version": ...}
 
 
 def load_error(e: BaseException) -> str:
