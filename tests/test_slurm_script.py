@@ -141,6 +141,10 @@ def test_render_defaults_and_variants() -> None:
         {"time_limit": "00:01:00", "signal": "TERM@120"},  # the warning would come at once
         {"rdzv_timeout": 0.0},
         {"rdzv_timeout": float("nan")},
+        # --dry-run printed the script: an ESC reached the terminal (as it would the job's output file)
+        {"partition": "p\x1b[31mX"},
+        {"account": "a\x07"},
+        {"sbatch_options": ["--comment=\x1b]0;title\x07"]},
     ],
 )
 def test_render_rejects_bad_input(kw: dict[str, object]) -> None:

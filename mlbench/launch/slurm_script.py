@@ -104,14 +104,16 @@ class SlurmJob:
         for opt in self.sbatch_options:
             if not opt.startswith("-"):
                 raise ValueError(f"sbatch option must start with '-': {opt!r}")
-        # A newline would end an #SBATCH line or a shell word early: refuse rather than escape.
+        # A newline would end an #SBATCH line or a shell word early, an ESC colour the terminal that shows the
+        # script (--dry-run printed it raw) and its output file: refuse rather than escape.
         texts = [self.job_name, *self.command, *self.sbatch_options, *self.container_mounts,
                  *self.env, *self.env.values()]  # fmt: skip
         opt_texts = [self.partition, self.account, self.container_image, self.output, self.error,
                      self.workdir, self.master_addr, self.log_dir]  # fmt: skip
         for t in [*texts, *(t for t in opt_texts if t is not None)]:
-            if "\n" in t or "\r" in t or "\0" in t:
-                raise ValueError(f"newline or NUL in {t!r}")
+            if not t.isprintable():
+                bad = next(c for c in t if not c.isprintable())
+                raise ValueError(f"{repr(bad)[1:-1]}, a character that is not printable, in {t!r}")
 
     @property
     def procs_per_node(self) -> int:
