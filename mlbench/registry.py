@@ -28,6 +28,9 @@ MAX_MARKOV_VOCAB = 4096
 # MLBENCH_BENCHMARKS points at another folder of definitions (a user's own, or a test's). Set but empty is unset,
 # as for most variables (Path("") would be the working directory).
 BENCHMARKS_DIR = Path(os.environ.get("MLBENCH_BENCHMARKS") or ROOT / "benchmarks")
+# The definitions mlbench ships, whatever MLBENCH_BENCHMARKS says: what the planner measures and is calibrated on (a
+# user's folder without gpt3.yaml made `plan --device cpu` fail, and an edited one moved the CPU's calibration).
+SHIPPED_DIR = ROOT / "benchmarks"
 # libyaml's parser where PyYAML has it (its wheels do): the pure-Python one takes 40 ms a benchmark file, and
 # every command reads one or more (`mlbench list`: 0.4 s of its 0.5).
 _BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -331,3 +331,24 @@ def test_plan_carries_the_memory_plan_where_there_is_one() -> None:
     assert set(r["memory"]) >= {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
                                 "total_bytes"}
     assert r["fits"] == (r["memory"]["total_bytes"] <= 80e9)
+
+
+def test_the_planner_measures_and_calibrates_on_the_shipped_definitions(tmp_path, monkeypatch) -> None:
+    """A user's MLBENCH_BENCHMARKS folder holding only llama31_8b.yaml: `plan --device cpu` failed with 'unknown
+    benchmark gpt3' (and a run's record carried it as its prediction's reason); an edited gpt3.yaml there moved the
+    CPU's calibration. What the planner measures and is calibrated on is mlbench's own gpt3 and llama31_405b."""
+    from mlbench import registry
+    from mlbench.planner import calibration, cpu
+
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "llama31_8b.yaml").write_text((registry.SHIPPED_DIR / "llama31_8b.yaml").read_text())
+    monkeypatch.setattr(registry, "BENCHMARKS_DIR", own)
+    with pytest.raises(Exception, match="unknown benchmark 'gpt3'"):
+        registry.load("gpt3", tiny=True)  # (the user's folder is the one `run` and `plan` read)
+    cost = {"step_1_micro_s": 0.02, "step_2_micro_s": 0.03, "step_fb_s": 0.008, "optimizer_s_per_tensor": 1e-5,
+            "megatron_layer_s": 0.003, "megatron_head_s": 0.001}
+    assert cpu.model_level(cost) > 0 and all(x >= 0 for x in cpu.harness(cost))
+    assert "directory=registry.SHIPPED_DIR" in cpu.PROBE
+    if CSV.is_file():
+        assert calibration.load(CSV)

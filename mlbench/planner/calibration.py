@@ -91,7 +91,7 @@ def _megatron_2021_step(m: ModelSpec, gbs: int, gpus: int, tflops: float) -> flo
 
 
 def load(path: Path) -> list[Row]:
-    gpt3, llama = registry.load("gpt3").model, registry.load("llama31_405b").model
+    gpt3, llama = (registry.load(n, directory=registry.SHIPPED_DIR).model for n in ("gpt3", "llama31_405b"))
     rows = []
     for i, r in enumerate(csv.DictReader(path.open())):
         model_name, gpus = r["model"], int(r["num_gpus"])

@@ -72,7 +72,7 @@ from mlbench import registry
 from mlbench.layout import resolve
 from mlbench.run_plan import RunPlan
 from mlbench.train.build import build, init_distributed
-tiny = registry.load("gpt3", tiny=True)
+tiny = registry.load("gpt3", tiny=True, directory=registry.SHIPPED_DIR)
 mbs = tiny.train.micro_batch_size
 plan = RunPlan(benchmark=tiny, layout=resolve(tiny, 1, 1, global_batch_size=2 * mbs).as_dict(), seed=1,
                run_dir=os.getcwd(), system="probe")
@@ -329,7 +329,7 @@ def harness(cost: dict) -> tuple[float, float]:
 
     if "step_1_micro_s" not in cost:
         return 0.0, 0.0
-    tiny = registry.load("gpt3", tiny=True).model
+    tiny = registry.load("gpt3", tiny=True, directory=registry.SHIPPED_DIR).model
     per_micro = cost["step_2_micro_s"] - cost["step_1_micro_s"]
     fixed = cost["step_1_micro_s"] - per_micro
     return max(0.0, per_micro - cost["step_fb_s"]), max(0.0, fixed - _tensors(tiny, 1) * cost["optimizer_s_per_tensor"])
@@ -342,7 +342,7 @@ def model_level(cost: dict) -> float:
 
     if "step_fb_s" not in cost:
         return 1.0
-    tiny = registry.load("gpt3", tiny=True).model
+    tiny = registry.load("gpt3", tiny=True, directory=registry.SHIPPED_DIR).model
     return cost["step_fb_s"] / (tiny.num_layers * cost["megatron_layer_s"] + cost["megatron_head_s"])
 
 
