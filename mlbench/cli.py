@@ -187,6 +187,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--ignore-closed-rules", is_flag=True,
               help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
                    "then fails the checker). Without it such a run is refused before launch.")
+@stops_on_signals  # from the start: a stop during the checks before launch cleans up as Ctrl-C does
 def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
     """Run a benchmark to its quality target and report time-to-train."""
     from mlbench import preflight
@@ -201,6 +202,7 @@ def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
 @click.argument("src", type=PathParam(exists=True, dir_okay=False))
 @click.argument("dest", type=PathParam())
 @click.option("--tiny", is_flag=True, help="Convert for the tiny variant's model.")
+@stops_on_signals
 def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
     """Converts a benchmark's reference checkpoint into a megatron-core checkpoint for --init-checkpoint.
 
@@ -223,15 +225,20 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
                         f"--init-checkpoint when it is a megatron-core torch_dist checkpoint (docs/checkpoints.md)")
     check_new_folder("DEST", dest)
     check_save_path_length(dest, 1, "local", "DEST")  # where the conversion saves, as a run's save is checked
-    with tempfile.TemporaryDirectory(prefix="mlbench-convert-") as tmp:
-        spec = Path(tmp) / "benchmark.json"
-        spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
-        try:
-            r = helper_process.run_json(converter, str(spec), str(src), str(dest), prefix=f"{src}: ")
-        except helper_process.HelperFailed as e:
-            console.print(Text.assemble(("error:", "red"), " conversion failed: "), end="")
-            console.print(str(e), markup=False, highlight=False, soft_wrap=True)
-            sys.exit(1)
+    from mlbench.train.checkpoint import folder
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="mlbench-convert-") as tmp:
+            spec = Path(tmp) / "benchmark.json"
+            spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
+            try:
+                r = helper_process.run_json(converter, str(spec), str(src), str(dest), prefix=f"{src}: ")
+            except helper_process.HelperFailed as e:
+                console.print(Text.assemble(("error:", "red"), " conversion failed: "), end="")
+                console.print(str(e), markup=False, highlight=False, soft_wrap=True)
+                sys.exit(1)
+    finally:  # a converter stopped or killed mid-save (SIGTERM, the terminal closed) left its partial save beside DEST
+        folder.remove_dead_partials(dest)
     console.print(f"converted {src} -> {dest}: {r['tensors']} tensors, {r['parameters']:,} values (vocabulary "
                   f"padding included) in {r['seconds']} s; start a run from it with --init-checkpoint {dest}",
                   highlight=False, soft_wrap=True)

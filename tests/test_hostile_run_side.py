@@ -531,3 +531,71 @@ def test_a_checkpoints_metadata_nested_too_deep_is_named_not_a_recursion_error(t
     (ck / "metadata.json").write_text('{"sharded_backend": "torch_dist", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(folder.CheckpointError, match=r"cannot read metadata.json \(nested too deep\)"):
         folder.check_readable(ck)
+
+
+def test_a_stopped_conversion_leaves_nothing_and_the_next_one_clears_a_killed_ones_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """SIGTERM or SIGHUP (a closed terminal, `timeout`) during convert-checkpoint ended it at once (exit -15, no
+    word), leaving /tmp/mlbench-convert-*/ and the converter's .DEST.partial-*/, which no later conversion removed.
+    A stop now ends it as Ctrl-C does (the converter stopped, the scratch removed, exit 143); a partial save whose
+    converter is gone is removed by the next conversion to that DEST, whatever becomes of it."""
+    import signal
+    import time
+
+    from conftest import mlbench_in_process
+
+    from mlbench import owners
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    src = tmp_path / "ref.pt"
+    src.write_bytes(b"x" * 1024)  # the converter is stopped before it reads it
+    proc = subprocess.Popen([*MLBENCH, "convert-checkpoint", "bert", str(src), str(tmp_path / "cv"), "--tiny"],
+                            env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not list(scratch.glob("mlbench-convert-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # the converter importing torch
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out)
+    assert "Traceback" not in out and not list(scratch.iterdir()), (out, list(scratch.iterdir()))
+    dead = tmp_path / f".cv.partial-{owners.tag()}x"
+    (dead / "sub").mkdir(parents=True)
+    monkeypatch.setattr(owners, "gone", lambda tag: True)
+    code, out, err = mlbench_in_process(monkeypatch, capsys, "convert-checkpoint", "bert", src, tmp_path / "cv",
+                                        "--tiny")
+    assert code == 2 and not dead.exists(), (code, out, err)
+
+
+def test_a_stop_during_plans_cpu_measurement_ends_its_probe(tmp_path: Path) -> None:
+    """SIGTERM during `plan --device cpu`'s first measurement ended plan at once (exit -15, no word): its probe
+    trained on, orphaned, for 15 s at full CPU, and its scratch folder stayed. Now it ends as Ctrl-C does."""
+    import signal
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "MLBENCH_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([*MLBENCH, "plan", "gpt3", "--tiny", "--device", "cpu"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not list(scratch.iterdir()) and time.monotonic() < deadline:  # the probe's scratch: it has started
+        time.sleep(0.02)
+    time.sleep(0.5)
+    probes = [p for p in Path("/proc").glob("[0-9]*/cmdline")
+              if _reads(p).startswith(sys.executable.encode()) and b"statistics" in _reads(p)]
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out)
+    assert probes and not list(scratch.iterdir()), (probes, list(scratch.iterdir()))
+    time.sleep(0.2)
+    assert not [p for p in probes if _reads(p)], "the probe outlived plan"
+
+
+def _reads(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from mlbench import terminal
 from mlbench.cli_options import layout_options
-from mlbench.errors import ProductStream, UserError, document_on_stdout
+from mlbench.errors import ProductStream, UserError, document_on_stdout, stops_on_signals
 from mlbench.preflight import LayoutRequest
 
 _LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "micro_batch_size")
@@ -51,6 +51,7 @@ class _NodeCounts(click.ParamType):
 @click.option("--tiny", is_flag=True, help="The tiny variant (with --device cpu: what `mlbench run --tiny` trains).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @layout_options
+@stops_on_signals  # the CPU's measurement runs a probe: a stop ends it, and its scratch folder goes
 def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutRequest) -> None:
     """Predicted memory, step time, throughput, MFU and time-to-train of BENCH on a device: for the layout given,
     or, with no --tp/--pp/--vp/--cp/--mbs, the best layouts for --nodes x --nproc-per-node; --nodes 8,16,32
