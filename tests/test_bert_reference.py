@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -165,7 +166,7 @@ def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:
     # The right names at the wrong size: the tiny model (hidden 64) from a BERT-large layer's query.
     wrong = {f"bert.encoder.layer.0.attention.self.{n}.weight": torch.zeros(1024, 1024)
              for n in ("query", "key", "value")}
-    with pytest.raises(CheckpointError, match=r"query: shape \[1024, 1024\], this model needs \[64, 64\]"):
+    with pytest.raises(CheckpointError, match=r"query.weight: shape \[1024, 1024\], this model needs \[64, 64\]"):
         to_megatron(wrong, tiny, 32)
     # Weights that are no finite floats were copied in as they were: ints rounded, complex halved, NaN trained on
     word = "bert.embeddings.word_embeddings.weight"
@@ -183,3 +184,31 @@ def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:
     torch.save({"model": {"w": 1}}, junk)
     with pytest.raises(CheckpointError, match="state dict of tensors"):
         reference_state(junk)
+
+
+def test_conversion_refuses_tensors_it_cannot_take_naming_each(tmp_path: Path) -> None:
+    """Found by a hostile tester: a sparse, meta or 0-d tensor and an integer key were tracebacks (exit 1); a query
+    weight of the wrong shape was reported as the key's, with the bias's shape as the target; a word embedding of
+    another vocabulary (5 rows for 32) was padded up and converted, exit 0."""
+    import pytest
+    import torch
+
+    from mlbench import registry
+    from mlbench.train.checkpoint.convert_bert import CheckpointError, reference_state, to_megatron
+
+    tiny = registry.load("bert", tiny=True).model
+    word = "bert.embeddings.word_embeddings.weight"
+    f = tmp_path / "ref.pt"
+    for sd, said in (({word: torch.zeros(32, 64).to_sparse()}, f"{word} is a sparse_coo tensor"),
+                     ({word: torch.zeros(32, 64, device="meta")}, f"{word} is a meta tensor, with no values"),
+                     ({word: torch.tensor(1.0)}, f"{word} is a single number"),
+                     ({5: torch.zeros(3)}, "key 5 is not a tensor's name")):
+        torch.save(sd, f)
+        with pytest.raises(CheckpointError, match=re.escape(said)):
+            reference_state(f)
+    a = "bert.encoder.layer.0.attention.self."
+    qkv = {f"{a}{n}.weight": torch.zeros(64, 64) for n in ("query", "key", "value")}
+    with pytest.raises(CheckpointError, match=re.escape(f"{a}query.weight: shape [64], this model needs [64, 64]")):
+        to_megatron({**qkv, f"{a}query.weight": torch.zeros(64)}, tiny, 64)
+    with pytest.raises(CheckpointError, match=re.escape(f"{word}: 5 rows, this model's vocabulary has 32 tokens")):
+        to_megatron({word: torch.zeros(5, 64)}, tiny, 64)

@@ -42,20 +42,31 @@ def reference_state(src: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError("expected a state dict of tensors (bare or under 'model')")
     out = {}
     for k, v in sd.items():
+        if not isinstance(k, str):  # ('int' object has no attribute 'removeprefix')
+            raise CheckpointError(f"key {k!r} is not a tensor's name; a state dict is keyed by names")
+        # a sparse or meta tensor, or a 0-d one, came out of the conversion as a traceback, exit 1
+        if v.layout != torch.strided or v.is_meta:
+            kind = "a meta tensor, with no values" if v.is_meta else f"a {str(v.layout).removeprefix('torch.')} tensor"
+            raise CheckpointError(f"{k} is {kind}; a weight is a dense tensor of values")
+        if v.dim() == 0:
+            raise CheckpointError(f"{k} is a single number; a weight has at least one dimension")
         k = k.removeprefix("module.")
         k = k if k.startswith(("bert.", "cls.")) else f"bert.{k}"  # a bare BertModel's names
         out[k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")] = v
     return out
 
 
-def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ModelSpec, name: str) -> torch.Tensor:
-    """megatron-core's linear_qkv rows: for each query group, its query heads, then its key, then its value."""
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ModelSpec, prefix: str,
+              kind: str) -> torch.Tensor:
+    """megatron-core's linear_qkv rows: for each query group, its query heads, then its key, then its value. KIND:
+    'weight' or 'bias', which says the shape each must have (the query's own shape said it, and a query of the
+    wrong shape was reported as the key's)."""
     groups = m.num_query_groups or m.num_attention_heads
     kv = m.kv_channels or m.hidden_size // m.num_attention_heads
-    cols = (m.hidden_size,) if q.dim() == 2 else ()
+    cols = (m.hidden_size,) if kind == "weight" else ()
     for t, rows, what in ((q, m.num_attention_heads * kv, "query"), (k, groups * kv, "key"), (v, groups * kv, "value")):
         if tuple(t.shape) != (rows, *cols):
-            raise CheckpointError(f"{name} {what}: shape {list(t.shape)}, this model needs {[rows, *cols]} "
+            raise CheckpointError(f"{prefix}{what}.{kind}: shape {list(t.shape)}, this model needs {[rows, *cols]} "
                                   f"(a different architecture)")
     parts = [q.reshape(groups, -1, *cols), k.reshape(groups, kv, *cols), v.reshape(groups, kv, *cols)]
     return torch.cat(parts, dim=1).reshape(-1, *cols)
@@ -82,15 +93,20 @@ def to_megatron(ref: dict[str, torch.Tensor], m: ModelSpec, vocab_rows: int) -> 
             raise CheckpointError(f"{name} holds NaN or infinite values; a weight is a finite number")
         return t
 
-    def pad(t: torch.Tensor | None, value: float = 0.0) -> torch.Tensor | None:
+    def pad(t: torch.Tensor | None, name: str, value: float = 0.0) -> torch.Tensor | None:
+        """T, a row a token of the reference's vocabulary, with padding rows up to VOCAB_ROWS: a checkpoint of
+        another vocabulary (5 rows, say) was padded up and converted, its missing tokens never predicted."""
         if t is None:
             return None
+        if t.shape[0] != m.vocab_size:
+            raise CheckpointError(f"{name}: {t.shape[0]:,} rows, this model's vocabulary has {m.vocab_size:,} tokens "
+                                  f"(another vocabulary)")
         extra = vocab_rows - t.shape[0]
         return torch.cat([t, t.new_full((extra, *t.shape[1:]), value)]) if extra > 0 else t
 
     out: dict[str, torch.Tensor] = {}
     e = "bert.embeddings."
-    out["embedding.word_embeddings.weight"] = pad(take(e + "word_embeddings.weight"))
+    out["embedding.word_embeddings.weight"] = pad(take(e + "word_embeddings.weight"), e + "word_embeddings.weight")
     if m.position_embedding == "learned_absolute":
         out["embedding.position_embeddings.weight"] = take(e + "position_embeddings.weight")
     if m.num_tokentypes:
@@ -102,7 +118,7 @@ def to_megatron(ref: dict[str, torch.Tensor], m: ModelSpec, vocab_rows: int) -> 
         for p in ("weight", "bias"):
             q, k, v = (take(f"{r}attention.self.{n}.{p}") for n in ("query", "key", "value"))
             if q is not None and k is not None and v is not None:
-                out[f"{t}self_attention.linear_qkv.{p}"] = _fuse_qkv(q, k, v, m, f"{r}attention.self.*.{p}")
+                out[f"{t}self_attention.linear_qkv.{p}"] = _fuse_qkv(q, k, v, m, f"{r}attention.self.", p)
             out[f"{t}self_attention.linear_proj.{p}"] = take(f"{r}attention.output.dense.{p}")
             out[f"{t}self_attn_bda.norm.{p}"] = take(f"{r}attention.output.LayerNorm.{p}")
             out[f"{t}mlp.linear_fc1.{p}"] = take(f"{r}intermediate.dense.{p}")
@@ -121,9 +137,9 @@ def to_megatron(ref: dict[str, torch.Tensor], m: ModelSpec, vocab_rows: int) -> 
     # Padding rows the reference does not have: zero embeddings and a -10000 bias keep their logits out of the
     # softmax and the argmax, so the converted model predicts exactly as the reference (the bias gets no
     # gradient there, and no weight decay: it is 1-D).
-    out["output_layer.bias"] = pad(take("cls.predictions.bias"), -10000.0)
+    out["output_layer.bias"] = pad(take("cls.predictions.bias"), "cls.predictions.bias", -10000.0)
     if m.untie_embeddings:
-        out["output_layer.weight"] = pad(take("cls.predictions.decoder.weight"))
+        out["output_layer.weight"] = pad(take("cls.predictions.decoder.weight"), "cls.predictions.decoder.weight")
     else:
         ref.pop("cls.predictions.decoder.weight", None)  # the tied copy of the word embeddings
     if missing:
