@@ -599,3 +599,13 @@ def _reads(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+def test_a_checkpoints_metadata_with_a_key_megatron_does_not_write_is_named(tmp_path: Path) -> None:
+    from mlbench.train.checkpoint import folder
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata.json").write_text('{"sharded_backend": "torch_dist", "x": NaN}')
+    with pytest.raises(folder.CheckpointError, match="metadata.json holds 'x', which megatron-core's checkpoints"):
+        folder.check_readable(ck)

@@ -39,6 +39,12 @@ def check_readable(path: str | Path) -> None:
         raise CheckpointError(f"--init-checkpoint {path}: cannot read metadata.json (nested too deep)") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not a JSON object")
+    # megatron-core's CheckpointingConfig takes these alone: another key was "cannot read its tensor index (TypeError:
+    # ... unexpected keyword argument)", blaming the index for metadata.json
+    unknown = sorted(set(data) - set(_METADATA_KEYS), key=str)
+    if unknown:
+        raise CheckpointError(f"--init-checkpoint {path}: metadata.json holds {unknown[0]!r}, which megatron-core's "
+                              f"checkpoints do not (its keys: {', '.join(_METADATA_KEYS)})")
     backend = data.get("sharded_backend")
     if backend not in ("torch_dist", "zarr"):
         raise CheckpointError(f"--init-checkpoint {path}: sharded backend {backend!r}; readable: 'torch_dist' "
@@ -56,6 +62,7 @@ def check_readable(path: str | Path) -> None:
                                   f"(common.pt); this one is incomplete")
 
 
+_METADATA_KEYS = ("sharded_backend", "sharded_backend_version", "common_backend", "common_backend_version")
 _METADATA_BYTES = 1 << 20  # megatron-core's metadata.json: {"sharded_backend": ..., "sharded_backend_version": ...}
 
 
