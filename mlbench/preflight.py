@@ -221,10 +221,16 @@ def _check_options(req: RunRequest) -> None:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535 (a host "
                             f"name or address, [ADDRESS] for IPv6; no scheme, no path)")
         try:  # torchrun retried an unknown host for a minute and a half, then said only that it exited
-            socket.getaddrinfo(bare, int(port))
+            found = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as e:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: the host {bare!r} does not resolve "
                             f"({getattr(e, 'strerror', None) or e}); give node 0's host name or address") from None
+        if req.node_rank == 0 and not req.dry_run and not any(_is_here(a) for a in found):
+            # node 0's torchrun serves the rendezvous at the endpoint: elsewhere it waited --rdzv-timeout (600 s),
+            # then blamed 'what answered there'
+            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: node 0 (--node-rank 0) serves the rendezvous "
+                            f"there, and {bare} is no address of this host; give this host's name or address, or "
+                            f"start this node with its own --node-rank")
     if req.launcher == "local" and ly.nodes > 1 and not req.dry_run:
         raise UserError(f"--launcher local runs on this machine only; for --nodes {ly.nodes} use --launcher "
                         f"torchrun (one invocation per node)")
@@ -232,6 +238,17 @@ def _check_options(req: RunRequest) -> None:
         raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
     for flag, path in (("--results", req.results_root), ("--save-checkpoint", req.save_checkpoint)):
         _check_printable(flag, path)
+
+
+def _is_here(addrinfo: tuple) -> bool:
+    """Whether a getaddrinfo answer is an address of this host: a socket can be bound to it."""
+    family, kind, proto, _, address = addrinfo
+    try:
+        with socket.socket(family, kind, proto) as s:
+            s.bind((address[0], 0, *address[2:]))
+        return True
+    except OSError:
+        return False
 
 
 def _check_printable(flag: str, path: Path | None) -> None:

@@ -122,6 +122,11 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"launcher": "torchrun", "rdzv_endpoint": "127.0.0.1:29652:1"}, r"must be HOST:PORT with a port 1-65535"),
     ({"launcher": "torchrun", "rdzv_endpoint": "no-such-host.invalid:29555"},
      r"the host 'no-such-host.invalid' does not resolve"),
+    # node 0 serves the rendezvous: at another host's address it waited --rdzv-timeout (600 s), then blamed "what
+    # answered there" (192.0.2.1: TEST-NET-1, no host's address)
+    ({"launcher": "torchrun", "rdzv_endpoint": "192.0.2.1:29513", "layout": {"nodes": 2}},
+     r"--rdzv-endpoint '192.0.2.1:29513': node 0 \(--node-rank 0\) serves the rendezvous there, and 192.0.2.1 is no "
+     r"address of this host"),
     ({"hang_timeout": 0.001}, r"--hang-timeout 0.001 is shorter than a step .* at least 1 s"),  # killed a healthy run
     ({"launcher": "torchrun", "rdzv_endpoint": "h:1", "layout": {"nodes": 2}, "rdzv_timeout": 0.0},
      r"--rdzv-timeout must be 1 to 604800 seconds, got 0.0"),
