@@ -81,9 +81,6 @@ def _sort_lines(data: bytes, pos: int, cut: int, wanted: frozenset[bytes]) -> tu
     ok = (ends - starts > _TOKEN_LEN) & (starts < end)
     head = np.minimum(starts, end - 1)
     ok &= (word[head] == _TOKEN_WORD) & (a[head + 8] == 0x20)  # the line begins with the token, so every
-    if data.count(TOKEN_B, pos, cut) > np.count_nonzero(ok):  # a token inside a line: the rule reads the last
-        t = np.flatnonzero(word == _TOKEN_WORD)
-        ok[np.searchsorted(ends, t[t != head[np.minimum(np.searchsorted(ends, t), n - 1)]])] = False
     y = np.flatnonzero(a == 0x79) - 3  # "key" in it is in the record. Where a "key" would begin, by its y
     y = y[y >= 0]
     ok[np.searchsorted(ends, y[y >= end])] = False  # a "key" there would not be seen
@@ -511,11 +508,11 @@ class LogReader:
                         learn, one_by_one = learn or (s, e), one_by_one + 1
                         continue
                     event = _as_event(record, n + i + 1)
+                    if event is None:  # the rule reads it: broken, or a record cut off by another after a second
+                        event = self._line(src[s:e], n + i + 1)  # token (the rule takes the last, as the checker)
                 else:
                     event = self._line(src[s:e], n + i + 1)
                 if event is None:
-                    if d:
-                        self._broken(n + i + 1, True)
                     continue
                 if event.key in keys:
                     yield event
