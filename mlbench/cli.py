@@ -232,7 +232,7 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
             spec = Path(tmp) / "benchmark.json"
             spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
             try:
-                r = helper_process.run_json(converter, str(spec), str(src), str(dest), prefix=f"{src}: ")
+                r = helper_process.run_json(converter, str(spec), str(src), str(dest))  # (its errors name SRC or DEST)
             except helper_process.HelperFailed as e:
                 console.print(Text.assemble(("error:", "red"), " conversion failed: "), end="")
                 console.print(str(e), markup=False, highlight=False, soft_wrap=True)

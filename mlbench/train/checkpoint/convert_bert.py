@@ -155,6 +155,17 @@ def to_megatron(ref: dict[str, torch.Tensor], m: ModelSpec, vocab_rows: int) -> 
 def convert(bench: Benchmark, src: str | Path, dest: str | Path) -> dict:
     start = time.perf_counter()
     m = bench.model
+    try:
+        state, model = _converted(m, src)
+    except CheckpointError as e:  # what SRC holds (a save's errors name DEST themselves)
+        raise CheckpointError(f"{src}: {e}") from None
+    save(dest, model, {"converted_from": str(src), "benchmark": bench.name})
+    return {"tensors": len(state), "parameters": sum(v.numel() for v in state.values()),
+            "seconds": round(time.perf_counter() - start, 2), "path": str(dest)}
+
+
+def _converted(m: ModelSpec, src: str | Path) -> tuple[dict[str, torch.Tensor], torch.nn.Module]:
+    """SRC's tensors in megatron-core's names, loaded into the model M describes."""
     ref = reference_state(src)
     one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
     from mlbench.train import model as model_lib
@@ -172,9 +183,7 @@ def convert(bench: Benchmark, src: str | Path, dest: str | Path) -> dict:
     off = [k for k in result.missing_keys + result.unexpected_keys if not k.endswith("_extra_state")]
     if off:
         raise CheckpointError(f"converted names do not fit the model: {off[:3]}")
-    save(dest, model, {"converted_from": str(src), "benchmark": bench.name})
-    return {"tensors": len(state), "parameters": sum(v.numel() for v in state.values()),
-            "seconds": round(time.perf_counter() - start, 2), "path": str(dest)}
+    return state, model
 
 
 class SaveFailed(Exception):
@@ -190,7 +199,7 @@ def save(dest: str | Path, model, info: dict) -> None:
 
     dest = Path(dest)
     try:
-        checkpoint.save(dest, [SimpleNamespace(module=model)], None, info)
+        checkpoint.save(dest, [SimpleNamespace(module=model)], None, info, what="DEST")
     except CheckpointError:
         raise
     except BaseException as e:  # torch's CheckpointException is no Exception: whatever it was, the partial save goes

@@ -378,9 +378,9 @@ def save_strategy():
     return TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
 
 
-def save(path: str | Path, model: list, optimizer, info: dict) -> None:
+def save(path: str | Path, model: list, optimizer, info: dict, what: str = "--save-checkpoint") -> None:
     """Saves model and optimizer state (model only when `optimizer` is None) to `path` (which must not exist)
-    through a staging folder."""
+    through a staging folder. WHAT: how errors name the path (the option or argument that gave it)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
@@ -388,19 +388,19 @@ def save(path: str | Path, model: list, optimizer, info: dict) -> None:
 
     def start() -> Path:
         if dest.exists():
-            raise CheckpointError(f"--save-checkpoint {dest}: exists; a checkpoint is never overwritten")
+            raise CheckpointError(f"{what} {dest}: exists; a checkpoint is never overwritten")
         staging = dest.with_name(f"{folder.partial_prefix(dest)}{owners.tag()}")  # unique to this save
         staging.mkdir(parents=True)
         return staging
 
     def publish() -> None:
         if dest.exists():  # checked again just before the rename, which would replace an empty folder
-            raise CheckpointError(f"--save-checkpoint {dest}: appeared during the run; the checkpoint is left "
+            raise CheckpointError(f"{what} {dest}: appeared meanwhile; the checkpoint is left "
                                   f"in {staging}")
         try:
             os.rename(staging, dest)
         except OSError as e:
-            raise CheckpointError(f"--save-checkpoint {dest}: {e}; the checkpoint is left in {staging}") from None
+            raise CheckpointError(f"{what} {dest}: {e}; the checkpoint is left in {staging}") from None
 
     # The folder must be on a filesystem every node sees.
     staging = _on_rank0(start)
