@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from mlbench.errors import UserError
+from mlbench.errors import UserError, unprintable
 
 
 class PathParam(click.Path):
@@ -32,8 +32,7 @@ class FileParam(PathParam):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         option = param.opts[0] if param is not None and param.opts else "PATH"
-        bad = next((c for c in value if not c.isprintable() and not "\udc80" <= c <= "\udcff"), None) \
-            if isinstance(value, str) else None  # (an undecodable byte of a name is no control character)
+        bad = unprintable(value) if isinstance(value, str) else None  # (an undecodable byte past 0x9F is text)
         if bad is not None:  # "wrote a<newline>b.html" split the line it is named on
             raise UserError(f"{option} {value!r}: holds {repr(bad)[1:-1]}, a character that is not printable; name "
                             f"the report without one")

@@ -78,7 +78,20 @@ def printable(text: object) -> str:
     s = str(text)
     if s.isprintable():
         return s
-    return "".join(c if c.isprintable() or "\udc80" <= c <= "\udcff" else repr(c)[1:-1] for c in s)
+    return "".join(c if c.isprintable() or raw_byte_shown(c) else
+                   f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udc9f" else repr(c)[1:-1] for c in s)
+
+
+def raw_byte_shown(c: str) -> bool:
+    """Whether C, an undecodable byte of a name (surrogateescape's U+DC80 to U+DCFF), goes out as the byte it was:
+    0xA0 to 0xFF do; 0x80 to 0x9F are C1 control codes (0x9B is CSI, ESC [ to an 8-bit terminal: a folder named
+    q<0x9B>2J cleared the screen) and are escaped as \\x9b."""
+    return "\udca0" <= c <= "\udcff"
+
+
+def unprintable(text: str) -> str | None:
+    """The first character of TEXT that `printable` escapes (a control character, C1 bytes included), or None."""
+    return next((c for c in text if not c.isprintable() and not raw_byte_shown(c)), None)
 
 
 class OutputFailed(UserError):

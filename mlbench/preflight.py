@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from mlbench import rcp_schedule, registry, results, spec
-from mlbench.errors import UserError, printable
+from mlbench.errors import UserError, printable, unprintable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -256,10 +256,11 @@ def _check_printable(flag: str, path: Path | None) -> None:
     checkpoint's): without control characters (a newline split the final line in two), as --system is."""
     import unicodedata
 
-    bad = next((c for c in str(path) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None) if path else None
+    bad = next((c for c in str(path) if unicodedata.category(c) in ("Cc", "Zl", "Zp") or "\udc80" <= c <= "\udc9f"),
+               None) if path else None  # (an undecodable C1 byte, 0x9B say, is a control character too)
     if bad is not None:
-        raise UserError(f"{flag} {str(path)!r} holds a control character ({bad!r}), which would break the lines "
-                        f"that name the folder; choose a name without one")
+        raise UserError(f"{flag} '{printable(path)}' holds a control character ('{printable(bad)}'), which would "
+                        f"break the lines that name the folder; choose a name without one")
 
 
 # The options of one launcher, by flag and field. Given with another launcher they would be dropped without a word:
@@ -485,7 +486,7 @@ def check_new_folder(what: str, path: Path) -> None:
     """A folder about to be written (a checkpoint): new, and creatable, its name printable (it is printed), not a
     link (a dangling one was found only after a conversion, its output left aside), not through a loop of links (a
     RuntimeError out of resolve())."""
-    bad = next((c for c in str(path) if not c.isprintable() and not "\udc80" <= c <= "\udcff"), None)
+    bad = unprintable(str(path))
     if bad is not None:
         raise UserError(printable(f"{what} {path}: holds {repr(bad)[1:-1]}, a character that is not printable; name "
                                   f"the folder without one"))

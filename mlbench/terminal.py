@@ -27,8 +27,8 @@ def _safe(err: UnicodeError) -> tuple[str | bytes, int]:
     if not isinstance(err, UnicodeEncodeError):
         raise err
     bad = err.object[err.start:err.end]
-    if all("\udc80" <= c <= "\udcff" for c in bad):
-        return bytes(ord(c) - 0xDC00 for c in bad), err.end
+    if all("\udc80" <= c <= "\udcff" for c in bad):  # (a C1 control byte, 0x80 to 0x9F, written escaped)
+        return b"".join(bytes([b]) if b >= 0xA0 else b"\\x%02x" % b for b in (ord(c) - 0xDC00 for c in bad)), err.end
     return "?" * len(bad), err.end
 
 

@@ -193,7 +193,7 @@ def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path) -> None:
     """It trained, and the last line, 'target reached: ... <path>/result_0.txt', came out split in two."""
     results = tmp_path / "two\nlines"
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--results", str(results)),
-                        f"--results {str(results)!r} holds a control character ('\\n')")
+                        f"--results '{tmp_path}/two\\nlines' holds a control character ('\\n')")
     assert not any(tmp_path.iterdir())
 
 

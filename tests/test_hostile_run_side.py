@@ -609,3 +609,22 @@ def test_a_checkpoints_metadata_with_a_key_megatron_does_not_write_is_named(tmp_
     (ck / "metadata.json").write_text('{"sharded_backend": "torch_dist", "x": NaN}')
     with pytest.raises(folder.CheckpointError, match="metadata.json holds 'x', which megatron-core's checkpoints"):
         folder.check_readable(ck)
+
+
+def test_a_c1_control_byte_in_a_path_is_refused_or_printed_escaped(tmp_path: Path) -> None:
+    """A raw byte 0x9B (CSI: ESC [ to an 8-bit terminal) in a path from the command line reached the terminal raw
+    (a run published under `q<0x9B>2J` cleared the screen naming it): an undecodable byte was let through as text.
+    Bytes 0x80 to 0x9F are control codes: refused in a folder mlbench makes, escaped (\\x9b) wherever printed."""
+    from mlbench.errors import printable, unprintable
+
+    assert printable("q\udc9b2J/\udcff") == "q\\x9b2J/\udcff" and unprintable("x\udc9b") == "\udc9b"
+    assert unprintable("x\udcff") is None  # a Latin-1 byte of a name is shown as the byte it is
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}
+    for args in ([b"run", b"gpt3", b"--tiny", b"--dry-run", b"--results", b"q\x9b2J"],
+                 [b"run", b"gpt3", b"--tiny", b"--save-checkpoint", b"c\x9b2J"],
+                 [b"compare", b"nx\x9b2J", b"r"], [b"check", b"nx\x9b2J/result_0.txt"]):
+        proc = subprocess.run([os.fsencode(a) for a in MLBENCH] + args, capture_output=True, cwd=tmp_path, env=env,
+                              timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and b"\x9b" not in out and b"\\x9b2J" in out, (args, proc.returncode, out)
+    assert list(tmp_path.iterdir()) == []
