@@ -105,27 +105,43 @@ class LineLengths:
 
 def line_lengths(path: Path) -> LineLengths:
     """PATH's longest line, its long lines and the sum of its lines' squared lengths, read in blocks (a line may
-    be gigabytes long)."""
+    be gigabytes long). Of lines of LONG_LINE_BYTES or more, only those holding the token count: the checker skips
+    a line without it at the cost of a search (200 lines of 60 KB of progress output were judged 'could not finish
+    in 432 s' while the checker passed the file in 0.1 s). A shorter line counts whatever it holds (its square is
+    small either way)."""
     best, number, carry, long_lines, square_sum = (0, 0), 1, 0, 0, 0.0
+    carry_token, tail = False, b""  # whether the line carried over holds the token; its last bytes
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 0x0A)
             if ends.size:
                 lengths = np.diff(ends, prepend=-1).astype(np.float64) - 1  # without the newline
                 lengths[0] += carry
+                for i in np.flatnonzero(lengths >= LONG_LINE_BYTES).tolist():
+                    start = 0 if i == 0 else int(ends[i - 1]) + 1
+                    holds = carry_token or _TOKEN in tail + block[:int(ends[0])] if i == 0 else \
+                        block.find(_TOKEN, start, int(ends[i])) >= 0
+                    if not holds:
+                        lengths[i] = 0
                 i = int(np.argmax(lengths))
                 if lengths[i] > best[1]:
                     best = (number + i, int(lengths[i]))
                 long_lines += int(np.count_nonzero(lengths >= LONG_LINE_BYTES))
                 square_sum += float(np.dot(lengths, lengths))
                 number, carry = number + ends.size, len(block) - 1 - int(ends[-1])
+                rest = block[int(ends[-1]) + 1:]
+                carry_token, tail = _TOKEN in rest, rest[-len(_TOKEN):]
             else:
                 carry += len(block)
-    if carry:  # the last line, without its newline
+                carry_token, tail = carry_token or _TOKEN in tail + block, (tail + block)[-len(_TOKEN):]
+    if carry and (carry < LONG_LINE_BYTES or carry_token):  # the last line, without its newline
         best = (number, carry) if carry > best[1] else best
         long_lines += carry >= LONG_LINE_BYTES
         square_sum += float(carry) * carry
     return LineLengths(best, long_lines, square_sum)
+
+
+_TOKEN = b":::MLLOG "
 
 
 def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None,

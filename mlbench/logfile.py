@@ -624,8 +624,17 @@ class LogReader:
         return [f"{self.n_broken} line(s) with broken JSON skipped (line {shown})"]
 
 
+# What the official tools strip from a line (they read it as Latin-1 and call str.strip()): ASCII whitespace and
+# the Latin-1 bytes Python counts as whitespace. A run_stop line ending in a no-break space (0xA0) was broken JSON
+# here, 'no run_stop', while both official tools counted the run.
+_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0"
+
+
 def _event(payload: bytes, line: int) -> Event | None:
-    return _as_event(_parse(payload), line)
+    event = _as_event(_parse(payload), line)
+    if event is None and payload[-1:] and payload[-1] in _SPACE:
+        event = _as_event(_parse(payload.rstrip(_SPACE)), line)
+    return event
 
 
 def whole_record(raw: bytes, line: int) -> Event | None:

@@ -331,7 +331,13 @@ def test_line_lengths_are_counted_across_blocks_and_without_a_last_newline(tmp_p
     from mlbench import compliance
 
     f = tmp_path / "lines"
-    f.write_bytes(b"a" * 5 + b"\n" + b"b" * 2_500_000 + b"\n\n" + b"c" * 20_000)  # the 2.5 MB line spans blocks
+    # The 2.5 MB line spans blocks, its token across the first block's end (2^20 bytes); a long line without the
+    # token costs the checker a search alone and is not counted (a progress bar's 60 KB lines were taken for
+    # minutes of checking); the last line has no newline
+    token = b":::MLLOG "
+    first = (1 << 20) - 10  # the token begins 4 bytes before the block's end (the line starts at byte 6)
+    line2 = b"b" * first + token + b"b" * (2_500_000 - first - len(token))
+    f.write_bytes(b"a" * 5 + b"\n" + line2 + b"\n\n" + b"d" * 30_000 + b"\n" + b"c" * (20_000 - 9) + token)
     got = compliance.line_lengths(f)
     assert got.longest == (2, 2_500_000) and got.long_lines == 2
     assert got.square_sum == 25 + 2_500_000**2 + 20_000**2
