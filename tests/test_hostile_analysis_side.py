@@ -752,3 +752,35 @@ def test_a_set_whose_runs_log_different_divisions_says_so(tmp_path, monkeypatch)
     s = score.score_set(rs, jobs=1)
     notes = [n for n in s.notes if "submission_division" in n]
     assert notes and "(closed: result_0.txt" in notes[0] and "open: result_3.txt)" in notes[0], s.notes
+
+
+UF = (Path(__file__).parent / "data" / "mlperf-results" / "training_results_v5.1" / "University-of-Florida" / "results"
+      / "hpg.dgxb200x8.n32" / "llama31_8b")
+
+
+def test_scaling_takes_a_sets_runs_as_score_does_and_its_base_is_a_configuration_with_a_figure(tmp_path,
+                                                                                               mlbench) -> None:
+    """scaling counted another benchmark's run in a folder (score and compare leave it out), refused a folder whose
+    other-benchmark runs were the first, took a set of empty files as a configuration, and a base whose runs all
+    failed blanked every efficiency."""
+    from mlbench.analysis.scaling import build_scaling
+
+    mixed = shutil.copytree(SET, tmp_path / "mixed" / "llama31_8b")
+    for f in ("result_0.txt", "result_1.txt"):
+        (mixed / f).write_text((mixed / f).read_text().replace(
+            '"key": "submission_benchmark", "value": "llama31_8b"', '"key": "submission_benchmark", "value": "bert"'))
+    sc = build_scaling([mixed, UF], devices=[8, 256])
+    assert sc.benchmark == "llama31_8b" and sc.points[0].ttt_runs == 8, (sc.benchmark, sc.points[0])
+    assert any("left out result_0.txt (bert), result_1.txt (bert)" in n for n in sc.notes), sc.notes
+    failed = shutil.copytree(SET, tmp_path / "failed" / "llama31_8b")
+    for f in failed.glob("result_*.txt"):
+        f.write_text(f.read_text().replace('"status": "success"', '"status": "aborted"'))
+    sc = build_scaling([failed, SET, UF], devices=[4, 8, 256])
+    effs = dict((q.devices, e) for q, e in sc.strong_ttt)
+    assert effs[4] is None and effs[8] == 1.0 and effs[256] is not None, effs
+    assert any("no successful run, so the time-to-train base is" in n for n in sc.notes), sc.notes
+    empty = tmp_path / "empty" / "llama31_8b"
+    empty.mkdir(parents=True)
+    (empty / "result_0.txt").write_text("")
+    code, out, err = mlbench("scaling", empty, SET, "--devices", "8", "--devices", "16")
+    assert code == 2 and "holds no MLPerf result log" in out + err, (code, out, err)

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import mlperf_tools
-from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, passed_over
+from mlbench.analysis.logs import NOT_A_LOG, GivenOnce, ResultSet, find_sets, passed_over
 from mlbench.analysis.report import Report, plt
 from mlbench.errors import UserError, printable
 
@@ -89,9 +89,10 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
         what = why or "no systems/<system>.json, no run record with 'devices'"
         raise UserError(printable(f"{rs.folder}: device count unknown ({what}); give it with --devices, one per "
                                   f"PATH"))
-    ok = [r for r in rs.runs if r.status == "success" and r.ttt_min is not None]
-    notes += [f"{rs.label}: {n}" for n in rs.left_out]
-    for r in rs.runs:
+    runs = [r for r in rs.runs if r.benchmark in (rs.benchmark, None)]  # as score and compare take them
+    ok = [r for r in runs if r.status == "success" and r.ttt_min is not None]
+    notes += [f"{rs.label}: {n}" for n in rs.left_out + [m for m in [rs.other_benchmarks()] if m]]
+    for r in runs:
         for p in r.problems:
             notes.append(f"{rs.label}/{r.name}: {p}")
     times = [r.ttt_min for r in ok]
@@ -105,8 +106,8 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
     steps = [r.step_times.seconds for r in ok if len(r.step_times.seconds)]
     step = float(np.median(np.concatenate(steps))) if steps else None
     source = ", ".join(sorted({r.step_times.source for r in ok})) or "-"
-    gbs = next((r.gbs for r in rs.runs if r.gbs), None)
-    seq = next((r.seq_len for r in rs.runs if r.seq_len), None)
+    gbs = next((r.gbs for r in runs if r.gbs), None)
+    seq = next((r.seq_len for r in runs if r.seq_len), None)
     return Point(rs.label, n, src, gbs, seq, ttt, len(times), step, source)
 
 
@@ -119,9 +120,11 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
         sets = find_sets(Path(p))
         if devices and len(sets) > 1:
             raise UserError(f"{p} holds {len(sets)} benchmark folders; with --devices give one folder per PATH")
+        if all(r.problems[-1:] == [NOT_A_LOG] for rs in sets for r in rs.runs):  # as score and compare refuse it
+            raise UserError(printable(f"{p} holds no MLPerf result log (no :::MLLOG lines)"))
         for rs in sets:
             once.add(Path(rs.folder).resolve(), rs.folder, p)
-            b = next((r.benchmark for r in rs.runs if r.benchmark), None) or rs.folder.name
+            b = rs.benchmark or rs.folder.name
             benches[b].append(rs.label)
             points.append(_point(rs, devices[i] if devices else None, notes))
     if len(benches) > 1:
@@ -131,7 +134,11 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
         raise UserError("scaling needs at least two configurations (benchmark folders)")
     points.sort(key=lambda q: (q.devices, q.label))
     sc = Scaling(next(iter(benches)), points, notes=notes)
-    base = points[0]
+    # the base: the smallest configuration that has a figure (one whose runs all failed blanked every efficiency)
+    base = next((q for q in points if q.ttt_min is not None), points[0])
+    if base is not points[0]:
+        sc.notes.append(f"{points[0].label}: no successful run, so the time-to-train base is {base.label} "
+                        f"({base.devices} devices)")
     sc.strong_ttt = [(q, efficiency(base.ttt_min, base.devices, q.ttt_min, q.devices)) for q in points]
     by_gbs: dict[int, list[Point]] = defaultdict(list)
     by_pdb: dict[float, list[Point]] = defaultdict(list)
@@ -142,11 +149,11 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
                 by_pdb[round(pdb, 9)].append(q)
     for g, qs in sorted(by_gbs.items()):
         if len(qs) > 1:
-            b = qs[0]
+            b = next((q for q in qs if q.step_s is not None), qs[0])
             sc.strong_step[g] = [(q, efficiency(b.step_s, b.devices, q.step_s, q.devices)) for q in qs]
     for pdb, qs in sorted(by_pdb.items()):
         if len(qs) > 1:
-            b = qs[0]
+            b = next((q for q in qs if q.tokens_per_s_per_device is not None), qs[0])
             sc.weak[pdb] = [(q, ratio(q.tokens_per_s_per_device, b.tokens_per_s_per_device)) for q in qs]
     if not sc.strong_step:
         sc.notes.append("no two configurations share a global batch: no per-step strong scaling")
