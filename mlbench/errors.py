@@ -89,6 +89,14 @@ def raw_byte_shown(c: str) -> bool:
     return "\udca0" <= c <= "\udcff"
 
 
+def in_document(text: object) -> str:
+    """TEXT as `printable` gives it, for a file that is UTF-8 or a figure (an HTML or Markdown report, a plot): an
+    undecodable byte of a name written as \\xNN too (matplotlib refused it, a traceback out of compare --html)."""
+    s = printable(text)
+    return s if s.isprintable() else "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else c
+                                             for c in s)
+
+
 def unprintable(text: str) -> str | None:
     """The first character of TEXT that `printable` escapes (a control character, C1 bytes included), or None."""
     return next((c for c in text if not c.isprintable() and not raw_byte_shown(c)), None)

@@ -784,3 +784,25 @@ def test_scaling_takes_a_sets_runs_as_score_does_and_its_base_is_a_configuration
     (empty / "result_0.txt").write_text("")
     code, out, err = mlbench("scaling", empty, SET, "--devices", "8", "--devices", "16")
     assert code == 2 and "holds no MLPerf result log" in out + err, (code, out, err)
+
+
+def test_folder_names_with_undecodable_bytes_in_reports_plots_and_json(tmp_path) -> None:
+    """A set folder named with a byte that is not UTF-8 (llama31_8b<0xFF>): compare --html and --md ended in a
+    matplotlib traceback (its font refused the lone surrogate), and score --json wrote "\\udcff", which strict
+    parsers refuse. Such a byte is written \\xff in a report, a plot and a JSON document."""
+    import orjson
+    from conftest import MLBENCH
+
+    a = shutil.copytree(SET, tmp_path / os.fsdecode(b"llama31_8b\xff"))
+    b = shutil.copytree(SET, tmp_path / os.fsdecode(b"x\xc3\x28"))
+
+    def run(*args: object) -> subprocess.CompletedProcess:  # (the terminal gets the raw byte, as ls prints it)
+        return subprocess.run([os.fsencode(str(x)) for x in (*MLBENCH, *args)], capture_output=True, timeout=120)
+
+    for option, name in (("--html", "r.html"), ("--md", "r.md")):
+        proc = run("compare", "--no-score", a, b, option, tmp_path / name)
+        assert proc.returncode == 0 and b"Traceback" not in proc.stdout + proc.stderr, (option, proc)
+        text = (tmp_path / name).read_bytes().decode("utf-8")  # UTF-8 throughout (Markdown escapes the backslash)
+        assert ("llama31_8b\\xff" if option == "--html" else "llama31\\_8b\\\\xff") in text, option
+    proc = run("score", a, "--json", "--devices", "8")
+    assert proc.returncode == 0 and orjson.loads(proc.stdout)[0]["folder"].endswith("llama31_8b\\xff"), proc

@@ -18,12 +18,16 @@ from mlbench.errors import ProductStream, UserError, document_on_stdout, printab
 
 
 def strict_json(doc: object) -> str:
-    """JSON any parser reads: non-finite numbers (which Python would write as NaN or Infinity) become null."""
+    """JSON any parser reads: non-finite numbers (which Python would write as NaN or Infinity) become null, and an
+    undecodable byte of a name (a lone surrogate, which strict parsers refuse: orjson 'invalid high surrogate') is
+    written as \\xNN, as the terminal shows it."""
     def clean(v: object) -> object:
         if isinstance(v, float) and not math.isfinite(v):
             return None
+        if isinstance(v, str) and not v.isprintable():
+            return "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else c for c in v)
         if isinstance(v, dict):
-            return {str(k): clean(x) for k, x in v.items()}
+            return {clean(str(k)): clean(x) for k, x in v.items()}
         if isinstance(v, list | tuple):
             return [clean(x) for x in v]
         return v

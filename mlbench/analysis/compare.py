@@ -25,7 +25,7 @@ from mlbench.analysis.logs import (
 )
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, score_set
-from mlbench.errors import UserError, printable
+from mlbench.errors import UserError, in_document, printable
 from mlbench.logfile import MAX_TEXT, is_number
 
 # Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
@@ -387,7 +387,7 @@ def _convergence_plot(cmp):
                                  f"magnitude {PLOTTABLE:g} or more left off the convergence plot")
                 ev = ev[plottable]
             kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
-                  "label": printable(e.label) if j == 0 else None}  # a name's ESC: no raw glyph warning
+                  "label": in_document(e.label) if j == 0 else None}  # a name's ESC: no raw glyph warning
             a.plot(ev[:, 0], ev[:, 1], **kw)
             b.plot(ev[:, 2], ev[:, 1], **kw)
     a.set_xlabel("samples")
@@ -420,7 +420,7 @@ def _step_time_plot(cmp):
     data = [(e.label, e.step_seconds) for e in cmp.entries if len(e.step_seconds)]
     if not data:
         return None
-    labels = [printable(lbl) for lbl, _ in data]
+    labels = [in_document(lbl) for lbl, _ in data]
     if len(data) <= 6:  # side by side, each label over two lines
         fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
         ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)

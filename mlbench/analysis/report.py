@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from mlbench import terminal  # noqa: E402
 from mlbench.analysis.logs import RESULT_GLOB  # noqa: E402
-from mlbench.errors import OutputFailed, UserError, printable  # noqa: E402
+from mlbench.errors import OutputFailed, UserError, in_document, printable  # noqa: E402
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _ours(path: Path) -> bool:
 
 def _esc(text: object) -> str:
     """Text of a report in HTML: `printable` (a log's control characters written out), then HTML's escaping."""
-    return html.escape(printable(text))
+    return html.escape(in_document(text))
 
 
 def render_html(rep: Report) -> str:
@@ -130,7 +130,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])|^([#+=-])")
 def _md(s: object) -> str:
     """Text of a Markdown report: `printable`, then nothing in it read as Markdown or HTML. A folder named
     'a|b<img src=x onerror=alert(1)>](javascript:x)' or a log's status '<script>...' went into the report raw."""
-    text = _MD_SPECIAL.sub(lambda m: "\\" + (m.group(1) or m.group(2)), printable(s))
+    text = _MD_SPECIAL.sub(lambda m: "\\" + (m.group(1) or m.group(2)), in_document(s))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -15,7 +15,7 @@ from rich.text import Text
 from mlbench import mlperf_tools
 from mlbench.analysis.logs import NOT_A_LOG, GivenOnce, ResultSet, find_sets, passed_over
 from mlbench.analysis.report import Report, plt
-from mlbench.errors import UserError, printable
+from mlbench.errors import UserError, in_document, printable
 
 DEFINITIONS = [
     "Strong scaling, time to train: E = T_base x N_base / (T_n x N_n), T the olympic mean of the successful "
@@ -227,7 +227,7 @@ def efficiency_plot(sc: Scaling):
     ax.set_ylim(0, max([1.1, *(e for _, e in sc.strong_ttt if e is not None)]) * 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"Scaling efficiency, {printable(sc.benchmark)}")
+    ax.set_title(f"Scaling efficiency, {in_document(sc.benchmark)}")
     return fig
 
 
