@@ -806,3 +806,14 @@ def test_folder_names_with_undecodable_bytes_in_reports_plots_and_json(tmp_path)
         assert ("llama31_8b\\xff" if option == "--html" else "llama31\\_8b\\\\xff") in text, option
     proc = run("score", a, "--json", "--devices", "8")
     assert proc.returncode == 0 and orjson.loads(proc.stdout)[0]["folder"].endswith("llama31_8b\\xff"), proc
+
+
+def test_a_run_stop_without_a_status_is_named_with_its_file_and_line(tmp_path) -> None:
+    """It read "run_stop has status 'no status'": no file, no line, and as if the status logged were 'no status'."""
+    from mlbench.analysis.logs import read_log
+
+    f = _edited_log(tmp_path / "set", lambda t: t.replace('"status": "success", ', ""))
+    log = read_log(f, steps=False)
+    assert f"{f}:128: run_stop has no status (metadata.status), expected 'success' or 'aborted'" in log.problems, \
+        log.problems
+    assert log.status == "no status"

@@ -85,6 +85,7 @@ class RunLog:
     run_start_ms: float | None = None
     run_stop_ms: float | None = None
     logged_status: str | None = None
+    stop_line: int = 0  # the run_stop line read (its number in the file)
     hyperparams: dict[str, object] = field(default_factory=dict)  # first value of each key before run_start
     eval_points: list[tuple[float, float, float]] = field(default_factory=list)  # (count, value, time_ms)
     tracked: st.Tracked = field(default_factory=st.Tracked)
@@ -247,7 +248,9 @@ class _Pass:
     def stop(self, e: Event) -> None:
         log, path = self.log, self.log.path
         t = _clock(path, e)
-        log.logged_status = text(path, e, "status", metadata(path, e).get("status", "no status"))
+        md = metadata(path, e)
+        log.logged_status = text(path, e, "status", md["status"]) if "status" in md else None
+        log.stop_line = e.line
         log.run_stop_ms = t
 
     def eval(self, e: Event) -> None:
@@ -415,7 +418,9 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
                 else "at the same time as")
         log.problems.append(f"run_stop is {when} run_start: no time to train, the run cannot count")
     elif log.logged_status not in ("success", "aborted"):
-        log.problems.append(f"run_stop has status {log.logged_status!r}")
+        said = "no status" if log.logged_status is None else f"status {log.logged_status!r}"
+        log.problems.append(f"{log.path}:{log.stop_line}: run_stop has {said} (metadata.status), expected "
+                            f"'success' or 'aborted'")
     if log.benchmark is None:
         log.problems.append("no submission_benchmark")
     return log
