@@ -192,7 +192,11 @@ def _validate(b: Benchmark, path: Path) -> None:
     check_schedule(b, where, batches | set(b.optimizer.lr_table))
     _validate_budget(b, where, batches - {1})
     _validate_ranges(b, where)
-    _validate_experts(b, where)
+    from mlbench.models import family
+
+    why = family(m.family).check(m)  # what the family needs of a definition (mlbench.models)
+    if why is not None:
+        raise UserError(f"{where}: {why}")
     if b.optimizer.lr is None and b.optimizer.base_at(b.train.global_batch_size) is None:
         raise UserError(f"{where}: optimizer.lr is not given and optimizer.lr_table has no learning rate at the "
                         f"file's global batch ({b.train.global_batch_size}); give optimizer.lr, or a table entry at "
@@ -303,21 +307,6 @@ def _validate_ranges(b: Benchmark, where: str) -> None:
         value = getattr(getattr(b, section), name)
         if not ok(value):
             raise UserError(f"{where}: {key} is {value}; it must be {what}")
-
-
-def _validate_experts(b: Benchmark, where: str) -> None:
-    """A mixture-of-experts model has experts, each of some width, and routes each token to 1 to all of them (a
-    width of -1 was counted as a model of 1.4B parameters by show, and an IndexError in plan)."""
-    m = b.model
-    if m.family != "moe":
-        return
-    for key in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"):
-        if getattr(m, key) < 1:
-            raise UserError(f"{where}: model.{key} is {getattr(m, key)}; a mixture-of-experts model (family moe) "
-                            f"needs it at least 1")
-    if m.moe_router_topk > m.num_experts:
-        raise UserError(f"{where}: model.moe_router_topk is {m.moe_router_topk}, more than its {m.num_experts} "
-                        f"experts (model.num_experts)")
 
 
 def _validate_tables(b: Benchmark, where: str) -> None:

@@ -51,6 +51,9 @@ class Family:
     # Whether its "sdpa" layer spec puts PyTorch's scaled_dot_product_attention in megatron's place; where not, a
     # GPU without Transformer Engine runs megatron's local attention, which keeps the s x s probabilities.
     sdpa_attention: bool = False
+    # What the family needs of a definition beyond the common checks, checked when the file is loaded: the reason
+    # it is not met (naming the key), or None.
+    check: Callable[[ModelSpec], str | None] = lambda m: None
 
 
 def _families() -> dict[str, Family]:

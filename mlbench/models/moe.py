@@ -109,6 +109,18 @@ def describe(m: ModelSpec) -> str:
             f"top-{m.moe_router_topk}{window}{qk}")
 
 
+def check(m: ModelSpec) -> str | None:
+    """A mixture-of-experts model has experts, each of some width, and routes each token to 1 to all of them (a
+    width of -1 was counted as a model of 1.4B parameters by show, and an IndexError in plan)."""
+    for key in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"):
+        if getattr(m, key) < 1:
+            return f"model.{key} is {getattr(m, key)}; a mixture-of-experts model (family moe) needs it at least 1"
+    if m.moe_router_topk > m.num_experts:
+        return (f"model.moe_router_topk is {m.moe_router_topk}, more than its {m.num_experts} experts "
+                f"(model.num_experts)")
+    return None
+
+
 FAMILY = Family(
     name="moe",
     data_sources=("markov", "indexed"),
@@ -121,4 +133,5 @@ FAMILY = Family(
     objective=gpt.objective,
     active_param_count=active_params,
     config=config,
+    check=check,
 )
