@@ -1,9 +1,10 @@
 """The model families: one table, one entry per family, everything a family decides in its module.
 
 A family decides its megatron-core layer spec and model class, its objective and loss, which data sources it
-takes, its parameter count and model FLOPs per sample, what `mlbench show` says of its architecture, and
-which reference-checkpoint conversion applies. Nothing outside the table and a family's own module compares
-family names: adding a family is one module and one line here.
+takes, its parameter count and model FLOPs per sample, what `mlbench show` says of its architecture, which
+reference-checkpoint conversion applies, and what a definition of it must hold beyond the common checks.
+Nothing outside the table and a family's own module compares family names: adding a family is one module and
+one line here.
 
 Family modules import nothing heavy at the top (the CLI and the analysis read counts and descriptions); the
 parts that build torch modules import megatron-core when called.
