@@ -246,7 +246,8 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
 
 @cli.command()
 @click.argument("path", type=PathParam())
-@click.option("--ruleset", help="Training ruleset. Default: the benchmark's own (from its definition).")
+@click.option("--ruleset", help="Training ruleset. Default: the round a training_results_vX.Y path names, else the "
+              "benchmark's own (from its definition).")
 @click.option("--rules", type=click.Choice(["auto", "smoke", "closed"]), default="auto", show_default=True,
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")
 @stops_on_signals

@@ -471,6 +471,8 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
         if benchmark is None:
             raise UserError(printable(f"{f}: cannot tell the ruleset: the log names no benchmark (no "
                                       f"submission_benchmark record); pass --ruleset"))
+        ruleset = mlperf_tools.ruleset_in_path(f.resolve(), benchmark)  # a published tree's round, as score takes it
+    if ruleset is None:
         if benchmark not in registry.names():
             raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
                             f"{', '.join(registry.names())}); pass --ruleset")

@@ -88,6 +88,15 @@ def rulesets_with(benchmark: str | None) -> list[str]:
     return [r for r in rulesets() if benchmark and (_PKG / f"{USAGE}_{r}" / f"closed_{benchmark}.yaml").exists()]
 
 
+def ruleset_in_path(path: Path, benchmark: str | None) -> str | None:
+    """The round a published results tree names (training_results_vX.Y in PATH), where the installed package has
+    rules for BENCHMARK in it; None otherwise. score and check both start from it (check took the benchmark
+    definition's ruleset, 6.0.0, and passed a v5.1 log score judged against 5.1.0)."""
+    m = re.search(r"training_results_v(\d+)\.(\d+)", str(path))
+    r = f"{m.group(1)}.{m.group(2)}.0" if m else None
+    return r if r is not None and r in rulesets_with(benchmark) else None
+
+
 def has_rules(ruleset: str, benchmark: str) -> bool:
     """Whether the installed package has RULESET's closed rules and RCPs for BENCHMARK (the files the checker and
     the RCP checker read)."""

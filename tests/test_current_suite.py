@@ -115,6 +115,9 @@ def _garbled_copy(tmp_path: Path) -> Path:
     f2.write_bytes(re.sub(rb'("key": "run_stop".*)\n', lambda m: m[1] + b"\xa0\n", f2.read_bytes(), count=1))
     lines = f3.read_text().split("\n")
     f3.write_text("\n".join(lines[:5] + ["x" * 60_000] * 200 + lines[5:]))
+    # result_5: its run_start time a string, which the official tools read with float(); it was an invalid run here
+    f5 = folder / "result_5.txt"
+    f5.write_text(start.sub(lambda m: f'{m[1]}"{m[2]}"{m[3]}', f5.read_text(), count=1))
     return org
 
 
@@ -136,9 +139,12 @@ def test_published_scores_equal_the_official_summarizer(tmp_path: Path) -> None:
         assert s.score_min == pytest.approx(official[folder], abs=1e-4), folder
         assert s.official_score_min == pytest.approx(official[folder], abs=1e-4), folder
         assert s.rcp.status == "Pass" and all(r.compliant for r in s.runs), folder
+    # check judges a published log by the round its path names, as score does (it took llama31_8b's definition's
+    # 6.0.0, and passed a file score judged against 5.1.0)
+    assert {t.ruleset for t in compliance.targets(garbled, None, "auto")} == {"5.1.0"}
     (g,) = score_path(garbled, jobs=1)
-    r0, r1, r2, r3 = g.runs[:4]
-    for r in (r0, r2, r3):
+    r0, r1, r2, r3, _, r5 = g.runs[:6]
+    for r in (r0, r2, r3, r5):
         assert r.problems == [] and r.status == "success" and r.compliant, (r.file, r.problems, r.compliance)
     assert r1.problems == ["2 run_start lines: time to train is from the last run_start before the first run_stop, "
                            "as the official summarizer reads them"], r1.problems

@@ -8,6 +8,7 @@ set; a run whose timing, status or batch is garbled is `invalid` and never count
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -345,8 +346,13 @@ MAX_EPOCH_MS = 1e14
 
 def _clock(path: Path, e: Event) -> float:
     """A run_start or run_stop time: milliseconds since the epoch, so never negative (a negative one made a
-    time to train of a century) nor past MAX_EPOCH_MS."""
-    t = number(path, e, "time_ms", e.time_ms)
+    time to train of a century) nor past MAX_EPOCH_MS. A string is read as the official tools read it, with
+    float() ("1759966206549" is a time to them: the run was scored there and made invalid here)."""
+    value = e.time_ms
+    if type(value) is str and len(value) <= 64:
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    t = number(path, e, "time_ms", value)
     if not 0 <= t < MAX_EPOCH_MS:
         raise BadField(path, e, "time_ms", t, f"milliseconds since the epoch, from 0 to {MAX_EPOCH_MS:.0e}")
     return t

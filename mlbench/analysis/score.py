@@ -9,7 +9,6 @@ the official summarizer would have printed instead (`official_score_min`).
 from __future__ import annotations
 
 import math
-import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,12 +21,9 @@ from mlbench.logfile import check_json_file
 
 def infer_ruleset(folder: Path, benchmark: str | None) -> str:
     """training_results_vX.Y in the path names the round; else the newest ruleset holding the benchmark."""
+    if (r := mlperf_tools.ruleset_in_path(folder, benchmark)) is not None:
+        return r
     known = mlperf_tools.rulesets_with(benchmark)
-    m = re.search(r"training_results_v(\d+)\.(\d+)", str(folder))
-    if m:
-        r = f"{m.group(1)}.{m.group(2)}.0"
-        if r in known:
-            return r
     if known:
         return known[-1]
     return mlperf_tools.rulesets()[-1]
