@@ -28,7 +28,7 @@ from rich.text import Text
 from mlbench import mlperf_tools, owners, registry, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
-from mlbench.logfile import BadField, LogReader, given_path_problem, load_json, text, why_not_a_file
+from mlbench.logfile import TOKEN_B, BadField, LogReader, given_path_problem, load_json, text, why_not_a_file
 
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
 _SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
@@ -118,9 +118,10 @@ def line_lengths(path: Path) -> LineLengths:
                 lengths = np.diff(ends, prepend=-1).astype(np.float64) - 1  # without the newline
                 lengths[0] += carry
                 for i in np.flatnonzero(lengths >= LONG_LINE_BYTES).tolist():
-                    start = 0 if i == 0 else int(ends[i - 1]) + 1
-                    holds = carry_token or _TOKEN in tail + block[:int(ends[0])] if i == 0 else \
-                        block.find(_TOKEN, start, int(ends[i])) >= 0
+                    if i == 0:  # the line carried over from the blocks before
+                        holds = carry_token or TOKEN_B in tail + block[:int(ends[0])]
+                    else:
+                        holds = block.find(TOKEN_B, int(ends[i - 1]) + 1, int(ends[i])) >= 0
                     if not holds:
                         lengths[i] = 0
                 i = int(np.argmax(lengths))
@@ -130,18 +131,15 @@ def line_lengths(path: Path) -> LineLengths:
                 square_sum += float(np.dot(lengths, lengths))
                 number, carry = number + ends.size, len(block) - 1 - int(ends[-1])
                 rest = block[int(ends[-1]) + 1:]
-                carry_token, tail = _TOKEN in rest, rest[-len(_TOKEN):]
+                carry_token, tail = TOKEN_B in rest, rest[-len(TOKEN_B):]
             else:
                 carry += len(block)
-                carry_token, tail = carry_token or _TOKEN in tail + block, (tail + block)[-len(_TOKEN):]
+                carry_token, tail = carry_token or TOKEN_B in tail + block, (tail + block)[-len(TOKEN_B):]
     if carry and (carry < LONG_LINE_BYTES or carry_token):  # the last line, without its newline
         best = (number, carry) if carry > best[1] else best
         long_lines += carry >= LONG_LINE_BYTES
         square_sum += float(carry) * carry
     return LineLengths(best, long_lines, square_sum)
-
-
-_TOKEN = b":::MLLOG "
 
 
 def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit: float | None = None,

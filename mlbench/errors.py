@@ -79,7 +79,18 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() or raw_byte_shown(c) else
-                   f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udc9f" else repr(c)[1:-1] for c in s)
+                   _as_byte(c) if "\udc80" <= c <= "\udc9f" else repr(c)[1:-1] for c in s)
+
+
+def _as_byte(c: str) -> str:
+    """An undecodable byte of a name (surrogateescape's U+DC80 to U+DCFF) written as \\xNN."""
+    return f"\\x{ord(c) - 0xDC00:02x}"
+
+
+def undecodable_escaped(s: str) -> str:
+    """S with every undecodable byte of a name written as \\xNN, for a file that must be UTF-8 (a JSON document, a
+    report) or a figure."""
+    return s if s.isprintable() else "".join(_as_byte(c) if "\udc80" <= c <= "\udcff" else c for c in s)
 
 
 def raw_byte_shown(c: str) -> bool:
@@ -92,9 +103,7 @@ def raw_byte_shown(c: str) -> bool:
 def in_document(text: object) -> str:
     """TEXT as `printable` gives it, for a file that is UTF-8 or a figure (an HTML or Markdown report, a plot): an
     undecodable byte of a name written as \\xNN too (matplotlib refused it, a traceback out of compare --html)."""
-    s = printable(text)
-    return s if s.isprintable() else "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else c
-                                             for c in s)
+    return undecodable_escaped(printable(text))
 
 
 def unprintable(text: str) -> str | None:

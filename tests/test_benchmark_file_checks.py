@@ -19,6 +19,13 @@ from mlbench.preflight import LayoutRequest, resolve_layout
 from mlbench.spec import evaluate, resolved
 
 
+def _edit(f: Path, old: str, new: str) -> None:
+    """The first OLD in benchmark file F replaced by NEW (OLD must be there: an edit that misses tests nothing)."""
+    text = f.read_text()
+    assert old in text, old
+    f.write_text(text.replace(old, new, 1))
+
+
 @pytest.mark.parametrize(("name", "old", "new", "needles"), [
     ("gpt3", "warmup_steps: ceil(265 * 1536 / global_batch_size)",
      "warmup_steps: ceil(265 * 1536 / (global_batch_size - 1536) ** 2)",
@@ -63,10 +70,7 @@ from mlbench.spec import evaluate, resolved
         "alias-bomb", "duplicate-key"])
 def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                needles: list[str]) -> None:
-    f = benchmarks_copy / f"{name}.yaml"
-    text = f.read_text()
-    assert old in text
-    f.write_text(text.replace(old, new, 1))
+    _edit(benchmarks_copy / f"{name}.yaml", old, new)
     for tiny in (False, True):  # the tiny variant inherits the full definition, so both refuse it
         with pytest.raises(UserError) as e:
             registry.load(name, tiny=tiny, directory=benchmarks_copy)
@@ -268,6 +272,7 @@ def test_characters_that_are_not_what_they_look_like(benchmarks_copy: Path, edit
 _TITLE = "title: GPT-3 175B (MLPerf Training LLM pretraining, C4, from the 4000-step reference checkpoint)"
 
 
+
 # Values a run took and then died of (or ran on broken), each after its log was published as aborted; the full
 # definition's, so the tiny variant refuses them too.
 @pytest.mark.parametrize(("name", "old", "new", "said"), [
@@ -325,10 +330,7 @@ _TITLE = "title: GPT-3 175B (MLPerf Training LLM pretraining, C4, from the 4000-
         "escape-in-title", "newline-in-title"])
 def test_values_a_run_died_of_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                   said: str) -> None:
-    f = benchmarks_copy / f"{name}.yaml"
-    text = f.read_text()
-    assert old in text
-    f.write_text(text.replace(old, new, 1))
+    _edit(benchmarks_copy / f"{name}.yaml", old, new)
     for tiny in (False, True):
         with pytest.raises(UserError) as e:
             registry.load(name, tiny=tiny, directory=benchmarks_copy)
@@ -345,10 +347,7 @@ def test_a_warmup_at_or_past_the_step_budget_is_refused_on_load(benchmarks_copy:
                                                                  tiny: bool, said: str) -> None:
     """Every run of such a file ended in its warm-up, the learning rate never at its peak, and was published as
     aborted at the budget; the same value as --warmup-steps was refused before launch."""
-    f = benchmarks_copy / "bert.yaml"
-    text = f.read_text()
-    assert old in text
-    f.write_text(text.replace(old, new, 1))
+    _edit(benchmarks_copy / "bert.yaml", old, new)
     with pytest.raises(UserError) as e:
         registry.load("bert", tiny=tiny, directory=benchmarks_copy)
     assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
@@ -433,10 +432,7 @@ def test_full_recompute_layers_from_the_file_are_checked_against_the_pipeline_ch
         "no-lr-at-the-files-batch", "eval-samples-past-memory"])
 def test_values_that_were_tracebacks_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                          said: str) -> None:
-    f = benchmarks_copy / f"{name}.yaml"
-    text = f.read_text()
-    assert old in text
-    f.write_text(text.replace(old, new, 1))
+    _edit(benchmarks_copy / f"{name}.yaml", old, new)
     with pytest.raises(UserError) as e:
         registry.load(name, directory=benchmarks_copy)
     assert "\n" not in str(e.value) and said in str(e.value), str(e.value)

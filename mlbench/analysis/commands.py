@@ -14,7 +14,14 @@ from rich.text import Text
 from mlbench import terminal
 from mlbench.analysis import MAX_DEVICES
 from mlbench.cli_paths import FileParam, PathParam
-from mlbench.errors import ProductStream, UserError, document_on_stdout, printable, stops_on_signals
+from mlbench.errors import (
+    ProductStream,
+    UserError,
+    document_on_stdout,
+    printable,
+    stops_on_signals,
+    undecodable_escaped,
+)
 
 
 def strict_json(doc: object) -> str:
@@ -24,8 +31,8 @@ def strict_json(doc: object) -> str:
     def clean(v: object) -> object:
         if isinstance(v, float) and not math.isfinite(v):
             return None
-        if isinstance(v, str) and not v.isprintable():
-            return "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else c for c in v)
+        if isinstance(v, str):
+            return undecodable_escaped(v)
         if isinstance(v, dict):
             return {clean(str(k)): clean(x) for k, x in v.items()}
         if isinstance(v, list | tuple):

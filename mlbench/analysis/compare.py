@@ -14,11 +14,11 @@ from rich.text import Text
 from mlbench import compliance
 from mlbench.analysis import published, step_times
 from mlbench.analysis.logs import (
-    NOT_A_LOG,
     GivenOnce,
     ResultSet,
     RunLog,
     find_sets,
+    holds_no_log,
     passed_over,
     record_number,
     run_record,
@@ -222,8 +222,7 @@ class Comparison:
 
 
 def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Entry:
-    bench = rs.benchmark
-    runs = [r for r in rs.runs if r.benchmark in (bench, None)]  # as score_set takes them
+    bench, runs = rs.benchmark, rs.benchmark_runs
     n, src = rs.devices()
     kind = "run" if len(rs.files) == 1 else "set"
     e = Entry(label=rs.label if kind == "set" else f"{rs.label}/{rs.files[0].name}", kind=kind,
@@ -234,7 +233,7 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
     if with_score and kind == "set":
         e.score = score_set(rs, ruleset)  # its notes say which files were left out
     else:
-        e.problems += rs.left_out + [m for m in [rs.other_benchmarks()] if m]
+        e.problems += rs.left_out_notes
     return e
 
 
@@ -271,14 +270,13 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
                                  devices=row.devices, devices_from="published", published=row))
             continue
         path = Path(p)
-        if path.is_file():
-            once.add(("run", path.resolve()), path, p)
-            sets = find_sets(path)
-        else:
-            sets = find_sets(path)
-            for rs in sets:
+        sets = find_sets(path)  # (a file: its one-run set)
+        for rs in sets:
+            if path.is_file():
+                once.add(("run", path.resolve()), path, p)
+            else:
                 once.add(("set", Path(rs.folder).resolve()), rs.folder, p)
-        if all(r.problems[-1:] == [NOT_A_LOG] for rs in sets for r in rs.runs):  # as score refuses it
+        if holds_no_log(sets):
             what = "is not an MLPerf result log" if path.is_file() else "holds no MLPerf result log"
             raise UserError(printable(f"{p} {what} (no :::MLLOG lines)"))
         entries += [_entry_from_set(rs, ruleset, with_score and not path.is_file()) for rs in sets]

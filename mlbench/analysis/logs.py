@@ -458,10 +458,21 @@ class ResultSet:
         return self.folder.name if self.folder.name in logged else (
             max(sorted(set(logged)), key=logged.count) if logged else None)
 
-    def other_benchmarks(self) -> str | None:
-        """What a folder of mixed benchmarks leaves out of its set (score, compare), as a note; None if nothing."""
+    @cached_property
+    def benchmark_runs(self) -> list[RunLog]:
+        """The runs of the set's benchmark (or naming none): what score, compare and scaling take."""
+        return [r for r in self.runs if r.benchmark in (self.benchmark, None)]
+
+    def mixed_note(self, taking: str = "") -> str | None:
+        """What a folder of mixed benchmarks leaves out of its set, as a note; None if nothing."""
         others = sorted({f"{r.name} ({r.benchmark})" for r in self.runs if r.benchmark not in (self.benchmark, None)})
-        return f"mixed benchmarks in one folder: {self.benchmark}; left out {', '.join(others)}" if others else None
+        return f"mixed benchmarks in one folder: {taking}{self.benchmark}; left out {', '.join(others)}" \
+            if others else None
+
+    @property
+    def left_out_notes(self) -> list[str]:
+        """Every file of the folder left out of the set, and why (not read, or another benchmark's)."""
+        return self.left_out + [m for m in [self.mixed_note()] if m]
 
     @property
     def label(self) -> str:
@@ -619,6 +630,12 @@ class GivenOnce:
             both = "" if Path(first).resolve() == Path(path).resolve() else f" (in {first} and in {path})"
             raise UserError(printable(f"{name} is given twice{both}; {self.takes} once"))
         self.seen[key] = path
+
+
+def holds_no_log(sets: list[ResultSet]) -> bool:
+    """Whether not one file of SETS is an MLPerf result log (no :::MLLOG line): score, compare and scaling refuse
+    such input."""
+    return all(r.problems[-1:] == [NOT_A_LOG] for rs in sets for r in rs.runs)
 
 
 def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:

@@ -74,23 +74,23 @@ _MARK = {"html": "<meta name='generator' content='mlbench report'>", "md": "<!--
 _PNG_MARK = "mlbench report image"
 
 
-def _our_image(path: Path) -> bool:
+def _head_holds(path: Path, marks: list[bytes], size: int) -> bool:
+    """Whether the first SIZE bytes of PATH hold one of MARKS (False where it cannot be read)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(4096)
+            head = f.read(size)
     except OSError:
         return False
-    return b"tEXtSoftware\0" + _PNG_MARK.encode() in head
+    return any(mark in head for mark in marks)
+
+
+def _our_image(path: Path) -> bool:
+    return _head_holds(path, [b"tEXtSoftware\0" + _PNG_MARK.encode()], 4096)
 
 
 def _ours(path: Path) -> bool:
     """Whether the regular file PATH is a report mlbench wrote (`_MARK` in its first KiB)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1024)
-    except OSError:
-        return False
-    return any(mark.encode() in head for mark in _MARK.values())
+    return _head_holds(path, [mark.encode() for mark in _MARK.values()], 1024)
 
 
 def _esc(text: object) -> str:

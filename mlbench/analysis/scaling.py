@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import mlperf_tools
-from mlbench.analysis.logs import NOT_A_LOG, GivenOnce, ResultSet, find_sets, passed_over
+from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, holds_no_log, passed_over
 from mlbench.analysis.report import Report, plt
 from mlbench.errors import UserError, in_document, printable
 
@@ -89,9 +89,9 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
         what = why or "no systems/<system>.json, no run record with 'devices'"
         raise UserError(printable(f"{rs.folder}: device count unknown ({what}); give it with --devices, one per "
                                   f"PATH"))
-    runs = [r for r in rs.runs if r.benchmark in (rs.benchmark, None)]  # as score and compare take them
+    runs = rs.benchmark_runs
     ok = [r for r in runs if r.status == "success" and r.ttt_min is not None]
-    notes += [f"{rs.label}: {n}" for n in rs.left_out + [m for m in [rs.other_benchmarks()] if m]]
+    notes += [f"{rs.label}: {n}" for n in rs.left_out_notes]
     for r in runs:
         for p in r.problems:
             notes.append(f"{rs.label}/{r.name}: {p}")
@@ -120,7 +120,7 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
         sets = find_sets(Path(p))
         if devices and len(sets) > 1:
             raise UserError(f"{p} holds {len(sets)} benchmark folders; with --devices give one folder per PATH")
-        if all(r.problems[-1:] == [NOT_A_LOG] for rs in sets for r in rs.runs):  # as score and compare refuse it
+        if holds_no_log(sets):
             raise UserError(printable(f"{p} holds no MLPerf result log (no :::MLLOG lines)"))
         for rs in sets:
             once.add(Path(rs.folder).resolve(), rs.folder, p)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlbench import compliance, mlperf_tools
-from mlbench.analysis.logs import NOT_A_LOG, ResultSet, RunLog, find_sets, passed_over
+from mlbench.analysis.logs import ResultSet, RunLog, find_sets, holds_no_log, passed_over
 from mlbench.errors import UserError, printable
 from mlbench.logfile import check_json_file
 
@@ -125,8 +125,8 @@ def _rcp_status(ok: bool, msg: str) -> str:
 
 
 def _benchmark(rs: ResultSet, notes: list[str]) -> str | None:
-    if (mixed := rs.other_benchmarks()) is not None:
-        notes.append(mixed.replace(": ", ": scoring ", 1))
+    if (mixed := rs.mixed_note(taking="scoring ")) is not None:
+        notes.append(mixed)
     return rs.benchmark
 
 
@@ -265,9 +265,9 @@ def _official_score(rs: ResultSet, runs: list[RunLog], scored: list[RunScore],
                     scaling_json: float | None) -> float | None:
     """What result_summarizer prints for this folder on a first pass, from its own functions:
     every compliant, parseable file counts (aborted ones too), times scaled by an existing scaling.json. None where
-    a compliant run holds a field mlbench refuses (a time_ms as a string, say), or lines mlbench does not read as
-    the official tools do (records parted by a lone CR): the summarizer reads some of those (float("1.7e12")), so
-    what it prints is not known here."""
+    a compliant run holds a field mlbench refuses (an epoch_num of 1e30, say), or lines mlbench does not read as
+    the official tools do (records parted by a lone CR): the summarizer reads some of those, so what it prints is
+    not known here."""
     if any(s.compliant and (r.invalid or r.read_unlike_official) for r, s in zip(runs, scored, strict=True)):
         return None
     times = [s.ttt_min for s in scored if s.compliant and s.ttt_min is not None]
@@ -284,7 +284,7 @@ def score_path(path: Path, ruleset: str | None = None, devices: int | None = Non
     if ruleset is not None:
         compliance.require_ruleset(ruleset)
     sets = find_sets(Path(path), steps=False)
-    if len(sets) == 1 and all(r.problems[-1:] == [NOT_A_LOG] for r in sets[0].runs):  # (in a tree: a note)
+    if len(sets) == 1 and holds_no_log(sets):  # (in a tree: a note)
         files = sets[0].files
         what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
         raise UserError(printable(f"{what} an MLPerf result log (no :::MLLOG lines)"))

@@ -29,9 +29,9 @@ def check_readable(path: str | Path) -> None:
         raise CheckpointError(f"--init-checkpoint {path}: not a megatron-core distributed checkpoint "
                               f"(no metadata.json){hint}")
     try:
-        if meta.stat().st_size > _METADATA_BYTES:
-            raise CheckpointError(f"--init-checkpoint {path}: metadata.json is {meta.stat().st_size:,} bytes; "
-                                  f"megatron-core writes a few dozen")
+        if (size := meta.stat().st_size) > _METADATA_BYTES:
+            raise CheckpointError(f"--init-checkpoint {path}: metadata.json is {size:,} bytes; megatron-core "
+                                  f"writes a few dozen")
         data = json.loads(meta.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"--init-checkpoint {path}: cannot read metadata.json ({e})") from None
