@@ -142,3 +142,17 @@ def test_mixed_benchmarks_and_broken_file_still_report_the_rest(tmp_path):
     assert "mixed benchmarks" in out and "result_7.txt (bert)" in out
     assert "result_8.txt" in out and "truncated" in out
     assert re.search(r"score \d+\.\d+ min", out)  # the gpt3 set is still scored
+
+
+@needs_shared
+def test_an_rcp_checker_that_stops_on_a_log_names_the_file_and_is_said_once(tmp_path):
+    """A run_stop without metadata.status passes the reader of mlbench (a note) but stops the RCP checker with a
+    bare KeyError: the verdict names the file it stopped on, and the score line says the reason once."""
+    d = _copy_google(tmp_path)
+    f = d / "result_1.txt"
+    f.write_text(re.sub(r'("key": "run_stop".*?"metadata": \{)[^}]*\}', r'\1"file": "x"}', f.read_text()))
+    res = CliRunner().invoke(score_cmd, [str(d)])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "RCP Fail: RCP checker failed on result_1.txt: KeyError: 'status', factor" in out, out
+    assert out.count("RCP checker failed on result_1.txt") == 2, out  # the score line and the note

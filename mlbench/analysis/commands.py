@@ -115,9 +115,10 @@ def _print_set(console: Console, s) -> None:
             said = (f"{file} non-compliant", "red") if r.compliant is False else (f"{file} not checked", "yellow")
             for m in r.compliance[:3]:
                 console.print(Text.assemble("  ", said, f": {printable(m)}"), highlight=False)
+    rcp = s.rcp.status if s.rcp.message in s.rcp.status else f"{s.rcp.status} ({s.rcp.message})"  # said once
     console.print(
         f"  olympic mean {_fmt(s.olympic_min)} min over {len([r for r in s.runs if r.counted])} counted of "
-        f"{s.required_runs or '?'} required runs; RCP {printable(s.rcp.status)} ({printable(s.rcp.message)}), factor "
+        f"{s.required_runs or '?'} required runs; RCP {printable(rcp)}, factor "
         f"{_fmt(s.rcp_factor)}{' from scaling.json' if s.rcp.scaling_json is not None else ''}", highlight=False)
     console.print(Text.assemble("  ", (f"score {_fmt(s.score_min)} min", "bold"),
                                 f"   (official summarizer: {_fmt(s.official_score_min)})"), highlight=False)

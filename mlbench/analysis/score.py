@@ -98,7 +98,7 @@ def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str])
         except mlperf_tools.ToolsChanged:
             raise
         except Exception as e:  # the RCP checker on input it does not expect (it validates nothing)
-            return False, f"RCP checker failed: {type(e).__name__}: {e}", 1.0
+            return False, f"RCP checker failed{_stopped_on(files, ruleset)}: {type(e).__name__}: {e}", 1.0
     # Trap: a non-converged run is marked 1e9; gpt3 counts tokens (~1.2e9), so the marker sorts as the fastest
     # run. Redo the comparison with the marker as +inf (the slowest), same references.
     failed = [i for i, (conv, *_rest) in enumerate(per_file) if not conv]
@@ -116,6 +116,17 @@ def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str])
             f"({'Pass' if ok2 else 'Fail'}, factor {f2:.4f}).")
         return ok2, msg2, f2
     return ok, msg, factor
+
+
+def _stopped_on(files: list[Path], ruleset: str) -> str:
+    """' on <file>' for the first of FILES that the RCP checker's reader stops on (its KeyError alone names a key,
+    not the file: a run_stop without metadata.status), or '' where each reads."""
+    for f in files:
+        try:
+            mlperf_tools.read_convergence(f, ruleset)
+        except Exception:  # (as above: whatever the reader raises)
+            return f" on {f.name}"
+    return ""
 
 
 def _rcp_status(ok: bool, msg: str) -> str:
