@@ -223,7 +223,7 @@ class RunSet:
                     self._not_started(result.stopped_by, len(self.seeds) - i - 1)
                     break
             else:
-                if received and not self.results[-1].stopped_by:  # after the last run was published: said, exit 1
+                if received and not self.results[-1].stopped_by:  # after the last run was published: said
                     self.console.print(f"{received[0]} received after the last run was published: nothing was "
                                        f"left to stop", highlight=False)
         finally:
@@ -235,8 +235,13 @@ class RunSet:
             self.console.print(f"{signal_name}: the set stops here; {left} more run(s) not started", highlight=False)
 
     def collect(self) -> int:
+        """0 where every run reached its target; 128 + the signal where a stop signal ended the set (as a shell
+        reports a process it stopped, and as every other command ends on one), its runs published first; else 1."""
+        stop = next((r.stopped_by for r in self.results if r.stopped_by), None) or next(iter(self.held), None)
+        if stop:
+            return 128 + signal.Signals[stop].value
         complete = len(self.results) == len(self.seeds)
-        return 0 if complete and all(r.ok for r in self.results) and not self.held else 1
+        return 0 if complete and all(r.ok for r in self.results) else 1
 
     def _run(self, i: int, seed: int, env: dict) -> RunResult:
         bench, layout, opts, folder, console = self.bench, self.layout, self.opts, self.folder, self.console

@@ -197,13 +197,25 @@ def test_a_folder_name_cannot_forge_a_line_of_checks_verdict_even_from_the_cache
             "\n", "\\n")], out
 
 
+@pytest.mark.parametrize("tiny", [False, True], ids=["full", "tiny"])
 @pytest.mark.parametrize("command", ["check", "score", "compare"])
-def test_a_ruleset_asked_for_without_rules_for_the_benchmark_is_refused_as_an_unknown_one(mlbench, command) -> None:
+def test_a_ruleset_asked_for_without_rules_for_the_benchmark_is_refused_as_an_unknown_one(mlbench, command, tiny,
+                                                                                         tmp_path) -> None:
     """--ruleset 1.0.0 (known, without llama31_8b): `check` said FAIL ('the compliance checker crashed:
     FileNotFoundError', exit 1), `score` and `compare` judged every run non-compliant, exit 0; --ruleset 9.9.9
-    is refused by all three (exit 2)."""
-    code, out, err = mlbench(command, SET, *([SET] if command == "compare" else []), "--ruleset", "1.0.0")
-    where = f"{LOG}: " if command == "check" else ""
+    is refused by all three (exit 2). Tiny runs (judged by the smoke rules) were let through: with 0.6.0 a valid
+    tiny gpt3 run FAILed, with 1.0.0 it passed with a note."""
+    folder, log, other = SET, LOG, SET
+    if tiny:
+        from test_analysis_logs import tiny_log
+        for name in ("tiny", "other"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "result_0.txt").write_text(tiny_log())
+            (tmp_path / name / "result_0.json").write_text(json.dumps({"variant": "tiny", "status": "success"}))
+        folder, other = tmp_path / "tiny", tmp_path / "other"
+        log = folder / "result_0.txt"
+    code, out, err = mlbench(command, folder, *([other] if command == "compare" else []), "--ruleset", "1.0.0")
+    where = f"{log}: " if command == "check" else ""
     assert code == 2 and f"error: {where}--ruleset 1.0.0 has no rules for llama31_8b" in out + err, out + err
     assert "rulesets holding it: 5.1.0, 6.0.0, 6.1.0" in out + err and "Traceback" not in out + err
 

@@ -24,7 +24,7 @@ from mlbench.analysis.logs import (
     run_record,
 )
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
-from mlbench.analysis.score import SetScore, score_set
+from mlbench.analysis.score import SetScore, require_rules_for, score_set
 from mlbench.errors import UserError, in_document, printable
 from mlbench.logfile import MAX_TEXT, is_number
 
@@ -233,6 +233,7 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
     if with_score and kind == "set":
         e.score = score_set(rs, ruleset)  # its notes say which files were left out
     else:
+        require_rules_for(ruleset, bench, e.where)  # (unused here, but refused as where it is used)
         e.problems += rs.left_out_notes
     return e
 

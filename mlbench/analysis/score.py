@@ -157,6 +157,14 @@ def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
         return None, False
 
 
+def require_rules_for(ruleset: str | None, benchmark: str | None, where: object) -> None:
+    """UserError where RULESET, asked for (--ruleset), holds no rules for BENCHMARK (the runs at WHERE): bad input,
+    as an unknown ruleset is, for tiny runs too (as `check` has it); a ruleset inferred is a note instead."""
+    if ruleset and benchmark and ruleset not in (with_rules := mlperf_tools.rulesets_with(benchmark)):
+        raise UserError(printable(f"--ruleset {ruleset} has no rules for {benchmark} ({where}); rulesets "
+                                  f"holding it: {', '.join(with_rules) or 'none'}"))
+
+
 def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = None,
               jobs: int | None = None) -> SetScore:
     runs = rs.runs
@@ -164,10 +172,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     benchmark = _benchmark(rs, notes)
     with_rules = mlperf_tools.rulesets_with(benchmark)
     having = ", ".join(with_rules) or "none"
-    if ruleset and benchmark and ruleset not in with_rules and not rs.smoke:
-        # asked for (--ruleset): bad input, as an unknown ruleset is; inferred, a note below
-        raise UserError(printable(f"--ruleset {ruleset} has no rules for {benchmark} ({rs.folder}); rulesets "
-                                  f"holding it: {having}"))
+    require_rules_for(ruleset, benchmark, rs.folder)
     ruleset = ruleset or infer_ruleset(rs.folder, benchmark)
     if benchmark and ruleset not in with_rules:
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
