@@ -28,7 +28,16 @@ from rich.text import Text
 from mlbench import mlperf_tools, owners, registry, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
-from mlbench.logfile import TOKEN_B, BadField, LogReader, given_path_problem, load_json, text, why_not_a_file
+from mlbench.logfile import (
+    TOKEN_B,
+    BadField,
+    LogReader,
+    given_path_problem,
+    holds_token,
+    load_json,
+    text,
+    why_not_a_file,
+)
 
 SMOKE_RULES = Path(str(resources.files("mlbench") / "rules" / "smoke.yaml"))
 _SEPARATOR = "-" * 30  # between the checker's messages, some of which span lines
@@ -443,7 +452,17 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
             raise UserError(printable(f"{f}: {why} (a result log is a regular file)"))
     if not files:
         raise UserError(printable(f"{path}: no result_*.txt files here (a result file, or a folder of them)"))
+    if not any(map(_holds_token, files)):  # (as score, compare and scaling refuse it: not a verdict's to give)
+        what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
+        raise UserError(printable(f"{what} an MLPerf result log (no :::MLLOG lines)"))  # (score's words)
     return [_target(f, ruleset, rules) for f in files]
+
+
+def _holds_token(f: Path) -> bool:
+    try:
+        return holds_token(f)
+    except OSError as e:
+        raise UserError(printable(f"{f}: cannot read ({e.strerror or e})")) from None
 
 
 def _target(f: Path, ruleset: str | None, rules: str) -> Target:
@@ -466,6 +485,8 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
                                   f"names); rulesets holding it: "
                                   f"{', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}"))
     if ruleset is None:
+        if benchmark is None and not _holds_token(f):
+            raise UserError(printable(f"{f}: not an MLPerf result log (no :::MLLOG lines)"))
         if benchmark is None:
             raise UserError(printable(f"{f}: cannot tell the ruleset: the log names no benchmark (no "
                                       f"submission_benchmark record); pass --ruleset"))

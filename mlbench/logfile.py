@@ -681,6 +681,18 @@ def _loads(payload: bytes) -> object:
         return None
 
 
+def holds_token(path: Path | str) -> bool:
+    """Whether PATH holds a `:::MLLOG ` token anywhere (read until the first one): a file with none is no MLPerf
+    result log, whatever its verdict would be."""
+    with open(path, "rb") as f:
+        tail = b""
+        while block := f.read(_BLOCK):
+            if TOKEN_B in (seen := tail + block):
+                return True
+            tail = seen[1 - _TOKEN_LEN:]
+    return False
+
+
 def read(path: Path | str) -> list[dict]:
     """Every record of a (small) log as the dict it was logged as: for our own logs, which the run writes."""
     return [e.as_dict() for e in LogReader(Path(path))]

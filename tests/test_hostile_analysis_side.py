@@ -233,9 +233,17 @@ def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -
     (folder / "result_1.txt").write_text("")
     code, out, err = mlbench("score", folder)
     assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in out, out
-    code, out, err = mlbench("check", folder / "result_0.txt")
-    assert code == 2 and out == f"error: {folder / 'result_0.txt'}: cannot tell the ruleset: the log names no " \
-                                "benchmark (no submission_benchmark record); pass --ruleset\n", out
+    # `check` said 'cannot tell the ruleset ...; pass --ruleset', and with it gave FAIL (16 'Required' lines), exit 1
+    for ruleset in ([], ["--ruleset", "4.1.0"]):
+        code, out, err = mlbench("check", folder / "result_0.txt", *ruleset)
+        assert code == 2 and out == f"error: {folder / 'result_0.txt'} is not an MLPerf result log (no :::MLLOG " \
+                                    "lines)\n", out
+        code, out, err = mlbench("check", folder, *ruleset)
+        assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in out, out
+    (folder / "result_1.txt").write_text(":::MLLOG {}\n")  # a log without a benchmark: still a log
+    code, out, err = mlbench("check", folder / "result_1.txt")
+    assert code == 2 and "the log names no benchmark (no submission_benchmark record); pass --ruleset" in out, out
+    (folder / "result_1.txt").write_text("")
     shutil.copytree(SET, tmp_path / "llama31_8b")
     code, out, err = mlbench("score", tmp_path, "--json")
     doc = json.loads(out)
