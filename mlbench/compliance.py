@@ -484,20 +484,30 @@ def _target(f: Path, ruleset: str | None, rules: str) -> Target:
         raise UserError(printable(f"{f}: --ruleset {ruleset} has no rules for {benchmark} (the benchmark its log "
                                   f"names); rulesets holding it: "
                                   f"{', '.join(mlperf_tools.rulesets_with(benchmark)) or 'none'}"))
+    passed_over = None
     if ruleset is None:
         if benchmark is None and not _holds_token(f):
             raise UserError(printable(f"{f}: not an MLPerf result log (no :::MLLOG lines)"))
         if benchmark is None:
             raise UserError(printable(f"{f}: cannot tell the ruleset: the log names no benchmark (no "
                                       f"submission_benchmark record); pass --ruleset"))
-        ruleset = mlperf_tools.ruleset_in_path(f.resolve(), benchmark)  # a published tree's round, as score takes it
-    if ruleset is None:
-        if benchmark not in registry.names():
+        ruleset = default_ruleset(f.resolve(), benchmark)
+        if ruleset is None:
             raise UserError(f"{f}: cannot tell the ruleset (benchmark {benchmark!r} is not one of "
                             f"{', '.join(registry.names())}); pass --ruleset")
-        ruleset = registry.load(benchmark).mlperf.ruleset
+        passed_over = mlperf_tools.passed_over_round(f.resolve(), benchmark, ruleset)
     note = f"{why}, so it is judged as a full-size run; --rules smoke judges a tiny one" if why else ""
+    note = "; ".join(filter(None, (note, passed_over)))
     return Target(f, ruleset, smoke, dry_run=last == "run_start", note=note)
+
+
+def default_ruleset(path: Path, benchmark: str | None) -> str | None:
+    """The ruleset a log at PATH of BENCHMARK is judged by where none is asked for, by check and score alike: the
+    round a published tree names (training_results_vX.Y) where it has rules for the benchmark, else the one its
+    definition names (our runs log it); None for a benchmark mlbench does not define."""
+    if (r := mlperf_tools.ruleset_in_path(path, benchmark)) is not None:
+        return r
+    return registry.load(benchmark).mlperf.ruleset if benchmark in registry.names() else None
 
 
 def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool | None:

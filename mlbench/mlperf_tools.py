@@ -88,13 +88,27 @@ def rulesets_with(benchmark: str | None) -> list[str]:
     return [r for r in rulesets() if benchmark and (_PKG / f"{USAGE}_{r}" / f"closed_{benchmark}.yaml").exists()]
 
 
-def ruleset_in_path(path: Path, benchmark: str | None) -> str | None:
-    """The round a published results tree names (training_results_vX.Y in PATH), where the installed package has
-    rules for BENCHMARK in it; None otherwise. score and check both start from it (check took the benchmark
-    definition's ruleset, 6.0.0, and passed a v5.1 log score judged against 5.1.0)."""
+def round_in_path(path: Path) -> str | None:
+    """The round a published results tree names (training_results_vX.Y in PATH) as a ruleset, X.Y.0; None."""
     m = re.search(r"training_results_v(\d+)\.(\d+)", str(path))
-    r = f"{m.group(1)}.{m.group(2)}.0" if m else None
+    return f"{m.group(1)}.{m.group(2)}.0" if m else None
+
+
+def ruleset_in_path(path: Path, benchmark: str | None) -> str | None:
+    """The round a published results tree names (`round_in_path`), where the installed package has rules for
+    BENCHMARK in it; None otherwise. score and check both start from it (check took the benchmark definition's
+    ruleset, 6.0.0, and passed a v5.1 log score judged against 5.1.0)."""
+    r = round_in_path(path)
     return r if r is not None and r in rulesets_with(benchmark) else None
+
+
+def passed_over_round(path: Path, benchmark: str | None, ruleset: str) -> str | None:
+    """A note where PATH names a round (training_results_vX.Y) that RULESET, inferred, is not: the installed
+    package has no rules for BENCHMARK in it (a gpt3 log under training_results_v5.0 is judged by 4.1.0)."""
+    r = round_in_path(path)
+    if r is None or r == ruleset or not benchmark:
+        return None
+    return f"the path names round {r.rsplit('.', 1)[0]}, which has no rules for {benchmark}: judged by {ruleset}"
 
 
 def has_rules(ruleset: str, benchmark: str) -> bool:

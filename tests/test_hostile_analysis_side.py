@@ -837,3 +837,19 @@ def test_a_run_stop_without_a_status_is_named_with_its_file_and_line(tmp_path) -
     assert f"{f}:128: run_stop has no status (metadata.status), expected 'success' or 'aborted'" in log.problems, \
         log.problems
     assert log.status == "no status"
+
+
+def test_a_round_the_path_names_without_rules_for_the_benchmark_is_said_passed_over(tmp_path, mlbench) -> None:
+    """llama31_8b logs under training_results_v4.1 (a round before llama31_8b): check and score judged them by
+    another ruleset without a word, while --ruleset 4.1.0 is refused."""
+    folder = tmp_path / "training_results_v4.1" / "AMD" / "results" / "x" / "llama31_8b"
+    shutil.copytree(SET, folder)
+    code, out, err = mlbench("check", folder / "result_0.txt")
+    assert code == 0 and "note: the path names round 4.1, which has no rules for llama31_8b: judged by 6.0.0" \
+        in out, out
+    code, out, err = mlbench("score", folder, "--json")
+    [doc] = json.loads(out)
+    assert code == 0 and "the path names round 4.1, which has no rules for llama31_8b: judged by 6.0.0" \
+        in doc["notes"], doc["notes"]  # (as check: score took the newest, 6.1.0)
+    code, out, err = mlbench("score", SET, "--json")  # a round it names with rules: no note
+    assert not [n for n in json.loads(out)[0]["notes"] if "round" in n], out

@@ -20,8 +20,9 @@ from mlbench.logfile import check_json_file
 
 
 def infer_ruleset(folder: Path, benchmark: str | None) -> str:
-    """training_results_vX.Y in the path names the round; else the newest ruleset holding the benchmark."""
-    if (r := mlperf_tools.ruleset_in_path(folder, benchmark)) is not None:
+    """As `check` infers it (compliance.default_ruleset: the path's round, else the benchmark definition's); for a
+    benchmark mlbench does not define, the newest ruleset holding it."""
+    if (r := compliance.default_ruleset(folder, benchmark)) is not None:
         return r
     known = mlperf_tools.rulesets_with(benchmark)
     if known:
@@ -173,7 +174,10 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     with_rules = mlperf_tools.rulesets_with(benchmark)
     having = ", ".join(with_rules) or "none"
     require_rules_for(ruleset, benchmark, rs.folder)
-    ruleset = ruleset or infer_ruleset(rs.folder, benchmark)
+    if not ruleset:
+        ruleset = infer_ruleset(rs.folder, benchmark)
+        if (note := mlperf_tools.passed_over_round(rs.folder, benchmark, ruleset)) is not None:
+            notes.append(note)
     if benchmark and ruleset not in with_rules:
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
                      f"rulesets holding it: {having}")
