@@ -74,8 +74,8 @@ def _fmt(v: object, nd: int = 4) -> str:
 @click.command("score")
 @click.argument("path", type=PathParam())
 @click.option("--ruleset", default=None,
-              help="Training ruleset to check against (default: from a training_results_vX.Y path, else the "
-                   "newest one in mlperf-logging that holds the benchmark).")
+              help="Training ruleset to check against (default: the round a training_results_vX.Y path names, "
+                   "else the benchmark definition's, as check infers it).")
 @click.option("--devices", type=DeviceCount(), default=None,
               help="Device count, where no systems json or run record says.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
