@@ -853,3 +853,18 @@ def test_a_round_the_path_names_without_rules_for_the_benchmark_is_said_passed_o
         in doc["notes"], doc["notes"]  # (as check: score took the newest, 6.1.0)
     code, out, err = mlbench("score", SET, "--json")  # a round it names with rules: no note
     assert not [n for n in json.loads(out)[0]["notes"] if "round" in n], out
+
+
+def test_a_set_of_runs_at_different_global_batches_is_said_so(tmp_path, mlbench) -> None:
+    """One run of another batch in a set: the RCP check failed with the checker's 'KeyError: None' and no word on
+    why; the batches and their files are named now."""
+    folder = tmp_path / "llama31_8b"
+    shutil.copytree(SET, folder)
+    f = folder / "result_9.txt"
+    f.write_text(f.read_text().replace('"key": "global_batch_size", "value": 32', '"key": "global_batch_size", '
+                                                                                  '"value": 64'))
+    code, out, err = mlbench("score", folder, "--json")
+    [doc] = json.loads(out)
+    assert code == 0 and "the runs log different global_batch_size values (32: result_0.txt, result_1.txt, " \
+        "result_2.txt, result_3.txt, result_4.txt, result_5.txt, result_6.txt, result_7.txt, result_8.txt; 64: " \
+        "result_9.txt): a set is one batch" in " ".join(doc["notes"]), doc["notes"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -202,12 +203,13 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     olympic = _olympic([s for _, s in same], benchmark, notes)
 
     division = _division(rs, runs)
-    logged = {r.division for r in runs if r.division}
-    if len(logged) > 1:  # (the RCP check, and so the score, would hang on which file came first)
-        each = "; ".join(f"{d}: {', '.join(r.name for r in runs if r.division == d)}" for d in sorted(logged))
+    if (each := _differ(runs, lambda r: r.division)) is not None:  # (the RCP check would hang on the file order)
         source = "the systems json" if (rs.system_desc or {}).get("division") == division else "the first run"
         notes.append(f"the runs log different submission_division values ({each}): judged as {division}, from "
                      f"{source}")
+    if (each := _differ([r for r, _ in same], lambda r: r.gbs)) is not None:
+        notes.append(f"the runs log different global_batch_size values ({each}): a set is one batch (the RCP "
+                     f"checker compares it with the RCP at one, and fails a set of several)")
     if rs.smoke:
         ok, computed = False, 1.0
         rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
@@ -274,6 +276,15 @@ def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> f
         notes.append(f"{dropped} runs failed or did not converge (at most {max_dropped} may be dropped): no score")
         return None
     return mlperf_tools.olympic_average(times, dropped, max_dropped)
+
+
+def _differ(runs: list[RunLog], of: Callable[[RunLog], object]) -> str | None:
+    """Each value OF a run the RUNS log and the files that log it ('1152: result_0.txt; 1536: result_2.txt'),
+    where they log more than one; None otherwise."""
+    logged = {v for r in runs if (v := of(r)) is not None and v != ""}
+    if len(logged) < 2:
+        return None
+    return "; ".join(f"{v}: {', '.join(r.name for r in runs if of(r) == v)}" for v in sorted(logged))
 
 
 def _division(rs: ResultSet, runs: list[RunLog]) -> str | None:
