@@ -299,11 +299,12 @@ class RunSet:
 
     def _not_published(self, why: str, staging: Path, outcome: Outcome) -> RunResult:
         """A run whose log could not be completed or placed (a full disk): its files are set aside under logs/, for
-        a person to read and never taken for a result (deleted where even that fails)."""
+        a person to read and never taken for a result. Where even that fails (no inode left for logs/), they stay
+        in the staging folder, never deleted (they were, a run that reached its target with them): the next
+        command in the folder publishes it as its log says, as a dead run's."""
         kept = results.set_aside(self.folder, staging)
-        if not kept:
-            results.discard(staging)
-        where = f"its files were moved to {kept}" if kept else f"nothing of it was left in {self.folder}"
+        where = f"its files were moved to {kept}" if kept else \
+            f"its files stay in {staging}, which the next mlbench command in {self.folder} publishes"
         self.console.print(Text.assemble((why, "red"), f"; {where} (the run ended: {outcome.status}"
                                          f"{', ' + outcome.reason if outcome.reason else ''})"),
                            highlight=False, soft_wrap=True)

@@ -460,3 +460,29 @@ def test_a_node_whose_torchrun_failed_before_its_ranks_keeps_its_launcher_log(tm
         assert kept is not None and not staging.exists()
         assert (kept / "launcher.log").read_text().startswith(f"{name}: ")
         assert (kept / "0").is_dir() is ranks
+
+
+def test_a_run_that_cannot_be_published_nor_set_aside_keeps_its_files(tmp_path: Path, monkeypatch) -> None:
+    """No inode left for logs/ (a tmpfs of nr_inodes=13): a run that reached its target could not be published nor
+    moved under logs/, and its staging folder was deleted with its log, plan and rank logs ('nothing of it was
+    left'). It stays where it is now, for the next command to publish as a dead run's."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mlbench import results, runner
+    from mlbench.launch.supervise import Outcome
+
+    folder = tmp_path / "ci" / "gpt3"
+    staging = folder / ".staging-x"
+    staging.mkdir(parents=True)
+    (staging / "mlperf.log").write_text("a log\n")
+    monkeypatch.setattr(results, "set_aside", lambda folder, staging: None)  # (mkdir of logs/: no inode left)
+    console = Console(file=io.StringIO(), width=1 << 20)
+    result = runner.RunSet._not_published(SimpleNamespace(folder=folder, console=console),
+                                          "run not published: No space left on device", staging,
+                                          Outcome(status="success", exit_code=0))
+    assert not result.published and (staging / "mlperf.log").read_text() == "a log\n"
+    said = console.file.getvalue()
+    assert f"its files stay in {staging}, which the next mlbench command in {folder} publishes" in said, said
