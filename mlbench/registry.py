@@ -268,6 +268,9 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "model.rope_scaling_factor": (lambda v: v > 0, "positive (the low frequencies are divided by it)"),
     # an eval set is made whole in memory: 10^18 samples launched a run that died on "array is too big"
     "eval.samples": (lambda v: 0 < v <= spec.MAX_GLOBAL_BATCH, f"1 to {spec.MAX_GLOBAL_BATCH:,} sequences"),
+    # the log's eval_samples, which the checker requires positive (-5 was published: compliance FAILED, exit 0)
+    "eval.logged_samples": (lambda v: 0 <= v <= 10**12, "0 (log eval.samples) to 10^12: the count eval_samples "
+                                                        "logs (gpt3's, its eval set's tokens, is 11,590,004)"),
     "data.mask_prob": (lambda v: 0 < v < 1, "in (0, 1)"),
     "data.branching": (lambda v: v >= 1, "at least 1"),
     "data.concentration": (lambda v: v > 0, "positive"),
@@ -299,6 +302,19 @@ def _validate_budget(b: Benchmark, where: str, batches: set[int]) -> None:
             raise UserError(f"{where}: optimizer.warmup_steps is {base[1]} at global_batch_size = {gbs}, not below "
                             f"train.max_steps ({budget}): the learning rate would never reach its peak; make the "
                             f"warm-up shorter than the budget (or train.max_steps 0: the whole schedule)")
+        if base is not None and budget <= 0:
+            budget = base[1] + int(spec.evaluate(b.optimizer.decay_steps, global_batch_size=gbs,
+                                                 warmup_steps=base[1]))
+        if budget <= 0:
+            continue
+        # The same mistake as a warm-up past the budget: each trained the whole budget for nothing, then aborted
+        # on 'quality target not reached' (no evaluation ever ran; the learning rate never rose from 0).
+        if (start := int(spec.evaluate(b.eval.start_samples, global_batch_size=gbs))) >= budget * gbs:
+            raise UserError(f"{where}: eval.start_samples is {start} at global_batch_size = {gbs}, not below the "
+                            f"{budget} steps' {budget * gbs} samples: no evaluation would ever run")
+        if b.optimizer.start_warmup_step >= budget:
+            raise UserError(f"{where}: optimizer.start_warmup_step is {b.optimizer.start_warmup_step}, not below the "
+                            f"{budget} steps at global_batch_size = {gbs}: the warm-up would never begin")
 
 
 def _validate_ranges(b: Benchmark, where: str) -> None:

@@ -456,6 +456,12 @@ def check_schedule(b: Benchmark, where: str, batches: typing.Iterable[int]) -> N
             raise UserError(f"{where}: optimizer.min_lr is {low!r} at global_batch_size = {gbs}, above "
                             f"optimizer.lr {base[0]!r}: the schedule decays from lr down to min_lr; make min_lr at "
                             f"most lr")
+        # megatron-core's scheduler asserts warm-up < warm-up + decay: 0 launched a run that died on a bare
+        # AssertionError
+        if base is not None and (decay := evaluate(b.optimizer.decay_steps, global_batch_size=gbs,
+                                                   warmup_steps=base[1])) < 1:
+            raise UserError(f"{where}: optimizer.decay_steps is {decay!r} at global_batch_size = {gbs}; the "
+                            f"schedule decays over at least 1 step after its warm-up")
 
 
 def resolved(b: Benchmark, global_batch_size: int | None = None) -> dict:

@@ -353,6 +353,30 @@ def test_a_warmup_at_or_past_the_step_budget_is_refused_on_load(benchmarks_copy:
     assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize(("name", "old", "new", "said"), [
+    # megatron-core's scheduler asserted warm-up < warm-up + decay: the run died on a bare 'AssertionError: '
+    ("gpt3", "decay_steps: 290,", "decay_steps: 0,",
+     "gpt3.yaml (tiny): optimizer.decay_steps is 0 at global_batch_size = 16; the schedule decays over at least 1 "
+     "step after its warm-up"),
+    # published with eval_samples -5, which the checker fails: 'compliance (FAILED)', exit 0
+    ("gpt3", "logged_samples: 0}", "logged_samples: -5}",
+     "gpt3.yaml (tiny): eval.logged_samples is -5; it must be 0 (log eval.samples) to 10^12"),
+    # each trained the whole budget for nothing, then aborted: no evaluation ran / the warm-up never began
+    ("gpt3", "start_samples: 0, logged", "start_samples: 100000, logged",
+     "gpt3.yaml (tiny): eval.start_samples is 100000 at global_batch_size = 16, not below the 300 steps' 4800 "
+     "samples: no evaluation would ever run"),
+    ("bert", "start_warmup_step: -5}", "start_warmup_step: 100000}",
+     "bert.yaml (tiny): optimizer.start_warmup_step is 100000, not below the 600 steps at global_batch_size = 32: "
+     "the warm-up would never begin"),
+], ids=["decay-0", "logged-samples-negative", "eval-start-past-budget", "warmup-start-past-budget"])
+def test_a_schedule_that_cannot_run_as_written_is_refused_on_load(benchmarks_copy: Path, name: str, old: str,
+                                                                  new: str, said: str) -> None:
+    _edit(benchmarks_copy / f"{name}.yaml", old, new)
+    with pytest.raises(UserError) as e:
+        registry.load(name, tiny=True, directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
 # The synthetic source's settings (mlbench/train/data/markov.py): each was accepted by list, show and --dry-run, and
 # the run died in numpy once started (or, for the concentration, trained on a source that emits one token).
 @pytest.mark.parametrize(("name", "old", "new", "said"), [
