@@ -4,6 +4,7 @@ hosts global rank 0 and publishes the run, and a rendezvous that fails ends with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -312,7 +313,7 @@ def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Pa
     bench = registry.load("gpt3", tiny=True)
     port = str(free_port("127.0.0.1"))
 
-    def rank(name: str, ly, rank: int, world: int) -> subprocess.Popen:
+    def rank(name: str, ly, rank: int, world: int, port: str, bench=bench) -> subprocess.Popen:
         folder = tmp_path / name
         folder.mkdir()
         RunPlan(benchmark=bench, layout=ly.as_dict(), seed=1, run_dir=str(folder), system="ci").save(
@@ -323,12 +324,20 @@ def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Pa
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     two = [layout.resolve(bench, 2, 1, global_batch_size=g) for g in (16, 32)]
-    procs = {"world": rank("world", layout.resolve(bench, 1, 1), 0, 3),
-             "rank0": rank("rank0", two[0], 0, 2), "rank1": rank("rank1", two[1], 1, 2)}
+    # The same layout, another learning rate on node 1 (--lr, or its own benchmark file): node 0 published a
+    # success that logged its own lr.
+    other_lr = dataclasses.replace(bench, optimizer=dataclasses.replace(bench.optimizer, lr=0.02))
+    port_lr = str(free_port("127.0.0.1"))
+    procs = {"world": rank("world", layout.resolve(bench, 1, 1), 0, 3, port),
+             "rank0": rank("rank0", two[0], 0, 2, port), "rank1": rank("rank1", two[1], 1, 2, port),
+             "lr0": rank("lr0", two[0], 0, 2, port_lr), "lr1": rank("lr1", two[0], 1, 2, port_lr, other_lr)}
     outs = {name: p.communicate(timeout=120)[0] for name, p in procs.items()}
     assert all(p.returncode == 3 for p in procs.values()), outs  # each aborted, none trained
     said = {name: json.loads((tmp_path / name / "mlperf.log").read_text().splitlines()[-1].split(" ", 1)[1])
-            for name in ("world", "rank0")}  # rank 0's logs
+            for name in ("world", "rank0", "lr0")}  # rank 0's logs
+    assert said["lr0"]["metadata"]["reason"] == (
+        "RuntimeError: 1 rank(s) were started with another benchmark definition (hyperparameters) than rank 0's: "
+        "give every node the same hyperparameter flags (--lr, --warmup-steps) and benchmark file")
     assert said["world"]["metadata"]["reason"] == ("RuntimeError: torchrun formed 3 ranks, and this node's layout is "
                                                    "1 (1 nodes x 1): give every node the same layout flags")
     assert said["rank0"]["metadata"]["reason"].startswith("RuntimeError: 1 rank(s) were started with another layout")

@@ -4,6 +4,7 @@ the starting checkpoint, the objective and the token source."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,18 +31,36 @@ class Device:
     info: dict  # the record's environment.device: type, name, per_node, precision, attention
 
 
-def _same_layout_as_rank0(plan: RunPlan, dev: torch.device) -> None:
-    """Every rank trains rank 0's layout, the one logged: a node started with other layout flags (--tp, --gbs, ...)
-    but the same world size is refused on every rank at once (a flag summed over all), not left to hang."""
-    layout = {k: v for k, v in plan.layout.items() if k != "source"}  # (how it was chosen may differ)
-    mine = int.from_bytes(hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).digest()[:7], "big")
-    theirs = torch.tensor([mine], dtype=torch.int64, device=dev)
+def _digest(value: object) -> int:
+    return int.from_bytes(hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).digest()[:7], "big")
+
+
+# What may differ from node to node: how the layout was chosen, and where a node finds the files (its benchmark
+# file, its mount of the data); the rest of the definition is what every rank trains.
+_OWN = {"path", "sources", "notes"}
+_OWN_DATA = {"path", "eval_path", "description"}
+
+
+def _same_run_as_rank0(plan: RunPlan, dev: torch.device) -> None:
+    """Every rank trains rank 0's layout and benchmark definition, the ones logged: a node started with other
+    layout flags (--tp, --gbs, ...) but the same world size, or other hyperparameters (--lr, --warmup-steps, an
+    edited benchmark file: node 0 published a success logging its own lr while node 1 trained at another), is
+    refused on every rank at once (a flag summed over all), not left to hang."""
+    bench = dataclasses.asdict(plan.benchmark)
+    bench = {k: v for k, v in bench.items() if k not in _OWN}
+    bench["data"] = {k: v for k, v in bench["data"].items() if k not in _OWN_DATA}
+    layout = {k: v for k, v in plan.layout.items() if k != "source"}
+    mine = torch.tensor([_digest(layout), _digest(bench)], dtype=torch.int64, device=dev)
+    theirs = mine.clone()
     dist.broadcast(theirs, src=0)
-    differs = torch.tensor([int(int(theirs.item()) != mine)], dtype=torch.int64, device=dev)
+    differs = (theirs != mine).to(torch.int64)
     dist.all_reduce(differs)
-    if differs.item():
-        raise RuntimeError(f"{differs.item()} rank(s) were started with another layout than rank 0's: give every "
-                           f"node the same layout flags")
+    for n, what, give in zip(differs.tolist(), ("layout", "benchmark definition (hyperparameters)"),
+                             ("layout flags", "hyperparameter flags (--lr, --warmup-steps) and benchmark file"),
+                             strict=True):
+        if n:
+            raise RuntimeError(f"{n} rank(s) were started with another {what} than rank 0's: give every node the "
+                               f"same {give}")
 
 
 def collectives_device(on_cpu: bool) -> torch.device:
@@ -79,7 +98,7 @@ def init_distributed(plan: RunPlan) -> Device:
                            f"x {ly['nproc_per_node']}): give every node the same layout flags")
     init_process_group("gloo" if on_cpu else "nccl")
     dev = collectives_device(on_cpu)
-    _same_layout_as_rank0(plan, dev)
+    _same_run_as_rank0(plan, dev)
     # Every rank uses rank 0's seed (the one logged): nodes started separately may have drawn their own.
     seed_t = torch.tensor([plan.seed], dtype=torch.int64, device=dev)
     dist.broadcast(seed_t, src=0)
