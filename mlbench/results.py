@@ -140,6 +140,20 @@ def dead_runs(folder: Path) -> list[tuple[Path, str]]:
     return [(s, _owner(s)) for s in sorted(found)]
 
 
+def half_published(folder: Path) -> list[Path]:
+    """Staging folders of publishers that died between their two links (the record placed, its log not): the next
+    mlbench run there finishes them (`_finish_publishing`); until then the folder shows a record without its log."""
+    found = []
+    for staging in _stale(folder):
+        for staged in staging.glob("result_*.json"):
+            log = folder / f"{staged.stem}.txt"
+            with contextlib.suppress(OSError):
+                if (folder / staged.name).samefile(staged) and not os.path.lexists(log):
+                    found.append(staging)
+                    break
+    return sorted(found)
+
+
 def _owner(staging: Path) -> str:
     return staging.name[len(STAGING):].rpartition("-")[0]  # .staging-<owner tag>-XXXX
 

@@ -628,3 +628,29 @@ def test_a_c1_control_byte_in_a_path_is_refused_or_printed_escaped(tmp_path: Pat
         out = proc.stdout + proc.stderr
         assert proc.returncode == 2 and b"\x9b" not in out and b"\\x9b2J" in out, (args, proc.returncode, out)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_publisher_died_between_its_two_links_is_said_not_published(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """Killed between placing its record and its log: the folder holds result_0.json alone. score said only 'no
+    result_*.txt files here', and beside another result left the run out without a word."""
+    import shutil
+
+    from mlbench.analysis import score
+    from mlbench.analysis.logs import find_sets
+    from mlbench.errors import UserError
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    (staging / "result_0.json").write_text(json.dumps({"status": "success"}))
+    os.link(staging / "result_0.json", folder / "result_0.json")  # the first link; the log's never came
+    said = (f"1 run(s) whose mlbench process died while they were published (a record placed, its log not) "
+            f"({staging.name}): not scored until the next `mlbench run` in this folder publishes them")
+    with pytest.raises(UserError) as e:
+        find_sets(folder)
+    assert str(e.value).endswith(f"; {said}"), str(e.value)
+    published = (Path(__file__).parent / "data" / "mlperf-results" / "training_results_v5.1" / "AMD" / "results"
+                 / "MI355X_EPYC_9575F_pytorch" / "llama31_8b" / "result_0.txt")
+    shutil.copy(published, folder / "result_1.txt")
+    [s] = score.score_path(folder, "6.0.0", jobs=1)
+    assert said in s.notes, s.notes
+    assert not (folder / "result_0.txt").exists()  # analysis never writes

@@ -674,12 +674,15 @@ def _unpublished(folder: Path) -> list[str]:
     reads a folder, never writes it)."""
     from mlbench import results  # who owns a staging folder: no training code
 
-    dead = results.dead_runs(folder)
-    if not dead:
-        return []
-    names = ", ".join(printable(s.name) for s, _ in dead[:3]) + (", ..." if len(dead) > 3 else "")
-    return [f"{len(dead)} run(s) whose mlbench process died are not published yet ({names}): not scored until the "
-            f"next `mlbench run` in this folder publishes them"]
+    said = []
+    for staged, how in (([s for s, _ in results.dead_runs(folder)], "are not published yet"),
+                        (results.half_published(folder), "while they were published (a record placed, its log "
+                                                         "not)")):
+        if staged:
+            names = ", ".join(printable(s.name) for s in staged[:3]) + (", ..." if len(staged) > 3 else "")
+            said.append(f"{len(staged)} run(s) whose mlbench process died {how} ({names}): "
+                        f"not scored until the next `mlbench run` in this folder publishes them")
+    return said
 
 
 def _make_set(folder: Path, files: list[Path], steps: bool = True, others: list[str] = ()) -> ResultSet:
