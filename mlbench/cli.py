@@ -194,7 +194,11 @@ def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
     from mlbench.launch import launcher
 
     p = preflight.prepare(preflight.RunRequest(name=name, tiny=tiny, layout=layout, **options), console)
-    sys.exit(launcher.start(p.bench, p.layout, p.opts, p.slurm_opts, console, dry_run=p.dry_run))
+    code = launcher.start(p.bench, p.layout, p.opts, p.slurm_opts, console, dry_run=p.dry_run)
+    for why in p.real_run_refusals:  # (a dry run's: it plans the run, the real one would stop here)
+        console.print(f"note: a real run of this command would be refused: {printable(why)}", highlight=False,
+                      soft_wrap=True)
+    sys.exit(code)
 
 
 @cli.command("convert-checkpoint")

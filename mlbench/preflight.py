@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -111,6 +112,10 @@ class PreparedRun:
     opts: RunOptions
     slurm_opts: SlurmOptions | None
     dry_run: bool
+    # A dry run's: why a real run of the same command would be refused, by what only it needs (the launcher that
+    # reaches the nodes, the data and the checkpoint, this machine's device where it trains here). A dry run plans
+    # a run from anywhere, so it checks them but is not refused for them: it says them.
+    real_run_refusals: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,24 +133,38 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     the checkpoint check reports what it found (nothing is printed without one)."""
     from mlbench import runner
 
+    refusals: list[str] = []
+
+    def real_run(check: Callable[[], object]) -> None:
+        """CHECK, which only a real run needs: refused; for a dry run, said (`real_run_refusals`)."""
+        try:
+            check()
+        except UserError as e:
+            if not req.dry_run:
+                raise
+            refusals.append(str(e))
+
     _check_options(req)
+    if req.launcher == "local":
+        real_run(lambda: _local_launcher_here(req))
     system = req.system if req.system is not None else runner.default_system()
     results.check_name("--system" if req.system is not None else "this host's name (the default --system)", system)
     bench = _benchmark(req)
     check_lr(bench, req.lr)
     _check_data(bench, req)
+    if req.dry_run:
+        real_run(lambda: _check_data(bench, dataclasses.replace(req, dry_run=False)))
+    real_run(lambda: _checkpoint_given(bench, req))
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
     bench = rcp_schedule.for_run(bench, layout.global_batch_size, req.lr, req.warmup_steps)
     check_min_lr(bench, layout.global_batch_size, req.lr)
-    # This machine's device (nvidia-smi, asked once), where the run trains here; a dry run or a SLURM job trains
-    # elsewhere.
-    here = None if req.dry_run or req.launcher == "slurm" else local_device()
-    if here is not None:
-        check_precision(layout.precision, req.layout.precision is not None, here)
-        if layout.cp > 1 or layout.features.sequence_parallel:
-            check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
-        check_gpus_here(layout.nproc_per_node, here)
+    # This machine's device (nvidia-smi, asked once), where the run trains here; a SLURM job trains elsewhere, and
+    # a dry run's plan is of the device it names (its checks here are said, not refused: `real_run`).
+    local = None if req.launcher == "slurm" or (req.dry_run and layout.nodes > 1) else local_device()
+    if local is not None:
+        real_run(lambda: _device_here(bench, layout, req, local))
+    here = None if req.dry_run else local
     device = memory_device(req, here)
     check_memory(bench, layout, device)
     check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
@@ -165,7 +184,22 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_checkpoint_fits(bench, layout, opts, console)
     if bench.variant != "tiny" and not req.dry_run and not req.ignore_closed_rules:
         check_closed_rules(bench, layout, system)
-    return PreparedRun(bench=bench, layout=layout, opts=opts, slurm_opts=slurm_opts, dry_run=req.dry_run)
+    return PreparedRun(bench=bench, layout=layout, opts=opts, slurm_opts=slurm_opts, dry_run=req.dry_run,
+                       real_run_refusals=tuple(refusals))
+
+
+def _device_here(bench: Benchmark, layout: Layout, req: RunRequest, here: DeviceFacts) -> None:
+    """The layout on this machine's device, where the run trains here."""
+    check_precision(layout.precision, req.layout.precision is not None, here)
+    if layout.cp > 1 or layout.features.sequence_parallel:
+        check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
+    check_gpus_here(layout.nproc_per_node, here)
+
+
+def _local_launcher_here(req: RunRequest) -> None:
+    if req.layout.nodes is not None and req.layout.nodes > 1:
+        raise UserError(f"--launcher local runs on this machine only; for --nodes {req.layout.nodes} use --launcher "
+                        f"torchrun (one invocation per node) or slurm")
 
 
 # ---- the request's own values ---------------------------------------------------------------------------
@@ -231,9 +265,6 @@ def _check_options(req: RunRequest) -> None:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: node 0 (--node-rank 0) serves the rendezvous "
                             f"there, and {bare} is no address of this host; give this host's name or address, or "
                             f"start this node with its own --node-rank")
-    if req.launcher == "local" and ly.nodes > 1 and not req.dry_run:
-        raise UserError(f"--launcher local runs on this machine only; for --nodes {ly.nodes} use --launcher "
-                        f"torchrun (one invocation per node)")
     if req.save_checkpoint and req.runs != 1:
         raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
     for flag, path in (("--results", req.results_root), ("--save-checkpoint", req.save_checkpoint)):
@@ -458,13 +489,17 @@ def _check_data(bench: Benchmark, req: RunRequest) -> None:
                overridden=req.data_path is not None or req.eval_data_path is not None)
 
 
-def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
-    """The checkpoint flags on their own: required where the benchmark starts from one, readable, a new folder."""
-    if bench.train.init_checkpoint and not req.init_checkpoint and not req.dry_run:
+def _checkpoint_given(bench: Benchmark, req: RunRequest) -> None:
+    """Where the benchmark starts from a checkpoint, one is given."""
+    if bench.train.init_checkpoint and not req.init_checkpoint:
         # A run from random weights would not be the MLPerf benchmark, whatever its log says.
         raise UserError(f"{bench.name} starts from a checkpoint: pass --init-checkpoint DIR, the "
                         f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
                         f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
+
+
+def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
+    """The checkpoint flags on their own: readable, a new folder."""
     if req.init_checkpoint:
         from mlbench.train.checkpoint import folder  # no torch: the model-shape check is the dry run's helper
 
