@@ -193,7 +193,9 @@ def run(name: str, tiny: bool, layout: LayoutRequest, **options) -> None:
     from mlbench import preflight
     from mlbench.launch import launcher
 
-    p = preflight.prepare(preflight.RunRequest(name=name, tiny=tiny, layout=layout, **options), console)
+    ctx = click.get_current_context()
+    given = frozenset(n for n in options if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT)
+    p = preflight.prepare(preflight.RunRequest(name=name, tiny=tiny, layout=layout, given=given, **options), console)
     code = launcher.start(p.bench, p.layout, p.opts, p.slurm_opts, console, dry_run=p.dry_run)
     for why in p.real_run_refusals:  # (a dry run's: it plans the run, the real one would stop here)
         console.print(f"note: a real run of this command would be refused: {printable(why)}", highlight=False,

@@ -86,6 +86,7 @@ class RunRequest:
     init_checkpoint: Path | None = None
     save_checkpoint: Path | None = None
     ignore_closed_rules: bool = False
+    given: frozenset[str] = frozenset()  # the fields given on the command line, at their default value or not
     # the device whose memory the plan is checked against (mlbench.planner.devices); None: the local GPU for a
     # run on this machine, none for a dry run or a SLURM job
     device: str | None = None
@@ -306,8 +307,8 @@ LAUNCHER_OPTIONS = {
 
 
 def _check_launcher_options(req: RunRequest) -> None:
-    """Options of another launcher than the one chosen (set to other than their defaults) are refused, and the
-    chosen launcher's text options may not be empty."""
+    """Options of another launcher than the one chosen (given, or set to other than their defaults) are refused, and
+    the chosen launcher's text options may not be empty."""
     defaults = {f.name: f.default for f in dataclasses.fields(RunRequest)}
     owners: dict[str, list[str]] = {}
     for launcher, options in LAUNCHER_OPTIONS.items():
@@ -316,7 +317,7 @@ def _check_launcher_options(req: RunRequest) -> None:
     for flag, launchers in owners.items():
         name = LAUNCHER_OPTIONS[launchers[0]][flag]
         value = getattr(req, name)
-        if req.launcher not in launchers and value != defaults[name]:
+        if req.launcher not in launchers and (value != defaults[name] or name in req.given):  # (--time 02:00:00)
             raise UserError(f"{flag} is an option of --launcher {' or '.join(launchers)}, and this run's launcher "
                             f"is {req.launcher}: add --launcher {launchers[0]}, or leave {flag} out")
         if req.launcher in launchers and isinstance(value, str) and not value.strip():

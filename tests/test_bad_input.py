@@ -107,6 +107,11 @@ def test_bad_runs_and_launcher_flags(tmp_path: Path) -> None:
                         "--rdzv-endpoint")
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--rdzv-timeout", "5", "--results", str(tmp_path)),
                         "--rdzv-timeout is an option of --launcher torchrun or slurm")
+    # given at its default value, as dropped as any other (it was let through: docs/slurm.md says refused)
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--time", "02:00:00", "--dry-run", "--results",
+                                str(tmp_path)), "--time is an option of --launcher slurm")
+    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--node-rank", "0", "--results", str(tmp_path)),
+                        "--node-rank is an option of --launcher torchrun")
     _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
                                 "127.0.0.1:29500", "--rdzv-timeout", "0", "--results", str(tmp_path)),
                         "--rdzv-timeout must be 1 to 604800 seconds, got 0.0")
