@@ -68,7 +68,10 @@ def test_a_bad_systems_json_count_is_passed_over_and_said(tmp_path, system, reas
 def test_a_good_systems_json_still_counts(tmp_path):
     d = _tree(tmp_path, {"number_of_nodes": "2", "accelerators_per_node": 8.0}, {"devices": 4})
     assert find_sets(d)[0].devices() == (16, "systems json")
-    assert find_sets(d)[0].devices(3) == (3, "given")
+    # --devices overrides it, and says so where the systems json says another count (the help said it was only a
+    # fallback: a published 256-device set scored as 8 devices without a word)
+    assert find_sets(d)[0].devices(3) == (3, "given (the systems json says 16: --devices overrides it)")
+    assert find_sets(d)[0].devices(16) == (16, "given")
 
 
 def test_score_and_compare_say_why_a_count_was_passed_over(tmp_path, capsys, monkeypatch):

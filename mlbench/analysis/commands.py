@@ -77,7 +77,8 @@ def _fmt(v: object, nd: int = 4) -> str:
               help="Training ruleset to check against (default: the round a training_results_vX.Y path names, "
                    "else the benchmark definition's, as check infers it).")
 @click.option("--devices", type=DeviceCount(), default=None,
-              help="Device count, where no systems json or run record says.")
+              help="Device count, in place of what the systems json or our run record says (a note says where "
+                   "they differ); needed where neither says.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
 @stops_on_signals
 def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
@@ -158,7 +159,8 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
               help="Write a self-contained HTML report.")
 @click.option("--md", "md_out", type=FileParam(), default=None, help="Write a Markdown report.")
 @click.option("--devices", "devices", multiple=True, type=DeviceCount(),
-              help="Device count per PATH, in order (where no systems json or run record says).")
+              help="Device count per PATH, in order, in place of what the systems json or our run record says "
+                   "(a note says where they differ); needed where neither says.")
 @stops_on_signals
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""

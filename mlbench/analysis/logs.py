@@ -509,9 +509,14 @@ class ResultSet:
     def devices(self, given: int | None = None) -> tuple[int | None, str]:
         """Device count and where it came from: given, systems/<system>.json, or our run record ("unknown" where
         none says). A field that is there but garbled is passed over, never read as another count: the source then
-        says why, e.g. "run record (systems/X.json accelerators_per_node [8] is not a whole count ...)"."""
+        says why, e.g. "run record (systems/X.json accelerators_per_node [8] is not a whole count ...)". GIVEN
+        (--devices) overrides them: where one says another count, the source says it ("given (the systems json
+        says 256: --devices overrides it)")."""
         if given:
-            return given, "given"
+            found, source = self.devices()
+            if found is None or found == given:
+                return given, "given"
+            return given, f"given (the {passed_over(source)[0]} says {found}: --devices overrides it)"
         why = [self._system[1]] if self._system[1] else []
         d = self.system_desc
         if d is not None and "number_of_nodes" in d:

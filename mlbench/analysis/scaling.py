@@ -89,6 +89,9 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
         what = why or "no systems/<system>.json, no run record with 'devices'"
         raise UserError(printable(f"{rs.folder}: device count unknown ({what}); give it with --devices, one per "
                                   f"PATH"))
+    where, why = passed_over(src)
+    if why:  # (the table shows where the count came from; why another was passed over, here)
+        notes.append(f"{rs.label}: device count {n}, {'given' if where == 'given' else f'from the {where}'}: {why}")
     runs = rs.benchmark_runs
     ok = [r for r in runs if r.status == "success" and r.ttt_min is not None]
     notes += [f"{rs.label}: {n}" for n in rs.left_out_notes]
@@ -108,7 +111,7 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
     source = ", ".join(sorted({r.step_times.source for r in ok})) or "-"
     gbs = next((r.gbs for r in runs if r.gbs), None)
     seq = next((r.seq_len for r in runs if r.seq_len), None)
-    return Point(rs.label, n, src, gbs, seq, ttt, len(times), step, source)
+    return Point(rs.label, n, where, gbs, seq, ttt, len(times), step, source)
 
 
 def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scaling:

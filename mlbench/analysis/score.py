@@ -240,7 +240,8 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     n_dev, dev_from = rs.devices(devices)
     where, why = passed_over(dev_from)
     if why:  # the table shows the count alone
-        notes.append(f"device count {f'{n_dev}, from the {where}' if n_dev else 'unknown'}: {why}")
+        whence = "given" if where == "given" else f"from the {where}"
+        notes.append(f"device count {f'{n_dev}, {whence}' if n_dev else 'unknown'}: {why}")
     return SetScore(
         benchmark=benchmark, ruleset=ruleset, folder=str(rs.folder), label=rs.label, system=rs.system,
         division=division, devices=n_dev, devices_from=dev_from, runs=scored,
