@@ -19,6 +19,7 @@ from array import array
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import orjson
@@ -447,7 +448,6 @@ class LogReader:
     broken: list[int] = field(default_factory=list)
     n_broken: int = 0
     truncated: bool = False
-    cr_ends: bool = False  # a broken line holds records parted by a lone carriage return (old Mac line ends)
     lines: int = 0
     take: Take | None = None  # records taken without an Event (the analysis: a big log's per-step records)
     _learned: tuple[Take, _Layout | None] | None = field(default=None, init=False, repr=False, compare=False)
@@ -456,11 +456,13 @@ class LogReader:
     _wanted_b: frozenset[bytes] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Event]:
+        # Lines end as Python's universal newlines end them, as the official tools read a log (text mode): at \n,
+        # \r\n or a lone \r (old Mac line ends, whose records mlbench read as one broken line).
         with open(self.path, "rb") as f:
             n = 0  # lines before the block
             while True:
                 data = f.read(_BLOCK)
-                cut = data.rfind(b"\n") + 1
+                cut = _last_line_end(data, whole=len(data) < _BLOCK)
                 if not cut:  # the file's last line, cut off without a newline, or a line longer than a block
                     if len(data) < _BLOCK:
                         if data:
@@ -469,14 +471,16 @@ class LogReader:
                                 yield event
                         break
                     f.seek(-len(data), 1)
-                    raw = f.readline()
+                    raw, complete = _long_line(f)
                     n += 1
-                    complete = raw.endswith(b"\n")
-                    if (event := self._line(raw[:-1] if complete else raw, n, complete)) is not None:
+                    if (event := self._line(raw, n, complete)) is not None:
                         yield event
                     continue
                 if cut < len(data):
                     f.seek(cut - len(data), 1)  # the next block starts with the line cut here
+                if data.find(b"\r", 0, cut) >= 0:  # (CRLF or lone CR line ends: as \n, one line each)
+                    data = data[:cut].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                    cut = len(data)
                 n = yield from self._block(data, cut, n)
             self.lines = n
 
@@ -587,8 +591,6 @@ class LogReader:
         i = raw.rfind(TOKEN_B)  # the record after the last token, as the official tools read a line (re.sub(".*"
         if i < 0:  # + TOKEN, TOKEN, line)): a rank's record cut off by another's on the same line is not read
             return None
-        if i and b"\r" + TOKEN_B in raw:  # records parted by a lone carriage return: said as such (`cr_ends`)
-            i = raw.find(TOKEN_B)
         payload = raw[i + _TOKEN_LEN:]
         keys = self.keys
         if keys is not None:
@@ -599,7 +601,6 @@ class LogReader:
         event = _event(payload, n)
         if event is None:
             self._broken(n, complete)
-            self.cr_ends |= b"\r" + TOKEN_B in payload  # records parted by a lone CR: no line ends to this reader
             return None
         return event if keys is None or event.key in keys else None
 
@@ -614,14 +615,33 @@ class LogReader:
         if not self.n_broken:
             return []
         last = self.broken[-1]
-        if self.cr_ends:  # the checker reads them as lines (Python's universal newlines): said, not guessed at
-            return [f"records parted by a carriage return alone (\\r, no \\n: old Mac line ends) in line {last}: "
-                    f"mlbench reads lines that end in \\n or \\r\\n (the official checker takes \\r too); convert "
-                    f"the line ends (tr '\\r' '\\n')"]
         if self.truncated and self.n_broken == 1:
             return [f"truncated: the last line ({last}) is cut off"]
         shown = ", ".join(map(str, self.broken[:5])) + (" ..." if self.n_broken > 5 else "")
         return [f"{self.n_broken} line(s) with broken JSON skipped (line {shown})"]
+
+
+def _last_line_end(data: bytes, whole: bool) -> int:
+    """Where DATA's last whole line ends (after its \\n, or a lone \\r); 0 where none does. Unless DATA is WHOLE
+    (the file's end), a \\r that is its last byte may be the first half of a \\r\\n the next read begins with: the
+    line before it is the last whole one."""
+    lf, cr = data.rfind(b"\n"), data.rfind(b"\r")
+    if cr == len(data) - 1 and not whole:
+        cr = data.rfind(b"\r", 0, cr)
+    return max(lf, cr) + 1
+
+
+def _long_line(f: BinaryIO) -> tuple[bytes, bool]:
+    """The line at F's position, longer than a block, without its line end (\\n, \\r\\n or a lone \\r), F left at
+    the next one; and whether it ended (False: the file's last line, without one)."""
+    raw = f.readline()  # (through \n: a \r before it, but that of its \r\n, is a lone one, the line's end)
+    cr = raw.find(b"\r")
+    if cr >= 0 and not (cr == len(raw) - 2 and raw.endswith(b"\r\n")):
+        f.seek(cr + 1 - len(raw), 1)
+        return raw[:cr], True
+    if raw.endswith(b"\n"):
+        return raw[:-1], True
+    return raw, False
 
 
 # What the official tools strip from a line (they read it as Latin-1 and call str.strip()): ASCII whitespace and

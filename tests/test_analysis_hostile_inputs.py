@@ -272,16 +272,26 @@ def test_compare_says_what_a_prediction_does_not_model(tmp_path, capsys, monkeyp
     assert code == 0 and flat.count(note) == 1 and "[1]" not in flat, out
 
 
-def test_records_parted_by_a_lone_carriage_return_are_said_so(tmp_path):
-    """Every \\n a \\r: 'no readable records; the last line (1) is cut off', while the official checker (universal
-    newlines) read the lines and passed the log."""
+@pytest.mark.parametrize("ends", ["\r", "\r\n", "\n\r"], ids=["CR", "CRLF", "LFCR"])
+@pytest.mark.parametrize("long", [False, True], ids=["short", "longer-than-a-block"])
+def test_lines_end_as_the_official_tools_end_them(tmp_path, monkeypatch, ends, long):
+    """Every \\n a \\r: 'no readable records; the last line (1) is cut off', while the official checker (Python's
+    universal newlines) read the lines and passed the log. A lone \\r ends a line, as \\n and \\r\\n do, in a
+    block and in a line longer than one (read apart); \\n\\r is two line ends, an empty line between."""
+    from mlbench import logfile
+
+    if long:
+        monkeypatch.setattr(logfile, "_BLOCK", 64)  # each record longer than a block
     f = tmp_path / "result_0.txt"
-    f.write_text(tiny_log().replace("\n", "\r"))
+    f.write_text(tiny_log().replace("\n", ends), newline="")
     log = read_log(f)
-    assert log.problems[0].startswith("records parted by a carriage return alone (\\r, no \\n: old Mac line ends) "
-                                      "in line 1: mlbench reads lines that end in \\n or \\r\\n"), log.problems
-    f.write_text(tiny_log().replace("\n", "\r\n"))
-    assert read_log(f).problems == []
+    f.write_text(tiny_log())
+    plain = read_log(f)
+    assert log.problems == [] and log.ttt_min == plain.ttt_min and log.status == "success", log.problems
+    assert list(log.step_times.seconds) == list(plain.step_times.seconds)
+    lines = [e.line for e in logfile.LogReader(tmp_path / "result_0.txt")]
+    f.write_text(tiny_log().replace("\n", ends), newline="")
+    assert [e.line for e in logfile.LogReader(f)] == ([2 * x - 1 for x in lines] if ends == "\n\r" else lines)
 
 
 @pytest.mark.parametrize("mfu", [-5, 50, 0.4])

@@ -78,8 +78,6 @@ class RunLog:
     path: Path
     problems: list[str] = field(default_factory=list)
     invalid: bool = False  # a field the score rests on is garbled: the run never counts
-    # lines the official tools read and mlbench does not (records parted by a lone CR): what they make of it unknown
-    read_unlike_official: bool = False
     texts: dict[str, str] = field(default_factory=dict)  # first submission_* values
     gbs: int | None = None
     seq_len: int | None = None
@@ -408,7 +406,6 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
         return RunLog(log.path, [f"cannot read: {e.strerror or e}"])
     scan.finish()
     log.problems[:0] = reader.problems()
-    log.read_unlike_official = reader.cr_ends
     if not events:
         log.problems.append(NOT_A_LOG if not reader.n_broken else "no readable records")
         return log

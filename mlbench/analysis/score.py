@@ -297,10 +297,9 @@ def _official_score(rs: ResultSet, runs: list[RunLog], scored: list[RunScore],
                     scaling_json: float | None) -> float | None:
     """What result_summarizer prints for this folder on a first pass, from its own functions:
     every compliant, parseable file counts (aborted ones too), times scaled by an existing scaling.json. None where
-    a compliant run holds a field mlbench refuses (an epoch_num of 1e30, say), or lines mlbench does not read as
-    the official tools do (records parted by a lone CR): the summarizer reads some of those, so what it prints is
-    not known here."""
-    if any(s.compliant and (r.invalid or r.read_unlike_official) for r, s in zip(runs, scored, strict=True)):
+    a compliant run holds a field mlbench refuses (an epoch_num of 1e30, say): the summarizer reads some of those,
+    so what it prints is not known here."""
+    if any(s.compliant and r.invalid for r, s in zip(runs, scored, strict=True)):
         return None
     times = [s.ttt_min for s in scored if s.compliant and s.ttt_min is not None]
     dropped = len(runs) - len(times)
