@@ -156,3 +156,16 @@ def test_an_rcp_checker_that_stops_on_a_log_names_the_file_and_is_said_once(tmp_
     out = " ".join(res.output.split())
     assert "RCP Fail: RCP checker failed on result_1.txt: KeyError: 'status', factor" in out, out
     assert out.count("RCP checker failed on result_1.txt") == 2, out  # the score line and the note
+
+
+@needs_shared
+def test_a_published_folder_copied_out_of_its_round_is_judged_by_the_benchmarks_ruleset(tmp_path):
+    """NVIDIA's v5.0 BERT set copied outside a training_results_v5.0 path: score took the newest ruleset with BERT
+    rules, 5.1.0, whose common rules no longer accept bert (10 runs non-compliant, no score) while check passed the
+    files by the benchmark definition's 5.0.0. Both infer 5.0.0 now, and the score is the official one."""
+    src = SHARED / "training_results_v5.0/NVIDIA/results/tyche_ngpu8_ngc25.04_pytorch/bert"
+    dst = tmp_path / "bert"
+    shutil.copytree(src, dst)
+    [s] = score_path(dst, jobs=1)
+    assert s.ruleset == "5.0.0" and all(r.compliant for r in s.runs), (s.ruleset, s.notes)
+    assert s.score_min == pytest.approx(3.4242, abs=1e-4)
