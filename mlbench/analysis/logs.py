@@ -463,8 +463,11 @@ class ResultSet:
     def mixed_note(self, taking: str = "") -> str | None:
         """What a folder of mixed benchmarks leaves out of its set, as a note; None if nothing."""
         others = sorted({f"{r.name} ({r.benchmark})" for r in self.runs if r.benchmark not in (self.benchmark, None)})
-        return f"mixed benchmarks in one folder: {taking}{self.benchmark}; left out {', '.join(others)}" \
-            if others else None
+        if not others:
+            return None
+        how = f"{', '.join(others)} counted as failed runs of it" if taking == "scoring " else \
+            f"left out {', '.join(others)}"  # (scored: as the summarizer drops them; compared: not its runs)
+        return f"mixed benchmarks in one folder: {taking}{self.benchmark}; {how}"
 
     @property
     def left_out_notes(self) -> list[str]:

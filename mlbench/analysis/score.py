@@ -198,8 +198,10 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     scaling_json, scaling_ok = _scaling_json(rs, notes)
     unknown = any(s.compliant is None for s in scored)  # (the official summarizer would drop it as non-compliant)
     official = _official_score(rs, runs, scored, scaling_json) if scaling_ok and not unknown else None
-    # Files of another benchmark are left out; unreadable ones count as failed runs of this set.
-    same = [(r, s) for r, s in zip(runs, scored, strict=True) if r.benchmark in (benchmark, None)]
+    # A file of another benchmark, as an unreadable one, is a failed run of this set: never counted, and dropped
+    # as the official summarizer drops it (left out, a set of 3 with one was 'too few runs' while the summarizer
+    # scored it).
+    same = list(zip(runs, scored, strict=True))
     olympic = _olympic([s for _, s in same], benchmark, notes)
 
     division = _division(rs, runs)
@@ -207,7 +209,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         source = "the systems json" if (rs.system_desc or {}).get("division") == division else "the first run"
         notes.append(f"the runs log different submission_division values ({each}): judged as {division}, from "
                      f"{source}")
-    if (each := _differ([r for r, _ in same], lambda r: r.gbs)) is not None:
+    if (each := _differ([r for r, _ in same if r.benchmark in (benchmark, None)], lambda r: r.gbs)) is not None:
         notes.append(f"the runs log different global_batch_size values ({each}): a set is one batch (the RCP "
                      f"checker compares it with the RCP at one, and fails a set of several)")
     if rs.smoke:
@@ -259,7 +261,8 @@ def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> f
         notes.append(f"{s.file}: {s.compliance[0] if s.compliance else 'not checked'}: its compliance is unknown, "
                      "so the set has no score; score it again")
     for s in same:
-        s.counted = s.compliant is True and s.status == "success" and s.ttt_min is not None
+        s.counted = s.compliant is True and s.status == "success" and s.ttt_min is not None \
+            and s.benchmark in (benchmark, None)
         if s.compliant and s.status == "aborted" and s.ttt_min is not None:
             notes.append(f"{s.file}: run_stop status 'aborted'; the official summarizer still scores its "
                          f"time ({s.ttt_min:.4f} min), here it counts as a run that did not converge")
