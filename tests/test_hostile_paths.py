@@ -168,6 +168,20 @@ def test_a_report_named_as_a_run_file_is_refused_and_nothing_written(tmp_path, c
     assert sorted(os.listdir(a)) == before
 
 
+@pytest.mark.parametrize("option,name", [("--md", "scaling.json"), ("--html", "systems/sys.json")])
+def test_a_report_named_as_a_file_analysis_reads_is_refused(tmp_path, capsys, monkeypatch, option, name):
+    """`--md SET/scaling.json` and `--html ORG/systems/<system>.json` were written, exit 0; the next `score` of
+    the set said 'scaling.json: not JSON ... no score' and 'device count unknown'."""
+    a, b = _sets(tmp_path, tiny_log())
+    (a / "systems").mkdir()
+    before = sorted(os.listdir(a))
+    for cmd in ("compare", "scaling"):
+        code, out = mlbench(capsys, monkeypatch, cmd, str(a), str(b), option, str(a / name))
+        assert code == 2 and out == (f"error: {option} {a / name}: is named as a file analysis reads (a set's "
+                                     "scaling.json, a systems/<system>.json); give another name\n"), out
+    assert sorted(os.listdir(a)) == before and not os.listdir(a / "systems")
+
+
 @pytest.mark.parametrize("value,ending", [("r7.md/", "/"), ("r7.md/.", "/."), ("r7.md//", "/")])
 def test_a_report_path_ending_as_a_folder_is_refused(tmp_path, capsys, monkeypatch, value, ending):
     """`--md r7.md/` wrote the file r7.md, exit 0 (was): pathlib drops the slash."""

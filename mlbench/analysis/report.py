@@ -244,6 +244,10 @@ def _check_file(path: Path, option: str) -> None:
     if _is_result_name(path.name):  # one that is not there yet too: a log without its record, or a record alone
         raise UserError(f"{option} {path}: is named as a run's file ({_RESULT_NAMES}), and a results folder holds a "
                         "run's log and record both or neither; give another name")
+    if path.name == "scaling.json" or (path.suffix == ".json" and folder.name == "systems"):
+        # (a report there was read as the set's RCP factor or its system's description: no score, no device count)
+        raise UserError(f"{option} {path}: is named as a file analysis reads (a set's scaling.json, a "
+                        "systems/<system>.json); give another name")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist (create it first)")
     _check_name(path)
