@@ -73,13 +73,13 @@ def printable(text: object) -> str:
     written as Python writes it in a string (`\\n`, `\\x1b`, `\\u202e`), the escaping a garbled run_stop status
     is shown with ('\\x1b[2J...'). A log's "gpt3\\nerror: ..." printed raw forged a line of output; "\\x1b]0;...\\x07"
     reached the terminal and the Markdown report. A name's undecodable bytes (surrogates U+DC80 to U+DCFF, from a
-    POSIX locale) are left for the output to write as the bytes they were, as `ls` does (`terminal.encode`).
-    Idempotent."""
+    POSIX locale) are written \\xNN, as `--json` writes them: output is UTF-8 (0xFE from a folder's name went out
+    raw; 0x9B, CSI to an 8-bit terminal, cleared the screen). Idempotent."""
     s = str(text)
     if s.isprintable():
         return s
-    return "".join(c if c.isprintable() or raw_byte_shown(c) else
-                   _as_byte(c) if "\udc80" <= c <= "\udc9f" else repr(c)[1:-1] for c in s)
+    return "".join(c if c.isprintable() else _as_byte(c) if "\udc80" <= c <= "\udcff" else repr(c)[1:-1]
+                   for c in s)
 
 
 def _as_byte(c: str) -> str:
@@ -93,22 +93,16 @@ def undecodable_escaped(s: str) -> str:
     return s if s.isprintable() else "".join(_as_byte(c) if "\udc80" <= c <= "\udcff" else c for c in s)
 
 
-def raw_byte_shown(c: str) -> bool:
-    """Whether C, an undecodable byte of a name (surrogateescape's U+DC80 to U+DCFF), goes out as the byte it was:
-    0xA0 to 0xFF do; 0x80 to 0x9F are C1 control codes (0x9B is CSI, ESC [ to an 8-bit terminal: a folder named
-    q<0x9B>2J cleared the screen) and are escaped as \\x9b."""
-    return "\udca0" <= c <= "\udcff"
-
-
 def in_document(text: object) -> str:
-    """TEXT as `printable` gives it, for a file that is UTF-8 or a figure (an HTML or Markdown report, a plot): an
-    undecodable byte of a name written as \\xNN too (matplotlib refused it, a traceback out of compare --html)."""
-    return undecodable_escaped(printable(text))
+    """TEXT as `printable` gives it, for a file that is UTF-8 or a figure (an HTML or Markdown report, a plot)."""
+    return printable(text)
 
 
 def unprintable(text: str) -> str | None:
-    """The first character of TEXT that `printable` escapes (a control character, C1 bytes included), or None."""
-    return next((c for c in text if not c.isprintable() and not raw_byte_shown(c)), None)
+    """The first character of TEXT, a name given as input, that is a control character (C0, C1 or their bytes
+    0x80 to 0x9F undecodable), or None: a name's other undecodable bytes (0xA0 to 0xFF, a Latin-1 name) are
+    taken, and printed \\xNN."""
+    return next((c for c in text if not c.isprintable() and not "\udca0" <= c <= "\udcff"), None)
 
 
 class OutputFailed(UserError):

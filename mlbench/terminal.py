@@ -22,13 +22,13 @@ SAFE_ERRORS = "mlbench-safe"
 
 def _safe(err: UnicodeError) -> tuple[str | bytes, int]:
     """Encoding errors handler: a path from the command line, decoded under a C/POSIX locale, holds its undecodable
-    bytes as surrogates (surrogateescape): those go out as the bytes they were (as `ls` prints the name); any other
-    character the encoding lacks becomes '?'."""
+    bytes as surrogates (surrogateescape): those go out written \\xNN (`errors.printable`), output staying UTF-8;
+    any other character the encoding lacks becomes '?'."""
     if not isinstance(err, UnicodeEncodeError):
         raise err
     bad = err.object[err.start:err.end]
-    if all("\udc80" <= c <= "\udcff" for c in bad):  # (a C1 control byte, 0x80 to 0x9F, written escaped)
-        return b"".join(bytes([b]) if b >= 0xA0 else b"\\x%02x" % b for b in (ord(c) - 0xDC00 for c in bad)), err.end
+    if all("\udc80" <= c <= "\udcff" for c in bad):
+        return "".join(f"\\x{ord(c) - 0xDC00:02x}" for c in bad), err.end
     return "?" * len(bad), err.end
 
 

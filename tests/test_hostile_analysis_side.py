@@ -352,7 +352,9 @@ def test_printable_is_the_escaping_of_a_status_and_leaves_printable_text_alone()
 
     assert printable("gpt3") == "gpt3" and printable("ünïcode ok") == "ünïcode ok"
     assert printable("\x1b[2J\nx\u202e") == repr("\x1b[2J\nx\u202e")[1:-1] == "\\x1b[2J\\nx\\u202e"
-    assert printable("caf\udcc3\udca9\n") == "caf\udcc3\udca9\\n"  # a name's undecodable bytes: written as they were
+    # a name's bytes that are not UTF-8 (the only ones Python leaves undecoded, in UTF-8 mode): written \xNN, as
+    # --json writes them (they went out raw, the output no longer UTF-8)
+    assert printable("caf\udce9\n") == "caf\\xe9\\n"
     assert printable(printable(FORGED)) == printable(FORGED)  # idempotent
 
 
@@ -816,8 +818,16 @@ def test_folder_names_with_undecodable_bytes_in_reports_plots_and_json(tmp_path)
     a = shutil.copytree(SET, tmp_path / os.fsdecode(b"llama31_8b\xff"))
     b = shutil.copytree(SET, tmp_path / os.fsdecode(b"x\xc3\x28"))
 
-    def run(*args: object) -> subprocess.CompletedProcess:  # (the terminal gets the raw byte, as ls prints it)
+    def run(*args: object) -> subprocess.CompletedProcess:
         return subprocess.run([os.fsencode(str(x)) for x in (*MLBENCH, *args)], capture_output=True, timeout=120)
+
+    # The terminal's text is UTF-8 too, each such byte written \xNN (0xFF and 0xC3 went out raw, as ls prints
+    # them: text output that was not UTF-8, while --json escaped them)
+    for args in (("score", a, "--devices", "8"), ("compare", "--no-score", a, b)):
+        proc = run(*args)
+        out = proc.stdout.decode("utf-8")
+        assert proc.returncode == 0 and "llama31_8b\\xff" in out, out
+        assert "x\\xc3(" in out or args[0] == "score", out
 
     for option, name in (("--html", "r.html"), ("--md", "r.md")):
         proc = run("compare", "--no-score", a, b, option, tmp_path / name)
