@@ -179,3 +179,17 @@ def test_a_published_folder_copied_out_of_its_round_is_judged_by_the_benchmarks_
     [s] = score_path(dst, jobs=1)
     assert s.ruleset == "5.0.0" and all(r.compliant for r in s.runs), (s.ruleset, s.notes)
     assert s.score_min == pytest.approx(3.4242, abs=1e-4)
+
+
+@needs_shared
+def test_linked_result_files_keep_their_names_and_a_dangling_one_gives_no_official_figure(tmp_path):
+    """result_3.txt -> result_1.txt showed as a second 'result_1.txt' row; with a dangling result_4.txt the
+    official summarizer stops (FileNotFoundError) while mlbench printed a figure for it."""
+    d = _copy_google(tmp_path)
+    (d / "result_3.txt").symlink_to(d / "result_1.txt")
+    [s] = score_path(d, "4.1.0", jobs=1)
+    assert [r.file for r in s.runs] == ["result_0.txt", "result_1.txt", "result_2.txt", "result_3.txt"]
+    assert s.official_score_min is not None
+    (d / "result_4.txt").symlink_to(tmp_path / "gone.txt")
+    [s] = score_path(d, "4.1.0", jobs=1)
+    assert s.official_score_min is None and any("result_4.txt: left out: a link to nothing" in n for n in s.notes)

@@ -440,6 +440,7 @@ class ResultSet:
     steps: bool = True  # read per-step records (compare, scaling); scoring does not need them
     left_out: list[str] = field(default_factory=list)  # files of the folder not read (or read without their run
     # record), and why
+    not_files: int = 0  # result_*.txt there that are no file to read (a dangling link, a pipe): the summarizer stops
 
     @cached_property
     def runs(self) -> list[RunLog]:
@@ -713,7 +714,8 @@ def _make_set(folder: Path, files: list[Path], steps: bool = True, others: list[
     # ORG/results/<system>/<benchmark>/result_*.txt
     if folder.parent.parent.name == "results" and (folder.parent.parent.parent / "systems").is_dir():
         org_root = folder.parent.parent.parent
-    return ResultSet(folder=folder, files=[f.resolve() for f in files], system=system, org_root=org_root,
-                     steps=steps, left_out=left_out)
+    # (each named as it is in the folder: a link's target named two rows alike, result_3.txt -> result_1.txt)
+    return ResultSet(folder=folder, files=[folder / f.name for f in files], system=system, org_root=org_root,
+                     steps=steps, left_out=left_out, not_files=len(others))
 
 

@@ -197,7 +197,9 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
 
     scaling_json, scaling_ok = _scaling_json(rs, notes)
     unknown = any(s.compliant is None for s in scored)  # (the official summarizer would drop it as non-compliant)
-    official = _official_score(rs, runs, scored, scaling_json) if scaling_ok and not unknown else None
+    # (a result_*.txt that is no file to read, a dangling link, stops the summarizer: it prints nothing)
+    official = _official_score(rs, runs, scored, scaling_json) if scaling_ok and not unknown and not rs.not_files \
+        else None
     # A file of another benchmark, as an unreadable one, is a failed run of this set: never counted, and dropped
     # as the official summarizer drops it (left out, a set of 3 with one was 'too few runs' while the summarizer
     # scored it).
