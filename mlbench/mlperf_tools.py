@@ -158,7 +158,11 @@ def scaling_factor(folder: Path) -> float | None:
     try:
         v = f(str(folder))
     except (ValueError, KeyError, TypeError, OSError, RecursionError) as e:  # deep nesting: RecursionError
-        raise ValueError(f"{path}: no scaling_factor in it ({type(e).__name__}: {str(e)[:120]})") from None
+        if path.read_bytes()[:3] == b"\xef\xbb\xbf":  # (JSON with a BOM: its reader fails in its own TypeError)
+            raise ValueError(f"{path}: begins with a UTF-8 byte order mark, which the official summarizer's JSON "
+                             f"reader refuses; remove it") from None
+        raise ValueError(f"{path}: the official summarizer cannot read its scaling_factor "
+                         f"({type(e).__name__}: {str(e)[:120]})") from None
     # (a 400-digit int is below float('inf') as a Python int, and float() of it an OverflowError)
     if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v <= MAX_SCALING_FACTOR):
         raise ValueError(f"{path}: scaling_factor is {shown(v, 40)}, expected a positive number at most "

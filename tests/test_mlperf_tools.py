@@ -55,6 +55,11 @@ def test_result_summarizer_get_scaling_factor(tmp_path):
     (tmp_path / "scaling.json").write_text("garbage")
     with pytest.raises(ValueError, match=r"scaling.json: not JSON \(Expecting value: line 1 column 1 \(char 0\)\)$"):
         tools.scaling_factor(tmp_path)
+    # JSON with a UTF-8 BOM: the summarizer's reader refuses it (its TypeError, passed on as 'no scaling_factor')
+    (tmp_path / "scaling.json").write_bytes(b'\xef\xbb\xbf{"scaling_factor": 1.25}')
+    with pytest.raises(ValueError, match=r"scaling.json: begins with a UTF-8 byte order mark, which the official "
+                                         r"summarizer's JSON reader refuses; remove it$"):
+        tools.scaling_factor(tmp_path)
 
 
 def test_rcp_checker_read_submission_file(tmp_path):
