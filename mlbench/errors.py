@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from mlbench.terminal import spelled
 
 
 class UserError(Exception):
@@ -72,37 +75,54 @@ def printable(text: object) -> str:
     is where every character is printable, else each one that is not (a newline, ESC, a bidirectional override)
     written as Python writes it in a string (`\\n`, `\\x1b`, `\\u202e`), the escaping a garbled run_stop status
     is shown with ('\\x1b[2J...'). A log's "gpt3\\nerror: ..." printed raw forged a line of output; "\\x1b]0;...\\x07"
-    reached the terminal and the Markdown report. A name's undecodable bytes (surrogates U+DC80 to U+DCFF, from a
-    POSIX locale) are written \\xNN, as `--json` writes them: output is UTF-8 (0xFE from a folder's name went out
-    raw; 0x9B, CSI to an 8-bit terminal, cleared the screen). Idempotent."""
+    reached the terminal and the Markdown report. A name's undecodable bytes (surrogates U+DC80 to U+DCFF) are
+    left for the output to write as the bytes they were where they spell UTF-8 text (a UTF-8 name a POSIX locale
+    could not decode: `terminal.encode`), else written \\xNN, as `--json` writes them: output stays UTF-8 (0xFE
+    from a folder's name went out raw; 0x9B, CSI to an 8-bit terminal, cleared the screen). Idempotent."""
     s = str(text)
     if s.isprintable():
         return s
-    return "".join(c if c.isprintable() else _as_byte(c) if "\udc80" <= c <= "\udcff" else repr(c)[1:-1]
-                   for c in s)
+    return "".join((run if spelled(run) is not None else _as_bytes(run)) if _is_undecoded(run) else
+                   "".join(c if c.isprintable() else repr(c)[1:-1] for c in run) for run in _UNDECODED.split(s))
 
 
-def _as_byte(c: str) -> str:
-    """An undecodable byte of a name (surrogateescape's U+DC80 to U+DCFF) written as \\xNN."""
-    return f"\\x{ord(c) - 0xDC00:02x}"
+# a name's bytes the locale could not decode (surrogateescape), in runs: split keeps them, every other piece
+_UNDECODED = re.compile("([\udc80-\udcff]+)")
+
+
+def _is_undecoded(run: str) -> bool:
+    return bool(run) and "\udc80" <= run[0] <= "\udcff"
+
+
+def _as_bytes(run: str) -> str:
+    """Undecodable bytes of a name (surrogateescape's U+DC80 to U+DCFF) written as \\xNN each."""
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" for c in run)
 
 
 def undecodable_escaped(s: str) -> str:
-    """S with every undecodable byte of a name written as \\xNN, for a file that must be UTF-8 (a JSON document, a
-    report) or a figure."""
-    return s if s.isprintable() else "".join(_as_byte(c) if "\udc80" <= c <= "\udcff" else c for c in s)
+    """S with every run of a name's undecodable bytes written as the UTF-8 text it spells, else \\xNN a byte, for a
+    file that must be UTF-8 (a JSON document, a report) or a figure."""
+    if s.isprintable():
+        return s
+    return "".join(((spelled(run) or _as_bytes(run)) if _is_undecoded(run) else run) for run in _UNDECODED.split(s))
 
 
 def in_document(text: object) -> str:
-    """TEXT as `printable` gives it, for a file that is UTF-8 or a figure (an HTML or Markdown report, a plot)."""
-    return printable(text)
+    """TEXT as `printable` gives it, for a file that is UTF-8 or a figure (an HTML or Markdown report, a plot): a
+    name's undecodable bytes as the text they spell, else \\xNN (matplotlib refused them: a traceback)."""
+    return undecodable_escaped(printable(text))
 
 
 def unprintable(text: str) -> str | None:
-    """The first character of TEXT, a name given as input, that is a control character (C0, C1 or their bytes
-    0x80 to 0x9F undecodable), or None: a name's other undecodable bytes (0xA0 to 0xFF, a Latin-1 name) are
-    taken, and printed \\xNN."""
-    return next((c for c in text if not c.isprintable() and not "\udca0" <= c <= "\udcff"), None)
+    """The first character of TEXT, a name given as input, that is a control character, or None. A name's
+    undecodable bytes that spell UTF-8 text are that text; others are taken but 0x80 to 0x9F, C1 control codes."""
+    for run in _UNDECODED.split(text):
+        if _is_undecoded(run):
+            if spelled(run) is None and (c := next((c for c in run if c <= "\udc9f"), None)) is not None:
+                return c
+        elif (c := next((c for c in run if not c.isprintable()), None)) is not None:
+            return c
+    return None
 
 
 class OutputFailed(UserError):

@@ -20,15 +20,27 @@ WIDTH_WITHOUT_TERMINAL = 1 << 20
 SAFE_ERRORS = "mlbench-safe"
 
 
+def spelled(run: str) -> str | None:
+    """The text a run of a name's undecodable bytes spells as UTF-8 (a UTF-8 name a POSIX locale could not decode),
+    or None where they are no UTF-8 or spell a character that is not printable."""
+    try:
+        text = bytes(ord(c) - 0xDC00 for c in run).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() else None
+
+
 def _safe(err: UnicodeError) -> tuple[str | bytes, int]:
     """Encoding errors handler: a path from the command line, decoded under a C/POSIX locale, holds its undecodable
-    bytes as surrogates (surrogateescape): those go out written \\xNN (`errors.printable`), output staying UTF-8;
-    any other character the encoding lacks becomes '?'."""
+    bytes as surrogates (surrogateescape): those go out as the bytes they were where they spell UTF-8 text (as `ls`
+    prints the name), else written \\xNN (`errors.printable`: output stays UTF-8); any other character the encoding
+    lacks becomes '?'."""
     if not isinstance(err, UnicodeEncodeError):
         raise err
     bad = err.object[err.start:err.end]
     if all("\udc80" <= c <= "\udcff" for c in bad):
-        return "".join(f"\\x{ord(c) - 0xDC00:02x}" for c in bad), err.end
+        raw = bytes(ord(c) - 0xDC00 for c in bad)
+        return (raw if spelled(bad) is not None else "".join(f"\\x{b:02x}" for b in raw)), err.end
     return "?" * len(bad), err.end
 
 

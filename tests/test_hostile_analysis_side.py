@@ -878,3 +878,19 @@ def test_a_set_of_runs_at_different_global_batches_is_said_so(tmp_path, mlbench)
     assert code == 0 and "the runs log different global_batch_size values (32: result_0.txt, result_1.txt, " \
         "result_2.txt, result_3.txt, result_4.txt, result_5.txt, result_6.txt, result_7.txt, result_8.txt; 64: " \
         "result_9.txt): a set is one batch" in " ".join(doc["notes"]), doc["notes"]
+
+
+def test_scaling_names_apart_two_sets_of_one_label(tmp_path, mlbench) -> None:
+    """The same organisation, system and benchmark from two results trees: every row and the 'base' note of
+    scaling carried the same label (compare named them apart by their paths; scaling does now too)."""
+    org = SET.parents[2]
+    for tree in ("a", "b"):
+        shutil.copytree(org, tmp_path / tree / "training_results_v5.1" / "AMD")
+    sets = [tmp_path / t / "training_results_v5.1" / "AMD" / "results" / SET.parent.name / "llama31_8b"
+            for t in ("a", "b")]
+    code, out, err = mlbench("scaling", *sets, "--md", tmp_path / "s.md")
+    text = (tmp_path / "s.md").read_text().replace("\\", "")  # (Markdown's escapes)
+    assert code == 0, out + err
+    for t in sets:
+        assert f"| AMD/{SET.parent.name}/llama31_8b [{t}] | 8 (systems json) |" in text, text
+    assert f"(base: AMD/{SET.parent.name}/llama31_8b [{sets[0]}])" in text, text

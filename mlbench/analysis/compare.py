@@ -22,6 +22,7 @@ from mlbench.analysis.logs import (
     passed_over,
     record_number,
     run_record,
+    told_apart,
 )
 from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, require_rules_for, score_set
@@ -239,21 +240,9 @@ def _entry_from_set(rs: ResultSet, ruleset: str | None, with_score: bool) -> Ent
 
 
 def _tell_apart(entries: list[Entry]) -> None:
-    """Entries of one label (the same organisation, system and benchmark from two results trees) get their path
-    after it: every table, note and plot names them by label."""
-    count: dict[str, int] = {}
-    for e in entries:
-        count[e.label] = count.get(e.label, 0) + 1
-    for e in entries:
-        if count[e.label] > 1 and e.where is not None:
-            e.label = f"{e.label} [{_shown_path(e.where)}]"
-
-
-def _shown_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except (OSError, ValueError):
-        return str(path)
+    """Entries of one label get their path after it (`told_apart`)."""
+    for e, label in zip(entries, told_apart([(e.label, e.where) for e in entries]), strict=True):
+        e.label = label
 
 
 def build_comparison(paths: list[str], ruleset: str | None = None, with_score: bool = True) -> Comparison:

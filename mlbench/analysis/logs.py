@@ -638,6 +638,24 @@ class GivenOnce:
         self.seen[key] = path
 
 
+def told_apart(named: list[tuple[str, Path | None]]) -> list[str]:
+    """The labels of NAMED (label, path), each that two share followed by its path: the same organisation, system
+    and benchmark from two results trees are named apart in every table, note and plot."""
+    count: dict[str, int] = {}
+    for label, _ in named:
+        count[label] = count.get(label, 0) + 1
+    return [f"{label} [{shown_path(path)}]" if count[label] > 1 and path is not None else label
+            for label, path in named]
+
+
+def shown_path(path: Path) -> str:
+    """PATH as given relative to the working folder where it is in it, else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (OSError, ValueError):
+        return str(path)
+
+
 def holds_no_log(sets: list[ResultSet]) -> bool:
     """Whether not one file of SETS is an MLPerf result log (no :::MLLOG line): score, compare and scaling refuse
     such input."""

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import mlperf_tools
-from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, holds_no_log, passed_over
+from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, holds_no_log, passed_over, told_apart
 from mlbench.analysis.report import Report, plt
 from mlbench.errors import UserError, in_document, printable
 
@@ -82,7 +82,7 @@ def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -
     return ratio(t * n, 1.0) if t is not None and n is not None else None
 
 
-def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
+def _point(rs: ResultSet, devices: int | None, notes: list[str], label: str) -> Point:
     n, src = rs.devices(devices)
     if not n:
         _, why = passed_over(src)  # a file there but garbled: said, not "no systems json"
@@ -91,19 +91,19 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
                                   f"PATH"))
     where, why = passed_over(src)
     if why:  # (the table shows where the count came from; why another was passed over, here)
-        notes.append(f"{rs.label}: device count {n}, {'given' if where == 'given' else f'from the {where}'}: {why}")
+        notes.append(f"{label}: device count {n}, {'given' if where == 'given' else f'from the {where}'}: {why}")
     runs = rs.benchmark_runs
     ok = [r for r in runs if r.status == "success" and r.ttt_min is not None]
-    notes += [f"{rs.label}: {n}" for n in rs.left_out_notes]
+    notes += [f"{label}: {n}" for n in rs.left_out_notes]
     for r in runs:
         for p in r.problems:
-            notes.append(f"{rs.label}/{r.name}: {p}")
+            notes.append(f"{label}/{r.name}: {p}")
     times = [r.ttt_min for r in ok]
     if len(times) >= 3:
         ttt = mlperf_tools.olympic_average(times, 0, 1)
     elif times:
         ttt = float(np.mean(times))
-        notes.append(f"{rs.label}: {len(times)} successful run(s), time to train is their plain mean")
+        notes.append(f"{label}: {len(times)} successful run(s), time to train is their plain mean")
     else:
         ttt = None
     steps = [r.step_times.seconds for r in ok if len(r.step_times.seconds)]
@@ -111,7 +111,7 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str]) -> Point:
     source = ", ".join(sorted({r.step_times.source for r in ok})) or "-"
     gbs = next((r.gbs for r in runs if r.gbs), None)
     seq = next((r.seq_len for r in runs if r.seq_len), None)
-    return Point(rs.label, n, where, gbs, seq, ttt, len(times), step, source)
+    return Point(label, n, where, gbs, seq, ttt, len(times), step, source)
 
 
 def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scaling:
@@ -119,6 +119,7 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
     points: list[Point] = []
     benches: dict[str, list[str]] = defaultdict(list)
     once = GivenOnce("scaling takes each configuration")
+    found: list[tuple[ResultSet, int | None]] = []
     for i, p in enumerate(paths):
         sets = find_sets(Path(p))
         if devices and len(sets) > 1:
@@ -127,9 +128,11 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
             raise UserError(printable(f"{p} holds no MLPerf result log (no :::MLLOG lines)"))
         for rs in sets:
             once.add(Path(rs.folder).resolve(), rs.folder, p)
-            b = rs.benchmark or rs.folder.name
-            benches[b].append(rs.label)
-            points.append(_point(rs, devices[i] if devices else None, notes))
+            found.append((rs, devices[i] if devices else None))
+    # sets of one label (an organisation, system and benchmark from two trees) named apart by their paths
+    for (rs, given), label in zip(found, told_apart([(rs.label, rs.folder) for rs, _ in found]), strict=True):
+        benches[rs.benchmark or rs.folder.name].append(label)
+        points.append(_point(rs, given, notes, label))
     if len(benches) > 1:
         raise UserError("scaling compares one benchmark at several device counts; got "
                         + printable("; ".join(f"{b}: {', '.join(v)}" for b, v in benches.items())))
