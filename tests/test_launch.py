@@ -646,3 +646,22 @@ def test_a_stop_signal_once_the_run_ended_is_said_and_ends_the_command_non_zero(
         assert record["error_after_run_stop"] is None and "SIGINT received after the last run was published: " \
                                                           "nothing was left to stop" in said, said
     assert runs.results[0].status == "success" and runs.results[0].stopped_by == ("SIGINT" if when == "checked" else "")
+
+
+def test_a_checkpoint_save_stopped_by_another_ranks_failure_names_that_rank(tmp_path: Path) -> None:
+    """Rank 1 killed (kill -9) during the save after run_stop: the record's checkpoint_error was rank 0's own
+    words for being stopped ('Aborted: signal SIGTERM', or gloo's 'Connection reset by peer'), with a note of
+    the disk's free space; the agent's rank that failed of itself is named now."""
+    from mlbench.launch import local_ranks
+
+    plan = _plan(tmp_path)
+    events = [{"event": "stopped", "status": "success", "step": 3, "reason": ""},
+              {"event": "checkpoint_saving", "path": "ck"},
+              {"event": "checkpoint_failed", "path": "ck", "reason": "Aborted: signal SIGTERM", "consequent": True}]
+    script = (f"import json; open({str(plan.events_path)!r}, 'a').write(''.join(json.dumps(e) + chr(10) for e in "
+              f"{events!r})); print('rank 1 killed by SIGKILL; stopping the other ranks'); raise SystemExit(1)")
+    cmd = Command([sys.executable, "-c", script], dict(os.environ), stdout=tmp_path / "out.log", what="the agent",
+                  rank_failure=local_ranks.rank_failure)
+    outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path)
+    assert outcome.status == "success"
+    assert outcome.checkpoint_error == "rank 1 killed by SIGKILL (see the rank logs: local/attempt_0/1)", outcome

@@ -446,7 +446,10 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):
         failed = next((e for e in events if e.get("event") == "checkpoint_failed"), None)
-        checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd, code, output=False)
+        if failed is not None and failed.get("consequent") and code != 0:  # another rank failed first: that one
+            checkpoint_error = _exit_reason(cmd, code, otherwise=failed["reason"])
+        else:
+            checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd, code, output=False)
     # Once run_stop `success` is written, the run's status is the log's, whatever came after it (the checkpoint
     # save, the measured-memory record, a signal in teardown); a failure there is said apart.
     if last is not None and last["status"] == "success":

@@ -93,10 +93,14 @@ def train(plan: RunPlan) -> int:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as e:
-            why = failure_reason(e) + (f" ({free})" if (free := disk_free(plan.save_checkpoint)) else "")
-            report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=why)
+            # stopped for another rank's failure (its SIGTERM, a peer lost): said so, for the supervisor to name the
+            # rank that failed first (rank 0's 'Aborted: signal SIGTERM' was the record's reason, and a disk note)
+            consequent = _consequent(e)
+            free = "" if consequent or isinstance(e, Aborted) else disk_free(plan.save_checkpoint)  # (not for a stop)
+            why = failure_reason(e) + (f" ({free})" if free else "")
+            report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=why, consequent=consequent)
             print(f"[rank {rank}] checkpoint not saved: {why}", file=sys.stderr, flush=True)
-            os._exit(4)
+            os._exit(STOPPED_EXIT if consequent else 4)
         report.emit("checkpoint_saved", path=plan.save_checkpoint, seconds=time.perf_counter() - t0)
     report.close()
     if dist.is_initialized():
