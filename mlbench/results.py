@@ -128,9 +128,18 @@ def remove_stale(folder: Path) -> list[Path]:
         _finish_publishing(folder, staging)
         if _unpublished_run(folder, staging):
             continue
-        shutil.rmtree(staging, ignore_errors=True)
+        # rank logs left (another node's, whose mlbench died: node 0 holds the log): kept for a person to read
+        # (they were deleted, with the only account of why that node's ranks ended)
+        if not (_holds_rank_logs(staging) and set_aside(folder, staging)):
+            shutil.rmtree(staging, ignore_errors=True)
         removed.append(staging)
     return removed
+
+
+def _holds_rank_logs(staging: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return any(p.is_file() for p in (staging / "ranks").rglob("*"))
+    return False
 
 
 def dead_runs(folder: Path) -> list[tuple[Path, str]]:

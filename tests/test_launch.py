@@ -665,3 +665,23 @@ def test_a_checkpoint_save_stopped_by_another_ranks_failure_names_that_rank(tmp_
     outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path)
     assert outcome.status == "success"
     assert outcome.checkpoint_error == "rank 1 killed by SIGKILL (see the rank logs: local/attempt_0/1)", outcome
+
+
+def test_node_0s_run_ended_by_a_peer_lost_without_word_says_so(tmp_path: Path) -> None:
+    """kill -9 of node 1's mlbench: its ranks die, no node tells node 0 anything, and node 0's record gave rank 0's
+    raw gloo error ('RuntimeError: [.../gloo/transport/tcp/pair.cc:537] Read error ...: Connection reset by peer')
+    as the run's reason. It says in words that a peer on another node was lost, the error after it."""
+    from types import SimpleNamespace
+
+    from mlbench.launch import supervise as sup
+
+    gloo = "RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection " \
+           "reset by peer"
+    events = [{"event": "stopped", "status": "aborted", "step": 7, "reason": gloo, "consequent": True}]
+    rendezvous = SimpleNamespace(explain=lambda error: None)
+    cmd = Command(["torchrun"], {}, stdout=tmp_path / "out.log", what="torchrun", rendezvous=rendezvous,
+                  rank_failure=lambda output: "")
+    (tmp_path / "out.log").write_text("")
+    outcome = sup._judge(cmd, 1, events, "", "", sup._LogEnd(tmp_path / "mlperf.log", None, False))
+    assert outcome.status == "aborted" and outcome.reason == (
+        f"a peer on another node was lost, and no node said why (its mlbench or host gone?): {gloo}"), outcome.reason

@@ -486,3 +486,19 @@ def test_a_run_that_cannot_be_published_nor_set_aside_keeps_its_files(tmp_path: 
     assert not result.published and (staging / "mlperf.log").read_text() == "a log\n"
     said = console.file.getvalue()
     assert f"its files stay in {staging}, which the next mlbench command in {folder} publishes" in said, said
+
+
+def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:
+    """Node 1 of a torchrun run whose mlbench was killed (kill -9) left a staging folder with its rank logs and no
+    MLPerf log (node 0 holds that): the next command in its folder deleted it without a word, the only account of
+    why that node's ranks ended. It is set aside under logs/ now; an empty one still goes."""
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    node = folder / f"{results.STAGING}{_dead_tag()}-node"
+    (node / "ranks" / "attempt_0" / "0").mkdir(parents=True)
+    (node / "ranks" / "attempt_0" / "0" / "stderr.log").write_text("RuntimeError: Connection reset by peer\n")
+    empty = folder / f"{results.STAGING}{_dead_tag()}-empt"
+    empty.mkdir()
+    assert sorted(results.remove_stale(folder)) == sorted([node, empty])
+    kept = folder / "logs" / f"unpublished-{node.name.lstrip('.')}"
+    assert (kept / "ranks" / "attempt_0" / "0" / "stderr.log").is_file() and not empty.exists()

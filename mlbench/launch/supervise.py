@@ -441,7 +441,10 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     if not reason and last is not None and not consequent:
         reason = last.get("reason", "")
     if not reason and code != 0:
-        reason = _exit_reason(cmd, code, otherwise=lost or (last.get("reason", "") if consequent else ""))
+        peer = last.get("reason", "") if consequent else ""
+        if peer and cmd.rendezvous is not None:  # no rank here failed of itself, no node said: another node's end
+            peer = f"a peer on another node was lost, and no node said why (its mlbench or host gone?): {peer}"
+        reason = _exit_reason(cmd, code, otherwise=lost or peer)
     log_error = log.complete(reason or "run ended without run_stop")
     checkpoint_error = ""
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):
