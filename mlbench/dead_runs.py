@@ -39,6 +39,8 @@ def publish(folder: Path, console: Console) -> list[Path]:
         try:
             path, note = _publish_one(folder, staging, owner)
         except Exception as e:  # a full disk, or whatever a dead run left (a foreign, garbled or linked file)
+            if not os.path.lexists(staging):  # another command published it meanwhile (it said so): nothing to say
+                continue
             kept = results.set_aside(folder, staging)
             full = isinstance(e, results.PublishError)
             where = (f"its files were moved to {kept}" + (" (a rename: no room needed)" if full else "")

@@ -544,6 +544,7 @@ def test_the_note_on_a_dead_run_prints_its_staging_folder_escaped(tmp_path, monk
     from mlbench.launch import launcher
 
     staging = tmp_path / "r" / "sys" / "gpt3" / f".staging-{HOSTILE_FOLDER}"
+    staging.mkdir(parents=True)
 
     def publish_one(*_args):
         raise OSError(errno.EIO, "I/O error")
@@ -559,6 +560,12 @@ def test_the_note_on_a_dead_run_prints_its_staging_folder_escaped(tmp_path, monk
     said = console.export_text()
     _no_control_characters(said)
     assert len(said.splitlines()) == 1 and ".staging-e\\x1b]0;pwned\\x07\\nerror: forged) could not be" in said, said
+    # Another command published it meanwhile (two at once on a folder with a dead run): the loser said it 'could
+    # not be published ... its files stay in' a folder that was gone, the run published. Nothing to say now.
+    staging.rmdir()
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    assert launcher.start(SimpleNamespace(name="gpt3"), None, opts, None, console, dry_run=False) == 0
+    assert console.export_text() == ""
 
 
 def test_a_folder_name_in_a_plot_label_is_escaped(tmp_path, mlbench) -> None:
