@@ -508,6 +508,12 @@ def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
             folder.check_readable(req.init_checkpoint)
         except folder.CheckpointError as e:
             raise UserError(str(e)) from None
+        init = req.init_checkpoint.resolve()
+        for flag, path in (("--results", req.results_root), ("--save-checkpoint", req.save_checkpoint)):
+            # (the run's files, or another checkpoint, written into the one it loads: accepted before)
+            if path is not None and (init == (where := Path(path).resolve()) or init in where.parents):
+                raise UserError(f"{flag} {path} is inside --init-checkpoint {req.init_checkpoint}, which a run only "
+                                f"reads; give {flag} a folder outside it")
     if req.save_checkpoint:
         check_new_folder("--save-checkpoint", req.save_checkpoint)
         save, results = req.save_checkpoint.resolve(), Path(req.results_root).resolve()

@@ -49,6 +49,19 @@ def test_saved_checkpoint_is_complete_and_recorded(llama_checkpoint) -> None:
     assert record["steps"][0]["loss"] > 3.0  # from random weights: about ln(vocab)
 
 
+def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoint, tmp_path: Path) -> None:
+    """--results or --save-checkpoint inside --init-checkpoint: accepted, the run's files (or a second checkpoint)
+    written among the checkpoint's own."""
+    ckpt, _ = llama_checkpoint
+    before = sorted(p.name for p in ckpt.iterdir())
+    for flag, path in (("--results", ckpt), ("--results", ckpt / "r"), ("--save-checkpoint", ckpt / "inner")):
+        args = ("--save-checkpoint", str(path)) if flag == "--save-checkpoint" else ()
+        root = path if flag == "--results" else tmp_path / "r"
+        _assert_refused(_run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *args),
+                        f"{flag} {path} is inside --init-checkpoint {ckpt}, which a run only reads")
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
 def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_checkpoint, tmp_path: Path,
                                                                         quick_env: dict) -> None:
     ckpt, saved = llama_checkpoint
