@@ -29,12 +29,19 @@ def test_a_cpu_run_is_predicted_on_the_measured_cpu(nproc: int) -> None:
     assert p["time_to_train_min"] is None  # tiny: no RCP to converge by
 
 
-def test_a_gpu_run_is_predicted_on_the_device_its_plan_was_checked_against_else_the_one_rank0_found() -> None:
+def test_a_run_is_predicted_on_the_device_rank0_trained_on_else_the_one_its_plan_was_checked_against() -> None:
+    """The device rank 0 found, whatever --device the memory plan was checked against: a CPU run with --device
+    h100 was predicted for an H100 and compared with its CPU steps ('predicted / measured 0.00'); a GPU of a
+    name no datasheet matches takes the checked device."""
     bench = registry.load("gpt3")
     layout = resolve(bench, 64, 8, 4, 8, 6, 1, 2, 2048, precision="bf16")
     checked = for_run(bench, layout, "h200", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"})
     found = for_run(bench, layout, "", {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"})
-    assert checked["device"] == "h200" and found["device"] == "h100"
+    unnamed = for_run(bench, layout, "h200", {"type": "cuda", "name": "Some Unknown Accelerator"})
+    assert checked["device"] == "h100" and found["device"] == "h100" and unnamed["device"] == "h200"
+    tiny = registry.load("gpt3", tiny=True)
+    on_cpu = for_run(tiny, resolve(tiny), "h100", CPU_RANK0)
+    assert on_cpu["device"] == "cpu" or "this CPU is not measured yet" in on_cpu["reason"], on_cpu
     assert found["step_time_s"] == pytest.approx(planner.evaluate(bench, layout, devices.get("h100"))["step_time_s"])
     assert found["time_to_train_min"] > 0  # full size: the RCP's samples to converge x step time + evaluations
 
@@ -52,7 +59,7 @@ def test_no_prediction_says_why(rank0: dict | None, reason: str) -> None:
 def test_a_planner_failure_is_recorded_not_raised() -> None:
     bench = registry.load("gpt3")
     layout = resolve(bench, 64, 8, 4, 8, 6, 1, 2, 2048, precision="fp8")
-    p = for_run(bench, layout, "a100", None)  # the A100 has no fp8 tensor cores
+    p = for_run(bench, layout, "a100", {"type": "cuda", "name": "NVIDIA A100-SXM4-80GB"})  # no fp8 tensor cores
     assert p["step_time_s"] is None and "has no fp8" in p["reason"]
 
 

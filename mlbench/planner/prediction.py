@@ -8,23 +8,24 @@ from mlbench.spec import Benchmark
 
 
 def _device(checked: str, rank0: dict | None):
-    """The device the memory plan was checked against where it is a planner device (--device, or the GPU found
-    here), else the one rank 0 found: the CPU (measured once and cached, mlbench.planner.cpu) or the datasheet GPU
-    its name matches. None with the reason otherwise."""
+    """The device the run trained on, as rank 0 found it: the CPU (measured once and cached, mlbench.planner.cpu)
+    or the datasheet GPU its name matches, else the one the memory plan was checked against (--device, or the GPU
+    found here) for a GPU of another name. A CPU run with --device h100 was predicted for an H100 and compared
+    with its CPU steps ('predicted / measured 0.00'). None with the reason otherwise."""
     from mlbench.planner import devices
 
-    if checked in devices.names():  # not for a CPU run's "this machine (CPU)": rank 0 says it trained on the CPU
-        return devices.get(checked), ""
     if not rank0:
         return None, "no rank started, so the device is unknown"
     if rank0.get("type") == "cpu":
         from mlbench.planner import cpu
 
-        if cpu.cached() is None:  # a run does not spend 45 s measuring after its training: plan does it once
+        if cpu.cached() is None:  # a run does not spend the measurement's time after its training: plan does it once
             return None, ("this CPU is not measured yet: `mlbench plan BENCH --tiny --device cpu` measures it once "
-                          "(about 45 s) for the runs after it")
+                          "(about 20 s) for the runs after it")
         return devices.get("cpu"), ""
     found = devices.find(str(rank0.get("name", "")))
+    if found is None and checked in devices.names() and checked != "cpu":
+        found = devices.get(checked)
     return found, "" if found else f"no datasheet device matches {rank0.get('name')!r} (planner/devices.yaml)"
 
 
