@@ -679,8 +679,8 @@ def check_precision(precision: str, user_set: bool, device: DeviceFacts) -> None
     if not device.gpu:
         if user_set:
             raise UserError(f"{why} needs a GPU with FP8 tensor cores (compute capability {FP8_COMPUTE_CAPABILITY} or "
-                            f"newer: Ada, Hopper, Blackwell); {device.name} has none (CPU runs train in fp32): "
-                            f"use --precision bf16")
+                            f"newer: Ada, Hopper, Blackwell); {device.name} has none: leave --precision out (a CPU "
+                            f"run trains in fp32 whatever the layout's precision, as its record says)")
         return
     if device.fp8 is False:
         raise UserError(f"{why}: {device.name} has no FP8 tensor cores (compute capability "

@@ -150,7 +150,7 @@ def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmark
         (["--sequence-parallel"], ["--sequence-parallel", "needs --tp > 1"]),
         (["--nproc-per-node", "3", "--cp", "3"], ["sequence length 64 must divide by 2 x cp = 6", "valid cp"]),
         (["--overlap-param-gather", "--no-distributed-optimizer"], ["needs --distributed-optimizer"]),
-        (["--precision", "fp8"], ["--precision fp8", "use --precision bf16"]),
+        (["--precision", "fp8"], ["--precision fp8", "leave --precision out (a CPU run trains in fp32"]),
         (["--recompute", "most"], ["Invalid value for '--recompute'", "'mlbench run -h'"]),
         # each went through --dry-run and started, died and was published as aborted
         (["--recompute", "full", "--recompute-layers", "99"], ["--recompute-layers 99: full recompute (uniform)",

@@ -78,7 +78,7 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"--overlap-param-gather .* needs --distributed-optimizer"),
     ({"layout": {"features": {"recompute_layers": 2}}}, r"--recompute-layers .* needs --recompute full"),
     ({"layout": {"cp": 3, "nproc_per_node": 3}}, r"sequence length 64 must divide by 2 x cp = 6"),
-    ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* use --precision bf16"),
+    ({"layout": {"precision": "fp8"}}, r"--precision fp8 needs a GPU .* leave --precision out \(a CPU run trains"),
     ({"lr": float("nan")}, r"--lr must be a positive number, got nan"),
     # 0 in float32 (the optimizer's precision) or below min_lr: accepted, a run that trained nothing to its budget
     ({"lr": 5e-324}, r"--lr 5e-324 is 0 in float32 .* and is below gpt3's min_lr 0.0003 at global batch 16 .*"
@@ -223,7 +223,9 @@ def test_read_only_results_folder_is_refused(tmp_path: Path) -> None:
 
 
 def test_fp8_needs_a_gpu_with_fp8() -> None:
-    with pytest.raises(UserError, match=r"--precision fp8 needs a GPU .* use --precision bf16"):
+    # (it advised --precision bf16, which changes nothing on a CPU)
+    with pytest.raises(UserError, match=r"--precision fp8 needs a GPU .* leave --precision out \(a CPU run trains in "
+                                        r"fp32 whatever the layout's precision"):
         preflight.check_precision("fp8", True, CPU)
     preflight.check_precision("fp8", False, CPU)  # the benchmark's default on a CPU: CPU runs train in fp32
     for user_set, why in ((True, "--precision fp8"), (False, r"precision fp8 \(the benchmark's default\)")):
