@@ -144,7 +144,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i (0 to 2**32 - 1). Default: random.")
 @click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed (1 to 1000).")
 @click.option("--results", "results_root", default="results", show_default=True, type=PathParam(),
-              help="Root of the results layout: <results>/<system>/<benchmark>/result_<i>.txt")
+              help="Root of the results layout: RESULTS/SYSTEM/BENCHMARK/result_I.txt")
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
 @click.option("--launcher", type=click.Choice(["local", "torchrun", "slurm"]), default="local", show_default=True,
               help="local: the ranks on this machine; torchrun: one invocation per node; slurm: an sbatch job.")
@@ -181,9 +181,9 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--lr", type=float, help="Peak learning rate, over the benchmark's: needed at a global batch its "
                                       "RCP table (llama31_8b, gpt_oss_20b) has no row for. At least its min_lr.")
 @click.option("--warmup-steps", type=int, help="Warm-up steps, over the benchmark's (as --lr).")
-@click.option("--device", help="The GPU (a100, h100, h200, b200, gb200, gb300) the per-GPU memory plan must fit: "
-                                "a run (or dry run) whose plan does not is refused. Default: this machine's GPU "
-                                "or memory for a local run; none for a dry run or a SLURM job.")
+@click.option("--device", help="The GPU (a100, h100_pcie, h100, h200, b200, gb200, gb300) the per-GPU memory plan "
+                                "must fit: a run (or dry run) whose plan does not is refused. Default: this "
+                                "machine's GPU or memory for a local run; none for a dry run or a SLURM job.")
 @click.option("--ignore-closed-rules", is_flag=True,
               help="Launch a full-size run even if the official closed rules reject its hyperparameters (its log "
                    "then fails the checker). Without it such a run is refused before launch.")

@@ -19,15 +19,17 @@ FEATURE_FLAGS = ("distributed_optimizer", "sequence_parallel", "recompute", "rec
 _DEFAULT = "Default: the benchmark file's."
 
 _OPTIONS = (
-    click.option("--nodes", default=1, show_default=True, type=int),
+    click.option("--nodes", default=1, show_default=True, type=int, help="Nodes the run spans."),
     click.option("--nproc-per-node", default=1, show_default=True, type=int, help="Processes (devices) per node."),
     click.option("--tp", type=int, help="Tensor parallel size."),
     click.option("--pp", type=int, help="Pipeline parallel size."),
     click.option("--vp", type=int, help="Virtual pipeline stages per rank (interleaved schedule)."),
     click.option("--cp", type=int, help="Context parallel size."),
     click.option("--ep", type=int, help="Expert parallel size (mixture-of-experts models): divides dp x cp."),
-    click.option("--micro-batch-size", "--mbs", "micro_batch_size", type=int),
-    click.option("--global-batch-size", "--gbs", "global_batch_size", type=int),
+    click.option("--micro-batch-size", "--mbs", "micro_batch_size", type=int,
+                 help=f"Sequences per micro-batch on each data-parallel rank. {_DEFAULT}"),
+    click.option("--global-batch-size", "--gbs", "global_batch_size", type=int,
+                 help=f"Sequences per optimizer step over all ranks (the RCP's batch). {_DEFAULT}"),
     click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
                  help=f"Shard fp32 master weights and optimizer state over data parallel. {_DEFAULT}"),
     click.option("--sequence-parallel/--no-sequence-parallel", default=None,

@@ -100,7 +100,8 @@ COMPLIANT = {True: "yes", False: "NO", None: "unknown"}  # None: the checker did
 
 def _print_set(console: Console, s) -> None:
     """A set's score. Every text from its logs and folders (names, statuses, problems, notes) is `printable`."""
-    head = f"{s.benchmark or 'benchmark unknown'}, ruleset {s.ruleset}, {s.devices or '?'} devices"
+    head = f"{s.benchmark or 'benchmark unknown'}, ruleset {s.ruleset}, {s.devices or '?'} " \
+        f"device{'' if s.devices == 1 else 's'}"
     t = Table(title=printable(f"{s.label}  ({head})"), title_justify="left")
     for c in ("file", "status", "compliant", "time to train (min)", "samples to converge", "global batch", "counted"):
         t.add_column(c, justify="right" if "(" in c or c in ("global batch",) else "left", overflow="fold")
@@ -169,7 +170,8 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
 
     check_outputs(html_out, md_out)
     if devices and len(devices) != len(paths):
-        raise UserError(f"--devices given {len(devices)} times for {len(paths)} PATHs; give one per PATH or none")
+        raise UserError(f"--devices given {len(devices)} time{'' if len(devices) == 1 else 's'} for {len(paths)} "
+                        f"PATHs; give one per PATH or none")
     sc = build_scaling(list(paths), list(devices) or None)
     print_scaling(_console(), sc)
     _write_reports(lambda: scaling_report(sc), html_out, md_out)

@@ -47,14 +47,14 @@ class _NodeCounts(click.ParamType):
 @click.command()
 @click.argument("name")
 @click.option("--device", "device_name", required=True,
-              help="a100, h100, h200, b200, gb200, gb300 (datasheet figures) or cpu (measured here).")
+              help="a100, h100_pcie, h100, h200, b200, gb200, gb300 (datasheet figures) or cpu (measured here).")
 @click.option("--tiny", is_flag=True, help="The tiny variant (with --device cpu: what `mlbench run --tiny` trains).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @layout_options
 @stops_on_signals  # the CPU's measurement runs a probe: a stop ends it, and its scratch folder goes
 def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutRequest) -> None:
-    """Predicted memory, step time, throughput, MFU and time-to-train of BENCH on a device: for the layout given,
-    or, with no --tp/--pp/--vp/--cp/--mbs, the best layouts for --nodes x --nproc-per-node; --nodes 8,16,32
+    """Predicted memory, step time, throughput, MFU and time-to-train of benchmark NAME on a device: for the layout
+    given, or, with no --tp/--pp/--vp/--cp/--mbs, the best layouts for --nodes x --nproc-per-node; --nodes 8,16,32
     predicts a scaling curve."""
     if as_json:  # stdout carries the document alone: an error goes to stderr
         with document_on_stdout() as write:
