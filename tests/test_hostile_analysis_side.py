@@ -265,6 +265,9 @@ def test_a_report_of_many_sets_stays_readable_and_names_are_not_maths(tmp_path, 
         (folder / "result_0.txt").write_text(tiny_log())
     code, out, err = mlbench("compare", "--no-score", *sets, "--md", tmp_path / "r.md")
     assert code == 0 and "Traceback" not in out + err, out + err
+    # nor as maths by a Markdown renderer (GitHub's $...$): each $ escaped
+    text = (tmp_path / "r.md").read_text()
+    assert "x\\$^{\\$" in text and "x$^{$" not in text, text[:2000]
     size = {p.stem: struct.unpack(">II", p.read_bytes()[16:24]) for p in (tmp_path / "r_files").glob("*.png")}
     assert size["step_times"][0] < 1200 and size["step_times"][1] > 25 * 20, size  # a row of 20 px or more a set
     assert size["convergence"][1] > 600, size  # the legend's rows under the plots

@@ -123,8 +123,9 @@ def render_html(rep: Report) -> str:
 
 # What Markdown reads in text anywhere: each written with a backslash; `&` `<` `>` (raw HTML, which Markdown passes
 # through) as entities. At a line's start also what opens a heading, list or rule (`#`, `-`, `+`, `=`). Parentheses
-# stay as they are: a link or an image needs `](`, and the brackets are escaped (our own labels read "(s)").
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])|^([#+=-])")
+# stay as they are: a link or an image needs `](`, and the brackets are escaped (our own labels read "(s)"). `$`:
+# GitHub renders $...$ as maths (a folder named '$x^{$' came out typeset).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~$])|^([#+=-])")
 
 
 def _md(s: object) -> str:
