@@ -767,6 +767,11 @@ def test_a_markdown_reports_images_replace_only_an_earlier_reports(tmp_path, mlb
     for _ in range(2):  # its own images, from the run before, are replaced
         code, out, err = mlbench("compare", "--no-score", SET, other, "--md", tmp_path / "rep.md")
         assert code == 0 and mine.read_bytes().startswith(b"\x89PNG"), out + err
+    # the same --html in a second command: it was written among the images the next --md replaces
+    code, out, err = mlbench("compare", "--no-score", SET, other, "--html", tmp_path / "rep_files" / "x.html")
+    assert code == 2 and f"is in {tmp_path / 'rep_files'}, the images folder of the Markdown report " \
+        f"{tmp_path / 'rep.md'}" in out + err, out + err
+    assert not (tmp_path / "rep_files" / "x.html").exists()
 
 
 def test_a_set_whose_runs_log_different_divisions_says_so(tmp_path, monkeypatch) -> None:
