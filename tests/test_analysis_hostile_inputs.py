@@ -357,3 +357,19 @@ def test_a_text_field_of_millions_of_characters_is_not_printed_whole(tmp_path, c
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET)
     assert code == 0 and len(out) < 20_000, len(out)
     assert "run_stop status is" in out and "expected a string of at most 256 characters (it has 1,000,000)" in out
+
+
+def test_compare_shows_differing_features_and_small_rates(tmp_path, capsys, monkeypatch):
+    """A TP2 run with sequence parallelism and selective recompute beside a plain one: 'hyperparameters and layout
+    that differ' showed only what the MLPerf log holds (no key logs the features); a CPU's 0.0163 TFLOP/s read 0.0.
+    A feature a record of only one side states (a published run has none) is no difference."""
+    a, b = _sets(tmp_path, tiny_log().replace('"tflops_per_device": 100.0', '"tflops_per_device": 0.0163'))
+    feats = {"sequence_parallel": False, "recompute": "none", "distributed_optimizer": False}
+    for folder, changed in ((a, {"sequence_parallel": True, "recompute": "selective"}), (b, {})):
+        record = {"devices": 8, "layout": {"features": {**feats, **changed, "x" * 100: True}}}
+        (folder / "result_0.json").write_text(json.dumps(record))
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    flat = " ".join(out.split())
+    assert code == 0 and "features.sequence_parallel" in flat and "features.recompute" in flat, out
+    assert "features.distributed_optimizer" not in flat and "xxxx" not in flat, out
+    assert re.search(r"TFLOP/s per device \(logged\)\s*│\s*0\.0163", out), out

@@ -169,7 +169,18 @@ class Entry:
         return predicted / measured if predicted and measured else None
 
     def hyperparams(self) -> dict[str, object]:
-        return dict(self.runs[0].hyperparams) if self.runs else {}
+        """The first run's logged hyperparameters, and for our runs the features its record's layout states
+        (features.sequence_parallel, ...: no MLPerf key logs them), each a short flag or word."""
+        if not self.runs:
+            return {}
+        out: dict[str, object] = dict(self.runs[0].hyperparams)
+        layout = run_record(self.runs[0].path).get("layout")
+        features = layout.get("features") if isinstance(layout, dict) else None
+        for k, v in list(features.items())[:64] if isinstance(features, dict) else ():
+            if isinstance(k, str) and len(k) <= 64 and (type(v) in (bool, int) and abs(v) < 1 << 53
+                                                         or isinstance(v, str) and len(v) <= 64):
+                out[f"features.{printable(k)}"] = v
+        return out
 
 
 @dataclass
@@ -184,6 +195,8 @@ class Comparison:
         out = {}
         for k in keys:
             vals = [h.get(k) for h in given]
+            if k.startswith("features.") and any(k not in h for h in given):
+                continue  # (a record's, which a published run has not: not a difference of its own)
             if len({repr(v) for v in vals}) > 1:  # (values as logs.RunLog keeps them: short, and flat)
                 out[k] = vals
         return out
@@ -194,6 +207,9 @@ class Comparison:
 
         def f(v: float | None, nd: int = 3, scale: float = 1.0) -> str:
             return "-" if v is None else f"{v * scale:,.{nd}f}"
+
+        def rate(v: float | None) -> str:  # (a CPU's 0.0163 TFLOP/s read '0.0' at one decimal)
+            return "-" if v is None else f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
 
         st = [e.step_stats() for e in E]
         pred = [e.prediction() for e in E]
@@ -216,8 +232,8 @@ class Comparison:
             ("step times from", [e.step_source for e in E]),
             ("tokens/s per device", [f(e.tokens_per_s_per_device(), 0) for e in E]),
             ("samples/s per device", [f(e.samples_per_s_per_device(), 4) for e in E]),
-            ("TFLOP/s per device (logged)", [f(e.tflops_per_device(), 1) for e in E]),
-            ("model TFLOP/s per device", [f(e.model_tflops_per_device(), 1) for e in E]),
+            ("TFLOP/s per device (logged)", [rate(e.tflops_per_device()) for e in E]),
+            ("model TFLOP/s per device", [rate(e.model_tflops_per_device()) for e in E]),
             ("MFU", [f(e.mfu(), 1, 100) + ("%" if e.mfu() is not None else "") for e in E]),
         ]
 
