@@ -113,6 +113,12 @@ def test_dry_run_prints_the_plan_and_a_run_that_does_not_fit_is_refused(tmp_path
     ok = mlbench(*args, "--precision", "fp8")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "memory per GPU (worst pipeline stage" in ok.stdout and "fits h100" in ok.stdout
+    # plan says the same bytes in the same unit (it said GB: 80.0 GB for the H100's 74.5 GiB)
+    total = ok.stdout.split("= ")[-1].split(";")[0]
+    planned = mlbench("plan", "llama31_405b", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8",
+                      "--tp", "8", "--pp", "8", "--precision", "fp8")
+    assert planned.returncode == 0 and "fits in 74.5 GiB" in planned.stdout, planned.stdout
+    assert " GB" not in planned.stdout.replace("GB/s", "") and total.endswith("GiB"), (total, planned.stdout)
     refused = mlbench(*args, "--no-distributed-optimizer", "--no-overlap-param-gather")
     assert refused.returncode == 2
     assert "the largest term is optimizer" in refused.stdout and "--distributed-optimizer" in refused.stdout
