@@ -617,8 +617,8 @@ def test_a_c1_control_byte_in_a_path_is_refused_or_printed_escaped(tmp_path: Pat
     Bytes 0x80 to 0x9F are control codes: refused in a folder mlbench makes, escaped (\\x9b) wherever printed."""
     from mlbench.errors import printable, unprintable
 
-    assert printable("q\udc9b2J/\udcff") == "q\\x9b2J/\udcff" and unprintable("x\udc9b") == "\udc9b"
-    assert unprintable("x\udcff") is None  # a Latin-1 byte of a name is shown as the byte it is
+    assert printable("q\udc9b2J/\udcff") == "q\\x9b2J/\\xff" and unprintable("x\udc9b") == "\udc9b"
+    assert unprintable("x\udcff") is None  # a Latin-1 byte of a name is taken (and printed \xff: not UTF-8)
     env = {**os.environ, "LC_ALL": "C.UTF-8"}
     for args in ([b"run", b"gpt3", b"--tiny", b"--dry-run", b"--results", b"q\x9b2J"],
                  [b"run", b"gpt3", b"--tiny", b"--save-checkpoint", b"c\x9b2J"],
