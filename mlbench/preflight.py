@@ -371,6 +371,10 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
     if why:
         raise UserError(f"results folder {folder} is not writable ({existing} {why}); pass --results DIR with a "
                         f"folder you can write")
+    logs = folder / "logs"
+    if os.path.lexists(logs) and not logs.is_dir():  # (the rank logs of a failed run were dropped without a word)
+        raise UserError(f"results folder {folder}: {logs} is not a folder, and a run keeps its rank logs in it; move "
+                        f"it, or pass --results DIR elsewhere")
 
 
 # What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's

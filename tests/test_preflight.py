@@ -201,6 +201,20 @@ def test_results_folder_under_a_file_is_refused_and_left_alone(tmp_path: Path) -
     assert blocker.read_text() == "x"
 
 
+def test_a_logs_file_where_the_rank_logs_go_is_refused(tmp_path: Path) -> None:
+    """A file named logs in the results folder: a run that failed said 'see the rank logs', which were deleted
+    with its staging folder (they could not be moved there)."""
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    (folder / "logs").write_text("x")
+    with pytest.raises(UserError, match=f"results folder {folder}: {folder}/logs is not a folder, and a run keeps its "
+                                        "rank logs in it"):
+        preflight.check_results_folder(tmp_path, "ci", "gpt3")
+    (folder / "logs").unlink()
+    (folder / "logs").mkdir()
+    preflight.check_results_folder(tmp_path, "ci", "gpt3")
+
+
 def test_a_folder_nobody_can_make_is_refused_for_root_too(tmp_path: Path) -> None:
     """Permissions say nothing for root, yet not even root can make a folder in /proc: the check makes one (and
     removes it). It was a permission check, so a root run's checkpoint save failed after the run."""
