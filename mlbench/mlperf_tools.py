@@ -14,6 +14,7 @@ log in memory (1.8 GB for a 250 MB log), which a process of its own gives back w
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import sys
@@ -84,14 +85,35 @@ def rulesets() -> list[str]:
 
 
 def rulesets_with(benchmark: str | None) -> list[str]:
-    """Rulesets whose closed rules file for BENCHMARK exists in the installed package, oldest first."""
-    return [r for r in rulesets() if benchmark and (_PKG / f"{USAGE}_{r}" / f"closed_{benchmark}.yaml").exists()]
+    """Rulesets whose closed rules take BENCHMARK, oldest first: its rules file exists in the installed package and
+    the ruleset's common rules accept its name (5.1.0 keeps closed_bert.yaml, but its submission_benchmark check
+    lists no bert: every BERT log judged by it FAILs)."""
+    return [r for r in rulesets() if benchmark and (_PKG / f"{USAGE}_{r}" / f"closed_{benchmark}.yaml").exists()
+            and benchmark in _benchmarks_accepted(r, benchmark)]
+
+
+_ACCEPTED = re.compile(r"NAME:\s*submission_benchmark\b.*?CHECK:\s*\"([^\"]*)\"", re.S)
+
+
+@functools.cache
+def _benchmarks_accepted(ruleset: str, benchmark: str) -> frozenset[str]:
+    """The benchmark names RULESET's closed common rules accept (their submission_benchmark check's list); where
+    that check is not found, BENCHMARK (as its rules file stands)."""
+    try:
+        text = (_PKG / f"{USAGE}_{ruleset}" / "closed_common.yaml").read_text()
+    except OSError:
+        return frozenset({benchmark})
+    m = _ACCEPTED.search(text)
+    if m is None or "in [" not in m.group(1):
+        return frozenset({benchmark})
+    return frozenset(re.findall(r"'([^']+)'", m.group(1).split("in [", 1)[1]))
 
 
 def round_in_path(path: Path) -> str | None:
-    """The round a published results tree names (training_results_vX.Y in PATH) as a ruleset, X.Y.0; None."""
-    m = re.search(r"training_results_v(\d+)\.(\d+)", str(path))
-    return f"{m.group(1)}.{m.group(2)}.0" if m else None
+    """The round a published results tree names (training_results_vX.Y in PATH) as a ruleset, X.Y.0; None. Where
+    the path names two, the innermost: the tree the files belong to (a copy kept under another round's folder)."""
+    found = re.findall(r"training_results_v(\d+)\.(\d+)", str(path))
+    return f"{found[-1][0]}.{found[-1][1]}.0" if found else None
 
 
 def ruleset_in_path(path: Path, benchmark: str | None) -> str | None:

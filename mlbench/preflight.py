@@ -162,7 +162,9 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     check_min_lr(bench, layout.global_batch_size, req.lr)
     # This machine's device (nvidia-smi, asked once), where the run trains here; a SLURM job trains elsewhere, and
     # a dry run's plan is of the device it names (its checks here are said, not refused: `real_run`).
-    local = None if req.launcher == "slurm" or (req.dry_run and layout.nodes > 1) else local_device()
+    # (a dry run of several nodes through the local launcher plans a cluster's run, which this machine is no node of)
+    local = None if req.launcher == "slurm" or (req.dry_run and req.launcher == "local" and layout.nodes > 1) \
+        else local_device()
     if local is not None:
         real_run(lambda: _device_here(bench, layout, req, local))
     here = None if req.dry_run else local

@@ -373,3 +373,17 @@ def test_compare_shows_differing_features_and_small_rates(tmp_path, capsys, monk
     assert code == 0 and "features.sequence_parallel" in flat and "features.recompute" in flat, out
     assert "features.distributed_optimizer" not in flat and "xxxx" not in flat, out
     assert re.search(r"TFLOP/s per device \(logged\)\s*│\s*0\.0163", out), out
+
+
+def test_a_set_whose_records_say_different_device_counts_has_none(tmp_path, capsys, monkeypatch):
+    """Our runs at 1 and 2 processes in one folder: scored and compared as '1 device' (the first record's), no
+    word; --devices 2 noted 'the run record says 1'. A set is one configuration: its count is unknown, said why."""
+    a, b = _sets(tmp_path, tiny_log(), runs=3)
+    for i, n in enumerate((1, 2, 2)):
+        (a / f"result_{i}.json").write_text(json.dumps({"devices": n}))
+    said = "the run records say different device counts (1: result_0.json; 2: result_1.json, result_2.json)"
+    assert find_sets(a)[0].devices() == (None, f"unknown ({said}: a set is one configuration)")
+    assert find_sets(a)[0].devices(2) == (2, f"given ({said}: a set is one configuration)")
+    code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
+    [s] = _strict(out)
+    assert code == 0 and s["devices"] is None and any(said in n for n in s["notes"]), s["notes"]

@@ -129,6 +129,12 @@ def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_
                    str(tmp_path / "c"))
     assert proc.returncode == 0 and "note: a real run of this command would be refused: --cp > 1 without " \
         "Transformer Engine" in proc.stdout, proc.stdout
+    # one node of a torchrun run is this machine: its device's refusal said too (it was left out for any dry run
+    # of several nodes)
+    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
+                   "localhost:29999", "--precision", "fp8", "--dry-run", "--results", str(tmp_path / "e"))
+    assert proc.returncode == 0 and "note: a real run of this command would be refused: --precision fp8 needs a " \
+        "GPU" in proc.stdout, proc.stdout
     # and a command a real run takes says nothing
     proc = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "d"))
     assert proc.returncode == 0 and "a real run of this command" not in proc.stdout, proc.stdout

@@ -168,3 +168,13 @@ def test_only_the_adapter_reaches_into_mlperf_logging():
                          and "mllog" not in ln or 'find_spec("mlperf_logging' in ln
                          for ln in p.read_text().splitlines())]
     assert offenders == []
+
+
+def test_rulesets_with_a_benchmark_are_those_whose_common_rules_accept_it() -> None:
+    """5.1.0 keeps closed_bert.yaml, but its common rules' submission_benchmark check lists no bert: a BERT log under
+    training_results_v5.1 was judged by 5.1.0 and every run FAILed, and refusals listed 5.1.0 as holding bert."""
+    assert tools.rulesets_with("bert")[-1] == "5.0.0" and "5.1.0" not in tools.rulesets_with("bert")
+    assert tools.rulesets_with("llama31_8b") == ["5.1.0", "6.0.0", "6.1.0"]
+    # the innermost round a path names: the tree the files belong to
+    assert tools.round_in_path(Path("/a/training_results_v4.1/x/training_results_v5.1/NVIDIA/results/s/b")) == "5.1.0"
+    assert tools.ruleset_in_path(Path("/training_results_v5.1/NVIDIA/results/s/bert"), "bert") is None

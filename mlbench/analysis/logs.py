@@ -515,7 +515,10 @@ class ResultSet:
         says 256: --devices overrides it)")."""
         if given:
             found, source = self.devices()
-            if found is None or found == given:
+            if found is None:  # (what none said, or said apart: records of different counts)
+                why = passed_over(source)[1]
+                return given, f"given ({why})" if why else "given"
+            if found == given:
                 return given, "given"
             return given, f"given (the {passed_over(source)[0]} says {found}: --devices overrides it)"
         why = [self._system[1]] if self._system[1] else []
@@ -529,10 +532,16 @@ class ResultSet:
                            f"{nodes * per_node:,} devices, more than {MAX_DEVICES:,}")
             elif nodes and per_node:
                 return nodes * per_node, _source("systems json", why)
+        counts: dict[int, list[str]] = {}
         for f in self.files:
             record = run_record(f)
             if "devices" in record and (n := _count(record, "devices", f.with_suffix(".json").name, why)):
-                return n, _source("run record", why)
+                counts.setdefault(n, []).append(f.with_suffix(".json").name)
+        if len(counts) == 1:
+            return next(iter(counts)), _source("run record", why)
+        if counts:  # (the first was taken: runs on 2 devices scored and compared as on 1)
+            why.append("the run records say different device counts (" + "; ".join(
+                f"{n}: {', '.join(names)}" for n, names in sorted(counts.items())) + "): a set is one configuration")
         return None, _source("unknown", why)
 
 
