@@ -159,6 +159,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     _check_checkpoint_flags(bench, req)
     layout = resolve_layout(bench, req.layout)
     bench = rcp_schedule.for_run(bench, layout.global_batch_size, req.lr, req.warmup_steps)
+    registry.check_budget_at(bench, layout.global_batch_size)  # (the file's checks, at this run's batch)
     check_min_lr(bench, layout.global_batch_size, req.lr)
     # This machine's device (nvidia-smi, asked once), where the run trains here; a SLURM job trains elsewhere, and
     # a dry run's plan is of the device it names (its checks here are said, not refused: `real_run`).

@@ -85,5 +85,9 @@ def for_run(bench: Benchmark, gbs: int, lr: float | None = None, warmup_steps: i
         raise UserError(f"--warmup-steps {warmup_steps} is not below this run's budget of {budget} steps "
                         f"(train.max_steps at global batch {gbs}): the learning rate would never reach its peak; "
                         f"give fewer than {budget}")
-    at(bench, gbs)
+    sched = at(bench, gbs)
+    if sched.decay_steps < 1:  # (megatron-core's scheduler asserts warm-up < warm-up + decay: a bare AssertionError)
+        given = f" with --warmup-steps {warmup_steps}" if warmup_steps is not None else ""
+        raise UserError(f"{bench.name}'s optimizer.decay_steps is {sched.decay_steps} at global batch {gbs}{given}; "
+                        f"the schedule decays over at least 1 step after its warm-up")
     return bench

@@ -291,11 +291,17 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
 }
 
 
-def _validate_budget(b: Benchmark, where: str, batches: set[int]) -> None:
+def check_budget_at(b: Benchmark, gbs: int) -> None:
+    """`_validate_budget` at the global batch a run trains at (--gbs, --warmup-steps, --lr in B): the file's own
+    batches were checked as it loaded."""
+    _validate_budget(b, f"{b.name} as this run trains it", {gbs}, tables=False)
+
+
+def _validate_budget(b: Benchmark, where: str, batches: set[int], tables: bool = True) -> None:
     """A warm-up at or past the step budget ends every run before its learning rate peaks: refused, as the same
     `--warmup-steps` is (rcp_schedule.for_run). At the file's own batches and its tables' (batch 1, where the
     expressions are checked to evaluate, is no batch anyone runs)."""
-    for gbs in sorted(batches | set(b.optimizer.lr_table)):
+    for gbs in sorted(batches | (set(b.optimizer.lr_table) if tables else set())):
         base = b.optimizer.base_at(gbs)
         budget = int(spec.evaluate(b.train.max_steps, global_batch_size=gbs))  # 0: the schedule's own length
         if base is not None and 0 < budget <= base[1]:

@@ -460,3 +460,25 @@ def test_values_that_were_tracebacks_are_refused_on_load(benchmarks_copy: Path, 
     with pytest.raises(UserError) as e:
         registry.load(name, directory=benchmarks_copy)
     assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
+def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_copy: Path) -> None:
+    """The load-time checks ran at the file's own values only: --warmup-steps 290 with decay_steps written as
+    '290 - warmup_steps' (as llama31_8b's is) launched a run that died on megatron's bare assert, and a first
+    evaluation at 4,799 samples passed at batch 16 (300 steps, 4,800) and trained all 300 steps of batch 8 for
+    nothing."""
+    from conftest import mlbench
+
+    _edit(benchmarks_copy / "gpt3.yaml", "warmup_steps: 10, decay_steps: 290, weight_decay: 0.0}",
+          "warmup_steps: 10, decay_steps: 290 - warmup_steps, weight_decay: 0.0}")
+    _edit(benchmarks_copy / "gpt3.yaml", "start_samples: 0, logged_samples: 0",
+          "start_samples: 4799, logged_samples: 0")
+    env = {"MLBENCH_BENCHMARKS": str(benchmarks_copy)}
+    registry.load("gpt3", tiny=True, directory=benchmarks_copy)  # the file itself is sound at its own batch
+    for flags, said in ((["--warmup-steps", "290"], "gpt3's optimizer.decay_steps is 0 at global batch 16 with "
+                                                     "--warmup-steps 290; the schedule decays over at least 1 step"),
+                        (["--gbs", "8", "--mbs", "8"], "gpt3 as this run trains it: eval.start_samples is 4799 at "
+                                                       "global_batch_size = 8, not below the 300 steps' 2400 samples")):
+        proc = mlbench("run", "gpt3", "--tiny", "--dry-run", *flags, "--results", str(benchmarks_copy / "r"), env=env)
+        assert proc.returncode == 2 and said in proc.stdout, proc.stdout + proc.stderr
+    assert not (benchmarks_copy / "r").exists()
