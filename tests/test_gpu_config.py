@@ -202,7 +202,8 @@ def test_collective_tensors_live_where_the_backend_takes_them(monkeypatch) -> No
     meta = torch.device("meta")
     from mlbench import registry
 
-    plan = type("Plan", (), {"layout": {"tp": 1}, "benchmark": registry.load("gpt3", tiny=True)})()
+    plan = type("Plan", (), {"layout": {"tp": 1, "global_batch_size": 16},
+                             "benchmark": registry.load("gpt3", tiny=True)})()
     for call in (lambda: build._same_run_as_rank0(plan, meta),
                  lambda: step.start_sum_over_ranks([{"loss_sum": 1.0, "tokens": 2.0}], ("loss_sum", "tokens"), meta)):
         with pytest.raises(Handed):

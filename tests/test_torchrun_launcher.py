@@ -344,6 +344,26 @@ def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Pa
     assert "run aborted: RuntimeError: 1 rank(s) were started with another layout" in outs["rank1"]
 
 
+def test_nodes_compare_the_definition_they_train_not_how_its_file_writes_it() -> None:
+    """A node whose benchmark file writes max_steps as '150 * 2' (or lr 0.003 as 3.0e-3) trains what node 0 does:
+    it was refused as 'another benchmark definition'. Another value is not."""
+    import dataclasses
+
+    from mlbench import layout, registry
+    from mlbench.run_plan import RunPlan
+    from mlbench.train.build import trained_definition
+
+    bench = registry.load("gpt3", tiny=True)
+    ly = layout.resolve(bench, 2, 1).as_dict()
+
+    def plan(**train) -> RunPlan:
+        b = dataclasses.replace(bench, train=dataclasses.replace(bench.train, **train), path="/elsewhere/gpt3.yaml")
+        return RunPlan(benchmark=b, layout=ly, seed=1, run_dir="", system="ci")
+
+    assert trained_definition(plan(max_steps="150 * 2")) == trained_definition(plan(max_steps=300))
+    assert trained_definition(plan(max_steps=301)) != trained_definition(plan(max_steps=300))
+
+
 def test_node_0s_host_that_stops_answering_is_noticed_within_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Node 0's host cut off (its link down, in a network namespace): no connection closes, and another node's
     ranks waited out gloo's 120 s timeout. The watch another node's supervisor holds on node 0's rendezvous

@@ -4,7 +4,6 @@ the starting checkpoint, the objective and the token source."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -20,7 +19,7 @@ from mlbench import rcp_schedule
 from mlbench.launch.ports import STORE
 from mlbench.models import family
 from mlbench.run_plan import RunPlan
-from mlbench.spec import evaluate
+from mlbench.spec import evaluate, resolved
 from mlbench.train import cpu_compat
 
 
@@ -41,16 +40,22 @@ _OWN = {"path", "sources", "notes"}
 _OWN_DATA = {"path", "eval_path", "description"}
 
 
+def trained_definition(plan: RunPlan) -> dict:
+    """What every rank must train alike of the plan's benchmark: its definition resolved at the run's batch (a file
+    writing max_steps as '150 * 2' trains what one writing 300 does: refused as another, it was), less `_OWN`."""
+    bench = resolved(plan.benchmark, plan.layout["global_batch_size"])
+    bench = {k: v for k, v in bench.items() if k not in _OWN}
+    bench["data"] = {k: v for k, v in bench["data"].items() if k not in _OWN_DATA}
+    return bench
+
+
 def _same_run_as_rank0(plan: RunPlan, dev: torch.device) -> None:
     """Every rank trains rank 0's layout and benchmark definition, the ones logged: a node started with other
     layout flags (--tp, --gbs, ...) but the same world size, or other hyperparameters (--lr, --warmup-steps, an
     edited benchmark file: node 0 published a success logging its own lr while node 1 trained at another), is
     refused on every rank at once (a flag summed over all), not left to hang."""
-    bench = dataclasses.asdict(plan.benchmark)
-    bench = {k: v for k, v in bench.items() if k not in _OWN}
-    bench["data"] = {k: v for k, v in bench["data"].items() if k not in _OWN_DATA}
     layout = {k: v for k, v in plan.layout.items() if k != "source"}
-    mine = torch.tensor([_digest(layout), _digest(bench)], dtype=torch.int64, device=dev)
+    mine = torch.tensor([_digest(layout), _digest(trained_definition(plan))], dtype=torch.int64, device=dev)
     theirs = mine.clone()
     dist.broadcast(theirs, src=0)
     differs = (theirs != mine).to(torch.int64)
