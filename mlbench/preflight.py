@@ -8,6 +8,7 @@ checks come first, the ones that start a helper process (checkpoint, closed rule
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -515,10 +516,9 @@ def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
             folder.check_readable(req.init_checkpoint)
         except folder.CheckpointError as e:
             raise UserError(str(e)) from None
-        init = req.init_checkpoint.resolve()
         for flag, path in (("--results", req.results_root), ("--save-checkpoint", req.save_checkpoint)):
             # (the run's files, or another checkpoint, written into the one it loads: accepted before)
-            if path is not None and (init == (where := Path(path).resolve()) or init in where.parents):
+            if path is not None and _within(Path(path), req.init_checkpoint):
                 raise UserError(f"{flag} {path} is inside --init-checkpoint {req.init_checkpoint}, which a run only "
                                 f"reads; give {flag} a folder outside it")
     if req.save_checkpoint:
@@ -529,6 +529,16 @@ def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:
             # checkpoint folder would sit among the runs (as result_0.txt, even) that score reads
             raise UserError(f"--save-checkpoint {req.save_checkpoint} and --results {req.results_root} overlap; "
                             f"save the checkpoint outside the results folder")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether PATH is FOLDER or below it: any of its existing folders the same file as FOLDER (a link, `..` or a
+    bind mount of it: the paths alone missed the mount)."""
+    for p in (path.resolve(), *path.resolve().parents):
+        with contextlib.suppress(OSError):
+            if os.path.samefile(p, folder):
+                return True
+    return False
 
 
 def check_new_folder(what: str, path: Path) -> None:

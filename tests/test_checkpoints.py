@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,16 @@ def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoi
         root = path if flag == "--results" else tmp_path / "r"
         _assert_refused(_run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *args),
                         f"{flag} {path} is inside --init-checkpoint {ckpt}, which a run only reads")
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    # nor through a bind mount of it (the paths alone missed it: the run wrote among the checkpoint's files)
+    bind = tmp_path / "bind"
+    bind.mkdir()
+    if os.geteuid() == 0 and subprocess.run(["mount", "--bind", str(ckpt), str(bind)]).returncode == 0:
+        try:
+            _assert_refused(_run(bind / "res", "llama31_405b", "--init-checkpoint", str(ckpt)),
+                            f"--results {bind / 'res'} is inside --init-checkpoint {ckpt}")
+        finally:
+            subprocess.run(["umount", "-l", str(bind)], check=False)
     assert sorted(p.name for p in ckpt.iterdir()) == before
 
 

@@ -773,10 +773,13 @@ def test_a_markdown_reports_images_replace_only_an_earlier_reports(tmp_path, mlb
         f"{tmp_path / 'rep.md'}" in out + err, out + err
     assert not (tmp_path / "rep_files" / "x.html").exists()
     (tmp_path / "link").symlink_to(tmp_path / "rep_files")  # nor through a link to it, nor a Markdown report there
-    for option, name in (("--html", tmp_path / "link" / "x.html"), ("--md", tmp_path / "rep_files" / "y.md")):
+    (tmp_path / "rep_files" / "sub").mkdir()  # nor in a folder below it
+    for option, name in (("--html", tmp_path / "link" / "x.html"), ("--md", tmp_path / "rep_files" / "y.md"),
+                         ("--html", tmp_path / "rep_files" / "sub" / "z.html")):
         code, out, err = mlbench("compare", "--no-score", SET, other, option, name)
         assert code == 2 and "the images folder of the Markdown report" in out + err, out + err
-    assert sorted(p.name for p in (tmp_path / "rep_files").iterdir()) == ["convergence.png", "step_times.png"]
+    assert sorted(p.name for p in (tmp_path / "rep_files").iterdir()) == ["convergence.png", "step_times.png",
+                                                                          "sub"]
 
 
 def test_a_set_whose_runs_log_different_divisions_says_so(tmp_path, monkeypatch) -> None:

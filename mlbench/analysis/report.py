@@ -251,12 +251,12 @@ def _check_file(path: Path, option: str) -> None:
                         "systems/<system>.json); give another name")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist (create it first)")
-    real = folder.resolve()  # (through a link to it too)
-    md = real.parent / f"{real.name.removesuffix('_files')}.md"
-    if real.name.endswith("_files") and md.is_file() and _ours(md):
-        # (refused in one command with both; a second command wrote it among the images the Markdown replaces)
-        raise UserError(f"{option} {path}: is in {real}, the images folder of the Markdown report {md}; give "
-                        "another folder")
+    for real in (folder.resolve(), *folder.resolve().parents):  # (through a link, in a folder below it too)
+        md = real.parent / f"{real.name.removesuffix('_files')}.md"
+        if real.name.endswith("_files") and md.is_file() and _ours(md):
+            # (refused in one command with both; a second command wrote it among the images the Markdown replaces)
+            raise UserError(f"{option} {path}: is in {real}, the images folder of the Markdown report {md}; give "
+                            "another folder")
     _check_name(path)
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=_TMP_PREFIX, suffix=".probe"):
