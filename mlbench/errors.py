@@ -197,5 +197,7 @@ def disk_free(path: object) -> str:
             st = os.statvfs(where)
         except OSError:
             continue
+        if st.f_files and not st.f_favail:  # (room, but no file can be made: 'No space left on device' too)
+            return f"the disk holding {path} has no free inode left ({st.f_bavail * st.f_frsize / 1e6:,.1f} MB free)"
         return f"the disk holding {path} has {st.f_bavail * st.f_frsize / 1e6:,.1f} MB free"
     return ""

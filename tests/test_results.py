@@ -502,3 +502,23 @@ def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:
     assert sorted(results.remove_stale(folder)) == sorted([node, empty])
     kept = folder / "logs" / f"unpublished-{node.name.lstrip('.')}"
     assert (kept / "ranks" / "attempt_0" / "0" / "stderr.log").is_file() and not empty.exists()
+
+
+def test_a_disk_without_a_free_inode_is_said_so(tmp_path: Path) -> None:
+    """'No space left on device' with no inode left: the reason said 'the disk has 21.0 MB free', pointing away
+    from the cause."""
+    from mlbench.errors import disk_free
+
+    (tmp_path / "disk").mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=2", "tmpfs",
+                                            str(tmp_path / "disk")]).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with contextlib.suppress(OSError):
+            for i in range(4):
+                (tmp_path / "disk" / f"f{i}").touch()
+        assert disk_free(tmp_path / "disk" / "x").startswith(f"the disk holding {tmp_path / 'disk' / 'x'} has no "
+                                                             "free inode left (")
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=False)
+    assert "MB free" in disk_free(tmp_path) and "inode" not in disk_free(tmp_path)
