@@ -502,9 +502,10 @@ def _checkpoint_given(bench: Benchmark, req: RunRequest) -> None:
     """Where the benchmark starts from a checkpoint, one is given."""
     if bench.train.init_checkpoint and not req.init_checkpoint:
         # A run from random weights would not be the MLPerf benchmark, whatever its log says.
+        other = "" if req.dry_run else "; or use --dry-run for the full size, --tiny for a CPU run"
         raise UserError(f"{bench.name} starts from a checkpoint: pass --init-checkpoint DIR, the "
                         f"{bench.train.init_checkpoint.split(' (')[0]} as a megatron-core distributed checkpoint "
-                        f"(docs/checkpoints.md); or use --dry-run for the full size, --tiny for a CPU run")
+                        f"(docs/checkpoints.md){other}")
 
 
 def _check_checkpoint_flags(bench: Benchmark, req: RunRequest) -> None:

@@ -121,7 +121,7 @@ def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_
     assert proc.returncode == 0 and len(notes) == 3, proc.stdout + proc.stderr
     assert "--launcher local runs on this machine only; for --nodes 64 use --launcher torchrun" in notes[0]
     assert "no data path is given: pass --data-path PREFIX" in notes[1]
-    assert "gpt3 starts from a checkpoint: pass --init-checkpoint DIR" in notes[2]
+    assert "gpt3 starts from a checkpoint: pass --init-checkpoint DIR" in notes[2] and "--dry-run" not in notes[2]
     real = mlbench("run", "gpt3", "--nodes", "64", "--nproc-per-node", "8", "--results", str(tmp_path / "b"))
     assert real.returncode == 2 and real.stdout.strip() == "error:" + notes[0].split(":", 2)[2], real.stdout
     # a tiny local run trains on this machine: its device's refusal (no Transformer Engine here) said too
