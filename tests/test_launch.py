@@ -685,3 +685,28 @@ def test_node_0s_run_ended_by_a_peer_lost_without_word_says_so(tmp_path: Path) -
     outcome = sup._judge(cmd, 1, events, "", "", sup._LogEnd(tmp_path / "mlperf.log", None, False))
     assert outcome.status == "aborted" and outcome.reason == (
         f"a peer on another node was lost, and no node said why (its mlbench or host gone?): {gloo}"), outcome.reason
+
+
+def test_a_dying_node_0_that_resets_connections_is_said_to_have_died(monkeypatch) -> None:
+    """Under load a dying node 0's rendezvous reset the watch's connection as it closed, and node 1 said 'node 0
+    stopped answering ... (Connection reset by peer)', the words for a host cut off. It asks again now."""
+    import socket
+
+    from mlbench.launch import lifeline
+
+    def watch(errors: list[OSError]) -> lifeline.NodeWatch:
+        w = lifeline.NodeWatch.__new__(lifeline.NodeWatch)  # (without its thread)
+        w.endpoint, w._addr, w._lost = "h:1", ("h", 1), ""
+        said = iter(errors)
+
+        def connect(*_args, **_kwargs):
+            raise next(said)
+        monkeypatch.setattr(socket, "create_connection", connect)
+        monkeypatch.setattr(lifeline.time, "sleep", lambda s: None)
+        return w
+
+    w = watch([ConnectionResetError(), ConnectionResetError(), ConnectionRefusedError()])
+    assert w._connect(1) is None and w.lost() == ("node 0 died or ended its run: its rendezvous at h:1 closed, and "
+                                                 "refuses connections; see node 0's record")
+    w = watch([TimeoutError("timed out")])
+    assert w._connect(1) is None and w.lost().startswith("node 0 stopped answering")

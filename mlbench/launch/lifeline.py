@@ -112,6 +112,9 @@ ANSWER_S = 10.0  # for node 0's rendezvous to accept a connection (it did moment
 CHECK_S = 2.0  # the same, looked at once more as this node's run ends
 
 
+_RESETS = 10  # connections node 0's rendezvous may reset (it is closing) before it is taken for dead
+
+
 class NodeWatch:
     """Node 0's lifeline for another node's supervisor: a connection held to the rendezvous store node 0's torchrun
     serves for the whole run. When node 0's processes die, its kernel closes the connection at once, and a fresh
@@ -147,12 +150,19 @@ class NodeWatch:
 
     def _connect(self, timeout: float) -> socket.socket | None:
         """A connection to node 0's rendezvous; None, saying why node 0 is gone, where there is none."""
-        try:
-            return socket.create_connection(self._addr, timeout=timeout)
-        except ConnectionRefusedError:
-            how = f"died or ended its run: its rendezvous at {self.endpoint} closed, and refuses connections"
-        except OSError as e:  # no answer within the time, no route to its host
-            how = f"stopped answering: its rendezvous at {self.endpoint} did not answer ({e.strerror or e})"
+        for _ in range(_RESETS):
+            try:
+                return socket.create_connection(self._addr, timeout=timeout)
+            except ConnectionResetError:  # a dying node 0 takes a connection as it closes (under load: 'stopped
+                time.sleep(0.1)  # answering' was said of a node 0 that had died): asked again
+            except ConnectionRefusedError:
+                how = f"died or ended its run: its rendezvous at {self.endpoint} closed, and refuses connections"
+                break
+            except OSError as e:  # no answer within the time, no route to its host
+                how = f"stopped answering: its rendezvous at {self.endpoint} did not answer ({e.strerror or e})"
+                break
+        else:
+            how = f"died or ended its run: its rendezvous at {self.endpoint} resets every connection"
         self._lost = self._lost or f"node 0 {how}; see node 0's record"
         return None
 
