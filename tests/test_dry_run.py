@@ -12,8 +12,6 @@ duplicated key, a failed executed rule). Negative controls show it catches a hyp
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,19 +31,27 @@ CASES = [
 ]
 
 
-def dry_run(benchmark: str, gbs: int, nodes: int, results: Path, code: int = 0) -> tuple[Path, str]:
-    cmd = [sys.executable, "-m", "mlbench.cli", "run", benchmark, "--dry-run", "--nodes", str(nodes),
-           "--nproc-per-node", "8", "--launcher", "torchrun", "--rdzv-endpoint", "localhost:29500",
-           "--global-batch-size", str(gbs), "--results", str(results), "--system", "dryrun", "--seed", "7"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    log = results / "dryrun" / benchmark / "dry-run.txt"
-    assert log.is_file(), proc.stdout
-    return log, " ".join(proc.stdout.split())
+@pytest.fixture
+def dry_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """`mlbench run BENCHMARK --dry-run` at GBS on NODES x 8 under torchrun, in this process (a subprocess each
+    cost an interpreter and its imports: about 1 s of the suite's CPU a case): (its log, its output in one line)."""
+    from conftest import mlbench_in_process
+
+    def run(benchmark: str, gbs: int, nodes: int, results: Path, code: int = 0) -> tuple[Path, str]:
+        got, out, err = mlbench_in_process(
+            monkeypatch, capsys, "run", benchmark, "--dry-run", "--nodes", str(nodes), "--nproc-per-node", "8",
+            "--launcher", "torchrun", "--rdzv-endpoint", "localhost:29500", "--global-batch-size", str(gbs),
+            "--results", str(results), "--system", "dryrun", "--seed", "7")
+        assert got == code, out + err
+        log = results / "dryrun" / benchmark / "dry-run.txt"
+        assert log.is_file(), out
+        return log, " ".join(out.split())
+    return run
 
 
 @pytest.mark.parametrize(("benchmark", "gbs", "nodes"), CASES, ids=[f"{b}-gbs{g}" for b, g, _ in CASES])
-def test_dry_run_hyperparameters_pass_closed_rules(benchmark: str, gbs: int, nodes: int, tmp_path: Path) -> None:
+def test_dry_run_hyperparameters_pass_closed_rules(benchmark: str, gbs: int, nodes: int, tmp_path: Path,
+                                                    dry_run) -> None:
     bench = registry.load(benchmark)
     log, out = dry_run(benchmark, gbs, nodes, tmp_path / "results")
     assert f"closed {benchmark} rules ({bench.mlperf.ruleset}) accept every hyperparameter line" in out
@@ -95,7 +101,7 @@ def test_full_size_runs_are_checked_against_the_closed_rules_before_launch() -> 
     assert closed_rule_problems(bench, layout_lib.resolve(bench, 64, 8, None, None, None, None, None, 1152), "x") == []
 
 
-def test_a_rejected_hyperparameter_is_reported_and_fails_the_dry_run(tmp_path: Path) -> None:
+def test_a_rejected_hyperparameter_is_reported_and_fails_the_dry_run(tmp_path: Path, dry_run) -> None:
     """Negative controls: a learning rate the llama31_405b closed rules reject is reported, whether the batch
     makes it (1160: no float passes the checker's exact comparison) or the log was altered."""
     log, out = dry_run("llama31_405b", 1160, 145, tmp_path / "odd", code=1)
