@@ -61,7 +61,8 @@ def _same_run_as_rank0(plan: RunPlan, dev: torch.device) -> None:
     differs = (theirs != mine).to(torch.int64)
     dist.all_reduce(differs)
     for n, what, give in zip(differs.tolist(), ("layout", "benchmark definition (hyperparameters)"),
-                             ("layout flags", "hyperparameter flags (--lr, --warmup-steps) and benchmark file"),
+                             ("layout flags (and benchmark file: it sets the layout's features)",
+                              "hyperparameter flags (--lr, --warmup-steps) and benchmark file"),
                              strict=True):
         if n:
             raise RuntimeError(f"{n} rank(s) were started with another {what} than rank 0's: give every node the "
