@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mlbench.terminal import spelled
+from mlbench import terminal
 
 
 class UserError(Exception):
@@ -82,7 +82,7 @@ def printable(text: object) -> str:
     s = str(text)
     if s.isprintable():
         return s
-    return "".join((run if spelled(run) is not None else _as_bytes(run)) if _is_undecoded(run) else
+    return "".join((run if terminal.spelled(run) is not None else terminal.escaped(run)) if _is_undecoded(run) else
                    "".join(c if c.isprintable() else repr(c)[1:-1] for c in run) for run in _UNDECODED.split(s))
 
 
@@ -94,17 +94,13 @@ def _is_undecoded(run: str) -> bool:
     return bool(run) and "\udc80" <= run[0] <= "\udcff"
 
 
-def _as_bytes(run: str) -> str:
-    """Undecodable bytes of a name (surrogateescape's U+DC80 to U+DCFF) written as \\xNN each."""
-    return "".join(f"\\x{ord(c) - 0xDC00:02x}" for c in run)
-
-
 def undecodable_escaped(s: str) -> str:
     """S with every run of a name's undecodable bytes written as the UTF-8 text it spells, else \\xNN a byte, for a
     file that must be UTF-8 (a JSON document, a report) or a figure."""
     if s.isprintable():
         return s
-    return "".join(((spelled(run) or _as_bytes(run)) if _is_undecoded(run) else run) for run in _UNDECODED.split(s))
+    return "".join((terminal.spelled(run) or terminal.escaped(run)) if _is_undecoded(run) else run
+                   for run in _UNDECODED.split(s))
 
 
 def in_document(text: object) -> str:
@@ -118,7 +114,7 @@ def unprintable(text: str) -> str | None:
     undecodable bytes that spell UTF-8 text are that text; others are taken but 0x80 to 0x9F, C1 control codes."""
     for run in _UNDECODED.split(text):
         if _is_undecoded(run):
-            if spelled(run) is None and (c := next((c for c in run if c <= "\udc9f"), None)) is not None:
+            if terminal.spelled(run) is None and (c := next((c for c in run if c <= "\udc9f"), None)) is not None:
                 return c
         elif (c := next((c for c in run if not c.isprintable()), None)) is not None:
             return c
@@ -143,23 +139,17 @@ class ProductStream:
         self.dropped = False
 
     def write(self, text: str) -> int:
-        from mlbench import terminal
-
         if not self.dropped:
             terminal.STDOUT.write(text)
             self._said_failure()
         return len(text)
 
     def flush(self) -> None:
-        from mlbench import terminal
-
         if not self.dropped:
             terminal.STDOUT.flush()
             self._said_failure()
 
     def _said_failure(self) -> None:
-        from mlbench import terminal
-
         if (why := terminal.STDOUT.take_failure()) is not None:
             self.dropped = True
             sys.stdout = sys.stderr

@@ -152,15 +152,8 @@ def dead_runs(folder: Path) -> list[tuple[Path, str]]:
 def half_published(folder: Path) -> list[Path]:
     """Staging folders of publishers that died between their two links (the record placed, its log not): the next
     mlbench run there finishes them (`_finish_publishing`); until then the folder shows a record without its log."""
-    found = []
-    for staging in _stale(folder):
-        for staged in staging.glob("result_*.json"):
-            log = folder / f"{staged.stem}.txt"
-            with contextlib.suppress(OSError):
-                if (folder / staged.name).samefile(staged) and not os.path.lexists(log):
-                    found.append(staging)
-                    break
-    return sorted(found)
+    return sorted(s for s in _stale(folder)
+                  if any(not os.path.lexists(folder / f"{r.stem}.txt") for r in _placed(folder, s)))
 
 
 def _owner(staging: Path) -> str:
@@ -180,12 +173,18 @@ def _unpublished_run(folder: Path, staging: Path) -> bool:
         begun = os.path.lexists(log) and log.lstat().st_size > 0
         if not begun and not _log_not_begun(staging):
             return False
-        for staged in staging.glob("result_*.json"):
-            with contextlib.suppress(OSError):
-                if (folder / staged.name).samefile(staged):
-                    return False
-        return True
+        return not _placed(folder, staging)
     return False
+
+
+def _placed(folder: Path, staging: Path) -> list[Path]:
+    """The records of STAGING that its publisher placed in FOLDER (the result_<i>.json there is the same file)."""
+    placed = []
+    for staged in staging.glob("result_*.json"):
+        with contextlib.suppress(OSError):
+            if (folder / staged.name).samefile(staged):
+                placed.append(staged)
+    return placed
 
 
 # The most of a dead run's plan.json read to tell whether it began a run (a plan is a few KB; the staging folder may

@@ -30,6 +30,11 @@ def spelled(run: str) -> str | None:
     return text if text.isprintable() else None
 
 
+def escaped(run: str) -> str:
+    """Undecodable bytes of a name (surrogateescape's U+DC80 to U+DCFF) written as \\xNN each."""
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" for c in run)
+
+
 def _safe(err: UnicodeError) -> tuple[str | bytes, int]:
     """Encoding errors handler: a path from the command line, decoded under a C/POSIX locale, holds its undecodable
     bytes as surrogates (surrogateescape): those go out as the bytes they were where they spell UTF-8 text (as `ls`
@@ -39,8 +44,7 @@ def _safe(err: UnicodeError) -> tuple[str | bytes, int]:
         raise err
     bad = err.object[err.start:err.end]
     if all("\udc80" <= c <= "\udcff" for c in bad):
-        raw = bytes(ord(c) - 0xDC00 for c in bad)
-        return (raw if spelled(bad) is not None else "".join(f"\\x{b:02x}" for b in raw)), err.end
+        return (bytes(ord(c) - 0xDC00 for c in bad) if spelled(bad) is not None else escaped(bad)), err.end
     return "?" * len(bad), err.end
 
 

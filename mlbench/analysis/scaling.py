@@ -84,12 +84,11 @@ def efficiency(t_base: float | None, n_base: int, t_n: float | None, n_n: int) -
 
 def _point(rs: ResultSet, devices: int | None, notes: list[str], label: str) -> Point:
     n, src = rs.devices(devices)
-    if not n:
-        _, why = passed_over(src)  # a file there but garbled: said, not "no systems json"
+    where, why = passed_over(src)
+    if not n:  # (a file there but garbled: said, not "no systems json")
         what = why or "no systems/<system>.json, no run record with 'devices'"
         raise UserError(printable(f"{rs.folder}: device count unknown ({what}); give it with --devices, one per "
                                   f"PATH"))
-    where, why = passed_over(src)
     if why:  # (the table shows where the count came from; why another was passed over, here)
         notes.append(f"{label}: device count {n}, {'given' if where == 'given' else f'from the {where}'}: {why}")
     runs = rs.benchmark_runs
