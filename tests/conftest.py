@@ -64,6 +64,28 @@ def mlbench_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     return code, out, err
 
 
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """`mlbench(ARGS, env=..., cwd=...)` run in this process through the entry point (mlbench_in_process): for
+    the refusals and analysis commands whose process adds nothing to what a test asserts (an interpreter and its
+    imports cost about 0.3 s of CPU a call). Returns a CompletedProcess, as mlbench() does."""
+
+    def run(*args: object, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as m:
+            for key, value in {"COLUMNS": "200", **(env or {})}.items():
+                m.setenv(key, value)
+            if env and "MLBENCH_BENCHMARKS" in env:  # read as the registry is imported, so set as it would be
+                from mlbench import registry
+
+                m.setattr(registry, "BENCHMARKS_DIR", Path(env["MLBENCH_BENCHMARKS"] or registry.SHIPPED_DIR))
+            if cwd is not None:
+                m.chdir(cwd)
+            code, out, err = mlbench_in_process(m, capsys, *args)
+        return subprocess.CompletedProcess(["mlbench", *map(str, args)], code, out, err)
+
+    return run
+
+
 def launch_ranks(script: Path, nproc: int, *args: str, env: dict | None = None, rank: int = 0) -> str:
     """Run SCRIPT ARGS as NPROC gloo ranks under mlbench's local agent (what `mlbench run` starts on one node:
     torchrun's environment and log layout, without torch imported in the agent); returns RANK's output. A failure shows

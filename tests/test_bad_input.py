@@ -35,30 +35,30 @@ def test_unknown_benchmark_suggests_close_names(tmp_path: Path) -> None:
     ],
     ids=["world-vs-tp", "heads-vs-tp", "layers-vs-pp", "batch-vs-dp"],
 )
-def test_layout_that_does_not_divide(tmp_path: Path, flags: list[str], needles: list[str]) -> None:
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path), *flags)
+def test_layout_that_does_not_divide(tmp_path: Path, flags: list[str], needles: list[str], cli) -> None:
+    proc = cli("run", "gpt3", "--tiny", "--results", str(tmp_path), *flags)
     _assert_clean_error(proc, "layout does not divide", *needles)
     assert not any(tmp_path.iterdir())
 
 
-def test_a_global_batch_beyond_any_run_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+def test_a_global_batch_beyond_any_run_is_refused_before_anything_is_written(tmp_path: Path, cli) -> None:
     """--gbs 2**40 launched; the rank died asking for 512 TiB and the aborted run was published."""
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), "--gbs", str(2**40))
+    proc = cli("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), "--gbs", str(2**40))
     _assert_clean_error(proc, "--global-batch-size 1,099,511,627,776 is beyond any training run: at most 1,048,576")
     assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; uses a file in place of a folder instead")
-def test_unwritable_results_folder_as_user(tmp_path: Path) -> None:
+def test_unwritable_results_folder_as_user(tmp_path: Path, cli) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--results", str(ro)), "not writable", "--results")
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--results", str(ro)), "not writable", "--results")
 
 
-def test_unwritable_results_folder(tmp_path: Path) -> None:
+def test_unwritable_results_folder(tmp_path: Path, cli) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")  # even root cannot create folders under a file
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(blocker))
+    proc = cli("run", "gpt3", "--tiny", "--results", str(blocker))
     _assert_clean_error(proc, "not writable", "--results DIR")
     assert blocker.read_text() == "not a folder"
 
@@ -74,11 +74,11 @@ def test_unwritable_results_folder(tmp_path: Path) -> None:
     ],
     ids=["yaml-syntax", "unknown-key", "wrong-type", "bad-choice"],
 )
-def test_malformed_benchmark_file(tmp_path: Path, benchmarks_copy: Path, edit, needles: list[str]) -> None:
+def test_malformed_benchmark_file(tmp_path: Path, benchmarks_copy: Path, edit, needles: list[str], cli) -> None:
     f = benchmarks_copy / "gpt3.yaml"
     f.write_text(edit(f.read_text()))
     results = tmp_path / "results"
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    proc = cli("run", "gpt3", "--tiny", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     _assert_clean_error(proc, *needles)
     assert not results.exists()
 
@@ -86,57 +86,57 @@ def test_malformed_benchmark_file(tmp_path: Path, benchmarks_copy: Path, edit, n
 @pytest.mark.parametrize("command", [["plan", "gpt3", "--device", "h100", "--nodes", "32", "--nproc-per-node", "8"],
                                      ["run", "gpt3", "--tiny"], ["show", "gpt3"]], ids=["plan", "run", "show"])
 def test_a_ruleset_the_checker_lacks_is_refused_by_every_command(tmp_path: Path, benchmarks_copy: Path,
-                                                                  command: list[str]) -> None:
+                                                                  command: list[str], cli) -> None:
     """`plan` raised FileNotFoundError for the ruleset's RCPs; `run --tiny` trained and published a run whose
     compliance check failed."""
     f = benchmarks_copy / "gpt3.yaml"
     f.write_text(f.read_text().replace("  ruleset: 4.1.0", "  ruleset: 99.9.9", 1))
     results = tmp_path / "results"
     extra = ["--results", str(results)] if command[0] == "run" else []
-    proc = mlbench(*command, *extra, env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    proc = cli(*command, *extra, env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     _assert_clean_error(proc, "gpt3.yaml: mlperf.ruleset '99.9.9': the installed mlperf-logging has no closed rules "
                               "and RCPs for gpt3 in it; rulesets that have them: 3.0.0, 3.1.0, 4.0.0, 4.1.0")
     assert not results.exists()
 
 
-def test_bad_runs_and_launcher_flags(tmp_path: Path) -> None:
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--runs", "0", "--results", str(tmp_path)), "--runs")
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--results", str(tmp_path)),
+def test_bad_runs_and_launcher_flags(tmp_path: Path, cli) -> None:
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--runs", "0", "--results", str(tmp_path)), "--runs")
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--nodes", "2", "--results", str(tmp_path)),
                         "--launcher torchrun")
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--launcher", "torchrun", "--results", str(tmp_path)),
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--launcher", "torchrun", "--results", str(tmp_path)),
                         "--rdzv-endpoint")
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--rdzv-timeout", "5", "--results", str(tmp_path)),
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--rdzv-timeout", "5", "--results", str(tmp_path)),
                         "--rdzv-timeout is an option of --launcher torchrun or slurm")
     # given at its default value, as dropped as any other (it was let through: docs/slurm.md says refused)
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--time", "02:00:00", "--dry-run", "--results",
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--time", "02:00:00", "--dry-run", "--results",
                                 str(tmp_path)), "--time is an option of --launcher slurm")
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--node-rank", "0", "--results", str(tmp_path)),
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--node-rank", "0", "--results", str(tmp_path)),
                         "--node-rank is an option of --launcher torchrun")
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
                                 "127.0.0.1:29500", "--rdzv-timeout", "0", "--results", str(tmp_path)),
                         "--rdzv-timeout must be 1 to 604800 seconds, got 0.0")
     assert not any(tmp_path.iterdir())
 
 
-def test_check_on_a_folder_without_results(tmp_path: Path) -> None:
-    _assert_clean_error(mlbench("check", str(tmp_path)), "no result_*.txt")
+def test_check_on_a_folder_without_results(tmp_path: Path, cli) -> None:
+    _assert_clean_error(cli("check", str(tmp_path)), "no result_*.txt")
 
 
-def test_bad_slurm_time_limit(tmp_path: Path) -> None:
-    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "slurm", "--time", "2h", "--dry-run",
+def test_bad_slurm_time_limit(tmp_path: Path, cli) -> None:
+    proc = cli("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "slurm", "--time", "2h", "--dry-run",
                    "--results", str(tmp_path))
     _assert_clean_error(proc, "--time (time_limit) must be HH:MM:SS", "'2h'")
     assert not list(tmp_path.rglob("*.sbatch"))
 
 
-def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmarks_copy: Path) -> None:
+def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmarks_copy: Path, cli) -> None:
     """gpt3 starts from MLPerf's reference checkpoint; a full-size run without one must not pretend."""
     f = benchmarks_copy / "gpt3.yaml"
     # data is not the obstacle here (the synthetic source, at a vocabulary it can build: at most 4,096 tokens)
     f.write_text(f.read_text().replace("  source: indexed", "  source: markov").replace("vocab_size: 51200",
                                                                                         "vocab_size: 4096", 1))
     results = tmp_path / "results"
-    proc = mlbench("run", "gpt3", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    proc = cli("run", "gpt3", "--results", str(results), env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     _assert_clean_error(proc, "starts from a checkpoint", "--init-checkpoint DIR",
                         "MLPerf GPT-3 reference checkpoint ckpt4000", "--dry-run")
     assert not results.exists()
@@ -162,12 +162,12 @@ def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmark
     ids=["nodes-0", "system-newline", "sp-tp1", "cp", "overlap-gather", "fp8", "bad-choice", "recompute-layers",
          "huge-lr", "empty-mount", "zero-time"],
 )
-def test_bad_run_flags_through_the_cli(tmp_path: Path, flags: list[str], needles: list[str]) -> None:
+def test_bad_run_flags_through_the_cli(tmp_path: Path, flags: list[str], needles: list[str], cli) -> None:
     """What the preflight refuses reaches the user as one line, exit 2 (tests/test_preflight.py has every variant
     in-process: seeds, batch 0, --ep on a dense model, ...)."""
     if "fp8" in flags and (Path("/proc/driver/nvidia").exists()):
         pytest.skip("an NVIDIA driver is loaded here: FP8 may be available")
-    proc = mlbench("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), *flags)
+    proc = cli("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), *flags)
     _assert_clean_error(proc, *needles)
     assert not (tmp_path / "r").exists()
 
@@ -186,28 +186,28 @@ def test_a_working_folder_removed_under_the_shell_is_named(tmp_path: Path) -> No
                         "cd to a folder that exists, or give absolute paths")
 
 
-def test_an_init_checkpoint_that_is_a_file_is_named_so(tmp_path: Path) -> None:
+def test_an_init_checkpoint_that_is_a_file_is_named_so(tmp_path: Path, cli) -> None:
     """It said 'no such folder'."""
     (tmp_path / "ck").write_text("x")
-    proc = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "r"), "--system", "ci",
+    proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "r"), "--system", "ci",
                    "--init-checkpoint", str(tmp_path / "ck"))
     _assert_clean_error(proc, f"--init-checkpoint {tmp_path / 'ck'}: not a folder (a megatron-core distributed")
 
 
-def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path) -> None:
+def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path, cli) -> None:
     """It trained, and the last line, 'target reached: ... <path>/result_0.txt', came out split in two."""
     results = tmp_path / "two\nlines"
-    _assert_clean_error(mlbench("run", "gpt3", "--tiny", "--results", str(results)),
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--results", str(results)),
                         f"--results '{tmp_path}/two\\nlines' holds a control character ('\\n')")
     assert not any(tmp_path.iterdir())
 
 
-def test_missing_benchmark_folder(tmp_path: Path) -> None:
-    proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(tmp_path / "nope")})
+def test_missing_benchmark_folder(tmp_path: Path, cli) -> None:
+    proc = cli("list", env={"MLBENCH_BENCHMARKS": str(tmp_path / "nope")})
     _assert_clean_error(proc, f"benchmark folder {tmp_path / 'nope'} (MLBENCH_BENCHMARKS) is not a folder")
-    _assert_clean_error(mlbench("list", env={"MLBENCH_BENCHMARKS": str(tmp_path)}), "no benchmark files")
+    _assert_clean_error(cli("list", env={"MLBENCH_BENCHMARKS": str(tmp_path)}), "no benchmark files")
     # set but empty is unset (it read the working directory: here an empty folder, so no benchmarks)
-    empty = mlbench("list", env={"MLBENCH_BENCHMARKS": ""}, cwd=tmp_path)
+    empty = cli("list", env={"MLBENCH_BENCHMARKS": ""}, cwd=tmp_path)
     assert empty.returncode == 0 and "gpt3" in empty.stdout, empty.stdout + empty.stderr
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import mlbench
 
 from mlbench import flops, registry
 from mlbench.cli import cli
@@ -100,7 +99,7 @@ def test_min_lr_above_lr_at_the_batch_a_run_uses_is_refused(benchmarks_copy: Pat
         resolve_layout(bench, LayoutRequest(global_batch_size=64))
 
 
-def test_a_benchmark_name_that_cannot_name_a_folder_is_refused(benchmarks_copy: Path) -> None:
+def test_a_benchmark_name_that_cannot_name_a_folder_is_refused(benchmarks_copy: Path, cli) -> None:
     """A file named 'x<newline>y.yaml' (its name: key the same) was listed as two rows by `list`."""
     name = "x\ny"
     text = (benchmarks_copy / "gpt3.yaml").read_text().replace("name: gpt3\n", 'name: "x\\ny"\n', 1)
@@ -110,7 +109,7 @@ def test_a_benchmark_name_that_cannot_name_a_folder_is_refused(benchmarks_copy: 
     assert str(e.value) == (f"{benchmarks_copy}/x\\ny.yaml: a benchmark's name (the file's, less .yaml) is ASCII "
                             "letters and digits, '-', '_' and '.' ('-' and '.' not first), at most 100 characters; "
                             "rename the file")
-    proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    proc = cli("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     assert proc.returncode == 2 and proc.stdout.splitlines() == [f"error: {e.value}"], proc.stdout + proc.stderr
 
 
@@ -183,9 +182,9 @@ def _show_json(*args: str) -> dict:
     return json.loads(result.output)
 
 
-def test_show_json_values_match_the_sources() -> None:
+def test_show_json_values_match_the_sources(cli) -> None:
     """Values the MLPerf rules state at the reference batch (gpt3 at 1536, llama31_405b at 1152)."""
-    gpt3 = json.loads(mlbench("show", "gpt3", "--json").stdout)  # as a script runs it: stdout is the JSON alone
+    gpt3 = json.loads(cli("show", "gpt3", "--json").stdout)  # as a script runs it: stdout is the JSON alone
     assert (gpt3["optimizer"]["warmup_steps"], gpt3["train"]["init_checkpoint_step"]) == (265, 4000)
     assert gpt3["eval"]["interval_samples"] == 24576
     llama = _show_json("llama31_405b")
@@ -217,7 +216,7 @@ def test_a_benchmark_file_that_is_not_a_file(benchmarks_copy: Path) -> None:
             registry.load(name, directory=benchmarks_copy)
 
 
-def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path) -> None:
+def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path, cli) -> None:
     """`list` shows a benchmark's tiny target: a broken tiny section is an error there, not a silent '-'."""
     f = benchmarks_copy / "gpt3.yaml"
     f.write_text(f.read_text().replace("vocab_size: 128,", "vocab_size: lots,", 1))
@@ -225,7 +224,7 @@ def test_a_malformed_tiny_section_is_reported_not_hidden(benchmarks_copy: Path) 
     assert registry.has_tiny("gpt3", directory=benchmarks_copy)
     with pytest.raises(UserError, match=r"gpt3.yaml \(tiny\).model.vocab_size"):
         registry.load("gpt3", tiny=True, directory=benchmarks_copy)
-    proc = mlbench("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    proc = cli("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     assert proc.returncode == 2 and "model.vocab_size" in proc.stdout + proc.stderr
     (benchmarks_copy / "bert.yaml").write_text("\n".join(ln for ln in (benchmarks_copy / "bert.yaml").read_text()
                                                          .split("\ntiny:")[0].splitlines()))
@@ -462,12 +461,11 @@ def test_values_that_were_tracebacks_are_refused_on_load(benchmarks_copy: Path, 
     assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
 
 
-def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_copy: Path) -> None:
+def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_copy: Path, cli) -> None:
     """The load-time checks ran at the file's own values only: --warmup-steps 290 with decay_steps written as
     '290 - warmup_steps' (as llama31_8b's is) launched a run that died on megatron's bare assert, and a first
     evaluation at 4,799 samples passed at batch 16 (300 steps, 4,800) and trained all 300 steps of batch 8 for
     nothing."""
-    from conftest import mlbench
 
     _edit(benchmarks_copy / "gpt3.yaml", "warmup_steps: 10, decay_steps: 290, weight_decay: 0.0}",
           "warmup_steps: 10, decay_steps: 290 - warmup_steps, weight_decay: 0.0}")
@@ -479,6 +477,6 @@ def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_c
                                                      "--warmup-steps 290; the schedule decays over at least 1 step"),
                         (["--gbs", "8", "--mbs", "8"], "gpt3 as this run trains it: eval.start_samples is 4799 at "
                                                        "global_batch_size = 8, not below the 300 steps' 2400 samples")):
-        proc = mlbench("run", "gpt3", "--tiny", "--dry-run", *flags, "--results", str(benchmarks_copy / "r"), env=env)
+        proc = cli("run", "gpt3", "--tiny", "--dry-run", *flags, "--results", str(benchmarks_copy / "r"), env=env)
         assert proc.returncode == 2 and said in proc.stdout, proc.stdout + proc.stderr
     assert not (benchmarks_copy / "r").exists()

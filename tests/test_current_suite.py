@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import mlbench, mllog
+from conftest import mllog
 from test_analysis_score import OFFICIAL
 
 from mlbench import compliance, flops, layout, rcp_schedule, registry
@@ -158,8 +158,8 @@ def test_published_scores_equal_the_official_summarizer(tmp_path: Path) -> None:
     assert g.official_score_min == pytest.approx(official[g.folder], abs=1e-4)  # (the same file, read alike)
 
 
-def test_show_lists_the_current_suite() -> None:
-    proc = mlbench("list")
+def test_show_lists_the_current_suite(cli) -> None:
+    proc = cli("list")
     assert proc.returncode == 0 and "llama31_8b" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -186,8 +186,8 @@ def test_the_table_survives_the_run_plan(tmp_path) -> None:
     assert rcp_schedule.at(back, 64) == rcp_schedule.at(bench, 64)
 
 
-def test_a_batch_off_the_table_is_refused_before_launch(tmp_path) -> None:
-    proc = mlbench("run", "llama31_8b", "--dry-run", "--nproc-per-node", "8", "--gbs", "48", "--results",
+def test_a_batch_off_the_table_is_refused_before_launch(tmp_path, cli) -> None:
+    proc = cli("run", "llama31_8b", "--dry-run", "--nproc-per-node", "8", "--gbs", "48", "--results",
                    str(tmp_path / "results"))
     said = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and len(said.splitlines()) == 1, said
@@ -195,8 +195,8 @@ def test_a_batch_off_the_table_is_refused_before_launch(tmp_path) -> None:
     assert not any(tmp_path.iterdir())
 
 
-def test_the_user_s_schedule_off_the_table_is_logged(tmp_path) -> None:
-    proc = mlbench("run", "llama31_8b", "--dry-run", "--nproc-per-node", "8", "--gbs", "48", "--lr", "6e-4",
+def test_the_user_s_schedule_off_the_table_is_logged(tmp_path, cli) -> None:
+    proc = cli("run", "llama31_8b", "--dry-run", "--nproc-per-node", "8", "--gbs", "48", "--lr", "6e-4",
                    "--warmup-steps", "100", "--results", str(tmp_path), "--system", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     logged = {e["key"]: e["value"] for e in mllog(tmp_path / "ci" / "llama31_8b" / "dry-run.txt")}

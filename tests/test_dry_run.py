@@ -116,31 +116,30 @@ def test_a_rejected_hyperparameter_is_reported_and_fails_the_dry_run(tmp_path: P
     assert any("opt_base_learning_rate" in p for p in problems), problems
 
 
-def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_path: Path) -> None:
+def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_path: Path, cli) -> None:
     """A dry run plans a run from anywhere, so it does not need the launcher, data, checkpoint or device the real
     run does; it exited 0 without a word where the same command without --dry-run is refused. It says each now."""
-    from conftest import mlbench
 
-    proc = mlbench("run", "gpt3", "--dry-run", "--nodes", "64", "--nproc-per-node", "8", "--results",
+    proc = cli("run", "gpt3", "--dry-run", "--nodes", "64", "--nproc-per-node", "8", "--results",
                    str(tmp_path / "a"))
     notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("note: a real run of this command would be")]
     assert proc.returncode == 0 and len(notes) == 3, proc.stdout + proc.stderr
     assert "--launcher local runs on this machine only; for --nodes 64 use --launcher torchrun" in notes[0]
     assert "no data path is given: pass --data-path PREFIX" in notes[1]
     assert "gpt3 starts from a checkpoint: pass --init-checkpoint DIR" in notes[2] and "--dry-run" not in notes[2]
-    real = mlbench("run", "gpt3", "--nodes", "64", "--nproc-per-node", "8", "--results", str(tmp_path / "b"))
+    real = cli("run", "gpt3", "--nodes", "64", "--nproc-per-node", "8", "--results", str(tmp_path / "b"))
     assert real.returncode == 2 and real.stdout.strip() == "error:" + notes[0].split(":", 2)[2], real.stdout
     # a tiny local run trains on this machine: its device's refusal (no Transformer Engine here) said too
-    proc = mlbench("run", "bert", "--tiny", "--nproc-per-node", "2", "--cp", "2", "--dry-run", "--results",
+    proc = cli("run", "bert", "--tiny", "--nproc-per-node", "2", "--cp", "2", "--dry-run", "--results",
                    str(tmp_path / "c"))
     assert proc.returncode == 0 and "note: a real run of this command would be refused: --cp > 1 without " \
         "Transformer Engine" in proc.stdout, proc.stdout
     # one node of a torchrun run is this machine: its device's refusal said too (it was left out for any dry run
     # of several nodes)
-    proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
+    proc = cli("run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
                    "localhost:29999", "--precision", "fp8", "--dry-run", "--results", str(tmp_path / "e"))
     assert proc.returncode == 0 and "note: a real run of this command would be refused: --precision fp8 needs a " \
         "GPU" in proc.stdout, proc.stdout
     # and a command a real run takes says nothing
-    proc = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "d"))
+    proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "d"))
     assert proc.returncode == 0 and "a real run of this command" not in proc.stdout, proc.stdout

@@ -217,26 +217,26 @@ def _refused(proc, *needles: str) -> None:
         assert n in out, out
 
 
-def test_bad_data_input_is_refused_before_launch(definitions: Path, corpus: dict, tmp_path: Path) -> None:
+def test_bad_data_input_is_refused_before_launch(definitions: Path, corpus: dict, tmp_path: Path, cli) -> None:
     results = tmp_path / "results"
     env = {"MLBENCH_BENCHMARKS": str(definitions)}
     readme = "retired_benchmarks/gpt3/megatron-lm/README.md"
-    _refused(mlbench("run", "gpt3", "--results", str(results)), "no data path", "--data-path PREFIX",
+    _refused(cli("run", "gpt3", "--results", str(results)), "no data path", "--data-path PREFIX",
              "PREFIX.bin and PREFIX.idx", readme)
-    _refused(mlbench("run", "gpt3", "--results", str(results), "--data-path", str(tmp_path / "nope"), env=env),
+    _refused(cli("run", "gpt3", "--results", str(results), "--data-path", str(tmp_path / "nope"), env=env),
              "--data-path", f"{tmp_path / 'nope'}.bin", "not found")
-    _refused(mlbench("run", "gpt3", "--results", str(results), "--data-path", str(corpus["train"]),
+    _refused(cli("run", "gpt3", "--results", str(results), "--data-path", str(corpus["train"]),
                      "--eval-data-path", str(tmp_path / "nope"), env=env), "--eval-data-path", "not found")
-    _refused(mlbench("run", "gpt3", "--results", str(results), "--data-path",
+    _refused(cli("run", "gpt3", "--results", str(results), "--data-path",
                      f"0.5 {corpus['train']} 0.5 {corpus['eval']}", env=env), "--eval-data-path")
-    _refused(mlbench("run", "gpt3", "--tiny", "--results", str(results), "--data-path", str(corpus["train"])),
+    _refused(cli("run", "gpt3", "--tiny", "--results", str(results), "--data-path", str(corpus["train"])),
              "--data-path", "Markov")
-    _refused(mlbench("run", "bert", "--results", str(results)), "bert", "TFRecord", "no --data-path")
+    _refused(cli("run", "bert", "--results", str(results)), "bert", "TFRecord", "no --data-path")
     assert not results.exists()
 
 
-def test_dry_run_needs_no_data(tmp_path: Path) -> None:
-    proc = mlbench("run", "gpt3", "--dry-run", "--nodes", "32", "--nproc-per-node", "8", "--launcher", "torchrun",
+def test_dry_run_needs_no_data(tmp_path: Path, cli) -> None:
+    proc = cli("run", "gpt3", "--dry-run", "--nodes", "32", "--nproc-per-node", "8", "--launcher", "torchrun",
                    "--rdzv-endpoint", "localhost:29500", "--global-batch-size", "2048", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

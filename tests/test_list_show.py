@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import mlbench
 
 ROWS = {  # name: size, quality target, ruleset, runs, tiny target
     "bert": ("340M", "masked_lm_accuracy", ">= 0.72", "5.0.0", "10", ">= 0.616"),
@@ -15,8 +14,8 @@ ROWS = {  # name: size, quality target, ruleset, runs, tiny target
 }
 
 
-def test_columns_0_is_no_width_not_an_empty_screen() -> None:
-    proc = mlbench("list", env={"COLUMNS": "0"})  # rich printed nothing at all, exit 0
+def test_columns_0_is_no_width_not_an_empty_screen(cli) -> None:
+    proc = cli("list", env={"COLUMNS": "0"})  # rich printed nothing at all, exit 0
     assert proc.returncode == 0 and all(f" {name} " in proc.stdout for name in ROWS), proc.stdout
 
 
@@ -65,13 +64,13 @@ def test_list_shows_every_benchmark_on_80_columns() -> None:
 @pytest.mark.parametrize(("name", "published", "within"), [("gpt3", 175e9, 0.01), ("llama31_405b", 405e9, 0.01),
                                                            ("bert", 340e6, 0.011)])
 def test_show_gives_the_parameter_count_against_the_published_size(name: str, published: float,
-                                                                   within: float) -> None:
-    proc = mlbench("show", name)
+                                                                   within: float, cli) -> None:
+    proc = cli("show", name)
     assert proc.returncode == 0, proc.stderr
     count = int(re.search(r"parameters\s*│\s*([\d,]+)", proc.stdout).group(1).replace(",", ""))
     assert abs(count / published - 1) < within, (name, count)
     assert f"training {ROWS[name][3]}, {ROWS[name][4]} runs" in proc.stdout
-    tiny = mlbench("show", name, "--tiny")
+    tiny = cli("show", name, "--tiny")
     assert tiny.returncode == 0 and "(tiny variant)" in tiny.stdout, tiny.stderr
 
 

@@ -104,40 +104,38 @@ def test_worst_stage_and_pipeline_in_flight() -> None:
     assert dataclasses.asdict(first)["stage"] == 0 and first.as_dict()["total_bytes"] == first.total_bytes
 
 
-def test_dry_run_prints_the_plan_and_a_run_that_does_not_fit_is_refused(tmp_path: Path) -> None:
-    from conftest import mlbench
+def test_dry_run_prints_the_plan_and_a_run_that_does_not_fit_is_refused(tmp_path: Path, cli) -> None:
 
     results = tmp_path / "results"
     args = ("run", "llama31_405b", "--dry-run", "--nodes", "64", "--nproc-per-node", "8", "--device", "h100",
             "--results", str(results))
-    ok = mlbench(*args, "--precision", "fp8")
+    ok = cli(*args, "--precision", "fp8")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "memory per GPU (worst pipeline stage" in ok.stdout and "fits h100" in ok.stdout
     # plan says the same bytes in the same unit (it said GB: 80.0 GB for the H100's 74.5 GiB)
     total = ok.stdout.split("= ")[-1].split(";")[0]
-    planned = mlbench("plan", "llama31_405b", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8",
+    planned = cli("plan", "llama31_405b", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8",
                       "--tp", "8", "--pp", "8", "--precision", "fp8")
     assert planned.returncode == 0 and "fits in 74.5 GiB" in planned.stdout, planned.stdout
     assert " GB" not in planned.stdout.replace("GB/s", "") and total.endswith("GiB"), (total, planned.stdout)
-    refused = mlbench(*args, "--no-distributed-optimizer", "--no-overlap-param-gather")
+    refused = cli(*args, "--no-distributed-optimizer", "--no-overlap-param-gather")
     assert refused.returncode == 2
     assert "the largest term is optimizer" in refused.stdout and "--distributed-optimizer" in refused.stdout
     assert len(refused.stdout.strip().splitlines()) == 1
-    unknown = mlbench(*args[:-2], "--device", "tpu", "--results", str(tmp_path / "other"))
+    unknown = cli(*args[:-2], "--device", "tpu", "--results", str(tmp_path / "other"))
     assert unknown.returncode == 2 and "unknown device 'tpu'" in unknown.stdout
     assert not (tmp_path / "other").exists()
 
 
-def test_the_asymmetric_split_at_any_layout(tmp_path: Path) -> None:
+def test_the_asymmetric_split_at_any_layout(tmp_path: Path, cli) -> None:
     """448 GPUs at TP4 x PP8 x VP8 x CP2 (DGX B200's llama layout) has no reference layout: 126 layers do not divide
     by 64, but 126 + embedding + loss do, with --asymmetric-pipeline-split."""
-    from conftest import mlbench
 
     args = ("run", "llama31_405b", "--dry-run", "--nodes", "56", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
             "--vp", "8", "--cp", "2", "--gbs", "896", "--results", str(tmp_path))
-    refused = mlbench(*args)
+    refused = cli(*args)
     assert refused.returncode == 2 and "126 layers" in refused.stdout
-    ok = mlbench(*args, "--asymmetric-pipeline-split")
+    ok = cli(*args, "--asymmetric-pipeline-split")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     layout = resolve(registry.load("llama31_405b"), 56, 8, tp=4, pp=8, vp=8, cp=2, global_batch_size=896,
                      asymmetric_split=True)

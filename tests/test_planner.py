@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -184,7 +182,7 @@ def test_pipeline_point_to_point_is_on_the_critical_path_and_crosses_the_network
     assert step_time.predict(m, flat, h100)["terms_s"]["pp_comm"] == 0.0
 
 
-def test_moe_expert_all_to_all_is_a_term_of_its_own() -> None:
+def test_moe_expert_all_to_all_is_a_term_of_its_own(cli) -> None:
     """gpt_oss_20b: the expert-parallel dispatch and combine (4 all-to-alls a layer a micro-batch, of the top-k
     token copies, (ep - 1) / ep of them leaving the rank) is `ep_comm`, in the step and in plan --json; none at
     ep 1 or for a dense model; across nodes it is slower than inside one."""
@@ -207,19 +205,14 @@ def test_moe_expert_all_to_all_is_a_term_of_its_own() -> None:
     assert sixteen["terms_s"]["ep_comm"] > 5 * eight["terms_s"]["ep_comm"]
     dense_bench, dense = _llama()
     assert step_time.predict(dense_bench.model, dense, h100)["terms_s"]["ep_comm"] == 0.0
-    p = _plan("gpt_oss_20b", "--device", "h100", "--nodes", "1", "--nproc-per-node", "8", "--tp", "1", "--pp", "1",
-              "--ep", "8", "--gbs", "64", "--mbs", "1", "--precision", "bf16", "--json")
+    p = cli("plan", "gpt_oss_20b", "--device", "h100", "--nodes", "1", "--nproc-per-node", "8", "--tp", "1", "--pp",
+            "1", "--ep", "8", "--gbs", "64", "--mbs", "1", "--precision", "bf16", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["step_terms_s"]["ep_comm"] == pytest.approx(want * 64 / 8, rel=1e-6)
 
 
-def _plan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlbench.cli", "plan", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-
-
-def test_plan_json_for_a_layout_holds_every_prediction() -> None:
-    p = _plan("llama31_405b", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8", "--tp", "8", "--pp",
+def test_plan_json_for_a_layout_holds_every_prediction(cli) -> None:
+    p = cli("plan", "llama31_405b", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8", "--tp", "8", "--pp",
               "8", "--vp", "8", "--cp", "2", "--gbs", "1152", "--precision", "fp8", "--sequence-parallel",
               "--distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--json")
     assert p.returncode == 0, p.stderr
@@ -235,8 +228,8 @@ def test_plan_json_for_a_layout_holds_every_prediction() -> None:
     assert r["step_time_s"] == pytest.approx(55.14, rel=0.10)
 
 
-def test_plan_search_and_scaling() -> None:
-    p = _plan("gpt3", "--device", "h100", "--nodes", "8", "--nproc-per-node", "8", "--gbs", "2048", "--json")
+def test_plan_search_and_scaling(cli) -> None:
+    p = cli("plan", "gpt3", "--device", "h100", "--nodes", "8", "--nproc-per-node", "8", "--gbs", "2048", "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     ttt = [x["time_to_train_min"] for x in r["layouts"]]
@@ -244,7 +237,7 @@ def test_plan_search_and_scaling() -> None:
     assert all(x["layout"]["global_batch_size"] == 2048 and x["layout"]["world_size"] == 64 for x in r["layouts"])
     # a node count where the layout cannot be (8 devices for tp 4 x pp 8) is a line beside the curve (it ended the
     # whole command)
-    p = _plan("gpt3", "--device", "h100", "--nodes", "1,8,16", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
+    p = cli("plan", "gpt3", "--device", "h100", "--nodes", "1,8,16", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
               "--gbs", "2048", "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
@@ -255,8 +248,8 @@ def test_plan_search_and_scaling() -> None:
         pts[0]["time_to_train_min"] * 64 / (pts[1]["time_to_train_min"] * 128))
 
 
-def test_plan_search_keeps_the_expert_parallel_size_given() -> None:
-    p = _plan("gpt_oss_20b", "--device", "h100", "--nproc-per-node", "8", "--ep", "4", "--json")
+def test_plan_search_keeps_the_expert_parallel_size_given(cli) -> None:
+    p = cli("plan", "gpt_oss_20b", "--device", "h100", "--nproc-per-node", "8", "--ep", "4", "--json")
     assert p.returncode == 0, p.stderr
     assert {x["layout"]["ep"] for x in json.loads(p.stdout)["layouts"]} == {4}  # (was 2 and 4)
 
@@ -281,8 +274,8 @@ def test_plan_search_keeps_the_expert_parallel_size_given() -> None:
     (("--device", "h100", "--nodes", "8", "--nproc-per-node", "7"),
      "3960 break a layout rule, 0 break the closed rules, 0 do not fit); the commonest reason: layout does not"),
 ])
-def test_plan_bad_input_is_one_line_and_exit_2(args, message) -> None:
-    p = _plan("gpt3", *args)
+def test_plan_bad_input_is_one_line_and_exit_2(args, message, cli) -> None:
+    p = cli("plan", "gpt3", *args)
     assert p.returncode == 2 and message in p.stdout + p.stderr
     assert len((p.stdout + p.stderr).strip().splitlines()) == 1
 
@@ -308,8 +301,8 @@ def test_cpu_step_composes_the_measured_costs_by_layout() -> None:
     assert one["step_time_s"] == pytest.approx(sum(one["terms_s"].values()))
 
 
-def test_plan_table_names_every_term_and_the_memory_plan() -> None:
-    p = _plan("gpt3", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
+def test_plan_table_names_every_term_and_the_memory_plan(cli) -> None:
+    p = cli("plan", "gpt3", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
               "--vp", "6", "--mbs", "2", "--gbs", "2048", "--precision", "fp8")
     assert p.returncode == 0, p.stderr
     for term in ("gemm", "attention", "elementwise", "tp_comm", "cp_comm", "recompute", "pipeline_bubble", "dp_comm",
@@ -318,9 +311,9 @@ def test_plan_table_names_every_term_and_the_memory_plan() -> None:
     assert "memory plan: not available" in p.stdout or "memory per device" in p.stdout
 
 
-def test_plan_search_drops_batches_the_closed_rules_reject() -> None:
+def test_plan_search_drops_batches_the_closed_rules_reject(cli) -> None:
     """llama31_405b's learning rate passes the checker's exact rule at 1152 but at no float for 1160."""
-    p = _plan("llama31_405b", "--device", "h100", "--nodes", "8", "--nproc-per-node", "8", "--gbs", "1160")
+    p = cli("plan", "llama31_405b", "--device", "h100", "--nodes", "8", "--nproc-per-node", "8", "--gbs", "1160")
     assert p.returncode == 2 and "closed rules reject opt_base_learning_rate" in p.stdout + p.stderr
 
 
