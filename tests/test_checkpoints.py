@@ -19,9 +19,10 @@ from mlbench.train.checkpoint import has_optimizer_metadata, resolve_names
 pytestmark = pytest.mark.slow
 
 
-def _run(root: Path, benchmark: str, *flags: str, seed: int = 5, env: dict | None = None):
-    return mlbench("run", benchmark, "--tiny", "--results", str(root), "--system", "ci", "--seed", str(seed),
-                   *flags, env=env, timeout=600)
+def _run(root: Path, benchmark: str, *flags: str, seed: int = 5, env: dict | None = None, via=None):
+    """`mlbench run BENCHMARK --tiny` in a subprocess, or through VIA (conftest's cli: a refusal, in this process)."""
+    args = ("run", benchmark, "--tiny", "--results", str(root), "--system", "ci", "--seed", str(seed), *flags)
+    return via(*args, env=env) if via else mlbench(*args, env=env, timeout=600)
 
 
 def _records(root: Path, benchmark: str) -> list[dict]:
@@ -50,7 +51,7 @@ def test_saved_checkpoint_is_complete_and_recorded(llama_checkpoint) -> None:
     assert record["steps"][0]["loss"] > 3.0  # from random weights: about ln(vocab)
 
 
-def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoint, tmp_path: Path) -> None:
+def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoint, tmp_path: Path, cli) -> None:
     """--results or --save-checkpoint inside --init-checkpoint: accepted, the run's files (or a second checkpoint)
     written among the checkpoint's own."""
     ckpt, _ = llama_checkpoint
@@ -58,7 +59,7 @@ def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoi
     for flag, path in (("--results", ckpt), ("--results", ckpt / "r"), ("--save-checkpoint", ckpt / "inner")):
         args = ("--save-checkpoint", str(path)) if flag == "--save-checkpoint" else ()
         root = path if flag == "--results" else tmp_path / "r"
-        _assert_refused(_run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *args),
+        _assert_refused(_run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *args, via=cli),
                         f"{flag} {path} is inside --init-checkpoint {ckpt}, which a run only reads")
     assert sorted(p.name for p in ckpt.iterdir()) == before
     # nor through a bind mount of it (the paths alone missed it: the run wrote among the checkpoint's files)
@@ -66,7 +67,7 @@ def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoi
     bind.mkdir()
     if os.geteuid() == 0 and subprocess.run(["mount", "--bind", str(ckpt), str(bind)]).returncode == 0:
         try:
-            _assert_refused(_run(bind / "res", "llama31_405b", "--init-checkpoint", str(ckpt)),
+            _assert_refused(_run(bind / "res", "llama31_405b", "--init-checkpoint", str(ckpt), via=cli),
                             f"--results {bind / 'res'} is inside --init-checkpoint {ckpt}")
         finally:
             subprocess.run(["umount", "-l", str(bind)], check=False)
@@ -95,11 +96,11 @@ def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_ch
         assert abs(a["loss"] - b["loss"]) < 1e-4, (a, b)
 
 
-def test_checkpoint_of_another_model_is_refused_before_launch(llama_checkpoint, tmp_path: Path) -> None:
+def test_checkpoint_of_another_model_is_refused_before_launch(llama_checkpoint, tmp_path: Path, cli) -> None:
     """A real run checks the checkpoint against its model before launching (as a dry run does): bad input, exit 2,
     nothing published."""
     ckpt, _ = llama_checkpoint
-    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt))
+    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt), via=cli)
     _assert_refused(proc, f"--init-checkpoint {ckpt}", "not in the checkpoint", "embedding.position_embeddings.weight")
     assert not (tmp_path / "results").exists()
 
@@ -125,10 +126,10 @@ def _assert_refused(proc, *needles: str) -> None:
     (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "torch_dist"}'),
                 os.mkfifo(p / "common.pt")), ["common.pt is not a regular file or a folder (a FIFO"]),
 ])
-def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, make, needles) -> None:
+def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, make, needles, cli) -> None:
     ckpt = tmp_path / "ckpt"
     make(ckpt)
-    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt))
+    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt), via=cli)
     _assert_refused(proc, f"--init-checkpoint {ckpt}", *needles)
     assert not (tmp_path / "results").exists()
 
@@ -139,7 +140,7 @@ def _damaged(ckpt: Path, to: Path, damage) -> Path:
     return to
 
 
-def test_a_damaged_checkpoint_is_refused_before_launch(llama_checkpoint, tmp_path: Path) -> None:
+def test_a_damaged_checkpoint_is_refused_before_launch(llama_checkpoint, tmp_path: Path, cli) -> None:
     """A data file cut short or missing, or garbage in the index or common.pt: named before launch (they failed only
     as the run loaded them, outside its abort handler, or as a traceback of the check)."""
     from mlbench.train import cpu_compat
@@ -151,7 +152,7 @@ def test_a_damaged_checkpoint_is_refused_before_launch(llama_checkpoint, tmp_pat
     data = next(ckpt.glob("*.distcp")).name
     size = (ckpt / data).stat().st_size
     cut = _damaged(ckpt, tmp_path / "cut", lambda c: os.truncate(c / data, 1000))
-    proc = _run(tmp_path / "results", "llama31_405b", "--init-checkpoint", str(cut))
+    proc = _run(tmp_path / "results", "llama31_405b", "--init-checkpoint", str(cut), via=cli)
     _assert_refused(proc, f"{data} is 1,000 bytes; the checkpoint's index needs {size:,} (a damaged or partly copied")
     assert not (tmp_path / "results").exists()
     gone = _damaged(ckpt, tmp_path / "gone", lambda c: (c / data).unlink())
@@ -194,18 +195,18 @@ def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llam
     assert stop["metadata"]["reason"] == record["reason"]
 
 
-def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path) -> None:
+def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path, cli) -> None:
     (tmp_path / "taken").mkdir()
-    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "taken")),
+    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "taken"), via=cli),
                     "exists; a checkpoint is never overwritten")
-    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "new"), "--runs", "2"),
+    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "new"), "--runs", "2", via=cli),
                     "one run's state", "--runs 2")
     (tmp_path / "file").write_text("")
-    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "file" / "ck")),
+    _assert_refused(_run(tmp_path / "r", "gpt3", "--save-checkpoint", str(tmp_path / "file" / "ck"), via=cli),
                     f"{tmp_path / 'file'} is not a folder")
     # inside the results tree, or holding it: the save refused the folder the run made, after the whole run
     for save, results in (("r", "r"), ("r/ci/gpt3/result_0.txt", "r"), ("ck", "ck/r")):
-        _assert_refused(_run(tmp_path / results, "gpt3", "--save-checkpoint", str(tmp_path / save)),
+        _assert_refused(_run(tmp_path / results, "gpt3", "--save-checkpoint", str(tmp_path / save), via=cli),
                         f"--save-checkpoint {tmp_path / save} and --results {tmp_path / results} overlap")
     assert not (tmp_path / "r").exists()
 
@@ -223,15 +224,15 @@ def test_names_are_found_under_a_prefix_or_through_the_benchmarks_renames() -> N
 
 
 def test_dry_run_checks_the_checkpoint_against_the_model_without_building_it(llama_checkpoint,
-                                                                              tmp_path: Path) -> None:
+                                                                              tmp_path: Path, cli) -> None:
     ckpt, _ = llama_checkpoint
-    ok = mlbench("run", "llama31_405b", "--tiny", "--dry-run", "--results", str(tmp_path / "a"),
+    ok = cli("run", "llama31_405b", "--tiny", "--dry-run", "--results", str(tmp_path / "a"),
                  "--init-checkpoint", str(ckpt))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ("all 9 model tensors present with the model's shapes; with Adam moments and megatron-core's optimizer "
             "metadata: the run loads them") in " ".join(ok.stdout.split())
     # The full-size model (405B, built on the meta device) against the tiny checkpoint: refused, nothing written.
-    full = mlbench("run", "llama31_405b", "--dry-run", "--nodes", "1024", "--nproc-per-node", "4", "--results",
+    full = cli("run", "llama31_405b", "--dry-run", "--nodes", "1024", "--nproc-per-node", "4", "--results",
                    str(tmp_path / "b"), "--init-checkpoint", str(ckpt))
     _assert_refused(full, "tensors differ in shape from this model", "embedding.word_embeddings.weight",
                     "model [32000, 16384]")

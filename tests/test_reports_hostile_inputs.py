@@ -51,21 +51,32 @@ def compare(work: Path, *options: str | bytes, env: dict | None = None) -> subpr
     return run("compare", "--no-score", SET, "s2", *options, cwd=work, env=env)
 
 
-def test_a_report_name_too_long_is_refused_naming_it(work: Path) -> None:
+def here(cli, work: Path, *args: str | Path) -> subprocess.CompletedProcess:
+    """`mlbench ARGS` in this process (conftest's cli), in WORK, its output as bytes as run() gives it: for the
+    cases whose point is not the process's locale or terminal."""
+    proc = cli(*args, cwd=work)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.encode(), proc.stderr.encode())
+
+
+def compare_here(cli, work: Path, *options: str) -> subprocess.CompletedProcess:
+    return here(cli, work, "compare", "--no-score", SET, "s2", *options)
+
+
+def test_a_report_name_too_long_is_refused_naming_it(work: Path, cli) -> None:
     """300 bytes: OSError 'File name too long' from check_output (was a traceback, exit 1). 250 bytes: the report
     fits, its `<name>_files` folder does not (was the same traceback, after the tables were printed)."""
     for option, name, failed in (("--md", "a" * 300 + ".md", "a" * 300), ("--html", "h" * 300 + ".html", "h" * 300),
                                  ("--md", "b" * 250 + ".md", "b" * 250 + "_files")):
-        out = one_error(compare(work, option, f"out/{name}"), option, f"out/{name}", "too long", failed)
+        out = one_error(compare_here(cli, work, option, f"out/{name}"), option, f"out/{name}", "too long", failed)
         assert "give another name" in out
         assert os.listdir(work / "out") == [], os.listdir(work / "out")
     # the longest name the folder takes is written whole: its temporary file's name is short
     html = "c" * 250 + ".html"
-    proc = compare(work, "--html", f"out/{html}")
+    proc = compare_here(cli, work, "--html", f"out/{html}")
     assert proc.returncode == 0 and os.listdir(work / "out") == [html], proc.stdout
 
 
-def test_a_report_path_that_is_a_symbolic_link_is_refused_and_the_link_kept(work: Path) -> None:
+def test_a_report_path_that_is_a_symbolic_link_is_refused_and_the_link_kept(work: Path, cli) -> None:
     """`--html out/so.html` a link: the check followed it, the atomic rename replaced the link with a file (as
     root, `--html /dev/stdout` replaced the system's link). A link is never replaced, nor written through."""
     target = work / "target.html"
@@ -76,20 +87,20 @@ def test_a_report_path_that_is_a_symbolic_link_is_refused_and_the_link_kept(work
     for option, path, words in (("--html", "out/so.html", ("is a symbolic link", str(target), "the file itself")),
                                 ("--md", "out/so.md", ("is a symbolic link",)),
                                 ("--md", "out/r.md", ("out/r_files", "a symbolic link"))):
-        one_error(compare(work, option, path), option, path, *words)
+        one_error(compare_here(cli, work, option, path), option, path, *words)
     assert (work / "out" / "so.html").is_symlink() and (work / "out" / "so.md").is_symlink()
     assert (work / "out" / "r_files").is_symlink() and os.listdir(work / "elsewhere") == []
     assert not target.exists() and not (work / "target.md").exists()
     assert sorted(os.listdir(work / "out")) == ["r_files", "so.html", "so.md"]
 
 
-def test_a_link_in_the_image_folder_is_not_replaced_and_nothing_is_written(work: Path) -> None:
+def test_a_link_in_the_image_folder_is_not_replaced_and_nothing_is_written(work: Path, cli) -> None:
     """An image folder of the user's holding a link where an image goes: refused before any work (the HTML asked
     beside it not written either), the link kept; the rename had replaced it."""
     files = work / "out" / "r_files"
     files.mkdir()
     (files / "step_times.png").symlink_to(work / "theirs.png")
-    proc = compare(work, "--md", "out/r.md", "--html", "out/r.html")
+    proc = compare_here(cli, work, "--md", "out/r.md", "--html", "out/r.html")
     out = one_error(proc, "step_times.png", "not a regular file", "out/r_files")
     assert (files / "step_times.png").is_symlink() and not (work / "theirs.png").exists(), out
     assert sorted(os.listdir(work / "out")) == ["r_files"] and os.listdir(files) == ["step_times.png"]
@@ -155,16 +166,16 @@ def test_check_prints_a_name_its_output_encoding_lacks(work: Path) -> None:
 
 
 @pytest.mark.parametrize("devices", [str(10**400), str(10**30), "9" * 5000, "10000001"])
-def test_a_device_count_past_any_machine_is_refused(work: Path, devices: str) -> None:
+def test_a_device_count_past_any_machine_is_refused(work: Path, devices: str, cli) -> None:
     """10**400: OverflowError in scaling.efficiency; 10**30 with --md: TypeError in matplotlib's log2; both after
     the logs were read. One line naming the bound, the value shortened."""
-    proc = run("scaling", "--devices", devices, "--devices", "1", SET, "s2", "--md", "out/x.md", cwd=work)
+    proc = here(cli, work, "scaling", "--devices", devices, "--devices", "1", SET, "s2", "--md", "out/x.md")
     out = one_error(proc, "--devices", "from 1 to 10,000,000")
     assert len(out) < 200 and os.listdir(work / "out") == [], out
 
 
-def test_the_largest_device_count_is_computed_and_drawn(work: Path) -> None:
-    proc = run("scaling", "--devices", "10000000", "--devices", "1", SET, "s2", "--md", "out/x.md", cwd=work)
+def test_the_largest_device_count_is_computed_and_drawn(work: Path, cli) -> None:
+    proc = here(cli, work, "scaling", "--devices", "10000000", "--devices", "1", SET, "s2", "--md", "out/x.md")
     assert proc.returncode == 0 and (work / "out" / "x_files" / "efficiency.png").exists(), proc.stdout
 
 
