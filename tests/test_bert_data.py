@@ -161,7 +161,7 @@ def _definitions(benchmarks_copy: Path, data: Path) -> dict:
 
 
 @pytest.mark.slow  # trains bert at DP 2
-def test_bert_trains_on_mlperf_tfrecord_samples(tmp_path: Path, benchmarks_copy: Path) -> None:
+def test_bert_trains_on_mlperf_tfrecord_samples(tmp_path: Path, benchmarks_copy: Path, cli) -> None:
     data = tmp_path / "data"
     data.mkdir()
     for i in range(3):
@@ -180,20 +180,20 @@ def test_bert_trains_on_mlperf_tfrecord_samples(tmp_path: Path, benchmarks_copy:
     evals = [e["value"] for e in mllog(log) if e["key"] == "eval_accuracy"]
     assert evals[-1] >= 0.25 and evals[0] < 0.15, evals  # it learned the masked tokens, from unigram accuracy
     # The structural rules (the closed ones also require the full benchmark's 0.720 and hyperparameters).
-    check = mlbench("check", str(log), "--rules", "smoke")
+    check = cli("check", str(log), "--rules", "smoke")
     assert check.returncode == 0, check.stdout
     assert record["config"]["data"]["source"] == "tfrecord"
 
 
-def test_tfrecord_paths_are_checked_before_launch(tmp_path: Path, benchmarks_copy: Path) -> None:
+def test_tfrecord_paths_are_checked_before_launch(tmp_path: Path, benchmarks_copy: Path, cli) -> None:
     data = tmp_path / "data"
     data.mkdir()
     env = _definitions(benchmarks_copy, data)
     results = tmp_path / "results"
-    proc = mlbench("run", "bert", "--results", str(results), env=env)
+    proc = cli("run", "bert", "--results", str(results), env=env)
     assert proc.returncode == 2 and "--data-path" in proc.stdout and "part-*" in proc.stdout, proc.stdout
     write(data / "part-00000-of-00001", samples(4, seed=0))
-    proc = mlbench("run", "bert", "--results", str(results), env=env)
+    proc = cli("run", "bert", "--results", str(results), env=env)
     assert proc.returncode == 2 and "--eval-data-path" in proc.stdout and "eval_10k" in proc.stdout, proc.stdout
     assert not results.exists()
     # A bad sample (a masked position past the sequence; before, an IndexError mid-run naming nothing): the run

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import assert_tiny_converges, mlbench, mllog
+from conftest import assert_tiny_converges, mllog
 
 from mlbench import compliance, flops, layout, rcp_schedule, registry
 from mlbench.dry_run import closed_rule_problems
@@ -153,8 +153,8 @@ def test_dry_run_at_every_rcp_batch_passes_the_closed_rules(gbs: int, rcp: str) 
     assert compliance.rcp_coverage("gpt_oss_20b", "6.0.0", gbs).startswith(rcp)
 
 
-def test_ep_that_does_not_divide_the_experts_is_refused(tmp_path: Path) -> None:
-    proc = mlbench("run", "gpt_oss_20b", "--tiny", "--nproc-per-node", "3", "--ep", "3", "--results",
+def test_ep_that_does_not_divide_the_experts_is_refused(tmp_path: Path, cli) -> None:
+    proc = cli("run", "gpt_oss_20b", "--tiny", "--nproc-per-node", "3", "--ep", "3", "--results",
                    str(tmp_path / "results"))
     said = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and "must divide the model's 4 experts" in said, said

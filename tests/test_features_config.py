@@ -5,7 +5,6 @@ one), and the features refused before launch with one line and exit 2."""
 from __future__ import annotations
 
 import torch
-from conftest import mlbench
 
 from mlbench import registry
 from mlbench.train import model as M
@@ -57,7 +56,7 @@ def test_fp8_reaches_transformer_config_and_ddp_only_with_fp8(monkeypatch) -> No
     assert ddp_config(f, fp8=True).fp8_param_gather and not ddp_config(f, fp8=False).fp8_param_gather
 
 
-def test_features_a_run_cannot_take_are_refused_before_launch(tmp_path) -> None:
+def test_features_a_run_cannot_take_are_refused_before_launch(tmp_path, cli) -> None:
     cases = {
         ("bert", "--distributed-optimizer"): "--no-distributed-optimizer",  # LAMB's trust ratio: whole parameters
         ("bert", "--cp", "2"): "--cp 1",  # our CP attention is causal; BERT's is padding-masked
@@ -65,7 +64,7 @@ def test_features_a_run_cannot_take_are_refused_before_launch(tmp_path) -> None:
         ("bert", "--tp", "2", "--sequence-parallel"): "--no-sequence-parallel",  # its LM head's norm refuses SP
     }
     for (name, *flags), fix in cases.items():
-        proc = mlbench("run", name, "--tiny", "--nproc-per-node", "2", *flags, "--results", str(tmp_path / "r"))
+        proc = cli("run", name, "--tiny", "--nproc-per-node", "2", *flags, "--results", str(tmp_path / "r"))
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         assert len(lines) == 1 and fix in lines[0], lines

@@ -186,13 +186,14 @@ def test_markov_source_is_the_loops_old_sampling() -> None:
 
 
 @pytest.mark.slow
-def test_full_definition_on_indexed_data_reaches_target(definitions: Path, corpus: dict, tmp_path: Path) -> None:
+def test_full_definition_on_indexed_data_reaches_target(definitions: Path, corpus: dict, tmp_path: Path,
+                                                         cli) -> None:
     env = {"MLBENCH_BENCHMARKS": str(definitions)}
     results = tmp_path / "results"
     args = ("run", "gpt3", "--seed", "3", "--results", str(results), "--data-path", str(corpus["train"]),
             "--eval-data-path", str(corpus["eval"]))
     # A small model under gpt3's name is not the closed benchmark: refused before launch, naming the rules broken.
-    refused = mlbench(*args, env=env)
+    refused = cli(*args, env=env)
     _refused(refused, "closed gpt3 rules (training 4.1.0) reject", "max_sequence_length (needs v['value'] == 2048)",
              "opt_base_learning_rate (needs", "--ignore-closed-rules")
     assert not results.exists()
@@ -204,7 +205,7 @@ def test_full_definition_on_indexed_data_reaches_target(definitions: Path, corpu
     assert record["quality"]["last"] <= TARGET
     assert record["config"]["data"]["path"] == str(corpus["train"])
     assert record["config"]["data"]["eval_path"] == str(corpus["eval"])
-    check = mlbench("check", "--rules", "smoke", str(folder / "result_0.txt"), env=env)
+    check = cli("check", "--rules", "smoke", str(folder / "result_0.txt"), env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     assert not list(folder.glob(".staging-*"))  # the index cache went with the staging folder
 

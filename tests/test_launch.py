@@ -56,15 +56,15 @@ def test_a_one_process_run_starts_the_rank_without_torchrun(tmp_path: Path) -> N
     assert len(node.env[torchrun.NODE_TOKEN]) == 32 and node.rendezvous.deadline_s == 2 * 5 + torchrun.FORMED_MARGIN_S
 
 
-def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path) -> None:
-    one = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system", "s")
+def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path, cli) -> None:
+    one = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system", "s")
     assert one.returncode == 0, one.stdout + one.stderr
     assert f"each run starts: {sys.executable} -m mlbench.train PLAN.json" in one.stdout
-    two = mlbench("run", "gpt3", "--tiny", "--dry-run", "--nproc-per-node", "2", "--results", str(tmp_path),
+    two = cli("run", "gpt3", "--tiny", "--dry-run", "--nproc-per-node", "2", "--results", str(tmp_path),
                   "--system", "s")
     assert "-m mlbench.launch.local_ranks --nproc-per-node=2" in two.stdout
     # --rdzv-timeout reaches a SLURM job's torchruns (it was refused with --launcher slurm: torch's 600 s held)
-    job = mlbench("run", "gpt3", "--tiny", "--dry-run", "--nodes", "2", "--launcher", "slurm", "--rdzv-timeout", "45",
+    job = cli("run", "gpt3", "--tiny", "--dry-run", "--nodes", "2", "--launcher", "slurm", "--rdzv-timeout", "45",
                   "--results", str(tmp_path), "--system", "j")
     assert job.returncode == 0 and "--rdzv-conf=timeout=45" in job.stdout, job.stdout + job.stderr
 
