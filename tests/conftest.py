@@ -68,12 +68,13 @@ def mlbench_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
 def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
     """`mlbench(ARGS, env=..., cwd=...)` run in this process through the entry point (mlbench_in_process): for
     the refusals and analysis commands whose process adds nothing to what a test asserts (an interpreter and its
-    imports cost about 0.3 s of CPU a call). Returns a CompletedProcess, as mlbench() does."""
+    imports cost about 0.3 s of CPU a call). ENV's None unsets a variable. Returns a CompletedProcess, as
+    mlbench() does."""
 
     def run(*args: object, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
         with monkeypatch.context() as m:
             for key, value in {"COLUMNS": "200", **(env or {})}.items():
-                m.setenv(key, value)
+                m.setenv(key, value) if value is not None else m.delenv(key, raising=False)
             if env and "MLBENCH_BENCHMARKS" in env:  # read as the registry is imported, so set as it would be
                 from mlbench import registry
 

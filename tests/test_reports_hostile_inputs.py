@@ -190,19 +190,21 @@ LONG = "a-system-name-long-enough-to-make-the-configuration-table-wider-than-any
 
 
 @pytest.mark.parametrize("columns", [None, "5", "80"])
-def test_tables_without_a_terminal_are_whole_lines_at_their_natural_width(work: Path, columns: str | None) -> None:
+def test_tables_without_a_terminal_are_whole_lines_at_their_natural_width(work: Path, columns: str | None,
+                                                                          cli) -> None:
     """stdout a file or a pipe: tables were capped at 170 columns (a configuration cell split over two lines),
-    COLUMNS=5 printed a table of empty cells, and `score` cut numbers with '…'."""
+    COLUMNS=5 printed a table of empty cells, and `score` cut numbers with '…'. (tests/test_plain_output.py runs
+    the command with its output a pipe.)"""
     label = f"{LONG}/llama31_8b"
     shutil.copytree(SET, work / LONG / "llama31_8b")
-    env = {"COLUMNS": columns} if columns else None
-    proc = run("scaling", "--devices", "8", "--devices", "16", SET, f"{LONG}/llama31_8b", cwd=work, env=env)
-    out = proc.stdout.decode()
+    env = {"COLUMNS": columns}  # stdout not a terminal: in this process, capsys's
+    proc = cli("scaling", "--devices", "8", "--devices", "16", SET, f"{LONG}/llama31_8b", cwd=work, env=env)
+    out = proc.stdout
     assert proc.returncode == 0 and "…" not in out, out
     rows = [ln for ln in out.splitlines() if label in ln]
     assert len(rows) >= 2 and all("16 (given)" in ln for ln in rows[:1]), out
-    proc = run("score", SET, cwd=work, env=env)
-    out = proc.stdout.decode()
+    proc = cli("score", SET, cwd=work, env=env)
+    out = proc.stdout
     assert proc.returncode == 0 and "…" not in out, out
     row = next(ln for ln in out.splitlines() if "result_0.txt" in ln)
     cells = [c.strip() for c in row.split("│")[1:-1]]
