@@ -59,7 +59,7 @@ system-deps:
 # Three workers on two cores: most tests train one rank on one core, and a third keeps the cores busy while a
 # test waits (a SLURM job starting, a hang timeout). Measured on 2 cores: 324 s against 341 s at two, back to
 # back with bytecode and the CPU cache present; on fresh clones 349-362 s against 353 s (the suite is
-# CPU-bound: about 600 s of CPU in it).
+# CPU-bound: about 600 s of CPU in it then). A fourth worker gains nothing: 334 s against 325-339 s at three.
 # --dist loadfile keeps each file in one worker, so the runs of a set stay together and a file's SLURM cluster
 # tests run one after another.
 # The Python install and the Debian packages go side by side (pip and dpkg each keep one core busy).
