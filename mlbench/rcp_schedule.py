@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from mlbench.errors import UserError
-from mlbench.spec import Benchmark, OptimizerSpec, evaluate
+from mlbench.spec import Benchmark, OptimizerSpec, check_decay, evaluate
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,15 @@ def at(bench: Benchmark, gbs: int) -> Schedule:
     """The schedule at global batch `gbs`; a UserError where the benchmark defines none there."""
     sched = of_optimizer(bench.optimizer, gbs)
     if sched is None:
-        if not bench.optimizer.lr_table:
-            raise UserError(f"{bench.name}: optimizer.lr is not given and optimizer.lr_table is empty: give one")
-        raise UserError(outside_table(bench, gbs))
+        raise undefined(bench, gbs)
     return sched
+
+
+def undefined(bench: Benchmark, gbs: int) -> UserError:
+    """Why nothing defines the schedule at global batch `gbs`."""
+    if not bench.optimizer.lr_table:
+        return UserError(f"{bench.name}: optimizer.lr is not given and optimizer.lr_table is empty: give one")
+    return UserError(outside_table(bench, gbs))
 
 
 def of_optimizer(o: OptimizerSpec, gbs: int) -> Schedule | None:
@@ -85,9 +90,6 @@ def for_run(bench: Benchmark, gbs: int, lr: float | None = None, warmup_steps: i
         raise UserError(f"--warmup-steps {warmup_steps} is not below this run's budget of {budget} steps "
                         f"(train.max_steps at global batch {gbs}): the learning rate would never reach its peak; "
                         f"give fewer than {budget}")
-    sched = at(bench, gbs)
-    if sched.decay_steps < 1:  # (megatron-core's scheduler asserts warm-up < warm-up + decay: a bare AssertionError)
-        given = f" with --warmup-steps {warmup_steps}" if warmup_steps is not None else ""
-        raise UserError(f"{bench.name}'s optimizer.decay_steps is {sched.decay_steps} at global batch {gbs}{given}; "
-                        f"the schedule decays over at least 1 step after its warm-up")
+    given = f" with --warmup-steps {warmup_steps}" if warmup_steps is not None else ""
+    check_decay(f"{bench.name}{given}", at(bench, gbs).decay_steps, gbs)
     return bench

@@ -303,16 +303,14 @@ def _validate_budget(b: Benchmark, where: str, batches: set[int], tables: bool =
     expressions are checked to evaluate, is no batch anyone runs)."""
     for gbs in sorted(batches | (set(b.optimizer.lr_table) if tables else set())):
         base = b.optimizer.base_at(gbs)
-        budget = int(spec.evaluate(b.train.max_steps, global_batch_size=gbs))  # 0: the schedule's own length
-        if base is not None and 0 < budget <= base[1]:
+        given = int(spec.evaluate(b.train.max_steps, global_batch_size=gbs))  # 0: the schedule's own length
+        if base is not None and 0 < given <= base[1]:
             raise UserError(f"{where}: optimizer.warmup_steps is {base[1]} at global_batch_size = {gbs}, not below "
-                            f"train.max_steps ({budget}): the learning rate would never reach its peak; make the "
+                            f"train.max_steps ({given}): the learning rate would never reach its peak; make the "
                             f"warm-up shorter than the budget (or train.max_steps 0: the whole schedule)")
-        if base is not None and budget <= 0:
-            budget = base[1] + int(spec.evaluate(b.optimizer.decay_steps, global_batch_size=gbs,
-                                                 warmup_steps=base[1]))
-        if budget <= 0:
-            continue
+        budget = spec.step_budget(b, gbs)
+        if budget is None:
+            continue  # no schedule at this batch, so no budget (a run there is refused: rcp_schedule.outside_table)
         # The same mistake as a warm-up past the budget: each trained the whole budget for nothing, then aborted
         # on 'quality target not reached' (no evaluation ever ran; the learning rate never rose from 0).
         if (start := int(spec.evaluate(b.eval.start_samples, global_batch_size=gbs))) >= budget * gbs:

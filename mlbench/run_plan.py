@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlbench import rcp_schedule
-from mlbench.spec import Benchmark, build, evaluate
+from mlbench.spec import Benchmark, build, evaluate, step_budget
 
 
 @dataclass
@@ -66,11 +66,10 @@ def benchmark_from_dict(data: dict) -> Benchmark:
 
 def max_steps(bench: Benchmark, gbs: int) -> int:
     """The step budget: train.max_steps, or the whole learning-rate schedule where none is given."""
-    steps = int(evaluate(bench.train.max_steps, global_batch_size=gbs))
-    if steps <= 0:
-        sched = rcp_schedule.at(bench, gbs)
-        steps = sched.warmup_steps + sched.decay_steps
-    return max(steps, 1)
+    steps = step_budget(bench, gbs)
+    if steps is None:
+        raise rcp_schedule.undefined(bench, gbs)
+    return steps
 
 
 def eval_schedule(bench: Benchmark, gbs: int) -> Callable[[int], int]:

@@ -456,12 +456,29 @@ def check_schedule(b: Benchmark, where: str, batches: typing.Iterable[int]) -> N
             raise UserError(f"{where}: optimizer.min_lr is {low!r} at global_batch_size = {gbs}, above "
                             f"optimizer.lr {base[0]!r}: the schedule decays from lr down to min_lr; make min_lr at "
                             f"most lr")
-        # megatron-core's scheduler asserts warm-up < warm-up + decay: 0 launched a run that died on a bare
-        # AssertionError
-        if base is not None and (decay := evaluate(b.optimizer.decay_steps, global_batch_size=gbs,
-                                                   warmup_steps=base[1])) < 1:
-            raise UserError(f"{where}: optimizer.decay_steps is {decay!r} at global_batch_size = {gbs}; the "
-                            f"schedule decays over at least 1 step after its warm-up")
+        if base is not None:
+            check_decay(where, evaluate(b.optimizer.decay_steps, global_batch_size=gbs, warmup_steps=base[1]), gbs)
+
+
+def step_budget(b: Benchmark, gbs: int) -> int | None:
+    """The step budget at global batch GBS: train.max_steps, or where that is 0 the whole learning-rate schedule
+    (warm-up and decay); None where nothing defines the schedule at GBS (off its tables). The one computation of
+    it, for the run plan (run_plan.max_steps) and the file's checks (registry)."""
+    steps = int(evaluate(b.train.max_steps, global_batch_size=gbs))
+    if steps <= 0:
+        if (base := b.optimizer.base_at(gbs)) is None:
+            return None
+        steps = base[1] + int(evaluate(b.optimizer.decay_steps, global_batch_size=gbs, warmup_steps=base[1]))
+    return max(steps, 1)
+
+
+def check_decay(where: str, decay_steps: object, gbs: int) -> None:
+    """megatron-core's scheduler asserts warm-up < warm-up + decay: 0 launched a run that died on a bare
+    AssertionError. The one check of it, for a file's batches (check_schedule) and a run's flags
+    (rcp_schedule.for_run)."""
+    if decay_steps < 1:  # type: ignore[operator]
+        raise UserError(f"{where}: optimizer.decay_steps is {decay_steps!r} at global_batch_size = {gbs}; the "
+                        f"schedule decays over at least 1 step after its warm-up")
 
 
 def resolved(b: Benchmark, global_batch_size: int | None = None) -> dict:
@@ -597,5 +614,5 @@ def build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-__all__ = ["Benchmark", "build", "check_expressions", "check_schedule", "deep_merge", "evaluate", "expressions",
-           "field", "resolved"]
+__all__ = ["Benchmark", "build", "check_decay", "check_expressions", "check_schedule", "deep_merge", "evaluate",
+           "expressions", "field", "resolved", "step_budget"]

@@ -473,8 +473,8 @@ def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_c
           "start_samples: 4799, logged_samples: 0")
     env = {"MLBENCH_BENCHMARKS": str(benchmarks_copy)}
     registry.load("gpt3", tiny=True, directory=benchmarks_copy)  # the file itself is sound at its own batch
-    for flags, said in ((["--warmup-steps", "290"], "gpt3's optimizer.decay_steps is 0 at global batch 16 with "
-                                                     "--warmup-steps 290; the schedule decays over at least 1 step"),
+    for flags, said in ((["--warmup-steps", "290"], "gpt3 with --warmup-steps 290: optimizer.decay_steps is 0 at "
+                                                     "global_batch_size = 16; the schedule decays over at least 1"),
                         (["--gbs", "8", "--mbs", "8"], "gpt3 as this run trains it: eval.start_samples is 4799 at "
                                                        "global_batch_size = 8, not below the 300 steps' 2400 samples")):
         proc = cli("run", "gpt3", "--tiny", "--dry-run", *flags, "--results", str(benchmarks_copy / "r"), env=env)
