@@ -147,6 +147,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
             refusals.append(str(e))
 
     _check_options(req)
+    if req.launcher == "torchrun" and req.dry_run:
+        real_run(lambda: _rendezvous_reachable(req))
     if req.launcher == "local":
         real_run(lambda: _local_launcher_here(req))
     system = req.system if req.system is not None else runner.default_system()
@@ -259,21 +261,29 @@ def _check_options(req: RunRequest) -> None:
                 or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535 (a host "
                             f"name or address, [ADDRESS] for IPv6; no scheme, no path)")
-        try:  # torchrun retried an unknown host for a minute and a half, then said only that it exited
-            found = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as e:
-            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: the host {bare!r} does not resolve "
-                            f"({getattr(e, 'strerror', None) or e}); give node 0's host name or address") from None
-        if req.node_rank == 0 and not req.dry_run and not any(_is_here(a) for a in found):
-            # node 0's torchrun serves the rendezvous at the endpoint: elsewhere it waited --rdzv-timeout (600 s),
-            # then blamed 'what answered there'
-            raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: node 0 (--node-rank 0) serves the rendezvous "
-                            f"there, and {bare} is no address of this host; give this host's name or address, or "
-                            f"start this node with its own --node-rank")
+        if not req.dry_run:  # (a dry run plans from anywhere: prepare says it, `real_run`)
+            _rendezvous_reachable(req)
     if req.save_checkpoint and req.runs != 1:
         raise UserError(f"--save-checkpoint saves one run's state; got --runs {req.runs}")
     for flag, path in (("--results", req.results_root), ("--save-checkpoint", req.save_checkpoint)):
         _check_printable(flag, path)
+
+
+def _rendezvous_reachable(req: RunRequest) -> None:
+    """--rdzv-endpoint's host resolves here, and is this host where this node is node 0 (a well-formed endpoint)."""
+    host, _, port = req.rdzv_endpoint.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:  # torchrun retried an unknown host for a minute and a half, then said only that it exited
+        found = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: the host {bare!r} does not resolve "
+                        f"({getattr(e, 'strerror', None) or e}); give node 0's host name or address") from None
+    if req.node_rank == 0 and not any(_is_here(a) for a in found):
+        # node 0's torchrun serves the rendezvous at the endpoint: elsewhere it waited --rdzv-timeout (600 s), then
+        # blamed 'what answered there'
+        raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: node 0 (--node-rank 0) serves the rendezvous "
+                        f"there, and {bare} is no address of this host; give this host's name or address, or "
+                        f"start this node with its own --node-rank")
 
 
 def _is_here(addrinfo: tuple) -> bool:

@@ -140,6 +140,14 @@ def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_
                    "localhost:29999", "--precision", "fp8", "--dry-run", "--results", str(tmp_path / "e"))
     assert proc.returncode == 0 and "note: a real run of this command would be refused: --precision fp8 needs a " \
         "GPU" in proc.stdout, proc.stdout
+    # a rendezvous host that does not resolve here (a cluster's name, planned from a laptop): exit 2 before
+    rdzv = ["run", "gpt3", "--tiny", "--nodes", "2", "--launcher", "torchrun", "--rdzv-endpoint",
+            "no-such-host.invalid:29500"]
+    proc = cli(*rdzv, "--dry-run", "--results", str(tmp_path / "f"))
+    assert proc.returncode == 0 and "note: a real run of this command would be refused: --rdzv-endpoint " \
+        "'no-such-host.invalid:29500': the host 'no-such-host.invalid' does not resolve" in proc.stdout, proc.stdout
+    real = cli(*rdzv, "--results", str(tmp_path / "g"))
+    assert real.returncode == 2 and "does not resolve" in real.stdout and not (tmp_path / "g").exists(), real.stdout
     # and a command a real run takes says nothing
     proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "d"))
     assert proc.returncode == 0 and "a real run of this command" not in proc.stdout, proc.stdout
