@@ -18,6 +18,7 @@ one line; nothing a dead run left stops the next run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -52,13 +53,12 @@ def publish(folder: Path, console: Console) -> list[Path]:
                                     f"({_why(e)}); {where}"), highlight=False, soft_wrap=True)
             continue
         placed.append(path)
-        console.print(printable(f"published a run whose mlbench process had died{note}: {path}"), highlight=False,
-                      soft_wrap=True)
+        console.print(printable(f"published a run {note}: {path}"), highlight=False, soft_wrap=True)
     return placed
 
 
 def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
-    """The run published: its result, and how it ended as the line that announces it says."""
+    """The run published: its result, and what became of it as the line that announces it says ("a run ...")."""
     _own_files(staging)
     log = staging / "mlperf.log"
     begun = log.exists() and log.stat().st_size > 0  # not yet: killed while its ranks started (results)
@@ -102,6 +102,15 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
     not BEGUN is begun from the plan first, as the supervisor begins the log of a rank that died importing)."""
     at = f"by a later mlbench command at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
     status, logged_reason = _run_stop(log) if begun else (None, "")
+    # Its mlbench lived to the end but could not publish it (runner: no inode left even to set it aside)
+    unpublished = next((e.get("reason") for e in events if e.get("event") == "not_published"), None)
+    if unpublished is not None and status is not None:
+        said = f"mlbench (pid {pid}) could not publish the run when it ended ({unpublished}); published {at}"
+        outcome = Outcome(status=status, exit_code=-1, events=events, reason=logged_reason,
+                          error_after_run_stop=said if status == "success" else None)
+        if status != "success":
+            outcome = dataclasses.replace(outcome, reason=f"{logged_reason}; {said}" if logged_reason else said)
+        return outcome, f"its mlbench could not publish when it ended ({unpublished}; its log: run_stop {status})"
     if status == "success":  # it reached its target; mlbench died after it, before publishing: the status stands
         after = f"mlbench (pid {pid}) died after the run ended (run_stop success), before it published the run; " \
                 f"published {at}"
@@ -109,7 +118,8 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
         saved = any(e.get("event") in ("checkpoint_saved", "checkpoint_failed") for e in events)
         unsaved = f"mlbench (pid {pid}) died while the checkpoint was saved" if saving and not saved else ""
         return (Outcome(status="success", exit_code=-1, events=events, error_after_run_stop=after,
-                        checkpoint_error=unsaved), " after the run ended (its log: run_stop success)")
+                        checkpoint_error=unsaved),
+                "whose mlbench process had died after the run ended (its log: run_stop success)")
     died = f"mlbench (pid {pid}) died before the run ended (killed, or its session lost); published as aborted {at}"
     if status is None:
         mlperf_log.finalize_aborted(log, died, plan, begin=not begun)
@@ -118,7 +128,8 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
         reason = logged_reason
     else:
         reason = f"{logged_reason}; {died}" if logged_reason else died  # rank 0 had closed it: its reason first
-    return Outcome(status="aborted", exit_code=-1, reason=reason, events=events), " as aborted"
+    return Outcome(status="aborted", exit_code=-1, reason=reason, events=events), \
+        "whose mlbench process had died as aborted"
 
 
 def _run_stop(log: Path) -> tuple[str | None, str]:

@@ -119,6 +119,34 @@ def test_a_run_killed_after_run_stop_success_is_published_as_the_success_its_log
     assert [s["metadata"]["status"] for s in stops] == ["success"]  # the log left as it was
 
 
+@pytest.mark.parametrize("status", ["success", "aborted"])
+def test_a_run_kept_because_it_could_not_be_published_is_not_said_to_have_died(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str) -> None:
+    """A run whose mlbench lived to its end but could not publish it nor set it aside (no inode left) keeps its
+    staging folder for the next command: that one published it as one 'whose mlbench process had died', and the
+    record said mlbench died. It says why the run was not published when it ended."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mlbench import results, runner
+    from mlbench.launch.supervise import Outcome
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=status)
+    with monkeypatch.context() as m:
+        m.setattr(results, "set_aside", lambda folder, staging: None)  # (mkdir of logs/: no inode left)
+        runner.RunSet._not_published(SimpleNamespace(folder=folder, console=Console(file=io.StringIO())),
+                                     "run not published: No space left on device", staging,
+                                     Outcome(status=status, exit_code=0))
+    said, record, _ = _publish_dead(folder)
+    why = "could not publish the run when it ended (run not published: No space left on device)"
+    assert "died" not in said and "its mlbench could not publish when it ended (run not published: No space " \
+        f"left on device; its log: run_stop {status})" in said, said
+    assert record["status"] == status, record
+    assert why in (record["error_after_run_stop"] if status == "success" else record["reason"]), record
+    assert "died" not in json.dumps(record), record
+
+
 def test_a_run_killed_after_rank_0_logged_it_aborted_keeps_the_logs_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, _ = _dead_run(tmp_path, monkeypatch, run_stop="aborted")
