@@ -322,7 +322,7 @@ def main() -> None:
         exited = e
     terminal.STDOUT.flush()
     if (why := terminal.STDOUT.take_failure()) is not None:
-        _on_stderr(Text.assemble(("error:", "red"), f" could not write the output: {why}"))
+        _on_stderr(Text.assemble(("error:", "red"), f" could not write to standard output: {why}"))
         sys.exit((exited and exited.code) or 1)
     if exited is not None:  # as the command ended it (a run's sys.exit(0) too: callers in-process see it)
         raise exited

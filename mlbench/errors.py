@@ -153,7 +153,7 @@ class ProductStream:
         if (why := terminal.STDOUT.take_failure()) is not None:
             self.dropped = True
             sys.stdout = sys.stderr
-            raise OutputFailed(f"could not write the output: {why}") from None
+            raise OutputFailed(f"could not write to standard output: {why}") from None
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's own
         return getattr(sys.stdout, name)

@@ -478,7 +478,7 @@ def test_output_that_cannot_be_written_is_said_on_stderr_exit_1(monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         cli.main()
     assert e.value.code == 1
-    assert capsys.readouterr().err == "error: could not write the output: No space left on device\n"
+    assert capsys.readouterr().err == "error: could not write to standard output: No space left on device\n"
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
@@ -487,8 +487,8 @@ def test_score_json_to_dev_full_says_so_on_stderr() -> None:
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "mlbench.cli", "score", "--json", str(LOG)], stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=120)
-    assert proc.returncode == 1 and proc.stderr == "error: could not write the output: No space left on device\n", \
-        proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == "error: could not write to standard output: No space left on device\n", proc.stderr
 
 
 def test_a_runs_summary_says_not_checked_where_the_checker_gave_no_verdict() -> None:
@@ -601,7 +601,7 @@ def test_every_command_says_output_it_could_not_write_on_stderr_exit_1(monkeypat
                                                                       command) -> None:
     """`list`, `show`, `check` (its verdict lost), `run --dry-run` > /dev/full exited 0 with nothing said."""
     code, err = _with_stdout_full(monkeypatch, capsys, *(str(c).format(tmp=tmp_path / "res") for c in command))
-    assert code == 1 and err == "error: could not write the output: No space left on device\n", err
+    assert code == 1 and err == "error: could not write to standard output: No space left on device\n", err
 
 
 def test_an_error_stdout_cannot_take_goes_to_stderr(monkeypatch, capsys) -> None:
@@ -628,7 +628,7 @@ def test_progress_output_lost_does_not_stop_the_command_and_is_said_once_at_its_
     finally:
         cli.cli.commands.pop("progress-probe")
     assert said == [0, 1, 2]
-    assert code == 1 and err == "error: could not write the output: No space left on device\n", err
+    assert code == 1 and err == "error: could not write to standard output: No space left on device\n", err
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
