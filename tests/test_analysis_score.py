@@ -143,6 +143,9 @@ def test_mixed_benchmarks_and_broken_file_still_report_the_rest(tmp_path):
     assert "result_8.txt" in out and "truncated" in out
     # two failed runs of a gpt3 set, which may drop one: no score (the bert file's own time is never counted)
     assert "2 runs failed or did not converge (at most 1 may be dropped): no score" in out, out
+    # the official figure beside it counts that file at its own time, as one of the set's runs: said
+    assert "result_7.txt: a bert run; the official summarizer scores its time (" in out and \
+        "min) as one of this gpt3 set's, here it counts as a failed run of it" in out, out
     # one file of another benchmark in a set of 3: a failed run, dropped as the summarizer drops it (it was left
     # out: 'too few runs: 2 of the 3', beside the summarizer's 50.9228)
     (d / "result_7.txt").unlink()

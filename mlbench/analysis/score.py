@@ -268,6 +268,9 @@ def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> f
         if s.compliant and s.status == "aborted" and s.ttt_min is not None:
             notes.append(f"{s.file}: run_stop status 'aborted'; the official summarizer still scores its "
                          f"time ({s.ttt_min:.4f} min), here it counts as a run that did not converge")
+        elif s.compliant and s.benchmark not in (benchmark, None) and s.ttt_min is not None:
+            notes.append(f"{s.file}: a {s.benchmark} run; the official summarizer scores its time ({s.ttt_min:.4f} "
+                         f"min) as one of this {benchmark} set's, here it counts as a failed run of it")
     required = mlperf_tools.required_runs(benchmark)
     max_dropped = mlperf_tools.max_dropped(benchmark)
     times = [s.ttt_min for s in same if s.counted]
