@@ -102,15 +102,19 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
     not BEGUN is begun from the plan first, as the supervisor begins the log of a rank that died importing)."""
     at = f"by a later mlbench command at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
     status, logged_reason = _run_stop(log) if begun else (None, "")
-    # Its mlbench lived to the end but could not publish it (runner: no inode left even to set it aside)
-    unpublished = next((e.get("reason") for e in events if e.get("event") == "not_published"), None)
-    if unpublished is not None and status is not None:
-        said = f"mlbench (pid {pid}) could not publish the run when it ended ({unpublished}); published {at}"
+    # Its mlbench lived to the end but could not publish it (runner._not_published: no inode left even to set it
+    # aside, often after its log could not be closed either)
+    if (why := _not_published(events)) is not None:
+        said = f"mlbench (pid {pid}) could not publish the run when it ended ({why}); published {at}"
+        if status is None:  # it could not close the log: closed here, as aborted with that reason
+            mlperf_log.finalize_aborted(log, said, plan, begin=not begun)
+            return (Outcome(status="aborted", exit_code=-1, reason=said, events=events),
+                    f"its mlbench could not publish when it ended ({why}; its log had no run_stop: as aborted)")
         outcome = Outcome(status=status, exit_code=-1, events=events, reason=logged_reason,
                           error_after_run_stop=said if status == "success" else None)
         if status != "success":
             outcome = dataclasses.replace(outcome, reason=f"{logged_reason}; {said}" if logged_reason else said)
-        return outcome, f"its mlbench could not publish when it ended ({unpublished}; its log: run_stop {status})"
+        return outcome, f"its mlbench could not publish when it ended ({why}; its log: run_stop {status})"
     if status == "success":  # it reached its target; mlbench died after it, before publishing: the status stands
         after = f"mlbench (pid {pid}) died after the run ended (run_stop success), before it published the run; " \
                 f"published {at}"
@@ -130,6 +134,15 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
         reason = f"{logged_reason}; {died}" if logged_reason else died  # rank 0 had closed it: its reason first
     return Outcome(status="aborted", exit_code=-1, reason=reason, events=events), \
         "whose mlbench process had died as aborted"
+
+
+def _not_published(events: list[dict]) -> str | None:
+    """Why the run's own mlbench could not publish it, where it said so (a `not_published` event); None if not."""
+    for e in events:
+        if e.get("event") == "not_published":
+            why = e.get("reason")
+            return why if isinstance(why, str) and why.strip() else "its reason not recorded"
+    return None
 
 
 def _run_stop(log: Path) -> tuple[str | None, str]:

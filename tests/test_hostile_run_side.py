@@ -119,7 +119,7 @@ def test_a_run_killed_after_run_stop_success_is_published_as_the_success_its_log
     assert [s["metadata"]["status"] for s in stops] == ["success"]  # the log left as it was
 
 
-@pytest.mark.parametrize("status", ["success", "aborted"])
+@pytest.mark.parametrize("status", ["success", "aborted", None])
 def test_a_run_kept_because_it_could_not_be_published_is_not_said_to_have_died(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str) -> None:
     """A run whose mlbench lived to its end but could not publish it nor set it aside (no inode left) keeps its
@@ -138,13 +138,29 @@ def test_a_run_kept_because_it_could_not_be_published_is_not_said_to_have_died(
         runner.RunSet._not_published(SimpleNamespace(folder=folder, console=Console(file=io.StringIO())),
                                      "run not published: No space left on device", staging,
                                      Outcome(status=status, exit_code=0))
-    said, record, _ = _publish_dead(folder)
+    said, record, placed = _publish_dead(folder)
     why = "could not publish the run when it ended (run not published: No space left on device)"
+    # (no run_stop: the supervisor could not close the log either, the disk full; closed now, as aborted)
+    how = f"its log: run_stop {status}" if status else "its log had no run_stop: as aborted"
     assert "died" not in said and "its mlbench could not publish when it ended (run not published: No space " \
-        f"left on device; its log: run_stop {status})" in said, said
-    assert record["status"] == status, record
+        f"left on device; {how})" in said, said
+    assert record["status"] == (status or "aborted"), record
     assert why in (record["error_after_run_stop"] if status == "success" else record["reason"]), record
     assert "died" not in json.dumps(record), record
+    stops = [e for e in mllog(placed) if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == (status or "aborted"), stops
+
+
+@pytest.mark.parametrize("reason", [None, "", {"x": 1}])
+def test_a_not_published_event_without_a_reason_still_says_the_run_was_not_published(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reason: object) -> None:
+    """A garbled event (a null, empty or non-string reason) was passed over ('had died') or its repr printed."""
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    with open(staging / "events.jsonl", "a") as f:
+        f.write(json.dumps({"event": "not_published", "reason": reason}) + "\n")
+    said, record, _ = _publish_dead(folder)
+    assert "died" not in said and "could not publish when it ended (its reason not recorded; " in said, said
+    assert "(its reason not recorded)" in record["error_after_run_stop"], record
 
 
 def test_a_run_killed_after_rank_0_logged_it_aborted_keeps_the_logs_reason(
