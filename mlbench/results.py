@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -368,11 +369,12 @@ def discard(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def keep_node_logs(folder: Path, staging: Path, node_rank: int, seed: int) -> Path | None:
+def keep_node_logs(folder: Path, staging: Path, node_rank: int) -> Path | None:
     """On a node other than node 0 (which publishes the run): keep its rank logs and its launcher's output (why a
     rendezvous failed), drop the staging folder. Returns where the logs went (None if they could not be kept, e.g.
-    on a full disk)."""
-    dest = folder / "logs" / f"node{node_rank}-seed{seed}-{uuid.uuid4().hex[:6]}"
+    on a full disk). Named by node and time (node 0's result holds the run's seed, which every rank takes from rank
+    0: the seed this node drew for itself was not the run's)."""
+    dest = folder / "logs" / f"node{node_rank}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     ranks, launcher = staging / "ranks", staging / "launcher.log"
     kept = None
     with contextlib.suppress(OSError):

@@ -262,7 +262,7 @@ class RunSet:
                                 hang_timeout=opts.hang_timeout, on_events=progress.on_events,
                                 plan=plan, owns_log=opts.node_rank == 0)
         if opts.node_rank != 0:  # node 0 publishes the run; this one keeps its rank logs
-            logs = results.keep_node_logs(folder, staging, opts.node_rank, seed)
+            logs = results.keep_node_logs(folder, staging, opts.node_rank)
             status = "success" if outcome.exit_code == 0 else "aborted"
             said = outcome.reason if status == "aborted" and outcome.reason else \
                 f"launcher exited with code {outcome.exit_code}"

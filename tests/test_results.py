@@ -9,6 +9,7 @@ import errno
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -456,8 +457,10 @@ def test_a_node_whose_torchrun_failed_before_its_ranks_keeps_its_launcher_log(tm
         (staging / "launcher.log").write_text(f"{name}: torch.distributed.DistStoreError: timed out\n")
         if ranks:
             (staging / "ranks" / "0").mkdir(parents=True)
-        kept = results.keep_node_logs(folder, staging, node_rank=1, seed=7)
+        kept = results.keep_node_logs(folder, staging, node_rank=1)
         assert kept is not None and not staging.exists()
+        # named by node and time: the seed this node drew was not the run's (rank 0's, which every rank takes)
+        assert re.fullmatch(r"node1-\d{8}-\d{6}-[0-9a-f]{6}", kept.name), kept.name
         assert (kept / "launcher.log").read_text().startswith(f"{name}: ")
         assert (kept / "0").is_dir() is ranks
 
