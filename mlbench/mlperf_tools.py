@@ -133,6 +133,27 @@ def passed_over_round(path: Path, benchmark: str | None, ruleset: str) -> str | 
     return f"the path names round {r.rsplit('.', 1)[0]}, which has no rules for {benchmark}: judged by {ruleset}"
 
 
+# The fields result_summarizer reads from a systems json to make a row (summarize_results): one missing is its
+# FieldError, the system skipped (in 4.1.68, then a NameError that stops it); a count its int() refuses stops it
+# (ValueError).
+_SYSTEM_FIELDS = ("division", "status", "submitter", "system_name", "host_processor_model_name", "number_of_nodes",
+                  "host_processor_core_count", "host_processors_per_node", "accelerator_model_name",
+                  "accelerators_per_node", "framework", "hw_notes", "sw_notes")
+_SYSTEM_COUNTS = ("host_processors_per_node", "number_of_nodes", "accelerators_per_node")
+
+
+def system_desc_problem(desc: dict) -> str | None:
+    """What in a systems json keeps result_summarizer from making its row; None if nothing."""
+    if missing := [k for k in _SYSTEM_FIELDS if k not in desc]:
+        return f"no {', '.join(missing)} field"
+    for k in _SYSTEM_COUNTS:
+        try:
+            int(desc[k])
+        except (TypeError, ValueError, OverflowError):
+            return f"{k} {desc[k]!r} is no whole number"
+    return None
+
+
 def has_rules(ruleset: str, benchmark: str) -> bool:
     """Whether the installed package has RULESET's closed rules and RCPs for BENCHMARK (the files the checker and
     the RCP checker read)."""

@@ -202,3 +202,54 @@ def test_the_user_s_schedule_off_the_table_is_logged(tmp_path, cli) -> None:
     logged = {e["key"]: e["value"] for e in mllog(tmp_path / "ci" / "llama31_8b" / "dry-run.txt")}
     assert (logged["opt_base_learning_rate"], logged["opt_learning_rate_warmup_steps"]) == (6e-4, 100)
     assert logged["opt_learning_rate_decay_steps"] == 1_199_900
+
+
+# The official summarizer on each organisation folder: its figures by set, or the error that stopped it.
+_SUMMARIZE_EACH = r"""
+import contextlib, io, json, os, sys, tempfile
+from mlperf_logging.result_summarizer import result_summarizer as rs
+out = {}
+for org in sys.argv[1:]:
+    with tempfile.TemporaryDirectory() as td:
+        os.chdir(td)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                _, _, detailed, _ = rs.summarize_results(org, "training", "5.1.0")
+            out[org] = [] if detailed is None or not len(detailed) else \
+                detailed.filter(like=":time_to_train").dropna(axis=1).to_dict("records")
+        except Exception as e:
+            out[org] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def test_a_set_whose_systems_json_the_summarizer_cannot_use_has_no_official_figure(tmp_path: Path) -> None:
+    """The systems json missing, lacking a field, or with a count no int() takes: the official summarizer makes no
+    row for the set (or stops), and `score` printed its figure beside the score all the same."""
+    import shutil
+
+    from mlbench.analysis.score import score_path
+
+    amd = RESULTS / "training_results_v5.1" / "AMD"
+    edits = {"missing": lambda d: d.unlink(), "no-division": lambda d: d.write_text(
+        json.dumps({k: v for k, v in json.loads(d.read_text()).items() if k != "division"})),
+        "nodes-abc": lambda d: d.write_text(json.dumps({**json.loads(d.read_text()), "number_of_nodes": "abc"}))}
+    orgs = {}
+    for name, edit in edits.items():
+        org = tmp_path / name / "training_results_v5.1" / "AMD"
+        shutil.copytree(amd, org)
+        edit(next((org / "systems").glob("*.json")))
+        orgs[name] = org
+    proc = subprocess.run([sys.executable, "-c", _SUMMARIZE_EACH, *map(str, orgs.values())], capture_output=True,
+                          text=True, timeout=300, check=True)
+    official = json.loads(proc.stdout)
+    # no row; no row, then stopped (the summarizer's FieldError, then its NameError); stopped
+    assert [official[str(o)] for o in orgs.values()] == [[], "NameError", "ValueError"], official
+    for name, org in orgs.items():
+        (s,) = score_path(org, jobs=1)
+        assert s.score_min is not None and s.official_score_min is None, name
+        said = " ".join(s.notes)
+        assert "the official summarizer makes no row for this set (or stops): systems/MI355X_EPYC_9575F_pytorch.json" \
+            in said, said
+        assert {"missing": "is missing", "no-division": "no division field",
+                "nodes-abc": "number_of_nodes 'abc' is no whole number"}[name] in said, said

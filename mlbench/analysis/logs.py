@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from mlbench import mlperf_tools
 from mlbench.analysis import MAX_DEVICES
 from mlbench.analysis import step_times as st
 from mlbench.errors import UserError, printable
@@ -485,6 +486,18 @@ class ResultSet:
     def system_desc(self) -> dict | None:
         """systems/<system>.json of the submission tree, where there is a readable one."""
         return self._system[0]
+
+    def summarizer_skips(self) -> str | None:
+        """Why the official summarizer makes no row for this set, where its systems json (in a submission tree) is
+        missing or unusable to it; None where it is not in a tree or nothing is wrong with it."""
+        if self.org_root is None:
+            return None
+        name = f"systems/{self.system}.json"
+        desc, why = self._system
+        if desc is None:
+            return why or f"{name} is missing"
+        problem = mlperf_tools.system_desc_problem(desc)
+        return f"{name}: {problem}" if problem else None
 
     @cached_property
     def _system(self) -> tuple[dict | None, str]:

@@ -200,6 +200,9 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     # (a result_*.txt that is no file to read, a dangling link, stops the summarizer: it prints nothing)
     official = _official_score(rs, runs, scored, scaling_json) if scaling_ok and not unknown and not rs.not_files \
         else None
+    if official is not None and (skips := rs.summarizer_skips()) is not None:
+        official = None
+        notes.append(f"the official summarizer makes no row for this set (or stops): {skips}")
     # A file of another benchmark, as an unreadable one, is a failed run of this set: never counted, and dropped
     # as the official summarizer drops it (left out, a set of 3 with one was 'too few runs' while the summarizer
     # scored it).
