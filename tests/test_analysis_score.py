@@ -196,3 +196,21 @@ def test_linked_result_files_keep_their_names_and_a_dangling_one_gives_no_offici
     (d / "result_4.txt").symlink_to(tmp_path / "gone.txt")
     [s] = score_path(d, "4.1.0", jobs=1)
     assert s.official_score_min is None and any("result_4.txt: left out: a link to nothing" in n for n in s.notes)
+
+
+@needs_shared
+def test_a_set_out_of_its_round_failing_the_definitions_rules_says_which_ruleset_judged_it(tmp_path, cli):
+    """NVIDIA's v5.0 llama31_405b set copied out of its training_results_v5.0 tree: judged by 6.0.0 (the benchmark
+    definition's), every run non-compliant on opt_learning_rate_decay_steps and no score, with nothing but the
+    header's 'ruleset 6.0.0' to say why. A note names the ruleset, where it came from, and --ruleset."""
+    src = SHARED / "training_results_v5.0" / "NVIDIA"
+    org = tmp_path / "e" / "NVIDIA"
+    shutil.copytree(src / "results" / "eos-dfw_n1024_ngc25.01_nemo", org / "results" / "eos-dfw_n1024_ngc25.01_nemo")
+    (org / "systems").mkdir()
+    shutil.copy(src / "systems" / "eos-dfw_n1024_ngc25.01_nemo.json", org / "systems")
+    out = " ".join(cli("score", org).stdout.split())
+    assert "note: judged by ruleset 6.0.0, llama31_405b's in mlbench's benchmark definition: the path names no " \
+           "training_results_vX.Y round; runs made under another round's rules may fail these: pass --ruleset " \
+           "with theirs (5.0.0, 5.1.0, 6.0.0 hold llama31_405b)" in out, out
+    given = " ".join(cli("score", org, "--ruleset", "5.0.0").stdout.split())  # as published: a score, no note
+    assert "score 20.8069 min" in given and "judged by ruleset" not in given, given

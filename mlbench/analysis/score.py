@@ -175,6 +175,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     with_rules = mlperf_tools.rulesets_with(benchmark)
     having = ", ".join(with_rules) or "none"
     require_rules_for(ruleset, benchmark, rs.folder)
+    from_definition = not ruleset and mlperf_tools.round_in_path(rs.folder) is None and not rs.smoke
     if not ruleset:
         ruleset = infer_ruleset(rs.folder, benchmark)
         if (note := mlperf_tools.passed_over_round(rs.folder, benchmark, ruleset)) is not None:
@@ -195,6 +196,11 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
             samples_to_converge=r.samples_to_converge, global_batch=r.gbs, benchmark=r.benchmark,
             problems=list(r.problems), compliance=msgs))
 
+    if from_definition and any(s.compliant is False for s in scored):
+        # (a published folder copied out of its training_results_vX.Y tree: judged by another round's rules)
+        notes.append(f"judged by ruleset {ruleset}, {benchmark}'s in mlbench's benchmark definition: the path names no "
+                     f"training_results_vX.Y round; runs made under another round's rules may fail these: pass "
+                     f"--ruleset with theirs ({', '.join(with_rules)} hold {benchmark})")
     scaling_json, scaling_ok = _scaling_json(rs, notes)
     unknown = any(s.compliant is None for s in scored)  # (the official summarizer would drop it as non-compliant)
     # (a result_*.txt that is no file to read, a dangling link, stops the summarizer: it prints nothing)
