@@ -253,3 +253,23 @@ def test_a_set_whose_systems_json_the_summarizer_cannot_use_has_no_official_figu
             in said, said
         assert {"missing": "is missing", "no-division": "no division field",
                 "nodes-abc": "number_of_nodes 'abc' is no whole number"}[name] in said, said
+
+
+def test_a_file_naming_no_benchmark_is_said_to_be_left_out_of_the_rcp_check(tmp_path: Path) -> None:
+    """result_0.txt in UTF-16 (no :::MLLOG line read): mlbench's RCP check passed without it and said nothing,
+    while the official RCP checker stops on it (KeyError: None): the note says so."""
+    import shutil
+
+    from mlbench.analysis.score import score_path
+
+    org = tmp_path / "training_results_v5.1" / "AMD"
+    shutil.copytree(RESULTS / "training_results_v5.1" / "AMD", org)
+    log = next(org.glob("results/*/llama31_8b/result_0.txt"))
+    log.write_bytes(log.read_text().encode("utf-16"))
+    proc = subprocess.run([sys.executable, "-m", "mlperf_logging.rcp_checker", "--rcp_version", "5.1.0",
+                           str(log.parent)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0 and "KeyError: None" in proc.stderr, proc.stderr[-500:]
+    (s,) = score_path(org, jobs=1)
+    assert s.rcp.status == "Pass", s.rcp
+    assert any(n.startswith("result_0.txt: no submission_benchmark read, so left out of the RCP check here; the "
+                            "official RCP checker stops on such a file (KeyError: None)") for n in s.notes), s.notes

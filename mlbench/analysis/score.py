@@ -175,7 +175,9 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     with_rules = mlperf_tools.rulesets_with(benchmark)
     having = ", ".join(with_rules) or "none"
     require_rules_for(ruleset, benchmark, rs.folder)
-    from_definition = not ruleset and mlperf_tools.round_in_path(rs.folder) is None and not rs.smoke
+    # (inferred from mlbench's definition of the benchmark: the path names no round)
+    from_definition = not ruleset and not rs.smoke and mlperf_tools.round_in_path(rs.folder) is None and \
+        bool(benchmark) and compliance.default_ruleset(rs.folder, benchmark) is not None
     if not ruleset:
         ruleset = infer_ruleset(rs.folder, benchmark)
         if (note := mlperf_tools.passed_over_round(rs.folder, benchmark, ruleset)) is not None:
@@ -228,6 +230,10 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
     elif division == "closed" and benchmark:
         files = [r.path for r, _ in same if r.benchmark == benchmark]
+        if nameless := [r.name for r, _ in same if r.benchmark is None]:
+            notes.append(f"{', '.join(nameless)}: no submission_benchmark read, so left out of the RCP check here; the "
+                         f"official RCP checker stops on such a file (KeyError: None) and the summarizer gives no "
+                         f"RCP verdict for the set")
         ok, msg, computed = rcp_check(files, benchmark, ruleset, notes)
         rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
     else:
@@ -288,7 +294,8 @@ def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> f
         return None
     if required is not None and len(same) < required:
         notes.append(f"too few runs: {len(same)} of the {required} that {benchmark} requires, so no score "
-                     "(the official summarizer's olympic mean is empty or meaningless here)")
+                     "(the official summarizer averages what there is: its figure, where it makes one, is no valid "
+                     "result)")
         return None
     if dropped > max_dropped:
         notes.append(f"{dropped} runs failed or did not converge (at most {max_dropped} may be dropped): no score")
