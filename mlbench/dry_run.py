@@ -24,7 +24,8 @@ from mlbench.spec import Benchmark
 def layout_table(bench: Benchmark, layout: Layout) -> Table:
     t = Table(title=f"{bench.name}: resolved layout", show_header=False)
     d = layout.as_dict()
-    for key in ("nodes", "nproc_per_node", "world_size", "tp", "pp", "vp", "cp", "dp", "micro_batch_size",
+    experts = ("ep",) if bench.model.num_experts else ()  # (a dense model has no expert parallelism to show)
+    for key in ("nodes", "nproc_per_node", "world_size", "tp", "pp", "vp", "cp", "dp", *experts, "micro_batch_size",
                 "global_batch_size", "num_microbatches"):
         t.add_row(key, str(d[key]))
     return t

@@ -128,7 +128,10 @@ def resolve(
 def _with_features(bench: Benchmark, layout: Layout, ref: LayoutSpec | None, ep: int | None, overrides: dict,
                    precision: str | None) -> Layout:
     """The layout with expert parallelism, features and precision, each checked against it."""
-    ep = ep if ep is not None else (ref.ep if ref else 1)
+    if ep is None:  # the reference layout's, adapted as its other sizes are where its devices are not there
+        ep, span = (ref.ep if ref else 1), layout.dp * layout.cp
+        if span % ep:
+            ep = max(d for d in _divisors(span) if d <= ep and bench.model.num_experts % d == 0)
     if ep < 1:
         raise UserError(f"--ep must be at least 1, got {ep}")
     if ep > 1 and (layout.dp * layout.cp) % ep:

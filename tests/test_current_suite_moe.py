@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,17 @@ def test_tiny_gpt_oss_converges(tmp_path: Path, ep: int) -> None:
     result = tmp_path / "ci" / "gpt_oss_20b" / "result_0.txt"
     assert [e["value"] for e in mllog(result) if e["key"] == "expert_parallelism"] == [ep]
     assert json.loads(result.with_suffix(".json").read_text())["layout"]["ep"] == ep
+
+
+def test_the_reference_expert_parallel_size_is_adapted_with_the_layout(tmp_path: Path, cli) -> None:
+    """`mlbench run gpt_oss_20b --dry-run` (and at 2 processes, and `plan` at 4 GPUs): 'expert parallel --ep 8 must
+    divide data parallel x context parallel = 1 x 1 = 1', a flag nobody gave: the 8-GPU reference layout was adapted
+    to the devices but its ep taken as it was. Now the largest size at most the reference's that the layout and the
+    experts divide; an --ep given is still the user's, refused where it does not divide."""
+    full = registry.load("gpt_oss_20b")
+    assert [layout.resolve(full, 1, n).ep for n in (1, 2, 4, 8)] == [1, 2, 4, 8]
+    assert layout.resolve(full, 1, 8, tp=2, features={"sequence_parallel": True}).ep == 4
+    proc = cli("run", "gpt_oss_20b", "--dry-run", "--results", str(tmp_path / "r"), "--system", "ci")
+    assert proc.returncode == 0 and re.search(r"│ ep +│ 1 +│", proc.stdout), proc.stdout
+    with pytest.raises(UserError, match="expert parallel --ep 8 must divide"):
+        layout.resolve(full, 1, 2, ep=8)
