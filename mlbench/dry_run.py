@@ -43,7 +43,11 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
             raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: {e}") from None
     names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
     padding = f", vocabulary padding differs in {len(r['vocab_padding_resized'])}" if r["vocab_padding_resized"] else ""
-    if r["optimizer_moments"] and r["optimizer_metadata"]:
+    if r["optimizer_moments"] and r["optimizer_metadata"] and r.get("optimizer_chained"):
+        moments = ("with Adam moments and megatron-core's optimizer metadata, saved by a chained optimizer (a mixture "
+                   "of experts' dense and expert optimizers): a run whose optimizer is chained alike (--ep > 1) "
+                   "loads them, another starts with fresh moments")
+    elif r["optimizer_moments"] and r["optimizer_metadata"]:
         moments = "with Adam moments and megatron-core's optimizer metadata: the run loads them"
     elif r["optimizer_moments"]:
         moments = "Adam moments but no megatron-core optimizer metadata: the run starts with fresh moments"

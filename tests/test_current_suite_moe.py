@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import assert_tiny_converges, mllog
+from conftest import assert_tiny_converges, mlbench, mllog
 
 from mlbench import compliance, flops, layout, rcp_schedule, registry
 from mlbench.dry_run import closed_rule_problems
@@ -173,15 +173,42 @@ def test_moe_at_tensor_parallel_needs_sequence_parallel() -> None:
     assert not layout.resolve(full, 1, 8).features.sequence_parallel  # the reference's TP 1
 
 
+@pytest.fixture(scope="module")
+def ep2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny run at --nproc-per-node 2 --ep 2, to its target, saving its checkpoint: (results, checkpoint)."""
+    root, ck = tmp_path_factory.mktemp("ep2"), tmp_path_factory.mktemp("ep2_checkpoint") / "ck"
+    assert_tiny_converges("gpt_oss_20b", ["--nproc-per-node", "2", "--ep", "2", "--save-checkpoint", str(ck)], root)
+    return root, ck
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ep", [1, 2], ids=["1proc", "ep2"])
-def test_tiny_gpt_oss_converges(tmp_path: Path, ep: int) -> None:
+def test_tiny_gpt_oss_converges(tmp_path: Path, ep: int, request: pytest.FixtureRequest) -> None:
     """At 1 process (every expert on the rank) and at --nproc-per-node 2 --ep 2 (two experts a rank, tokens
     dispatched all-to-all); the log and the record say the expert-parallel size."""
-    assert_tiny_converges("gpt_oss_20b", ["--nproc-per-node", str(ep), "--ep", str(ep)], tmp_path)
-    result = tmp_path / "ci" / "gpt_oss_20b" / "result_0.txt"
+    if ep == 1:
+        assert_tiny_converges("gpt_oss_20b", ["--nproc-per-node", "1", "--ep", "1"], tmp_path)
+    root = tmp_path if ep == 1 else request.getfixturevalue("ep2_run")[0]
+    result = root / "ci" / "gpt_oss_20b" / "result_0.txt"
     assert [e["value"] for e in mllog(result) if e["key"] == "expert_parallelism"] == [ep]
     assert json.loads(result.with_suffix(".json").read_text())["layout"]["ep"] == ep
+
+
+@pytest.mark.slow
+def test_an_expert_parallel_checkpoint_resumes_with_its_adam_state(ep2_run, tmp_path: Path, quick_env: dict,
+                                                                   cli) -> None:
+    """Saved at --ep 2 (a chained optimizer: the dense and the expert parameters' each, under chained_0/chained_1),
+    resumed in the same layout: the check said 'no Adam moments' and the run 'no megatron-core optimizer metadata',
+    fresh moments both times (their reading knew one optimizer's state only)."""
+    _, ck = ep2_run
+    flags = ["run", "gpt_oss_20b", "--tiny", "--nproc-per-node", "2", "--ep", "2", "--init-checkpoint", str(ck)]
+    dry = cli(*flags, "--dry-run", "--results", str(tmp_path / "d"))
+    assert dry.returncode == 0 and "with Adam moments and megatron-core's optimizer metadata, saved by a chained " \
+        "optimizer" in " ".join(dry.stdout.split()), dry.stdout
+    proc = mlbench(*flags, "--results", str(tmp_path / "r"), "--system", "ci", env=quick_env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    loaded = json.loads((tmp_path / "r" / "ci" / "gpt_oss_20b" / "result_0.json").read_text())["init_checkpoint"]
+    assert loaded["optimizer_state"] is True and loaded["optimizer_note"] == "", loaded
 
 
 def test_the_reference_expert_parallel_size_is_adapted_with_the_layout(tmp_path: Path, cli) -> None:

@@ -167,15 +167,11 @@ def require_rules_for(ruleset: str | None, benchmark: str | None, where: object)
                                   f"holding it: {', '.join(with_rules) or 'none'}"))
 
 
-def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = None,
-              jobs: int | None = None) -> SetScore:
-    runs = rs.runs
-    notes: list[str] = list(rs.left_out)
-    benchmark = _benchmark(rs, notes)
-    with_rules = mlperf_tools.rulesets_with(benchmark)
-    having = ", ".join(with_rules) or "none"
+def _judging_ruleset(rs: ResultSet, ruleset: str | None, benchmark: str | None, with_rules: list[str],
+                     notes: list[str]) -> tuple[str, bool]:
+    """The ruleset the set is judged by (given, else inferred: the path's round, else mlbench's definition), and
+    whether it came from the definition (the path names no round), with the notes that go with it."""
     require_rules_for(ruleset, benchmark, rs.folder)
-    # (inferred from mlbench's definition of the benchmark: the path names no round)
     from_definition = not ruleset and not rs.smoke and mlperf_tools.round_in_path(rs.folder) is None and \
         bool(benchmark) and compliance.default_ruleset(rs.folder, benchmark) is not None
     if not ruleset:
@@ -184,8 +180,17 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
             notes.append(note)
     if benchmark and ruleset not in with_rules:
         notes.append(f"ruleset {ruleset} has no rules for {benchmark} (the checker crashes on it); "
-                     f"rulesets holding it: {having}")
+                     f"rulesets holding it: {', '.join(with_rules) or 'none'}")
+    return ruleset, from_definition
 
+
+def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = None,
+              jobs: int | None = None) -> SetScore:
+    runs = rs.runs
+    notes: list[str] = list(rs.left_out)
+    benchmark = _benchmark(rs, notes)
+    with_rules = mlperf_tools.rulesets_with(benchmark)
+    ruleset, from_definition = _judging_ruleset(rs, ruleset, benchmark, with_rules, notes)
     if rs.smoke:
         notes.append("tiny (smoke) runs: compliance by the structural smoke rules, and no RCP (no reference "
                      "convergence points exist for tiny models); the score is the olympic mean, unnormalised")

@@ -8,8 +8,8 @@ from typing import Any
 
 from mlbench.train.checkpoint.folder import CheckpointError, check_readable
 
-_STORE = ("common_state", "has_optimizer_metadata", "load", "match", "model_state", "renamer", "resolve_names", "save",
-          "save_strategy")
+_STORE = ("common_state", "has_optimizer_metadata", "load", "match", "model_state", "moments_stored", "renamer",
+          "resolve_names", "save", "save_strategy")
 
 
 def __getattr__(name: str) -> Any:  # the rest imports torch: loaded on first use, not by the CLI's folder check

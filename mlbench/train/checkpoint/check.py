@@ -48,8 +48,8 @@ def check(plan: RunPlan) -> dict:
     found = checkpoint.match(plan.init_checkpoint, state, m.vocab_size, plan.benchmark.train.checkpoint_names)
     return {"tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "vocab_padding_resized": found.resized,
-            "optimizer_moments": all(f"optimizer.state.{kind}.{found.to_ckpt(k)}" in found.stored
-                                     for k in found.keys for kind in ("exp_avg", "exp_avg_sq")),
+            "optimizer_moments": checkpoint.moments_stored(found),
+            "optimizer_chained": any(k.startswith("chained_") for k in found.stored),
             "optimizer_metadata": checkpoint.has_optimizer_metadata(checkpoint.common_state(plan.init_checkpoint))}
 
 

@@ -149,14 +149,31 @@ def _groups_holder(opt: object) -> dict | None:
     return None
 
 
+def _members(opt: object) -> list:
+    """The state dicts of an optimizer's members: a ChainedOptimizer's (a mixture of experts trains its dense and
+    its expert parameters with one each) are held under their indices 0, 1, ...; any other is its own one."""
+    if isinstance(opt, dict) and opt and all(isinstance(k, int) for k in opt):
+        return list(opt.values())
+    return [opt]
+
+
 def _distributed(opt: object) -> bool:
     """Whether an optimizer state dict is the distributed optimizer's (it names its parameter-state layout)."""
-    return isinstance(opt, dict) and "param_state_sharding_type" in opt
+    return all(isinstance(m, dict) and "param_state_sharding_type" in m for m in _members(opt))
+
+
+def moments_stored(found: Match) -> bool:
+    """Adam's two moments for every model tensor the match found, under megatron-core's names
+    (optimizer.state.exp_avg.<tensor>; a chained optimizer's members' under chained_<i>.optimizer...)."""
+    chained = sorted({k.split(".", 1)[0] + "." for k in found.stored if k.startswith("chained_")})
+    return all(any(f"{member}optimizer.state.{kind}.{found.to_ckpt(k)}" in found.stored for member in ["", *chained])
+               for k in found.keys for kind in ("exp_avg", "exp_avg_sq"))
 
 
 def has_optimizer_metadata(common: dict) -> bool:
-    """Optimizer metadata (param groups) in common.pt."""
-    return _groups_holder(common.get("optimizer") if isinstance(common, dict) else None) is not None
+    """Optimizer metadata (param groups) in common.pt, for every member of a chained optimizer."""
+    opt = common.get("optimizer") if isinstance(common, dict) else None
+    return opt is not None and all(_groups_holder(m) is not None for m in _members(opt))
 
 
 def foreign_groups(common: dict) -> list[dict] | None:
