@@ -173,6 +173,10 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         real_run(lambda: _device_here(bench, layout, req, local))
     here = None if req.dry_run else local
     device = memory_device(req, here)
+    if req.device is not None:  # the GPU the run is planned for takes its precision, as `plan` checks it
+        from mlbench.planner import devices
+
+        devices.get(req.device).peak_flops(layout.precision)
     check_memory(bench, layout, device)
     check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
     if req.save_checkpoint:

@@ -453,3 +453,14 @@ def test_a_save_checkpoint_path_too_deep_for_the_saves_files_is_refused_up_front
     (partial / "metadata.json").write_text("the filesystem takes it")
     with pytest.raises(UserError, match=r"--save-checkpoint .*: File name too long: the save is made in"):
         prepare(at(tmp_path / ("c" * 240)))
+
+
+def test_a_precision_the_named_device_lacks_is_refused_as_plan_refuses_it(tmp_path: Path) -> None:
+    """`run --device a100 --precision fp8` (a SLURM job aimed at A100s) passed, `fits a100`, while `plan` refused
+    it: the precision was checked against this machine's device only."""
+    full = {"name": "llama31_8b", "tiny": False, "dry_run": True, "launcher": "slurm", "gpus_per_node": 8}
+    _refused(tmp_path, r"^device a100 has no fp8 tensor cores \(NVIDIA A100 SXM4 80GB\); its precisions: bf16, fp32$",
+             layout={"nproc_per_node": 8, "precision": "fp8"}, device="a100", **full)
+    assert prepare(_request(tmp_path, layout={"nproc_per_node": 8, "tp": 2, "micro_batch_size": 1, "precision": "fp8",
+                                              "features": {"distributed_optimizer": True}},
+                            device="h100", **full)).layout.precision == "fp8"
