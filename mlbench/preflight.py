@@ -513,7 +513,14 @@ def _check_data(bench: Benchmark, req: RunRequest) -> None:
 
 
 def _checkpoint_given(bench: Benchmark, req: RunRequest) -> None:
-    """Where the benchmark starts from a checkpoint, one is given."""
+    """Where the benchmark starts from a checkpoint, one is given; where it trains from random weights, none
+    (at full size: the tiny variants resume for testing)."""
+    if req.init_checkpoint and not bench.train.init_checkpoint and bench.variant != "tiny" \
+            and not req.ignore_closed_rules:
+        # trained weights would converge in a fraction of the time, and the log (init_checkpoint_step 0) pass
+        raise UserError(f"{bench.name} trains from random weights (its closed rules: no checkpoint to start from); "
+                        f"--init-checkpoint would make the run another benchmark, whatever its log says: leave it "
+                        f"out, or pass --ignore-closed-rules to run it anyway")
     if bench.train.init_checkpoint and not req.init_checkpoint:
         # A run from random weights would not be the MLPerf benchmark, whatever its log says.
         other = "" if req.dry_run else "; or use --dry-run for the full size, --tiny for a CPU run"

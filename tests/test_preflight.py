@@ -464,3 +464,25 @@ def test_a_precision_the_named_device_lacks_is_refused_as_plan_refuses_it(tmp_pa
     assert prepare(_request(tmp_path, layout={"nproc_per_node": 8, "tp": 2, "micro_batch_size": 1, "precision": "fp8",
                                               "features": {"distributed_optimizer": True}},
                             device="h100", **full)).layout.precision == "fp8"
+
+
+def test_a_checkpoint_for_a_benchmark_that_trains_from_random_weights_is_refused_at_full_size(tmp_path: Path) -> None:
+    """`run llama31_8b --init-checkpoint CK` (trained weights) was accepted: it logs init_checkpoint_step 0, passes
+    the checker, and reached the target in a ninth of the time (the tiny runs, which may resume, showed it)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (ck / "common.pt").write_bytes(b"")
+    (ck / ".metadata").write_bytes(b"")
+    full = {"name": "llama31_8b", "tiny": False, "launcher": "slurm", "gpus_per_node": 8, "init_checkpoint": ck,
+            "layout": {"nproc_per_node": 8, "tp": 2, "micro_batch_size": 1,
+                       "features": {"distributed_optimizer": True}}, "data_path": str(tmp_path / "data")}
+    dry = prepare(_request(tmp_path, dry_run=True, **full))  # a dry run says it; a real run is refused for it
+    said = [r for r in dry.real_run_refusals if "random weights" in r]
+    assert said == ["llama31_8b trains from random weights (its closed rules: no checkpoint to start from); "
+                    "--init-checkpoint would make the run another benchmark, whatever its log says: leave it out, or "
+                    "pass --ignore-closed-rules to run it anyway"], dry.real_run_refusals
+    assert not any("random weights" in r for r in prepare(_request(
+        tmp_path, dry_run=True, ignore_closed_rules=True, **full)).real_run_refusals)
+    tiny = prepare(_request(tmp_path, name="llama31_8b", dry_run=True, init_checkpoint=ck))  # tiny runs may resume
+    assert not any("random weights" in r for r in tiny.real_run_refusals), tiny.real_run_refusals
