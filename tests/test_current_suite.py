@@ -273,3 +273,24 @@ def test_a_file_naming_no_benchmark_is_said_to_be_left_out_of_the_rcp_check(tmp_
     assert s.rcp.status == "Pass", s.rcp
     assert any(n.startswith("result_0.txt: no submission_benchmark read, so left out of the RCP check here; the "
                             "official RCP checker stops on such a file (KeyError: None)") for n in s.notes), s.notes
+
+
+def test_a_run_stop_before_its_run_start_is_scored_by_the_summarizer_and_its_figure_given(tmp_path: Path) -> None:
+    """result_0's run_stop 10,000 s earlier: invalid here (no time to train), while the official summarizer takes its
+    negative time as the fastest run and drops it, printing 99.6803; mlbench printed its figure as unknown ('-')."""
+    import shutil
+
+    from mlbench.analysis.score import score_path
+
+    org = tmp_path / "training_results_v5.1" / "AMD"
+    shutil.copytree(RESULTS / "training_results_v5.1" / "AMD", org)
+    log = next(org.glob("results/*/llama31_8b/result_0.txt"))
+    log.write_text(re.sub(r'("time_ms": )(\d+)(, "event_type": "INTERVAL_END", "key": "run_stop")',
+                          lambda m: f"{m[1]}{int(m[2]) - 10_000_000}{m[3]}", log.read_text(), count=1))
+    proc = subprocess.run([sys.executable, "-c", _SUMMARIZE_EACH, str(org)], capture_output=True, text=True,
+                          timeout=300, check=True)
+    [[row]] = json.loads(proc.stdout).values()
+    (s,) = score_path(org, jobs=1)
+    assert s.official_score_min == pytest.approx(row["llama31_8b:time_to_train"], abs=1e-4), (s.official_score_min, row)
+    assert s.score_min is not None and s.score_min != pytest.approx(s.official_score_min, abs=1e-3)
+    assert any(n.startswith("result_0.txt: the official summarizer scores its time as any run's, -") for n in s.notes)

@@ -79,6 +79,7 @@ class RunLog:
     path: Path
     problems: list[str] = field(default_factory=list)
     invalid: bool = False  # a field the score rests on is garbled: the run never counts
+    no_time: bool = False  # invalid only in that run_stop is not after run_start (the summarizer scores it anyway)
     texts: dict[str, str] = field(default_factory=dict)  # first submission_* values
     gbs: int | None = None
     seq_len: int | None = None
@@ -417,6 +418,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
         if not scan.seen["run_stop"]:
             log.problems.append("no run_stop: the run did not finish (crashed or the log is truncated)")
     elif log.run_stop_ms <= log.run_start_ms:  # (time_to_train_s: no time to train)
+        log.no_time = not log.invalid
         log.invalid = True
         when = (f"{(log.run_start_ms - log.run_stop_ms) / 1000:g} s before" if log.run_stop_ms < log.run_start_ms
                 else "at the same time as")
@@ -576,7 +578,7 @@ def _check_own_target(log: RunLog) -> None:
     log.problems.append(f"{log.path}: run_stop says success, but the last evaluation, {last:g}, misses the target "
                         f"its run record states ({'<=' if direction == 'min' else '>='} {target:g}): the run cannot "
                         f"count")
-    log.invalid = True
+    log.invalid, log.no_time = True, False
 
 
 def _source(where: str, why: list[str]) -> str:

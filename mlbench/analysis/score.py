@@ -167,6 +167,19 @@ def require_rules_for(ruleset: str | None, benchmark: str | None, where: object)
                                   f"holding it: {', '.join(with_rules) or 'none'}"))
 
 
+def _judged_by_definition(ruleset: str, benchmark: str | None, with_rules: list[str]) -> str:
+    """The note for a set that fails the ruleset of mlbench's definition, its path naming no round (a published
+    folder copied out of its training_results_vX.Y tree is judged by another round's rules)."""
+    return (f"judged by ruleset {ruleset}, {benchmark}'s in mlbench's benchmark definition: the path names no "
+            f"training_results_vX.Y round; runs made under another round's rules may fail these: pass --ruleset "
+            f"with theirs ({', '.join(with_rules)} hold {benchmark})")
+
+
+def _no_time_min(r: RunLog) -> float:
+    """The time to train the official summarizer takes for a run whose run_stop is not after its run_start."""
+    return (r.run_stop_ms - r.run_start_ms) / 60_000  # type: ignore[operator]
+
+
 def _judging_ruleset(rs: ResultSet, ruleset: str | None, benchmark: str | None, with_rules: list[str],
                      notes: list[str]) -> tuple[str, bool]:
     """The ruleset the set is judged by (given, else inferred: the path's round, else mlbench's definition), and
@@ -204,10 +217,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
             problems=list(r.problems), compliance=msgs))
 
     if from_definition and any(s.compliant is False for s in scored):
-        # (a published folder copied out of its training_results_vX.Y tree: judged by another round's rules)
-        notes.append(f"judged by ruleset {ruleset}, {benchmark}'s in mlbench's benchmark definition: the path names no "
-                     f"training_results_vX.Y round; runs made under another round's rules may fail these: pass "
-                     f"--ruleset with theirs ({', '.join(with_rules)} hold {benchmark})")
+        notes.append(_judged_by_definition(ruleset, benchmark, with_rules))
     scaling_json, scaling_ok = _scaling_json(rs, notes)
     unknown = any(s.compliant is None for s in scored)  # (the official summarizer would drop it as non-compliant)
     # (a result_*.txt that is no file to read, a dangling link, stops the summarizer: it prints nothing)
@@ -221,6 +231,8 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     # scored it).
     same = list(zip(runs, scored, strict=True))
     olympic = _olympic([s for _, s in same], benchmark, notes)
+    notes += [f"{s.file}: the official summarizer scores its time as any run's, {_no_time_min(r):.4f} min (here "
+              f"it cannot count)" for r, s in same if r.no_time and s.compliant]
 
     division = _division(rs, runs)
     if (each := _differ(runs, lambda r: r.division)) is not None:  # (the RCP check would hang on the file order)
@@ -327,10 +339,11 @@ def _official_score(rs: ResultSet, runs: list[RunLog], scored: list[RunScore],
     """What result_summarizer prints for this folder on a first pass, from its own functions:
     every compliant, parseable file counts (aborted ones too), times scaled by an existing scaling.json. None where
     a compliant run holds a field mlbench refuses (an epoch_num of 1e30, say): the summarizer reads some of those,
-    so what it prints is not known here."""
-    if any(s.compliant and r.invalid for r, s in zip(runs, scored, strict=True)):
+    so what it prints is not known here; a run_stop not after run_start it scores at its time, 0 or negative."""
+    if any(s.compliant and r.invalid and not r.no_time for r, s in zip(runs, scored, strict=True)):
         return None
-    times = [s.ttt_min for s in scored if s.compliant and s.ttt_min is not None]
+    times = [_no_time_min(r) if r.no_time else s.ttt_min for r, s in zip(runs, scored, strict=True)
+             if s.compliant and (s.ttt_min is not None or r.no_time)]
     dropped = len(runs) - len(times)
     max_dropped = mlperf_tools.max_dropped(rs.folder.name)
     if dropped > max_dropped:
