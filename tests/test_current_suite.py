@@ -294,3 +294,25 @@ def test_a_run_stop_before_its_run_start_is_scored_by_the_summarizer_and_its_fig
     assert s.official_score_min == pytest.approx(row["llama31_8b:time_to_train"], abs=1e-4), (s.official_score_min, row)
     assert s.score_min is not None and s.score_min != pytest.approx(s.official_score_min, abs=1e-3)
     assert any(n.startswith("result_0.txt: the official summarizer scores its time as any run's, -") for n in s.notes)
+
+
+def test_a_log_counted_twice_and_a_factor_below_1_are_said(tmp_path: Path) -> None:
+    """A byte copy of result_0.txt as result_10.txt, and result_11.txt a link to result_3.txt: scored as two more
+    runs (as the official summarizer scores them) without a word; a scaling.json of 0.5 halved the score, said only
+    as a difference from the RCP check's factor."""
+    import shutil
+
+    from mlbench.analysis.score import score_path
+
+    folder = tmp_path / "llama31_8b"
+    shutil.copytree(next(RESULTS.glob("training_results_v5.1/AMD/results/*/llama31_8b")), folder)
+    shutil.copy(folder / "result_0.txt", folder / "result_10.txt")
+    (folder / "result_11.txt").symlink_to("result_3.txt")
+    (folder / "scaling.json").write_text('{"scaling_factor": 0.5}')
+    (s,) = score_path(folder, "5.1.0", jobs=1)
+    assert len(s.runs) == 12 and s.score_min == pytest.approx(s.official_score_min), s
+    assert "result_10.txt is the same log as result_0.txt (byte for byte): counted as another run, as the official " \
+           "summarizer counts it; a set's runs are distinct runs" in s.notes, s.notes
+    assert any(n.startswith("result_11.txt is the same log as result_3.txt") for n in s.notes), s.notes
+    assert "scaling.json's factor 0.5 is below 1, which no RCP check writes: it makes the score faster than the " \
+           "runs; applied, as the official summarizer applies it" in s.notes, s.notes

@@ -8,6 +8,8 @@ the official summarizer would have printed instead (`official_score_min`).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import tempfile
 from collections.abc import Callable
@@ -143,6 +145,28 @@ def _benchmark(rs: ResultSet, notes: list[str]) -> str | None:
     return rs.benchmark
 
 
+def duplicate_notes(files: list[Path]) -> list[str]:
+    """A file of the set that is another one's log again (a link to it, or the same bytes): both counted as runs,
+    as the official summarizer counts them, and said. Only files of one size are read to compare."""
+    by_size: dict[int, list[Path]] = {}
+    for f in files:
+        with contextlib.suppress(OSError):
+            by_size.setdefault(f.stat().st_size, []).append(f)
+    notes = []
+    for same_size in by_size.values():
+        seen: dict[bytes, Path] = {}
+        for f in same_size if len(same_size) > 1 else ():
+            try:
+                with open(f, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").digest()  # (in blocks: a log may be 250 MB)
+            except OSError:
+                continue
+            if (first := seen.setdefault(digest, f)) is not f:
+                notes.append(f"{f.name} is the same log as {first.name} (byte for byte): counted as another run, as "
+                             f"the official summarizer counts it; a set's runs are distinct runs")
+    return notes
+
+
 def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
     """(scaling.json's factor or None, whether the file is usable). One that is there but no regular file (a pipe
     would block the summarizer's read, /dev/zero fill the memory) or too large is not usable, and said."""
@@ -150,7 +174,11 @@ def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
     try:
         if path.exists():
             check_json_file(path)
-        return mlperf_tools.scaling_factor(rs.folder), True
+        factor = mlperf_tools.scaling_factor(rs.folder)
+        if factor is not None and factor < 1:  # (an RCP pass only ever slows a set down: 1 or more)
+            notes.append(f"scaling.json's factor {factor:g} is below 1, which no RCP check writes: it makes the score "
+                         f"faster than the runs; applied, as the official summarizer applies it")
+        return factor, True
     except OSError as e:
         notes.append(f"{path}: cannot be read ({e.strerror or e}): no score")
         return None, False
@@ -200,7 +228,7 @@ def _judging_ruleset(rs: ResultSet, ruleset: str | None, benchmark: str | None, 
 def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = None,
               jobs: int | None = None) -> SetScore:
     runs = rs.runs
-    notes: list[str] = list(rs.left_out)
+    notes: list[str] = [*rs.left_out, *duplicate_notes(rs.files)]
     benchmark = _benchmark(rs, notes)
     with_rules = mlperf_tools.rulesets_with(benchmark)
     ruleset, from_definition = _judging_ruleset(rs, ruleset, benchmark, with_rules, notes)
