@@ -340,9 +340,10 @@ def _check_launcher_options(req: RunRequest) -> None:
                             f"is {req.launcher}: add --launcher {launchers[0]}, or leave {flag} out")
         if req.launcher in launchers and isinstance(value, str) and not value.strip():
             raise UserError(f"{flag} is empty; give a value, or leave it out for the default")
-    if req.master_addr is not None and (bad := next((c for c in req.master_addr if c.isspace()
-                                                     or not c.isprintable()), None)) is not None:
-        what = "a space" if bad == " " else repr(bad)[1:-1]
+    # a host name's letters, digits, dots and hyphens; an address's colons, [ ] and % (IPv6, its zone)
+    if req.master_addr is not None and (bad := next((c for c in req.master_addr if not c.isalnum()
+                                                     and c not in ".-_:%[]"), None)) is not None:
+        what = "a space" if bad == " " else repr(bad)[1:-1] if not bad.isprintable() else repr(bad)
         raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds {what})")
 
 

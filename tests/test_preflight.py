@@ -116,6 +116,10 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
                                                                     r"address \(it holds \\n\)"),
     ({"launcher": "slurm", "master_addr": ""}, r"--master-addr is empty"),
     ({"launcher": "slurm", "master_addr": "a b"}, r"--master-addr 'a b' is not a host name"),
+    # safely quoted in the job script, but no host is named so ($( ) and ; were let through)
+    ({"launcher": "slurm", "master_addr": "$(id)", "dry_run": True},
+     r"^--master-addr '\$\(id\)' is not a host name or an address \(it holds '\$'\)$"),
+    ({"launcher": "slurm", "master_addr": "a;b", "dry_run": True}, r"\(it holds ';'\)$"),
     ({"launcher": "torchrun", "rdzv_endpoint": "a b:29500"}, r"--rdzv-endpoint 'a b:29500' must be HOST:PORT"),
     # each launched torchrun, which failed after 3 s to 106 s saying only that it exited, with an empty log
     ({"launcher": "torchrun", "rdzv_endpoint": "http://localhost:29651"}, r"must be HOST:PORT .*no scheme, no path"),
