@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import shutil
@@ -478,7 +479,15 @@ def _creatable(folder: Path) -> tuple[Path, str]:
     existing = folder
     while not existing.exists() and existing != existing.parent:
         if existing.is_symlink():  # mkdir through it said "File exists"
-            return existing, f"is a link to {os.readlink(existing)}, which does not exist"
+            loop = False
+            try:
+                existing.resolve(strict=True)
+            except RuntimeError:  # Python 3.11's word for ELOOP
+                loop = True
+            except OSError as e:
+                loop = e.errno == errno.ELOOP
+            where = "leads back to itself (a loop of links)" if loop else "does not exist"
+            return existing, f"is a link to {os.readlink(existing)}, which {where}"
         existing = existing.parent
     if not existing.is_dir():
         return existing, "is not a folder"

@@ -490,3 +490,13 @@ def test_a_checkpoint_for_a_benchmark_that_trains_from_random_weights_is_refused
         tmp_path, dry_run=True, ignore_closed_rules=True, **full)).real_run_refusals)
     tiny = prepare(_request(tmp_path, name="llama31_8b", dry_run=True, init_checkpoint=ck))  # tiny runs may resume
     assert not any("random weights" in r for r in tiny.real_run_refusals), tiny.real_run_refusals
+
+
+def test_a_results_link_in_a_loop_is_named_so(tmp_path: Path) -> None:
+    """Two links to each other: it said 'a link to b, which does not exist'."""
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    req = dataclasses.replace(_request(tmp_path), results_root=tmp_path / "a" / "r")
+    with pytest.raises(UserError, match=rf"\({tmp_path}/a is a link to b, which leads back to itself \(a loop of "
+                                        rf"links\)\)"):
+        prepare(req)
