@@ -345,3 +345,13 @@ def test_the_planner_measures_and_calibrates_on_the_shipped_definitions(tmp_path
     assert "directory=registry.SHIPPED_DIR" in cpu.PROBE
     if CSV.is_file():
         assert calibration.load(CSV)
+
+
+def test_a_search_over_more_devices_than_any_batch_can_feed_says_so(cli) -> None:
+    """800,000 H100s for llama31_8b: 'the commonest reason: 32 layers must divide by pp x vp = 2 x 3 = 6', a
+    divisibility among thousands, where no global batch the search tries gives every data-parallel rank a sample."""
+    p = cli("plan", "llama31_8b", "--device", "h100", "--nodes", "100000", "--nproc-per-node", "8")
+    out = " ".join(p.stdout.split())
+    assert p.returncode == 2 and "800000 devices split at most 1600 ways by model parallelism leave at least 500 " \
+        "data-parallel ranks, more than the largest global batch tried (128, a sample a rank at least): use fewer " \
+        "devices" in out, out

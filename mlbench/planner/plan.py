@@ -124,8 +124,10 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
     results, counts = [], {"candidates": 0, "invalid": 0, "closed_rules": 0, "does_not_fit": 0}
     rejected_batches: dict[int, str | None] = {}
     reasons: dict[str, int] = {}  # why candidates break the layout rules, and how many
+    most_split, largest_batch = 1, 0  # the most model-parallel ranks and the largest global batch tried
     for c in candidates(bench, world, device, gbs, ep):
         counts["candidates"] += 1
+        most_split, largest_batch = max(most_split, c.tp * c.pp * c.cp), max(largest_batch, c.gbs)
         try:
             layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs, c.ep)
         except UserError as e:
@@ -152,6 +154,10 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
         why = next((f"; at global batch {b} the closed rules reject {w}" for b, w in rejected_batches.items() if w), "")
         if reasons and counts["invalid"] == counts["candidates"]:
             why = f"; the commonest reason: {max(reasons, key=reasons.get)}"
+            if (fewest := -(-world // most_split)) > largest_batch:  # no batch has a sample a data-parallel rank
+                why = (f": {world} devices split at most {most_split} ways by model parallelism leave at least "
+                       f"{fewest} data-parallel ranks, more than the largest global batch tried ({largest_batch}, "
+                       f"a sample a rank at least): use fewer devices")
         raise UserError(f"no layout of {bench.name} on {nodes} x {nproc_per_node} {device.name} passes the layout "
                         f"rules{', the closed rules' if closed_rules_ok else ''} and fits in memory "
                         f"({counts['candidates']} tried: {counts['invalid']} break a layout rule, "
