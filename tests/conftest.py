@@ -89,7 +89,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
 
 def launch_ranks(script: Path, nproc: int, *args: str, env: dict | None = None, rank: int = 0) -> str:
     """Run SCRIPT ARGS as NPROC gloo ranks under mlbench's local agent (what `mlbench run` starts on one node:
-    torchrun's environment and log layout, without torch imported in the agent); returns RANK's output. A failure shows
+    torchrun's environment and log layout, each rank forked from the agent); returns RANK's output. A failure shows
     the agent's message and RANK's errors (megatron's import warnings left out)."""
     logs = script.parent / f"{script.stem}_ranks"
     proc = subprocess.run([sys.executable, "-m", "mlbench.launch.local_ranks", f"--nproc-per-node={nproc}",
@@ -100,6 +100,29 @@ def launch_ranks(script: Path, nproc: int, *args: str, env: dict | None = None, 
     errors = "\n".join(ln for ln in err.splitlines() if "warn" not in ln.lower())
     assert proc.returncode == 0, proc.stdout + errors[-3000:]
     return (own / "stdout.log").read_text()
+
+
+_AT_RANK_START = """import os, sys
+
+MAIN = os.path.join("mlbench", "train", "__main__.py")
+
+
+def _hook(event, args):
+    if event == "exec" and getattr(args[0], "co_filename", "").endswith(MAIN):
+{code}
+
+
+sys.addaudithook(_hook)
+"""
+
+
+def at_rank_start(folder: Path, code: str) -> dict[str, str]:
+    """The environment in which CODE (Python, its lines indented 8 spaces) runs in every rank of `mlbench run` as it
+    starts its main module: a sitecustomize in FOLDER whose audit hook runs it. A rank forked by mlbench's agent
+    runs no sitecustomize of its own (the agent's ran once), an exec'd one (torchrun's) does; both start there."""
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_AT_RANK_START.format(code=code))
+    return {"PYTHONPATH": str(folder)}
 
 
 def assert_no_markup(text: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import MLBENCH, assert_no_markup, mllog, quick_env_at, result_dir
+from conftest import MLBENCH, assert_no_markup, at_rank_start, mllog, quick_env_at, result_dir
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +46,10 @@ def _run_pids(tmp_path: Path) -> dict[int, bool]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue  # exited, not yet reaped
+            forked_rank = Path(f"/proc/{pid}/comm").read_text().startswith("mlbench rank")  # its cmdline the agent's
         except OSError:
             continue
-        pids[pid] = b"torch.distributed.run" in cmd or b"mlbench.launch.local_ranks" in cmd
+        pids[pid] = not forked_rank and (b"torch.distributed.run" in cmd or b"mlbench.launch.local_ranks" in cmd)
     return pids
 
 
@@ -105,8 +106,7 @@ def test_killed_rank_aborts_the_run_within_30_seconds(tmp_path: Path) -> None:
     _wait_for_steps(tmp_path, 5)
     pids = _worker_pids(tmp_path)
     assert len(pids) == 2
-    environ = Path(f"/proc/{pids[-1]}/environ").read_bytes().split(b"\0")
-    rank = next(v.split(b"=")[1].decode() for v in environ if v.startswith(b"RANK="))
+    rank = Path(f"/proc/{pids[-1]}/comm").read_text().split()[-1]  # "mlbench rank N": forked, its environ the agent's
     killed = time.monotonic()
     os.kill(pids[-1], signal.SIGKILL)
     out = _communicate_or_explain(proc, tmp_path, 60)
@@ -247,11 +247,9 @@ def test_sys_executable_is_used() -> None:
     assert MLBENCH[0] == sys.executable
 
 
-_RANK_1_LATE = """
-import os, time
-if os.environ.get("RANK") == "1":  # the rank (its launcher has no RANK), before any handler of its own
-    time.sleep(300)  # rank 0 waits for it inside init_process_group
-"""
+# rank 1, as it starts, before any handler of its own: rank 0 waits for it inside init_process_group
+_RANK_1_LATE = """        if os.environ.get("RANK") == "1":
+            __import__("time").sleep(300)"""
 
 
 def test_a_stop_during_the_rendezvous_ends_the_run_at_once(tmp_path: Path) -> None:
@@ -259,11 +257,9 @@ def test_a_stop_during_the_rendezvous_ends_the_run_at_once(tmp_path: Path) -> No
     supervisor's SIGTERM and ended only at its SIGKILL, after the 10 s grace; now SIGTERM ends it there at once,
     and the run is aborted with the supervisor's reason."""
     site = tmp_path.parent / f"{tmp_path.name}-site"  # beside the results, which hold one system folder
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_RANK_1_LATE)
     proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path),
                              "--seed", "3", "--system", "ci"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(site)))
+                            text=True, env=dict(os.environ, COLUMNS="200", **at_rank_start(site, _RANK_1_LATE)))
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("ci/gpt3/.staging-*/mlperf.log")):  # rank 0's preamble: it is past its imports
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]

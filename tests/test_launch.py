@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mlbench, mllog
+from conftest import at_rank_start, mlbench, mllog
 
 from mlbench import registry
 from mlbench.launch import lifeline, ports, slurm, torchrun
@@ -285,6 +285,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 (out / f"rank{os.environ['RANK']}").write_text(" ".join(os.environ[k] for k in (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+(out / f"forked{os.environ['RANK']}").write_text(f"{open('/proc/self/comm').read().strip()}|{'torch' in sys.modules}")
 if os.environ["RANK"] == "1" and (out / "fail").exists():
     sys.exit(3)
 time.sleep(60 if (out / "fail").exists() else 0)
@@ -309,6 +310,8 @@ def test_the_local_agent_starts_each_rank_with_torchruns_environment(tmp_path: P
     proc, _ = _agent(tmp_path, fail=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     envs = [(tmp_path / f"rank{r}").read_text().split() for r in (0, 1)]
+    # forked from the agent once it imported torch (a rank's start pays no torch import), each named for `ps`
+    assert [(tmp_path / f"forked{r}").read_text() for r in (0, 1)] == ["mlbench rank 0|True", "mlbench rank 1|True"]
     assert [e[:5] for e in envs] == [["0", "0", "2", "2", "127.0.0.1"], ["1", "1", "2", "2", "127.0.0.1"]]
     assert envs[0][5] == envs[1][5]  # one rendezvous port
     logs = tmp_path / "ranks" / "local" / "attempt_0"
@@ -423,12 +426,9 @@ def test_a_run_of_two_ranks_whose_rank_dies_at_start_names_it(tmp_path: Path) ->
     """Through the CLI, as above with two ranks (mlbench's agent): the reason was "launcher exited with code 1 (a
     rank failed; see the rank logs)", the agent's line naming the rank left in its log with a staging folder that is
     gone once the run is published. The reason now names the rank, how it ended and its logs under the result's."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import os, sys\nif 'mlbench.train' in sys.orig_argv and os.environ.get('RANK') == '0':\n    os._exit(7)\n")
+    env = at_rank_start(tmp_path / "site", "        if os.environ.get('RANK') == '0':\n            os._exit(7)")
     out = mlbench("run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(tmp_path / "r"), "--system",
-                  "s", "--seed", "1", env={"PYTHONPATH": str(site)})
+                  "s", "--seed", "1", env=env)
     assert out.returncode == 1, out.stdout + out.stderr
     folder = tmp_path / "r" / "s" / "gpt3"
     reason = "rank 0 exited with code 7 (see the rank logs: local/attempt_0/0)"
