@@ -260,8 +260,7 @@ def _check_options(req: RunRequest) -> None:
     if req.launcher == "torchrun":
         if not req.rdzv_endpoint:
             raise UserError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (the same on every node)")
-        host, _, port = req.rdzv_endpoint.rpartition(":")
-        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [IPv6]:PORT
+        host, bare, port = _endpoint(req.rdzv_endpoint)
         if not bare or any(c.isspace() or c in "/@[]" for c in bare) or (":" in bare and bare == host) \
                 or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r} must be HOST:PORT with a port 1-65535 (a host "
@@ -274,10 +273,15 @@ def _check_options(req: RunRequest) -> None:
         _check_printable(flag, path)
 
 
+def _endpoint(endpoint: str) -> tuple[str, str, str]:
+    """HOST:PORT as (host, the host without the brackets of [IPv6]:PORT, port)."""
+    host, _, port = endpoint.rpartition(":")
+    return host, host[1:-1] if host.startswith("[") and host.endswith("]") else host, port
+
+
 def _rendezvous_reachable(req: RunRequest) -> None:
     """--rdzv-endpoint's host resolves here, and is this host where this node is node 0 (a well-formed endpoint)."""
-    host, _, port = req.rdzv_endpoint.rpartition(":")
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    _, bare, port = _endpoint(req.rdzv_endpoint)
     try:  # torchrun retried an unknown host for a minute and a half, then said only that it exited
         found = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as e:

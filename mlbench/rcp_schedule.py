@@ -51,7 +51,7 @@ def of_optimizer(o: OptimizerSpec, gbs: int) -> Schedule | None:
         return None
     lr, warmup = base
     min_lr = evaluate(o.min_lr, global_batch_size=gbs, lr=lr)
-    decay = int(evaluate(o.decay_steps, global_batch_size=gbs, warmup_steps=warmup))
+    decay = int(o.decay_at(gbs, warmup))
     return Schedule(lr=lr, min_lr=min_lr, warmup_steps=warmup, decay_steps=decay)
 
 

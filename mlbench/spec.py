@@ -115,6 +115,10 @@ class OptimizerSpec:
             return self.lr_table[gbs], self.warmup_table[gbs]
         return None
 
+    def decay_at(self, gbs: int, warmup_steps: int) -> Any:
+        """`decay_steps` at global batch `gbs` after a warm-up of `warmup_steps` (its expression may name it)."""
+        return evaluate(self.decay_steps, global_batch_size=gbs, warmup_steps=warmup_steps)
+
 
 @dataclass(frozen=True)
 class TrainSpec:
@@ -457,7 +461,7 @@ def check_schedule(b: Benchmark, where: str, batches: typing.Iterable[int]) -> N
                             f"optimizer.lr {base[0]!r}: the schedule decays from lr down to min_lr; make min_lr at "
                             f"most lr")
         if base is not None:
-            check_decay(where, evaluate(b.optimizer.decay_steps, global_batch_size=gbs, warmup_steps=base[1]), gbs)
+            check_decay(where, b.optimizer.decay_at(gbs, base[1]), gbs)
 
 
 def step_budget(b: Benchmark, gbs: int) -> int | None:
@@ -468,7 +472,7 @@ def step_budget(b: Benchmark, gbs: int) -> int | None:
     if steps <= 0:
         if (base := b.optimizer.base_at(gbs)) is None:
             return None
-        steps = base[1] + int(evaluate(b.optimizer.decay_steps, global_batch_size=gbs, warmup_steps=base[1]))
+        steps = base[1] + int(b.optimizer.decay_at(gbs, base[1]))
     return max(steps, 1)
 
 

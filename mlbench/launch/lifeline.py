@@ -24,6 +24,7 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 ORPHANED_EXIT = 5  # a rank's exit code when it stops because its launcher died
 # A rank's exit code when it stops because another process of the run failed first: its launcher stopped it (SIGTERM,
@@ -36,6 +37,12 @@ _parent: int | None = None  # the parent a rank started under (install_pdeathsig
 
 def _prctl(option: int, arg: int) -> bool:
     return _libc is not None and _libc.prctl(option, arg, 0, 0, 0) == 0
+
+
+def name_process(name: str) -> None:
+    """This process's name in `ps -o comm` and top (PR_SET_NAME: at most 15 bytes are kept)."""
+    if _libc is not None:
+        _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()), 0, 0, 0)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -28,7 +28,6 @@ Multi-node runs keep torchrun (its static rendezvous), and so does every node of
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import runpy
@@ -37,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlbench.launch.lifeline import ORPHANED_EXIT, consequent, die_with_parent
+from mlbench.launch.lifeline import ORPHANED_EXIT, consequent, die_with_parent, name_process
 from mlbench.launch.ports import STORE, held_port
 
 GRACE_S = 10.0
@@ -125,12 +124,6 @@ def preload() -> None:
     import torch.distributed.tensor  # noqa: F401 - megatron-core's import of it is most of torch's own time
 
 
-def _name(rank: int) -> None:
-    """The rank's name in `ps -o comm` and top (its command line is the agent's): prctl(PR_SET_NAME)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(f"mlbench rank {rank}".encode()), 0, 0, 0)
-
-
 def _exit_code(code: object) -> int:
     """The exit status of `raise SystemExit(code)`, as the interpreter gives it."""
     if code is None:
@@ -193,7 +186,7 @@ def _fork_rank(rank: int, rank_argv: list[str], env: dict[str, str], logs: Path,
             os.close(f)
         os.environ.clear()
         os.environ.update(env)
-        _name(rank)
+        name_process(f"mlbench rank {rank}")  # (its command line is the agent's)
         code = _run_rank(rank_argv)
     finally:
         with contextlib.suppress(Exception):
