@@ -127,6 +127,11 @@ def test_bad_slurm_time_limit(tmp_path: Path, cli) -> None:
                    "--results", str(tmp_path))
     _assert_clean_error(proc, "--time (time_limit) must be HH:MM:SS", "'2h'")
     assert not list(tmp_path.rglob("*.sbatch"))
+    # a final newline passed the pattern's `$`, and the dry run printed '#SBATCH --time=\'02:00:00' over two lines
+    proc = cli("run", "gpt3", "--tiny", "--launcher", "slurm", "--time", "02:00:00\n", "--dry-run", "--results",
+               str(tmp_path))
+    _assert_clean_error(proc, "--time (time_limit) must be HH:MM:SS", "'02:00:00\\n'")
+    assert not list(tmp_path.iterdir())
 
 
 def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmarks_copy: Path, cli) -> None:

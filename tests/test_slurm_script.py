@@ -132,6 +132,8 @@ def test_render_defaults_and_variants() -> None:
     [
         {"time_limit": "90 minutes"},
         {"time_limit": "\u0663:00:00"},  # an Arabic-Indic 3: \\d matched it, and it went into #SBATCH --time
+        {"time_limit": "02:00:00\n"},  # `$` matched before the newline: the quote of #SBATCH --time on the next line
+        {"signal": "TERM@120\n"},
         {"signal": "TERM now"},
         {"env": {"BAD NAME": "x"}},
         {"command": ["echo", "a\nb"]},

@@ -19,10 +19,12 @@ from typing import Literal
 
 GENERATOR = "mlbench.launch.slurm_script"
 
-_TIME_RE = re.compile(r"^(?:[0-9]+-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]$")  # ASCII digits: \d takes '٣' too
+# Matched whole (fullmatch): `$` also matches before a final newline, and '02:00:00\n' went into #SBATCH --time
+# with its quote on the next line.
+_TIME_RE = re.compile(r"(?:[0-9]+-)?[0-9]{1,3}:[0-5][0-9]:[0-5][0-9]")  # ASCII digits: \d takes '٣' too
 # sbatch --signal=[{R|B}:]<sig>[@sig_time]
-_SIGNAL_RE = re.compile(r"^(?:[RB]{1,2}:)?(?:SIG)?[A-Z0-9]+(?:@\d+)?$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SIGNAL_RE = re.compile(r"(?:[RB]{1,2}:)?(?:SIG)?[A-Z0-9]+(?:@[0-9]+)?")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class SlurmJob:
             raise ValueError("gpus_per_node must be >= 0 and nproc_per_node >= 1")
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
             raise ValueError("cpus_per_task must be >= 1")
-        if self.time_limit is not None and not _TIME_RE.match(self.time_limit):
+        if self.time_limit is not None and not _TIME_RE.fullmatch(self.time_limit):
             raise ValueError(f"--time (time_limit) must be HH:MM:SS or D-HH:MM:SS, not {self.time_limit!r}")
         if self.time_limit is not None and time_limit_seconds(self.time_limit) == 0:  # sbatch --time: "0: no limit"
             raise ValueError(f"--time (time_limit) {self.time_limit} is zero, which SLURM reads as no limit at all "
@@ -85,7 +87,7 @@ class SlurmJob:
         for mount in self.container_mounts:
             if problem := mount_problem(mount):
                 raise ValueError(f"container mount {mount!r}: {problem}")
-        if self.signal is not None and not _SIGNAL_RE.match(self.signal):
+        if self.signal is not None and not _SIGNAL_RE.fullmatch(self.signal):
             raise ValueError(f"signal must look like TERM@120 or B:USR1@60, not {self.signal!r}")
         if self.signal is not None and self.time_limit is not None and "@" in self.signal:
             # SLURM would send the warning at once (a 1-minute job with TERM@120 gets SIGTERM at start).
@@ -99,7 +101,7 @@ class SlurmJob:
         if self.rdzv_timeout is not None and not 1 <= self.rdzv_timeout < math.inf:  # also NaN
             raise ValueError(f"rdzv_timeout must be at least 1 second, not {self.rdzv_timeout!r}")
         for name in self.env:
-            if not _ENV_NAME_RE.match(name):
+            if not _ENV_NAME_RE.fullmatch(name):
                 raise ValueError(f"not an environment variable name: {name!r}")
         for opt in self.sbatch_options:
             if not opt.startswith("-"):
