@@ -134,6 +134,15 @@ def test_bad_slurm_time_limit(tmp_path: Path, cli) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_an_sbatch_arg_setting_the_jobs_output_is_refused_before_anything_is_written(tmp_path: Path, cli) -> None:
+    """--sbatch-arg=--output=FILE was written after the job's own #SBATCH --output and won: the run went on with no
+    progress shown, and 'output .../job.out' named a file never written."""
+    proc = cli("run", "gpt3", "--tiny", "--launcher", "slurm", "--sbatch-arg=--output=/tmp/elsewhere.out",
+               "--dry-run", "--results", str(tmp_path))
+    _assert_clean_error(proc, "'--output=/tmp/elsewhere.out' sets --output", "job.out")
+    assert not list(tmp_path.iterdir())
+
+
 def test_full_size_run_needing_a_checkpoint_is_refused(tmp_path: Path, benchmarks_copy: Path, cli) -> None:
     """gpt3 starts from MLPerf's reference checkpoint; a full-size run without one must not pretend."""
     f = benchmarks_copy / "gpt3.yaml"

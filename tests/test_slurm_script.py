@@ -154,6 +154,24 @@ def test_render_rejects_bad_input(kw: dict[str, object]) -> None:
         render(_full_job(**kw))
 
 
+@pytest.mark.parametrize("opt", ["--output=/tmp/x", "--outp=/tmp/x", "-o/tmp/x", "-Qo /tmp/x", "--error /tmp/e",
+                                 "-N5", "--nodes=5", "--time=1", "-t1", "--signal=USR1", "--array=0-3", "-a1-2",
+                                 "--chdir=/", "--partition=p", "-Aacct", "--ntasks-per-node=8", "--gpus-per-node=8"])
+def test_an_sbatch_arg_may_not_set_what_the_job_sets_itself(opt: str) -> None:
+    """The later #SBATCH line wins: --output=FILE sent the job's output where mlbench never looked (no progress, and
+    'output .../job.out' named a file never written), -N5 held nodes no rank used, --array ran the job once a task.
+    Long names, their abbreviations (getopt's) and short forms, bundled behind flags too."""
+    with pytest.raises(ValueError, match="the job's own"):
+        render(_full_job(sbatch_options=[opt]))
+
+
+def test_sbatch_args_the_job_leaves_alone_are_written() -> None:
+    opts = ["--exclusive", "--gpus=8", "--ntasks=2", "-Q", "-J name", "--job-name=x", "--time-min=00:10:00",
+            "--qos=high", "--mem=0"]
+    s = render(_full_job(sbatch_options=opts))
+    assert "#SBATCH --gpus=8" in s and "#SBATCH -Q" in s and "#SBATCH --time-min=00:10:00" in s
+
+
 def test_the_nodes_wait_for_each_other_as_long_as_rdzv_timeout_says() -> None:
     """--rdzv-timeout reached the torchrun launcher's static rendezvous alone: every SLURM job's torchrun kept torch's
     600 s. The job's torchrun line now takes it as the torchrun launcher's does (c10d's key is join_timeout)."""

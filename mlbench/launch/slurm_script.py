@@ -106,6 +106,9 @@ class SlurmJob:
         for opt in self.sbatch_options:
             if not opt.startswith("-"):
                 raise ValueError(f"sbatch option must start with '-': {opt!r}")
+            if own := job_option(opt):
+                raise ValueError(f"sbatch option {opt!r} sets {own}, which is the job's own: "
+                                 f"{_JOB_OPTIONS[own][1]}")
         # A newline would end an #SBATCH line or a shell word early, an ESC colour the terminal that shows the
         # script (--dry-run printed it raw) and its output file: refuse rather than escape.
         texts = [self.job_name, *self.command, *self.sbatch_options, *self.container_mounts,
@@ -122,6 +125,46 @@ class SlurmJob:
         if self.nproc_per_node is not None:
             return self.nproc_per_node
         return self.gpus_per_node or 1
+
+
+# sbatch options that are the job's own (it sets them, or must not have them), by long name: the short form getopt
+# takes too, and what to give instead. An --sbatch-arg giving one won (the later #SBATCH line): --output=FILE sent
+# the job's output where mlbench never looked (no progress; "output .../job.out" named a file never written),
+# --signal=USR1 dropped the warning on which a run ends cleanly before the time limit, --array ran the job once a task.
+_JOB_OPTIONS = {
+    "--nodes": ("N", "give mlbench's --nodes"),
+    "--ntasks-per-node": ("", "one task a node, which starts that node's ranks (--nproc-per-node)"),
+    "--gpus-per-node": ("", "give mlbench's --gpus-per-node"),
+    "--partition": ("p", "give mlbench's --partition"),
+    "--account": ("A", "give mlbench's --account"),
+    "--time": ("t", "give mlbench's --time"),
+    "--output": ("o", "mlbench follows the job's output in the job's folder (.slurm/<job>/job.out); leave it out"),
+    "--error": ("e", "mlbench follows the job's output, errors included, in the job's folder; leave it out"),
+    "--signal": ("", "SIGTERM 120 s before the time limit, on which a run ends cleanly; leave it out"),
+    "--chdir": ("D", "the job runs where mlbench was started, as --results and the data paths were given there; "
+                     "leave it out"),
+    "--array": ("a", "one job trains its runs one after another (--runs); leave it out"),
+}
+# No-argument short options getopt may bundle in front of another (-Qo FILE is --quiet --output FILE).
+_NO_ARGUMENT = frozenset("hHkOQsuvVW")
+# Whole sbatch option names that begin another's: not abbreviations of it.
+_NOT_ABBREVIATIONS = frozenset({"--gpus", "--ntasks"})
+
+
+def job_option(opt: str) -> str | None:
+    """The long name of the option in `_JOB_OPTIONS` that sbatch option OPT sets (None if none): by its name, an
+    abbreviation of it (getopt_long takes any unambiguous prefix: --outp is --output) or its short form."""
+    if opt.startswith("--"):
+        name = re.split(r"[=\s]", opt, maxsplit=1)[0]
+        if name in _NOT_ABBREVIATIONS or len(name) < 5:
+            return None
+        found = [own for own in _JOB_OPTIONS if own.startswith(name)]
+        return found[0] if len(found) == 1 else None
+    for letter in opt[1:]:
+        own = next((own for own, (short, _) in _JOB_OPTIONS.items() if short == letter), None)
+        if own or letter not in _NO_ARGUMENT:  # an option that takes an argument ends the bundle
+            return own
+    return None
 
 
 def mount_problem(mount: str) -> str:
