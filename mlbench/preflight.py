@@ -206,6 +206,8 @@ def _device_here(bench: Benchmark, layout: Layout, req: RunRequest, here: Device
     if layout.cp > 1 or layout.features.sequence_parallel:
         check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
     check_gpus_here(layout.nproc_per_node, here)
+    if not here.gpu:
+        check_cpu_ranks(bench, layout)
 
 
 def _local_launcher_here(req: RunRequest) -> None:
@@ -797,7 +799,7 @@ def local_device() -> DeviceFacts:
 def check_gpus_here(nproc_per_node: int, device: DeviceFacts) -> None:
     """On a GPU machine each of this node's ranks takes a GPU of its own (its LOCAL_RANK): more ranks than GPUs
     failed in the ranks past the last GPU ("invalid device ordinal") after the run had been started and logged.
-    A CPU machine runs any number of gloo ranks."""
+    A CPU machine runs as many gloo ranks as its memory holds (check_cpu_ranks)."""
     if device.gpu and device.count is not None and nproc_per_node > device.count:
         raise UserError(f"--nproc-per-node {nproc_per_node} starts {nproc_per_node} ranks on this machine, one per "
                         f"GPU, and it has {device.count} ({device.name}, as nvidia-smi and CUDA_VISIBLE_DEVICES say): "
@@ -863,6 +865,29 @@ def memory_device(req: RunRequest, here: DeviceFacts | None) -> tuple[str, float
     import psutil
 
     return "this machine (CPU)", float(psutil.virtual_memory().total)
+
+
+# What a rank process holds on a CPU beyond its model's memory plan: the interpreter, torch, megatron-core and gloo,
+# forked from the node's agent (the pages they share counted once). A tiny rank on x86_64: 80 MB private, 120 MB
+# proportional (/proc/<pid>/smaps_rollup); the lower figure, so that no run that fits is refused.
+CPU_RANK_BYTES = 80 * 2**20
+
+
+def check_cpu_ranks(bench: Benchmark, layout: Layout) -> None:
+    """On a CPU machine a node's ranks share its memory: all of them, not one GPU's worth, must fit (check_memory
+    holds one rank's plan against the whole machine, and --nproc-per-node 1000 passed, for the OOM killer to end)."""
+    import psutil
+
+    from mlbench.planner.memory import estimate
+
+    n, capacity = layout.nproc_per_node, float(psutil.virtual_memory().total)
+    each = estimate(bench, layout).total_bytes + CPU_RANK_BYTES
+    if n * each > capacity:
+        gib = 2**30
+        raise UserError(f"--nproc-per-node {n} starts {n} ranks on this machine's CPU, which share its "
+                        f"{capacity / gib:.1f} GiB: each takes about {each / 2**20:,.0f} MiB (its memory plan and "
+                        f"{CPU_RANK_BYTES // 2**20} MiB for the process), {n * each / gib:.1f} GiB in all; give "
+                        f"--nproc-per-node {max(1, int(capacity // each))} or fewer, and more --nodes")
 
 
 def check_memory(bench: Benchmark, layout: Layout, device: tuple[str, float] | None) -> None:

@@ -500,3 +500,22 @@ def test_a_results_link_in_a_loop_is_named_so(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=rf"\({tmp_path}/a is a link to b, which leads back to itself \(a loop of "
                                         rf"links\)\)"):
         prepare(req)
+
+
+def test_more_cpu_ranks_than_this_machines_memory_holds_are_refused_before_launch(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """On a CPU machine a node's ranks share its memory: the check held one rank's plan against the whole machine,
+    so --nproc-per-node 1000 (80 MB a tiny rank's process: 80 GB) was launched for the OOM killer. Refused now,
+    naming how many fit; a dry run says a real run would be."""
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=4 * 2**30))
+    monkeypatch.setattr(preflight, "local_device", lambda: CPU)
+    layout = {"nproc_per_node": 64, "global_batch_size": 512, "micro_batch_size": 8}
+    _refused(tmp_path, r"--nproc-per-node 64 starts 64 ranks on this machine's CPU, which share its 4.0 GiB: .* "
+                       r"give --nproc-per-node 4\d or fewer", layout=layout)
+    dry = prepare(_request(tmp_path, layout=layout, dry_run=True))
+    assert any("--nproc-per-node 64 starts 64 ranks" in why for why in dry.real_run_refusals)
+    prepare(_request(tmp_path, layout={**layout, "nproc_per_node": 32, "global_batch_size": 256}))
