@@ -208,6 +208,19 @@ def test_an_init_checkpoint_that_is_a_file_is_named_so(tmp_path: Path, cli) -> N
     _assert_clean_error(proc, f"--init-checkpoint {tmp_path / 'ck'}: not a folder (a megatron-core distributed")
 
 
+@pytest.mark.parametrize("make", [lambda p: p.mkdir(), lambda p: os.mkfifo(p), lambda p: p.symlink_to("/dev/zero"),
+                                  lambda p: p.symlink_to(p.parent / "gone")],
+                         ids=["folder", "fifo", "device", "dangling"])
+def test_an_init_checkpoints_metadata_that_is_no_file_is_named_so(tmp_path: Path, cli, make) -> None:
+    """It said '(no metadata.json)' of one that is there."""
+    (tmp_path / "ck").mkdir()
+    make(tmp_path / "ck" / "metadata.json")
+    proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "r"), "--system", "ci",
+               "--init-checkpoint", str(tmp_path / "ck"))
+    _assert_clean_error(proc, f"--init-checkpoint {tmp_path / 'ck'}: metadata.json is not a regular file")
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path, cli) -> None:
     """It trained, and the last line, 'target reached: ... <path>/result_0.txt', came out split in two."""
     results = tmp_path / "two\nlines"

@@ -4,6 +4,7 @@ is a distributed checkpoint (metadata.json) in a backend this megatron-core read
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -23,6 +24,9 @@ def check_readable(path: str | Path) -> None:
         raise CheckpointError(f"--init-checkpoint {path}: {what} (a megatron-core distributed checkpoint folder, "
                               f"with metadata.json)")
     meta = p / "metadata.json"
+    if os.path.lexists(meta) and not meta.is_file():  # (it said "no metadata.json" of one that is there)
+        raise CheckpointError(f"--init-checkpoint {path}: metadata.json is not a regular file (a folder, a FIFO, a "
+                              f"device or a broken link); a checkpoint's is the JSON file megatron-core writes")
     if not meta.is_file():
         hint = (" (this looks like a legacy per-rank Megatron checkpoint: convert it to the torch_dist format with "
                 "Megatron-LM's checkpoint converter)" if any(p.glob("mp_rank_*")) or any(p.glob("iter_*")) else "")
