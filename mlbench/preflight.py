@@ -646,9 +646,8 @@ def resolve_layout(bench: Benchmark, req: LayoutRequest) -> Layout:
                                 req.micro_batch_size, req.global_batch_size, ep=req.ep, features=req.features,
                                 precision=req.precision, asymmetric_split=req.asymmetric_split)
     # The schedule's expressions at this batch (the file was checked at its own batches when it was loaded).
-    where = Path(bench.path).name + (" (tiny)" if bench.variant == "tiny" else "")
-    check_expressions(bench, where, [layout.global_batch_size])
-    check_schedule(bench, where, [layout.global_batch_size])
+    check_expressions(bench, bench.where, [layout.global_batch_size])
+    check_schedule(bench, bench.where, [layout.global_batch_size])
     check_recompute_layers(bench, layout, "recompute_layers" in req.features)
     return layout
 

@@ -137,20 +137,20 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     # The full definition is validated even for a tiny run: the tiny variant inherits every value it does not
     # override, so a malformed file is malformed for both.
     full = build(Benchmark, data | {"path": str(path)}, where=path.name)
-    _validate(full, path)
+    _validate(full)
     if not tiny:
         return full
     if not isinstance(tiny_override, dict):
         raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
     merged = deep_merge(data, tiny_override) | {"variant": "tiny", "path": str(path)}
     bench = build(Benchmark, merged, where=f"{path.name} (tiny)")
-    _validate(bench, path)
+    _validate(bench)
     return bench
 
 
-def _validate(b: Benchmark, path: Path) -> None:
+def _validate(b: Benchmark) -> None:
     m = b.model
-    where = f"{path.name}{' (tiny)' if b.variant == 'tiny' else ''}"
+    where = b.where
     _validate_text(b, where)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
                 "seq_length"):

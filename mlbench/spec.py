@@ -16,6 +16,7 @@ import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from mlbench.errors import UserError
@@ -251,6 +252,11 @@ class Benchmark:
     notes: str = ""
     variant: Literal["full", "tiny"] = "full"
     path: str = ""
+
+    @property
+    def where(self) -> str:
+        """The file and variant, as errors about the benchmark's values name them: 'gpt3.yaml (tiny)'."""
+        return Path(self.path).name + (" (tiny)" if self.variant == "tiny" else "")
 
     def converged(self, value: float) -> bool:
         return reached(value, self.quality.target, self.quality.direction)

@@ -88,6 +88,18 @@ def test_an_expression_is_checked_at_the_batch_a_run_uses(benchmarks_copy: Path)
         resolve_layout(bench, LayoutRequest(nodes=64, nproc_per_node=8, tp=8, pp=8, global_batch_size=3072))
 
 
+def test_plan_names_the_file_at_a_batch_its_expressions_fail(benchmarks_copy: Path, cli) -> None:
+    """plan --gbs at a batch where the file divides by zero names the file and key, as run does; it said no layout
+    passed the layout rules, the file's error only as "the commonest reason"."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("max_steps: 300,", "max_steps: floor(300 / (global_batch_size - 32)) + 400,", 1))
+    proc = cli("plan", "gpt3", "--tiny", "--device", "cpu", "--gbs", "32",
+               env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.startswith("error: gpt3.yaml (tiny): train.max_steps: cannot evaluate"), proc.stdout
+    assert "division by zero" in proc.stdout and "no layout" not in proc.stdout, proc.stdout
+
+
 def test_min_lr_above_lr_at_the_batch_a_run_uses_is_refused(benchmarks_copy: Path) -> None:
     """min_lr scaling faster with the batch than lr: below it at the file's batch, above it at --gbs 64."""
     f = benchmarks_copy / "gpt3.yaml"

@@ -134,6 +134,13 @@ def _resolve(bench, req: LayoutRequest):
 
 def _search(bench, device, req: LayoutRequest, closed) -> tuple[list[dict], dict]:
     from mlbench.planner import plan as planner
+    from mlbench.spec import check_expressions, check_schedule
+
+    if req.global_batch_size is not None:
+        # The file's expressions at the batch given, once: an error there is the file's, whatever the layout
+        # (it was given as the commonest reason no layout passed the layout rules).
+        check_expressions(bench, bench.where, [req.global_batch_size])
+        check_schedule(bench, bench.where, [req.global_batch_size])
 
     def resolve(tp, pp, vp, cp, mbs, gbs, ep):
         return _resolve(bench, dataclasses.replace(req, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, micro_batch_size=mbs,
