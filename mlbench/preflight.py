@@ -352,6 +352,33 @@ def _check_launcher_options(req: RunRequest) -> None:
                                                      and c not in ".-_:%[]"), None)) is not None:
         what = "a space" if bad == " " else repr(bad)[1:-1] if not bad.isprintable() else repr(bad)
         raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address (it holds {what})")
+    if req.master_addr is not None and (problem := _address_problem(req.master_addr)):
+        raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address ({problem})")
+
+
+def _address_problem(addr: str) -> str | None:
+    """Why ADDR (its characters allowed) is neither a host name nor an IP address, or None. The job resolves it
+    only as it starts: '-h' reached torchrun as an option, '999.1.1.1' a resolver that never answers it."""
+    import ipaddress
+
+    bare = addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr
+    if ":" in bare or "%" in bare or bare != addr:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            return "not an IPv6 address"
+        return None
+    labels = bare.removesuffix(".").split(".")  # (a trailing dot: a fully qualified name)
+    if all(label.isdigit() for label in labels):
+        try:
+            ipaddress.IPv4Address(bare)
+        except ValueError:
+            return "not an IPv4 address: four numbers of 0 to 255"
+        return None
+    if any(not label or label[0] == "-" or label[-1] == "-" for label in labels):
+        return ("a host name's dot-separated labels are letters, digits and hyphens, none empty and none starting or "
+                "ending with a hyphen")
+    return None
 
 
 def check_lr(bench: Benchmark, lr: float | None) -> None:

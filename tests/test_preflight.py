@@ -120,6 +120,11 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"launcher": "slurm", "master_addr": "$(id)", "dry_run": True},
      r"^--master-addr '\$\(id\)' is not a host name or an address \(it holds '\$'\)$"),
     ({"launcher": "slurm", "master_addr": "a;b", "dry_run": True}, r"\(it holds ';'\)$"),
+    # resolved only in the job: '-h' reached torchrun as an option, 999.1.1.1 a resolver (exit 0 here)
+    ({"launcher": "slurm", "master_addr": "-h", "dry_run": True}, r"^--master-addr '-h' is not a host name .*labels"),
+    ({"launcher": "slurm", "master_addr": "999.1.1.1", "dry_run": True}, r"not an IPv4 address: four numbers"),
+    ({"launcher": "slurm", "master_addr": "a..b", "dry_run": True}, r"none empty"),
+    ({"launcher": "slurm", "master_addr": "[::zz]", "dry_run": True}, r"\(not an IPv6 address\)$"),
     ({"launcher": "torchrun", "rdzv_endpoint": "a b:29500"}, r"--rdzv-endpoint 'a b:29500' must be HOST:PORT"),
     # each launched torchrun, which failed after 3 s to 106 s saying only that it exited, with an empty log
     ({"launcher": "torchrun", "rdzv_endpoint": "http://localhost:29651"}, r"must be HOST:PORT .*no scheme, no path"),
