@@ -289,12 +289,31 @@ def _rendezvous_reachable(req: RunRequest) -> None:
     except (OSError, UnicodeError) as e:
         raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: the host {bare!r} does not resolve "
                         f"({getattr(e, 'strerror', None) or e}); give node 0's host name or address") from None
-    if req.node_rank == 0 and not any(_is_here(a) for a in found):
+    here = [a for a in found if _is_here(a)]
+    if req.node_rank == 0 and not here:
         # node 0's torchrun serves the rendezvous at the endpoint: elsewhere it waited --rdzv-timeout (600 s), then
         # blamed 'what answered there'
         raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: node 0 (--node-rank 0) serves the rendezvous "
                         f"there, and {bare} is no address of this host; give this host's name or address, or "
                         f"start this node with its own --node-rank")
+    if req.node_rank == 0 and all(_is_taken(a) for a in here):
+        # (the run was started, and published as aborted, when torchrun's store could not listen there)
+        raise UserError(f"--rdzv-endpoint {req.rdzv_endpoint!r}: node 0 (--node-rank 0) serves the rendezvous "
+                        f"there, and port {port} of {bare} is taken by another process (a node 0 started already?); "
+                        f"give a free port")
+
+
+def _is_taken(addrinfo: tuple) -> bool:
+    """Whether another socket listens at a getaddrinfo answer's address and port, as torchrun's store would bind it
+    (SO_REUSEADDR: a port a closed connection left in TIME_WAIT is free to it)."""
+    family, kind, proto, _, address = addrinfo
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 def _is_here(addrinfo: tuple) -> bool:

@@ -171,6 +171,23 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: d
     _refused(tmp_path, match, **kw)
 
 
+def test_a_rendezvous_port_another_process_listens_on_is_refused_on_node_0(tmp_path: Path) -> None:
+    """Node 0's torchrun serves the rendezvous store at the endpoint: with the port taken the run was started, and
+    published as aborted (exit 1), once the store could not listen there."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        _refused(tmp_path, rf"--rdzv-endpoint '{endpoint}': node 0 \(--node-rank 0\) serves the rendezvous there, "
+                           rf"and port \d+ of 127.0.0.1 is taken by another process", launcher="torchrun",
+                 rdzv_endpoint=endpoint, layout={"nodes": 2})
+        # node 1 joins the store there: the port is meant to be taken
+        preflight._rendezvous_reachable(_request(tmp_path, launcher="torchrun", rdzv_endpoint=endpoint,
+                                                 layout={"nodes": 2}, node_rank=1))
+
+
 @pytest.mark.parametrize("name", [" ", "", "a b", "two\nlines", "tab\there", "bell\x07", ".hidden", "a/b", "..",
                                   "x" * 101, "-", "--help", "é"])
 def test_system_names_that_cannot_be_folders(tmp_path: Path, name: str) -> None:
