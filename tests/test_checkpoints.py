@@ -211,6 +211,40 @@ def test_save_destination_is_never_overwritten_and_one_run_only(tmp_path: Path, 
     assert not (tmp_path / "r").exists()
 
 
+def test_a_save_whose_destination_appears_meanwhile_is_kept_where_it_says(tmp_path: Path, monkeypatch) -> None:
+    """Another run saving to the same --save-checkpoint while this one saved: the whole save was said to be 'left
+    in' its staging folder, which the runner then removed as a dead rank's partial save (and the note of the room
+    left on the disk followed a reason that is not the disk's). Now it is kept under a name no cleaning removes."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    from mlbench import owners
+    from mlbench.train.checkpoint import CheckpointError, store
+    from mlbench.train.checkpoint.folder import remove_dead_partials
+
+    dest = tmp_path / "ckpt"
+
+    def save(state: dict, staging: str, **_: object) -> None:
+        (Path(staging) / "common.pt").write_text("saved")
+        dest.mkdir()  # the other run's save, placed first
+
+    monkeypatch.setattr(dist_checkpointing, "save", save)
+    monkeypatch.setattr(store, "model_state", lambda model: {})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(CheckpointError) as e:
+            store.save(dest, [], None, {})
+    finally:
+        dist.destroy_process_group()
+    assert str(e.value).startswith(f"--save-checkpoint {dest}: appeared meanwhile; the saved checkpoint is kept in "
+                                   f"{dest}.unplaced-"), e.value
+    kept = Path(str(e.value).rsplit(" ", 1)[1])
+    monkeypatch.setattr(owners, "gone", lambda tag: True)  # the saving rank has ended: the runner cleans up
+    remove_dead_partials(dest)
+    assert (kept / "common.pt").read_text() == "saved"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", kept.name, "store"])
+
+
 def test_names_are_found_under_a_prefix_or_through_the_benchmarks_renames() -> None:
     needed = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight"]
     assert resolve_names(needed, dict.fromkeys(needed), {})("x.y") == "x.y"

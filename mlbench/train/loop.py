@@ -25,6 +25,7 @@ from mlbench.errors import disk_free
 from mlbench.launch.lifeline import STOPPED_EXIT, exit_if_orphaned
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
 from mlbench.train import interrupt
+from mlbench.train.checkpoint.folder import CheckpointError
 from mlbench.train.reporter import Reporter
 
 
@@ -96,7 +97,9 @@ def train(plan: RunPlan) -> int:
             # stopped for another rank's failure (its SIGTERM, a peer lost): said so, for the supervisor to name the
             # rank that failed first (rank 0's 'Aborted: signal SIGTERM' was the record's reason, and a disk note)
             consequent = _consequent(e)
-            free = "" if consequent or isinstance(e, Aborted) else disk_free(plan.save_checkpoint)  # (not for a stop)
+            # the room left, for a writer's words that do not say the disk is full; not for a stop, nor for a
+            # destination that another save took meanwhile (CheckpointError: its reason is whole)
+            free = "" if consequent or isinstance(e, Aborted | CheckpointError) else disk_free(plan.save_checkpoint)
             why = failure_reason(e) + (f" ({free})" if free else "")
             report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=why, consequent=consequent)
             print(f"[rank {rank}] checkpoint not saved: {why}", file=sys.stderr, flush=True)

@@ -3,10 +3,12 @@ is a distributed checkpoint (metadata.json) in a backend this megatron-core read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from mlbench import owners
@@ -83,6 +85,22 @@ def load_error(e: BaseException) -> str:
 def partial_prefix(dest: Path) -> str:
     """A save in progress is staged beside its destination as `.NAME.partial-<owner tag>` (mlbench.owners)."""
     return f".{dest.name}.partial-"
+
+
+def keep_unplaced(staging: Path, dest: Path) -> str:
+    """A whole save that could not be renamed to DEST (which appeared meanwhile: another run saved there) is moved
+    from its staging folder, which is removed as a dead partial once its rank is gone (a message said it was 'left
+    in' a folder deleted a moment later), to `NAME.unplaced-XXXX` beside DEST; where it went, in words."""
+    kept = None
+    try:
+        kept = Path(tempfile.mkdtemp(prefix=f"{dest.name}.unplaced-", dir=dest.parent))
+        os.rename(staging, kept)  # onto the empty folder just made: it replaces it
+    except OSError as e:
+        if kept is not None:
+            with contextlib.suppress(OSError):
+                kept.rmdir()
+        return f"the saved checkpoint could not be kept either ({e.strerror or e}) and is removed"
+    return f"the saved checkpoint is kept in {kept}"
 
 
 def remove_dead_partials(dest: Path) -> None:

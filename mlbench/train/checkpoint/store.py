@@ -14,6 +14,7 @@ a checkpoint is complete or absent, and an existing one is never replaced.
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import queue
 from collections.abc import Callable
@@ -411,13 +412,13 @@ def save(path: str | Path, model: list, optimizer, info: dict, what: str = "--sa
         return staging
 
     def publish() -> None:
-        if dest.exists():  # checked again just before the rename, which would replace an empty folder
-            raise CheckpointError(f"{what} {dest}: appeared meanwhile; the checkpoint is left "
-                                  f"in {staging}")
         try:
+            if dest.exists():  # checked again just before the rename, which would replace an empty folder
+                raise FileExistsError(errno.EEXIST, "appeared meanwhile")
             os.rename(staging, dest)
         except OSError as e:
-            raise CheckpointError(f"{what} {dest}: {e}; the checkpoint is left in {staging}") from None
+            raise CheckpointError(f"{what} {dest}: {e.strerror or e}; {folder.keep_unplaced(staging, dest)}") \
+                from None
 
     # The folder must be on a filesystem every node sees.
     staging = _on_rank0(start)
