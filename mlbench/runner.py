@@ -304,10 +304,12 @@ class RunSet:
         in the staging folder, never deleted (they were, a run that reached its target with them): the next
         command in the folder publishes it as its log says, as a dead run's."""
         kept = results.set_aside(self.folder, staging)
-        if not kept:  # for the command that publishes it: why this one did not (no new file: appended to one)
+        gone = not kept and not os.path.lexists(staging)  # removed from outside while the run was in progress
+        if not kept and not gone:  # for the command that publishes it: why this one did not (appended, no new file)
             with contextlib.suppress(OSError), open(staging / "events.jsonl", "a") as f:
                 f.write(json.dumps({"event": "not_published", "reason": why}) + "\n")
         where = f"its files were moved to {kept}" if kept else \
+            f"its folder {staging} was removed while the run was in progress: nothing of it is left" if gone else \
             f"its files stay in {staging}, which the next mlbench command in {self.folder} publishes"
         self.console.print(Text.assemble((why, "red"), f"; {where} (the run ended: {outcome.status}"
                                          f"{', ' + outcome.reason if outcome.reason else ''})"),

@@ -227,6 +227,20 @@ def test_a_rendezvous_that_never_forms_ends_at_its_deadline(tmp_path: Path) -> N
     assert outcome.reason == "the rendezvous did not form"
 
 
+def test_a_run_whose_folder_is_removed_is_stopped_at_once_with_the_reason(tmp_path: Path) -> None:
+    """rm -rf of the results (or of the run's staging folder) while it trains: the ranks trained on to their end
+    into files no one could read any more, and the run ended as 'run ended without run_stop'. Now the supervisor
+    stops it as soon as its folder is gone, saying why."""
+    run = tmp_path / ".staging-x"
+    run.mkdir()
+    cmd = Command(["bash", "-c", f"sleep 0.3; rm -rf {run}; sleep 60"], dict(os.environ), stdout=run / "out.log")
+    t0 = time.monotonic()
+    outcome = supervise(cmd, log_path=run / "mlperf.log", events_path=run / "events.jsonl", poll_s=0.05)
+    assert time.monotonic() - t0 < 10 and outcome.status == "aborted"
+    assert outcome.reason == (f"the run's folder {run} was removed while the run was in progress (by another "
+                              "program or person): nothing of the run can be kept"), outcome.reason
+
+
 def test_a_command_that_cannot_start_ends_the_run_with_the_reason(tmp_path: Path) -> None:
     cmd = Command([str(tmp_path / "no-such-launcher")], dict(os.environ), stdout=tmp_path / "out.log")
     outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")

@@ -491,6 +491,29 @@ def test_a_run_that_cannot_be_published_nor_set_aside_keeps_its_files(tmp_path: 
     assert f"its files stay in {staging}, which the next mlbench command in {folder} publishes" in said, said
 
 
+def test_a_run_whose_folder_was_removed_is_not_said_to_stay_there(tmp_path: Path) -> None:
+    """rm -rf of the results folder while the run trained: its files were said to 'stay in' the staging folder,
+    which no longer existed, 'which the next mlbench command publishes'."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mlbench import runner
+    from mlbench.launch.supervise import Outcome
+
+    folder = tmp_path / "ci" / "gpt3"
+    staging = folder / ".staging-x"  # (removed with the folder)
+    console = Console(file=io.StringIO(), width=1 << 20)
+    result = runner.RunSet._not_published(SimpleNamespace(folder=folder, console=console),
+                                          "run not published: the log could not be completed: No such file or "
+                                          "directory", staging, Outcome(status="aborted", exit_code=0))
+    assert not result.published and not tmp_path.joinpath("ci").exists()
+    said = console.file.getvalue()
+    assert f"its folder {staging} was removed while the run was in progress: nothing of it is left" in said, said
+    assert "stay" not in said, said
+
+
 def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:
     """Node 1 of a torchrun run whose mlbench was killed (kill -9) left a staging folder with its rank logs and no
     MLPerf log (node 0 holds that): the next command in its folder deleted it without a word, the only account of

@@ -299,6 +299,7 @@ class _Seen:
     # closed); from then on, no progress for hang_timeout seconds is a hang.
     stepping: bool = False
     saving: bool = False
+    folder: Path | None = None  # the run's own folder (its log and events): gone, nothing of the run can be kept
 
     def __post_init__(self) -> None:
         self.formed = self.cmd.rendezvous is None
@@ -327,6 +328,9 @@ class _Seen:
             # connection retries takes no SIGTERM, and nothing of this node's is published, so no long grace
             self.grace_s, self.followed = LOST_GRACE_S, True
             return self.watch.lost()
+        if self.folder is not None and _removed(self.folder):  # rm -rf of the results (or the staging folder)
+            return (f"the run's folder {self.folder} was removed while the run was in progress (by another program or "
+                    f"person): nothing of the run can be kept")
         if self.cmd.told and (told := self.cmd.told()):  # node 0: another node's failure (its ranks may not know)
             self.grace_s, self.followed, self.told = TOLD_GRACE_S, True, True
             return told
@@ -341,6 +345,17 @@ class _Seen:
         if not self.stepping and idle > self.init_timeout:
             return f"hang: no training step within {self.init_timeout:g} s of start"
         return ""
+
+
+def _removed(folder: Path) -> bool:
+    """FOLDER is no longer there (an error other than its absence, a network filesystem's for a moment, is not)."""
+    try:
+        os.stat(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def supervise(
@@ -380,7 +395,7 @@ def supervise(
             signal.signal(s, handler)
         raise
     reason, stopped_at = "", 0.0
-    seen = _Seen(cmd, hang_timeout, init_timeout)
+    seen = _Seen(cmd, hang_timeout, init_timeout, folder=events_path.parent)
     try:
         while proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
