@@ -268,9 +268,12 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
                 i += 1
                 continue
             staged = staging / f"result_{i}.json"
-            if not staged.exists():
-                _write_synced(staged, json.dumps(strict_json(record | {"result": f"result_{i}.txt", "index": i}),
-                                                 indent=1, default=str, allow_nan=False) + "\n")
+            # written anew: one already there is a killed publisher's (or one a full disk or a lost host cut short),
+            # never placed (its index is free): linked as it was, it was an empty or cut-short record
+            with contextlib.suppress(FileNotFoundError):
+                staged.unlink()
+            _write_synced(staged, json.dumps(strict_json(record | {"result": f"result_{i}.txt", "index": i}),
+                                             indent=1, default=str, allow_nan=False) + "\n")
             try:  # the record claims the index: exclusive, so two runs publishing at once take different ones
                 os.link(staged, folder / f"result_{i}.json")
             except FileExistsError:

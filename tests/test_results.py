@@ -107,6 +107,23 @@ def test_an_index_a_dead_run_left_half_used_is_skipped(tmp_path: Path, stale: st
     assert (folder / stale).exists()
 
 
+@pytest.mark.parametrize("left", ["", '{"status": "succ', '{"status": "success", "result": "result_0.txt"}\n'],
+                         ids=["empty", "cut-short", "another-publishers"])
+def test_a_record_a_killed_publisher_left_in_staging_is_written_anew(tmp_path: Path, left: str) -> None:
+    """A publisher killed (or a disk full, a host that lost power) while it wrote the record in the staging folder,
+    before linking it: the next command, publishing the dead run, linked that file as it was: an empty or cut-short
+    result_0.json beside a whole log, or the first publisher's words instead of its own."""
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    staging = _staged(folder)
+    (staging / "result_0.json").write_text(left)
+    path = results.publish(folder, staging, {"status": "aborted", "reason": "mlbench died"})
+    assert path.name == "result_0.txt"
+    assert json.loads((folder / "result_0.json").read_text()) == {
+        "status": "aborted", "reason": "mlbench died", "result": "result_0.txt", "index": 0}
+    _assert_readable(folder)
+
+
 def _publish_many(folder: str, n: int, queue) -> None:
     for _ in range(n):
         staging = _staged(Path(folder))
