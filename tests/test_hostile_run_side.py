@@ -460,6 +460,21 @@ def test_a_folder_holding_only_a_dead_run_says_it_is_not_published_yet(tmp_path:
     assert staging.is_dir()  # analysis never writes
 
 
+def test_a_tree_holding_only_a_dead_run_says_where_it_is_not_published_yet(tmp_path: Path, monkeypatch) -> None:
+    """`mlbench score results/` (the results root, as a user scores it) after the one run's mlbench was killed: only
+    the benchmark folder itself was searched for dead runs, and it said 'no result_*.txt files here'."""
+    from mlbench.analysis.logs import find_sets
+    from mlbench.errors import UserError
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    with pytest.raises(UserError) as e:
+        find_sets(tmp_path)
+    assert str(e.value).endswith(f"; {folder}: 1 run(s) whose mlbench process died are not published yet "
+                                 f"({staging.name}): not scored until the next `mlbench run` in this folder "
+                                 "publishes them"), str(e.value)
+    assert staging.is_dir()
+
+
 def test_a_process_that_ends_while_dead_runs_are_sought_is_passed_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeking a dead run's staging folder lists every process's open files under /proc. A process that ended

@@ -703,7 +703,9 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
             others.setdefault(f.parent, []).append(f"{f.name}: left out: {why}")
     if not folders:
         first = next((f"; {printable(d / notes[0])}" for d, notes in sorted(others.items())), "")
-        dead = "".join(f"; {n}" for n in _unpublished(path))  # (a folder of one killed run: said, not published)
+        # a folder of one killed run, PATH itself or a benchmark folder under it (`score results/`): said, not
+        # published
+        dead = "".join(f"; {n}" for d in _holding_staging(path) for n in _unpublished(d, named=d != path))
         raise UserError(f"{printable(path)}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
                         f"or a submission tree ORG/results/<system>/<benchmark>/){first}{dead}")
     return [_make_set(d, _natural(fs), steps, others.get(d, [])) for d, fs in sorted(folders.items())]
@@ -716,19 +718,27 @@ def _natural(files: list[Path]) -> list[Path]:
     return sorted(files, key=key)
 
 
-def _unpublished(folder: Path) -> list[str]:
+def _holding_staging(path: Path) -> list[Path]:
+    """PATH and every folder under it that holds a staging folder (a run's: mlbench.results)."""
+    from mlbench import results
+
+    return sorted({path, *(s.parent for s in path.rglob(f"{results.STAGING}*") if s.is_dir())})
+
+
+def _unpublished(folder: Path, named: bool = False) -> list[str]:
     """Runs whose mlbench process died before publishing them (kill -9, a lost session) are not in the folder's
     results until the next `mlbench run` there publishes them (mlbench.dead_runs): said, not done here (analysis
-    reads a folder, never writes it)."""
+    reads a folder, never writes it). NAMED: each line names the folder (one under the path given)."""
     from mlbench import results  # who owns a staging folder: no training code
 
     said = []
+    where = f"{printable(folder)}: " if named else ""
     for staged, how in (([s for s, _ in results.dead_runs(folder)], "are not published yet"),
                         (results.half_published(folder), "while they were published (a record placed, its log "
                                                          "not)")):
         if staged:
             names = ", ".join(printable(s.name) for s in staged[:3]) + (", ..." if len(staged) > 3 else "")
-            said.append(f"{len(staged)} run(s) whose mlbench process died {how} ({names}): "
+            said.append(f"{where}{len(staged)} run(s) whose mlbench process died {how} ({names}): "
                         f"not scored until the next `mlbench run` in this folder publishes them")
     return said
 
