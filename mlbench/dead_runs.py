@@ -37,24 +37,31 @@ def publish(folder: Path, console: Console) -> list[Path]:
     """Publishes every dead run of `folder`; returns the results placed."""
     placed = []
     for staging, owner in results.dead_runs(folder):
-        try:
-            path, note = _publish_one(folder, staging, owner)
-        except Exception as e:  # a full disk, or whatever a dead run left (a foreign, garbled or linked file)
-            if not os.path.lexists(staging):  # another command published it meanwhile (it said so): nothing to say
-                continue
-            kept = results.set_aside(folder, staging)
-            full = isinstance(e, results.PublishError)
-            where = (f"its files were moved to {kept}" + (" (a rename: no room needed)" if full else "")
-                     if kept else f"its files stay in {staging}")
-            if full and (free := disk_free(folder)):
-                where += f"; {free}"
-            # printable: the folder's name is whatever was put there ("x\nerror: forged" forged a line)
-            console.print(printable(f"a run whose mlbench process had died ({staging.name}) could not be published "
-                                    f"({_why(e)}); {where}"), highlight=False, soft_wrap=True)
-            continue
-        placed.append(path)
-        console.print(printable(f"published a run {note}: {path}"), highlight=False, soft_wrap=True)
+        with results.taken(staging) as mine:
+            if mine:  # (else another command, started at once, publishes it)
+                placed += _publish(folder, staging, owner, console)
     return placed
+
+
+def _publish(folder: Path, staging: Path, owner: str, console: Console) -> list[Path]:
+    """The dead run in STAGING published ([its result]), or set aside, said in one line ([])."""
+    try:
+        path, note = _publish_one(folder, staging, owner)
+    except Exception as e:  # a full disk, or whatever a dead run left (a foreign, garbled or linked file)
+        if not os.path.lexists(staging):  # another command published it meanwhile (it said so): nothing to say
+            return []
+        kept = results.set_aside(folder, staging)
+        full = isinstance(e, results.PublishError)
+        where = (f"its files were moved to {kept}" + (" (a rename: no room needed)" if full else "")
+                 if kept else f"its files stay in {staging}")
+        if full and (free := disk_free(folder)):
+            where += f"; {free}"
+        # printable: the folder's name is whatever was put there ("x\nerror: forged" forged a line)
+        console.print(printable(f"a run whose mlbench process had died ({staging.name}) could not be published "
+                                f"({_why(e)}); {where}"), highlight=False, soft_wrap=True)
+        return []
+    console.print(printable(f"published a run {note}: {path}"), highlight=False, soft_wrap=True)
+    return [path]
 
 
 def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:

@@ -18,6 +18,7 @@ publish (mlbench.dead_runs: as its log ended, aborted where it had not), once no
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -126,15 +127,40 @@ def remove_stale(folder: Path) -> list[Path]:
     publishing of a result it had begun to place; returns them. A dead run never published stays (dead_runs)."""
     removed = []
     for staging in _stale(folder):
-        _finish_publishing(folder, staging)
-        if _unpublished_run(folder, staging):
-            continue
-        # rank logs left (another node's, whose mlbench died: node 0 holds the log): kept for a person to read
-        # (they were deleted, with the only account of why that node's ranks ended)
-        if not (_holds_rank_logs(staging) and set_aside(folder, staging)):
-            shutil.rmtree(staging, ignore_errors=True)
-        removed.append(staging)
+        with taken(staging) as mine:
+            if not mine:
+                continue
+            _finish_publishing(folder, staging)
+            if _unpublished_run(folder, staging):
+                continue
+            # rank logs left (another node's, whose mlbench died: node 0 holds the log): kept for a person to read
+            # (they were deleted, with the only account of why that node's ranks ended)
+            if not (_holds_rank_logs(staging) and set_aside(folder, staging)):
+                shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
     return removed
+
+
+@contextlib.contextmanager
+def taken(staging: Path) -> Iterator[bool]:
+    """Whether this process may finish, publish or remove what a dead run left in STAGING: True once it holds the
+    folder's lock (flock: let go as the process ends, however it ends), the folder still there. Two commands started
+    at once in a results folder each published the same dead run (its log closed twice), or placed a log under
+    the other's record; the second now passes it over."""
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # gone meanwhile (another command published it), or no folder
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.path.samestat(os.fstat(fd), os.stat(staging))  # not removed while the lock was sought
+        except OSError:  # another command holds it (or the folder is gone)
+            held = False
+        yield held
+    finally:
+        os.close(fd)
 
 
 def _holds_rank_logs(staging: Path) -> bool:

@@ -333,6 +333,36 @@ def test_a_dead_runs_partial_checkpoint_save_is_removed(tmp_path: Path, monkeypa
     assert not partial.exists()
 
 
+def _publish_dead_after(barrier, folder: Path, out) -> None:
+    from rich.console import Console
+
+    from mlbench import dead_runs
+
+    barrier.wait()
+    out.put([str(p) for p in dead_runs.publish(folder, Console(file=io.StringIO()))])
+
+
+def test_a_dead_run_is_published_once_by_two_commands_started_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `mlbench run`s started at once in a folder where a run's mlbench had died: each published the dead run
+    (result_0 and result_1, the same log, two run_stop lines appended to it), or one removed the staging folder
+    under the other's feet. The first to claim it publishes it; the other passes it over."""
+    import multiprocessing
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    ctx = multiprocessing.get_context("fork")  # (the monkeypatched owners.gone goes with it)
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_publish_dead_after, args=(barrier, folder, out)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    placed = sorted(p for _ in procs for p in out.get(timeout=120))
+    for proc in procs:
+        proc.join(30)
+    assert placed == [str(folder / "result_0.txt")], placed
+    assert sorted(p.name for p in folder.iterdir()) == ["result_0.json", "result_0.txt"]
+    assert [e["key"] for e in mllog(folder / "result_0.txt")].count("run_stop") == 1
+
+
 def test_a_dead_run_published_again_after_its_publisher_was_killed_says_why_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The publisher killed during the compliance check (after it closed the log): the next one wrote the 'died

@@ -272,6 +272,26 @@ def test_staging_folders_of_dead_runs_on_this_host_are_removed(tmp_path: Path) -
     assert live.is_dir() and elsewhere.is_dir() and unrelated.is_dir()
 
 
+def test_what_a_dead_run_left_is_left_to_the_command_that_took_it(tmp_path: Path, monkeypatch) -> None:
+    """Two commands started at once in a folder: while one finishes a dead publisher's result (its record placed,
+    its log not), the other placed the log too, and the first, finding the name taken, gave its record up: a log
+    left without its record. Whoever holds the dead run's folder (results.taken) finishes it; the others pass."""
+    from mlbench import owners
+
+    folder = tmp_path / "sys" / "gpt3"
+    folder.mkdir(parents=True)
+    staging = _staged(folder)
+    (staging / "result_0.json").write_text('{"status": "success"}\n')
+    os.link(staging / "result_0.json", folder / "result_0.json")  # placed; its publisher killed before the log
+    monkeypatch.setattr(owners, "gone", lambda tag: True)
+    with results.taken(staging) as mine:
+        assert mine
+        assert results.remove_stale(folder) == []
+        assert not (folder / "result_0.txt").exists() and staging.is_dir()
+    assert results.remove_stale(folder) == [staging]
+    assert (folder / "result_0.txt").read_text() == LOG and not staging.exists()
+
+
 def test_a_dead_runs_unpublished_run_is_kept_for_publishing_once_nothing_holds_it(tmp_path: Path) -> None:
     """A dead owner's staging folder that holds a run (its plan and a begun log) is not removed: it is listed for
     publishing as aborted (mlbench.dead_runs; the whole path in test_failures.py), but only once no live process
