@@ -295,3 +295,28 @@ def test_the_agent_ends_when_its_ranks_end_together(tmp_path: Path) -> None:
         agent.kill()
     assert agent.returncode == 1, out
     assert "rank 1 killed by SIGKILL" in out and "rank 0 exited with code 6" in out, out
+
+
+def test_a_stop_signal_sent_to_the_agent_alone_is_the_runs_reason(tmp_path: Path) -> None:
+    """SIGTERM to mlbench's local agent from another process (not its supervisor): the run's reason was its ranks'
+    'Aborted: signal SIGTERM', and the agent's output said the first of them to exit had (rank 1 exited with code
+    6; stopping the other ranks), exit code 1. Now it says it received the signal, and ends with 128 + it."""
+    script = tmp_path / "rank.py"  # a rank without torch, ending on SIGTERM as a rank stopped by its launcher does
+    script.write_text("import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *a: os._exit(6))\n"
+                      "print('started', flush=True)\ntime.sleep(60)\n")
+    agent = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
+                              f"--log-dir={tmp_path / 'ranks'}", str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        logs = [tmp_path / "ranks" / "local" / "attempt_0" / str(r) / "stdout.log" for r in (0, 1)]
+        while not all(f.exists() and f.read_text() for f in logs):
+            assert time.monotonic() < deadline and agent.poll() is None, "the ranks did not start"
+            time.sleep(0.05)
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=30)
+    finally:
+        agent.kill()
+    assert agent.returncode == 128 + signal.SIGTERM, out
+    assert out == "the agent received SIGTERM; it stopped its ranks\n", out
+    assert local_ranks.rank_failure(out) == ("the launcher (mlbench's local agent) received SIGTERM from another "
+                                             "process and stopped the ranks")

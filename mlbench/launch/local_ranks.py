@@ -104,6 +104,11 @@ def code_of(how: str) -> int:
     return -int(name.removeprefix("signal ")) if name.startswith("signal ") else -signal.Signals[name]
 
 
+# The agent's line where a stop signal came to it alone, from another process than its supervisor (which stops
+# the whole run itself, with its reason): its ranks, stopped by it, said only "Aborted: signal SIGTERM", and its
+# output named the first of them to exit as if it had failed ("rank 1 exited with code 6; stopping the others").
+RECEIVED = "the agent received"
+_RECEIVED = re.compile(rf"^{RECEIVED} (SIG\w+);", re.M)
 _FAILED = re.compile(r"^rank (\d+) (exited with code -?\d+|killed by [\w ]+)(?:;| \(see)", re.M)
 
 
@@ -115,6 +120,8 @@ def rank_failure(output: str) -> str:
     for rank, how in _FAILED.findall(output):
         if not consequent(code_of(how)):
             return f"rank {rank} {how} (see the rank logs: local/attempt_0/{rank})"
+    if m := _RECEIVED.search(output):
+        return f"the launcher (mlbench's local agent) received {m[1]} from another process and stopped the ranks"
     return ""
 
 
@@ -224,6 +231,10 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
 
     while len(codes) < len(ranks):
         pid = _reap(ranks, codes, block=True)
+        if pid is not None and codes[pid] != 0 and received:  # it stopped them: none of them failed
+            _stop(ranks, codes)
+            print(f"{RECEIVED} {signal.Signals(received[0]).name}; it stopped its ranks", flush=True)
+            return 128 + received[0]
         if pid is not None and codes[pid] != 0:
             print(f"rank {ranks[pid]} {describe(codes[pid])}; stopping the other ranks (see {logs(pid)})", flush=True)
             _stop(ranks, codes)
