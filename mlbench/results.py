@@ -155,8 +155,14 @@ def taken(staging: Path) -> Iterator[bool]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another command holds it
+            yield False
+            return
+        except OSError:  # a filesystem without locks (ENOLCK): taken as before there were any
+            pass
+        try:
             held = os.path.samestat(os.fstat(fd), os.stat(staging))  # not removed while the lock was sought
-        except OSError:  # another command holds it (or the folder is gone)
+        except OSError:
             held = False
         yield held
     finally:
