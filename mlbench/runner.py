@@ -218,7 +218,8 @@ class RunSet:
                     break
                 result = self._run(i, seed, env)
                 self.results.append(result)
-                if not result.published:
+                if not result.published:  # (the next run's files would not fit either): said, as for a signal
+                    self._not_started("the run could not be published", len(self.seeds) - i - 1)
                     break
                 if result.stopped_by:
                     self._not_started(result.stopped_by, len(self.seeds) - i - 1)
@@ -231,9 +232,10 @@ class RunSet:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def _not_started(self, signal_name: str, left: int) -> None:
+    def _not_started(self, why: str, left: int) -> None:
+        """WHY (a stop signal's name, or a few words) the set ends with LEFT runs not started, said where any are."""
         if left:
-            self.console.print(f"{signal_name}: the set stops here; {left} more run(s) not started", highlight=False)
+            self.console.print(f"{why}: the set stops here; {left} more run(s) not started", highlight=False)
 
     def collect(self) -> int:
         """0 where every run reached its target; 128 + the signal where a stop signal ended the set (as a shell

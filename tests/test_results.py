@@ -551,6 +551,29 @@ def test_a_run_whose_folder_was_removed_is_not_said_to_stay_there(tmp_path: Path
     assert "stay" not in said, said
 
 
+def test_a_set_that_stops_on_a_run_not_published_says_the_runs_not_started(tmp_path: Path, monkeypatch) -> None:
+    """--runs 3 on a disk that fills in run 1: the set stopped there without a word of runs 2 and 3 (a stop signal
+    says 'the set stops here; 2 more run(s) not started')."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import registry, runner
+    from mlbench.layout import resolve
+
+    bench = registry.load("gpt3", tiny=True)
+    console = Console(file=io.StringIO(), width=1 << 20)
+    opts = runner.RunOptions(results=tmp_path, system="ci", runs=3, seed=1)
+    run_set = runner.RunSet(bench, resolve(bench), opts, console, runner.local_commands(resolve(bench), opts))
+    run_set.folder, run_set.seeds = tmp_path, [1, 2, 3]
+    monkeypatch.setattr(run_set, "_run", lambda i, seed, env: runner.RunResult(
+        tmp_path, "aborted", None, None, False, "run not published: No space left on device", published=False))
+    run_set.supervise()
+    assert run_set.collect() == 1 and len(run_set.results) == 1
+    said = console.file.getvalue()
+    assert said == "the run could not be published: the set stops here; 2 more run(s) not started\n", said
+
+
 def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:
     """Node 1 of a torchrun run whose mlbench was killed (kill -9) left a staging folder with its rank logs and no
     MLPerf log (node 0 holds that): the next command in its folder deleted it without a word, the only account of
