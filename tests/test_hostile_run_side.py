@@ -35,6 +35,22 @@ def test_a_console_prints_nothing_and_fails_nothing_without_a_stdout(monkeypatch
     console.file.flush()
 
 
+def test_a_save_stopped_by_another_ranks_failure_is_not_shown_as_its_own_reason() -> None:
+    """kill -9 of rank 1 while the checkpoint was saved: the live line said 'checkpoint NOT saved to X: Aborted:
+    signal SIGTERM' (rank 0's words, stopped by its launcher), and the summary below it 'rank 1 killed by SIGKILL'."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=1 << 20)
+    with Progress("gpt3 run 1/1", console) as progress:
+        progress.on_events([{"event": "checkpoint_failed", "path": "/c", "reason": "Aborted: signal SIGTERM",
+                             "consequent": True},
+                            {"event": "checkpoint_failed", "path": "/d", "reason": "OSError: no room"}])
+    assert console.file.getvalue() == ("checkpoint NOT saved to /c: another process of the run failed (named below)\n"
+                                       "checkpoint NOT saved to /d: OSError: no room\n"), console.file.getvalue()
+
+
 def _closed_stdout() -> None:
     os.close(1)
 
