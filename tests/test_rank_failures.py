@@ -320,3 +320,31 @@ def test_a_stop_signal_sent_to_the_agent_alone_is_the_runs_reason(tmp_path: Path
     assert out == "the agent received SIGTERM; it stopped its ranks\n", out
     assert local_ranks.rank_failure(out) == ("the launcher (mlbench's local agent) received SIGTERM from another "
                                              "process and stopped the ranks")
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process PID has a handler for SIG (/proc's SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+def test_a_stop_signal_sent_to_the_agent_before_its_ranks_start_is_the_runs_reason(tmp_path: Path) -> None:
+    """SIGTERM as the agent imports torch, before any rank: it exited 143 without a word, and the run's reason was
+    'launcher exited with code 143 (a rank failed; see the rank logs)', with no rank ever started."""
+    agent = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
+                              f"--log-dir={tmp_path / 'ranks'}", str(tmp_path / "rank.py")], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches(agent.pid, signal.SIGTERM):  # its handler is in place: it is importing torch
+            assert time.monotonic() < deadline and agent.poll() is None
+            time.sleep(0.005)
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=30)
+    finally:
+        agent.kill()
+    assert agent.returncode == 128 + signal.SIGTERM, out
+    assert local_ranks.rank_failure(out) == ("the launcher (mlbench's local agent) received SIGTERM from another "
+                                             "process and stopped the ranks"), out
+    assert not (tmp_path / "ranks").exists()

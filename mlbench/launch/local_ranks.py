@@ -233,8 +233,7 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
         pid = _reap(ranks, codes, block=True)
         if pid is not None and codes[pid] != 0 and received:  # it stopped them: none of them failed
             _stop(ranks, codes)
-            print(f"{RECEIVED} {signal.Signals(received[0]).name}; it stopped its ranks", flush=True)
-            return 128 + received[0]
+            break
         if pid is not None and codes[pid] != 0:
             print(f"rank {ranks[pid]} {describe(codes[pid])}; stopping the other ranks (see {logs(pid)})", flush=True)
             _stop(ranks, codes)
@@ -242,7 +241,8 @@ def run(nproc: int, log_dir: Path, rank_argv: list[str]) -> int:
                 if other != pid and code != 0:
                     print(f"rank {ranks[other]} {describe(code)} (see {logs(other)})", flush=True)
             return 1
-    if received:
+    if received:  # (before it had started a rank, too: "a rank failed" was the run's reason)
+        print(f"{RECEIVED} {signal.Signals(received[0]).name}; it stopped its ranks", flush=True)
         return 128 + received[0]
     return 0
 
