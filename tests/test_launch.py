@@ -199,6 +199,24 @@ def test_a_failed_rendezvous_is_said_in_plain_words(tmp_path: Path) -> None:
     assert four.explain("RuntimeError: something else") == ""  # left to the launcher's own words
 
 
+def test_torchrun_signalled_from_outside_is_the_runs_reason(tmp_path: Path) -> None:
+    """SIGTERM to torchrun alone (a one-node --launcher torchrun run): its ranks, stopped by it, said 'Aborted:
+    signal SIGTERM', and the run's reason was 'a peer on another node was lost, and no node said why (its mlbench
+    or host gone?)'. torchrun's own last words say it was signalled."""
+    import json
+
+    (tmp_path / "events.jsonl").write_text(json.dumps({"event": "stopped", "status": "aborted", "step": 3,
+                                                       "reason": "Aborted: signal SIGTERM", "consequent": True}) + "\n")
+    said = ("echo 'Traceback (most recent call last):'; echo 'torch.distributed.elastic.multiprocessing.api."
+            "SignalException: Process 4242 got signal: 15'; exit 1")
+    cmd = torchrun.node_command(["bash", "-c", said], dict(os.environ), tmp_path / "launcher.log",
+                                torchrun.Rendezvous("127.0.0.1:29500", 1, 0, 5, tmp_path / "ranks"))
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    assert outcome.status == "aborted"
+    assert outcome.reason == ("the launcher (node 0's torchrun) received SIGTERM from another process and stopped "
+                              "the ranks"), outcome.reason
+
+
 class _Stuck:
     """A rendezvous that never forms (torchrun's client on a port of a program that answers nothing)."""
 

@@ -23,6 +23,7 @@ store with them). Node 0's ranks therefore first check that the store the endpoi
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 import uuid
@@ -239,6 +240,12 @@ class Rendezvous:
 
     def explain(self, error: str) -> str:
         t, e = f"{self.timeout:g} s (--rdzv-timeout)", self.endpoint
+        if m := re.fullmatch(r"SignalException: Process \d+ got signal: (\d+)", error):
+            # torchrun itself signalled, by another process than its supervisor (which stops the run with its own
+            # reason): its ranks, stopped by it, said only 'Aborted: signal SIGTERM', and the run's reason was "a
+            # peer on another node was lost, and no node said why", on one node too
+            return (f"the launcher (node {self.node_rank}'s torchrun) received {_signal_name(int(m[1]))} from another "
+                    f"process and stopped the ranks")
         if m := re.search(r"waiting for clients\. (\d+)/\d+ clients joined", error):  # node 0: not all came
             joined, n = int(m[1]), self.nodes
             missing = (f"node 1 of {n}" if n == 2 else f"nodes 1 to {n - 1} of {n}") if joined == 1 else \
@@ -262,6 +269,13 @@ class Rendezvous:
                     f"port {self._port()} there), or node 0 ended (see its record); give --rdzv-endpoint node 0's "
                     f"host and a free port, the same on every node")
         return ""
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
 
 
 def direct(plan_path: Path, ranks_dir: Path, env: dict[str, str]) -> Command:
