@@ -215,12 +215,18 @@ def test_torchrun_signalled_from_outside_is_the_runs_reason(tmp_path: Path) -> N
     assert outcome.status == "aborted"
     assert outcome.reason == ("the launcher (node 0's torchrun) received SIGTERM from another process and stopped "
                               "the ranks"), outcome.reason
+    # a rank signalled from outside instead (torchrun's failure lists it with code 6, stopped): no other node
+    cmd = torchrun.node_command(["bash", "-c", "exit 1"], dict(os.environ), tmp_path / "launcher2.log",
+                                torchrun.Rendezvous("127.0.0.1:29500", 1, 0, 5, tmp_path / "ranks"))
+    outcome = supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl")
+    assert outcome.reason == "Aborted: signal SIGTERM", outcome.reason
 
 
 class _Stuck:
     """A rendezvous that never forms (torchrun's client on a port of a program that answers nothing)."""
 
     deadline_s = 0.5
+    nodes = 2
 
     def formed(self) -> bool:
         return False
@@ -710,7 +716,7 @@ def test_node_0s_run_ended_by_a_peer_lost_without_word_says_so(tmp_path: Path) -
     gloo = "RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection " \
            "reset by peer"
     events = [{"event": "stopped", "status": "aborted", "step": 7, "reason": gloo, "consequent": True}]
-    rendezvous = SimpleNamespace(explain=lambda error: None)
+    rendezvous = SimpleNamespace(explain=lambda error: None, nodes=2)
     cmd = Command(["torchrun"], {}, stdout=tmp_path / "out.log", what="torchrun", rendezvous=rendezvous,
                   rank_failure=lambda output: "")
     (tmp_path / "out.log").write_text("")

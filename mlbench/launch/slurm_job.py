@@ -40,6 +40,7 @@ class JobRendezvous:
     addr: str  # MASTER_ADDR:MASTER_PORT
     timeout: float
     ranks_dir: Path  # torchrun's --log-dir on every node: <run id>_<random>/attempt_0 appears as its ranks start
+    nodes: int  # the job's nodes
 
     @property
     def deadline_s(self) -> float:
@@ -81,7 +82,7 @@ def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: Slur
         # srun passes the port on to every node
         return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log",
                        rendezvous=JobRendezvous(f"{os.environ.get('MASTER_ADDR', '')}:{port}", opts.rdzv_timeout,
-                                                staging / "ranks"),
+                                                staging / "ranks", layout.nodes),
                        rank_failure=lambda out: rank_failure(out, staging / "ranks", layout.nproc_per_node))
     return command_for
 

@@ -75,6 +75,7 @@ class Rendezvous(Protocol):
     """A launcher's meeting with other nodes before its ranks start (mlbench.launch.torchrun.Rendezvous)."""
 
     deadline_s: float  # from the launcher's start: past it with no rank started, the run is aborted
+    nodes: int  # the nodes that meet
 
     def formed(self) -> bool:
         """Whether this node's ranks have started (the rendezvous is done)."""
@@ -457,7 +458,9 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
         reason = last.get("reason", "")
     if not reason and code != 0:
         peer = last.get("reason", "") if consequent else ""
-        if peer and cmd.rendezvous is not None:  # no rank here failed of itself, no node said: another node's end
+        if peer and cmd.rendezvous is not None and cmd.rendezvous.nodes > 1:
+            # no rank here failed of itself, no node said: another node's end (a run of one node has none: it said
+            # so of a rank that SIGTERM from another process stopped)
             peer = f"a peer on another node was lost, and no node said why (its mlbench or host gone?): {peer}"
         reason = _exit_reason(cmd, code, otherwise=lost or peer)
     log_error = log.complete(reason or "run ended without run_stop")
