@@ -215,6 +215,15 @@ def test_torchrun_signalled_from_outside_is_the_runs_reason(tmp_path: Path) -> N
     assert outcome.status == "aborted"
     assert outcome.reason == ("the launcher (node 0's torchrun) received SIGTERM from another process and stopped "
                               "the ranks"), outcome.reason
+    # the supervisor stopping the run while the checkpoint was saved (node 0 told of node 1's failure): torchrun's
+    # SignalException is the supervisor's SIGTERM, and the save's failure is the supervisor's reason
+    from mlbench.launch import supervise as sup
+
+    saving = [{"event": "checkpoint_saving", "path": "/c"},
+              {"event": "checkpoint_failed", "path": "/c", "reason": "Aborted: signal SIGTERM", "consequent": True}]
+    judged = sup._judge(cmd, 1, saving, "node 1: hang: no progress for 300 s", "",
+                        sup._LogEnd(tmp_path / "mlperf.log", None, False))
+    assert judged.checkpoint_error == "node 1: hang: no progress for 300 s", judged
     # a rank signalled from outside instead (torchrun's failure lists it with code 6, stopped): no other node
     cmd = torchrun.node_command(["bash", "-c", "exit 1"], dict(os.environ), tmp_path / "launcher2.log",
                                 torchrun.Rendezvous("127.0.0.1:29500", 1, 0, 5, tmp_path / "ranks"))

@@ -450,6 +450,9 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     STOP_SIGNAL) or saw (LOST: node 0 gone, on another node); the log is completed on the way."""
     saving = any(e.get("event") == "checkpoint_saving" for e in events)
     last = next((e for e in reversed(events) if e.get("event") == "stopped"), None)
+    # the supervisor stopped the run: the launcher's own words then tell only of its SIGTERM (torchrun's
+    # SignalException, the agent's "received SIGTERM"), not why
+    stopped = bool(reason)
     # Why it ended, most specific first: what the supervisor did, what rank 0 said of its own failure, the rank
     # the launcher saw fail first (of itself), node 0 gone, what rank 0 said of a failure not its own (a SIGTERM
     # with no reason, a peer lost: the launcher stopping it for another rank's failure), the launcher's exit code.
@@ -468,7 +471,7 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     if saving and not any(e.get("event") == "checkpoint_saved" for e in events):
         failed = next((e for e in events if e.get("event") == "checkpoint_failed"), None)
         if failed is not None and failed.get("consequent") and code != 0:  # another rank failed first: that one
-            checkpoint_error = _exit_reason(cmd, code, otherwise=failed["reason"])
+            checkpoint_error = reason if stopped else _exit_reason(cmd, code, otherwise=failed["reason"])
         else:
             checkpoint_error = failed["reason"] if failed else reason or _exit_reason(cmd, code, output=False)
     # Once run_stop `success` is written, the run's status is the log's, whatever came after it (the checkpoint
