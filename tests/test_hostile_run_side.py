@@ -519,6 +519,14 @@ def test_a_tree_holding_only_a_dead_run_says_where_it_is_not_published_yet(tmp_p
                                  f"({staging.name}): not scored until the next `mlbench run` in this folder "
                                  "publishes them"), str(e.value)
     assert staging.is_dir()
+    # beside a benchmark folder with results (`score results/` of two benchmarks): it was not said at all
+    other = tmp_path / "vm" / "bert"
+    other.mkdir()
+    (other / "result_0.txt").write_text(':::MLLOG {"key": "run_start"}\n')
+    [rs] = find_sets(tmp_path)
+    assert rs.folder == other.resolve()
+    assert f"{folder}: 1 run(s) whose mlbench process died are not published yet ({staging.name})" in \
+        " ".join(rs.left_out_notes), rs.left_out_notes
 
 
 def test_a_process_that_ends_while_dead_runs_are_sought_is_passed_over(

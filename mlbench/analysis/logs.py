@@ -708,7 +708,12 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
         dead = "".join(f"; {n}" for d in _holding_staging(path) for n in _unpublished(d, named=d != path))
         raise UserError(f"{printable(path)}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
                         f"or a submission tree ORG/results/<system>/<benchmark>/){first}{dead}")
-    return [_make_set(d, _natural(fs), steps, others.get(d, [])) for d, fs in sorted(folders.items())]
+    # a benchmark folder under PATH that holds only runs not published yet (their mlbench killed): no set of its
+    # own to say it in, so said with the first set's notes, naming the folder (it was not said at all)
+    stray = [n for d in _holding_staging(path) if d not in folders for n in _unpublished(d, named=True)]
+    first = min(folders)
+    return [_make_set(d, _natural(fs), steps, others.get(d, []) + (stray if d == first else []))
+            for d, fs in sorted(folders.items())]
 
 
 def _natural(files: list[Path]) -> list[Path]:
