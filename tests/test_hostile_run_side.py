@@ -465,8 +465,8 @@ def test_score_says_a_dead_run_is_not_published_yet_and_leaves_it(tmp_path: Path
     shutil.copy(published, folder / "result_0.txt")
     [s] = score.score_path(folder, "6.0.0", jobs=1)
     said = [n for n in s.notes if "whose mlbench process died" in n]
-    assert said == [f"1 run(s) whose mlbench process died are not published yet ({staging.name}): not scored until "
-                    f"the next `mlbench run` in this folder publishes them"], s.notes
+    assert said == [f"1 run(s) whose mlbench process died or could not publish them are not published yet "
+                    f"({staging.name}): not scored until the next `mlbench run` in this folder publishes them"], s.notes
     assert staging.is_dir() and sorted(p.name for p in folder.iterdir()) == sorted([staging.name, "result_0.txt"])
 
 
@@ -501,8 +501,9 @@ def test_a_folder_holding_only_a_dead_run_says_it_is_not_published_yet(tmp_path:
     folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
     with pytest.raises(UserError) as e:
         find_sets(folder)
-    assert str(e.value).endswith(f"; 1 run(s) whose mlbench process died are not published yet ({staging.name}): not "
-                                 "scored until the next `mlbench run` in this folder publishes them"), str(e.value)
+    assert str(e.value).endswith(f"; 1 run(s) whose mlbench process died or could not publish them are not "
+                                 f"published yet ({staging.name}): not scored until the next `mlbench run` in this "
+                                 "folder publishes them"), str(e.value)
     assert staging.is_dir()  # analysis never writes
 
 
@@ -515,9 +516,9 @@ def test_a_tree_holding_only_a_dead_run_says_where_it_is_not_published_yet(tmp_p
     folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
     with pytest.raises(UserError) as e:
         find_sets(tmp_path)
-    assert str(e.value).endswith(f"; {folder}: 1 run(s) whose mlbench process died are not published yet "
-                                 f"({staging.name}): not scored until the next `mlbench run` in this folder "
-                                 "publishes them"), str(e.value)
+    assert str(e.value).endswith(f"; {folder}: 1 run(s) whose mlbench process died or could not publish them are "
+                                 f"not published yet ({staging.name}): not scored until the next `mlbench run` in "
+                                 "this folder publishes them"), str(e.value)
     assert staging.is_dir()
     # beside a benchmark folder with results (`score results/` of two benchmarks): it was not said at all
     other = tmp_path / "vm" / "bert"
@@ -525,8 +526,8 @@ def test_a_tree_holding_only_a_dead_run_says_where_it_is_not_published_yet(tmp_p
     (other / "result_0.txt").write_text(':::MLLOG {"key": "run_start"}\n')
     [rs] = find_sets(tmp_path)
     assert rs.folder == other.resolve()
-    assert f"{folder}: 1 run(s) whose mlbench process died are not published yet ({staging.name})" in \
-        " ".join(rs.left_out_notes), rs.left_out_notes
+    said = f"{folder}: 1 run(s) whose mlbench process died or could not publish them are not published yet"
+    assert f"{said} ({staging.name})" in " ".join(rs.left_out_notes), rs.left_out_notes
 
 
 def test_a_process_that_ends_while_dead_runs_are_sought_is_passed_over(

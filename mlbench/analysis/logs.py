@@ -738,12 +738,14 @@ def _unpublished(folder: Path, named: bool = False) -> list[str]:
 
     said = []
     where = f"{printable(folder)}: " if named else ""
-    for staged, how in (([s for s, _ in results.dead_runs(folder)], "are not published yet"),
-                        (results.half_published(folder), "while they were published (a record placed, its log "
+    # (a run whose mlbench lived but could not publish it, its folder read-only say, is left as a dead run's)
+    for staged, how in (([s for s, _ in results.dead_runs(folder)], "died or could not publish them are not "
+                                                                    "published yet"),
+                        (results.half_published(folder), "died while they were published (a record placed, its log "
                                                          "not)")):
         if staged:
             names = ", ".join(printable(s.name) for s in staged[:3]) + (", ..." if len(staged) > 3 else "")
-            said.append(f"{where}{len(staged)} run(s) whose mlbench process died {how} ({names}): "
+            said.append(f"{where}{len(staged)} run(s) whose mlbench process {how} ({names}): "
                         f"not scored until the next `mlbench run` in this folder publishes them")
     return said
 
