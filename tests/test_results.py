@@ -608,3 +608,18 @@ def test_a_disk_without_a_free_inode_is_said_so(tmp_path: Path) -> None:
     finally:
         subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=False)
     assert "MB free" in disk_free(tmp_path) and "inode" not in disk_free(tmp_path)
+
+
+def test_a_saves_error_of_another_cause_than_room_gets_no_room_note(tmp_path: Path) -> None:
+    """--save-checkpoint D whose parent was made a file meanwhile: the reason was 'NotADirectoryError: ...' and '(the
+    disk holding D has N MB free)', pointing away from the cause. The note stays for a writer's words that may hide
+    a full disk."""
+    import errno as errnos
+
+    from mlbench.train.loop import room_note
+
+    dest = str(tmp_path / "ckpt")
+    assert room_note(NotADirectoryError(errnos.ENOTDIR, "Not a directory"), dest) == ""
+    assert room_note(PermissionError(errnos.EACCES, "Permission denied"), dest) == ""
+    assert room_note(OSError(errnos.ENOSPC, "No space left on device"), dest).startswith("the disk holding")
+    assert room_note(RuntimeError("unexpected pos 704 vs 598"), dest).startswith("the disk holding")

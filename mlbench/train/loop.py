@@ -9,6 +9,7 @@ rank write the progress events their node's launcher shows and watches (reporter
 
 from __future__ import annotations
 
+import errno
 import gc
 import math
 import os
@@ -41,6 +42,17 @@ class Aborted(BaseException):
 # A collective or store whose peer is gone (gloo's and torch's store's words): that peer, or its node, ended first
 _PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|Connection refused|Broken pipe|Connection was likely "
                         r"closed")
+
+
+def room_note(e: BaseException, dest: str) -> str:
+    """The room left on DEST's disk, for a save's error whose words may not say the disk is full (torch's writer:
+    'unexpected pos 704 vs 598'); "" for a stop, a destination another save took meanwhile (CheckpointError: its
+    reason is whole) and an OSError of another cause (a parent made a file: NotADirectoryError)."""
+    if isinstance(e, Aborted | CheckpointError):
+        return ""
+    if isinstance(e, OSError) and e.errno is not None and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+        return ""
+    return disk_free(dest)
 
 
 def _consequent(e: BaseException) -> bool:
@@ -97,9 +109,7 @@ def train(plan: RunPlan) -> int:
             # stopped for another rank's failure (its SIGTERM, a peer lost): said so, for the supervisor to name the
             # rank that failed first (rank 0's 'Aborted: signal SIGTERM' was the record's reason, and a disk note)
             consequent = _consequent(e)
-            # the room left, for a writer's words that do not say the disk is full; not for a stop, nor for a
-            # destination that another save took meanwhile (CheckpointError: its reason is whole)
-            free = "" if consequent or isinstance(e, Aborted | CheckpointError) else disk_free(plan.save_checkpoint)
+            free = "" if consequent else room_note(e, plan.save_checkpoint)
             why = failure_reason(e) + (f" ({free})" if free else "")
             report.emit("checkpoint_failed", path=plan.save_checkpoint, reason=why, consequent=consequent)
             print(f"[rank {rank}] checkpoint not saved: {why}", file=sys.stderr, flush=True)
