@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -387,3 +388,39 @@ def test_a_set_whose_records_say_different_device_counts_has_none(tmp_path, caps
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
     [s] = _strict(out)
     assert code == 0 and s["devices"] is None and any(said in n for n in s["notes"]), s["notes"]
+
+
+def _block_log(blocks: list[tuple[int, int, dict]], evals: list[tuple[int, int]] = ()) -> str:
+    """A llama31_8b log (global batch 8) with no tracked_stats: block events (start, stop, metadata) and evaluations
+    (time, samples), so its step times come from the blocks."""
+    t0 = 1_700_000_000_000
+    lines = [_line("submission_benchmark", t0, "llama31_8b"), _line("global_batch_size", t0, 8),
+             _line("max_sequence_length", t0, 128), _line("run_start", t0)]
+    for start, stop, md in blocks:
+        lines += [_line("block_start", t0 + start, None, **md), _line("block_stop", t0 + stop, None, **md)]
+    lines += [_line("eval_accuracy", t0 + t, 2.0, samples_count=n) for t, n in evals]
+    return "".join(lines) + _line("run_stop", t0 + 10**7, None, status="success")
+
+
+def test_blocks_claiming_millions_of_steps_are_weighted_not_expanded(tmp_path, capsys, monkeypatch):
+    """A block's mean was repeated once for every step it claims: 30 blocks of 10^6 steps (3 KB of log) made a list
+    of 3 * 10^7 entries (400 blocks: 10 GB, the machine out of memory)."""
+    text = _block_log([(1 + 3000 * i, 2000 + 3000 * i, {"samples_count": 0, "epoch_count": 8 * 10**6})
+                       for i in range(30)])
+    a, b = _sets(tmp_path, text)
+    st = read_log(a / "result_0.txt").step_times
+    assert st.source == "blocks" and len(st.seconds) <= 10**6, len(st.seconds)
+    assert st.stats()["median"] == pytest.approx(1999e-9) and "30,000,000 steps claimed, weighted down" in st.note
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    assert code == 0, out
+
+
+def test_block_sizes_from_the_next_evaluation_take_time_in_step_with_the_log(tmp_path):
+    """A block without epoch_count is as long as the samples to the next evaluation, which was looked for among
+    every evaluation: 30,000 blocks and evaluations (4 MB) took 30 s."""
+    n = 30_000
+    blocks = [step_times.Block(10.0 * i, 10.0 * i + 8, None, 8.0 * i) for i in range(n)]
+    started = time.monotonic()
+    st = step_times.from_blocks(blocks, [8.0 * (i + 1) for i in range(n)][::-1], 8, 1.0)
+    assert time.monotonic() - started < 3
+    assert st is not None and len(st.seconds) == n and set(st.seconds) == {0.008}

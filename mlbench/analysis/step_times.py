@@ -5,6 +5,7 @@ Also the one set of step-time statistics (median, p90, p99, jitter) every report
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import numpy as np
 # ours and NVIDIA llama: "train_step_time"; NVIDIA gpt3 (NeMo 24.09): "train_step_timing in s".
 STEP_TIME_KEYS = ("train_step_time", "train_step_timing in s")
 MAX_BLOCK_STEPS = 1_000_000  # a block claiming more steps than this is garbage, not a block
+MAX_RUN_STEPS = 1_000_000  # entries of a run's step times made from its blocks (a real run has far fewer steps)
 # A step time is above 0 and at most this (11 days): anything else is a garbled log, and would show as a negative
 # throughput or overflow the statistics (1e308 s)
 MAX_STEP_S = 1e6
@@ -188,24 +190,34 @@ def _divides(values: np.ndarray, by: int, chunk: int = 1 << 16) -> bool:
 
 def from_blocks(blocks: list[Block], eval_counts: list[float], gbs: int | None,
                 samples_per_count: float) -> StepTimes | None:
-    """Mean step time per block (block_start..block_stop), for logs without per-step statistics."""
+    """Mean step time per block (block_start..block_stop), for logs without per-step statistics: each block's mean
+    repeated once a step it holds, at most MAX_RUN_STEPS entries in all (more are weighted down in proportion). A few
+    lines of blocks claiming a million steps each made a list of a billion entries (gigabytes); a block's size read
+    off the next evaluation was looked for among every evaluation (minutes for a log of 10^5 blocks)."""
     if not gbs:
         return None
     evals = sorted(eval_counts)
-    out: list[float] = []
+    means: list[float] = []
+    counts: list[float] = []
     for b in blocks:
         size = b.size
         if size is None and b.first is not None:
-            nxt = [c for c in evals if c > b.first]
-            size = nxt[0] - b.first if nxt else None
+            at = bisect.bisect_right(evals, b.first)  # the first evaluation after the block's start
+            size = evals[at] - b.first if at < len(evals) else None
         if size:
             n_steps = size * samples_per_count / gbs
             dur = (b.stop_ms - b.start_ms) / 1000
             if 1 <= n_steps <= MAX_BLOCK_STEPS and MIN_STEP_S <= dur / n_steps <= MAX_STEP_S:
-                out.extend([dur / n_steps] * round(n_steps))
-    if not out:
+                means.append(dur / n_steps)
+                counts.append(n_steps)
+    if not means:
         return None
-    return StepTimes(np.array(out), "blocks", "block events: block duration / steps in the block (mean per block)")
+    reps = np.rint(counts)
+    note = "block events: block duration / steps in the block (mean per block)"
+    if (total := reps.sum()) > MAX_RUN_STEPS:
+        reps = np.maximum(np.rint(reps * (MAX_RUN_STEPS / total)), 1)
+        note += f"; {total:,.0f} steps claimed, weighted down to {reps.sum():,.0f} entries"
+    return StepTimes(np.repeat(np.array(means), reps.astype(np.int64)), "blocks", note)
 
 
 def none() -> StepTimes:
