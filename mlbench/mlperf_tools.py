@@ -150,7 +150,8 @@ def system_desc_problem(desc: dict) -> str | None:
         try:
             int(desc[k])
         except (TypeError, ValueError, OverflowError):
-            return f"{k} {desc[k]!r} is no whole number"
+            shown = repr(desc[k])  # cut: a reason is one line, whatever the file holds (100,000 characters)
+            return f"{k} {shown if len(shown) <= 40 else shown[:37] + '...'} is no whole number"
     return None
 
 

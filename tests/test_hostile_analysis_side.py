@@ -917,3 +917,16 @@ def test_scaling_names_apart_two_sets_of_one_label(tmp_path, mlbench) -> None:
     for t in sets:
         assert f"| AMD/{SET.parent.name}/llama31_8b [{t}] | 8 (systems json) |" in text, text
     assert f"(base: AMD/{SET.parent.name}/llama31_8b [{sets[0]}])" in text, text
+
+
+def test_a_systems_json_field_the_summarizer_cannot_read_is_said_in_one_short_line(tmp_path, mlbench) -> None:
+    """host_processors_per_node of 100,000 characters: the note that the official summarizer makes no row printed
+    it whole, a line of 100,000 characters and more (score, and score --json's notes)."""
+    org = tmp_path / "AMD"
+    shutil.copytree(SET.parents[2], org)
+    system = next((org / "systems").glob("*.json"))
+    system.write_text(json.dumps({**json.loads(system.read_text()), "host_processors_per_node": "x" * 100_000}))
+    for as_json in ((), ("--json",)):
+        code, out, err = mlbench("score", org, *as_json)
+        assert code == 0 and "host_processors_per_node 'xxxx" in out and "... is no whole number" in out, out + err
+        assert max(map(len, out.splitlines())) < 1000, max(map(len, out.splitlines()))
