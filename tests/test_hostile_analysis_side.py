@@ -930,3 +930,16 @@ def test_a_systems_json_field_the_summarizer_cannot_read_is_said_in_one_short_li
         code, out, err = mlbench("score", org, *as_json)
         assert code == 0 and "host_processors_per_node 'xxxx" in out and "... is no whole number" in out, out + err
         assert max(map(len, out.splitlines())) < 1000, max(map(len, out.splitlines()))
+
+
+def test_score_refuses_one_device_count_for_the_sets_of_several_systems(tmp_path, mlbench) -> None:
+    """`score <tree> --devices 8` scored every set of the tree, of systems of 512 to 8192 devices, as one of 8
+    (per-device figures off by up to 1024x), while scaling refuses --devices for a PATH of several sets."""
+    tree = tmp_path / "training_results_v5.1"
+    for system in ("sysA", "sysB"):
+        shutil.copytree(SET, tree / "AMD" / "results" / system / "llama31_8b")
+    code, out, err = mlbench("score", tree, "--devices", "8", "--json")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, out + err
+    assert "holds sets of 2 systems (sysA, sysB); score each system's folder with its own --devices" in err
+    code, out, err = mlbench("score", tree / "AMD" / "results" / "sysA", "--devices", "8", "--json")
+    assert code == 0 and json.loads(out)[0]["devices"] == 8, out + err

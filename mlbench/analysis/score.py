@@ -385,6 +385,13 @@ def score_path(path: Path, ruleset: str | None = None, devices: int | None = Non
     if ruleset is not None:
         compliance.require_ruleset(ruleset)
     sets = find_sets(Path(path), steps=False)
+    # a system is a folder of benchmark folders (two of one name, in two trees, are two)
+    systems = sorted({rs.folder.parent: printable(f"{rs.org_root.name}/{rs.system}" if rs.org_root else rs.system)
+                      for rs in sets}.values())
+    if devices and len(systems) > 1:  # (one count for all: 8 given for a tree of 512- to 8192-device systems)
+        raise UserError(f"--devices gives one system's device count, and {printable(str(path))} holds sets of "
+                        f"{len(systems)} systems ({', '.join(systems[:4])}{', ...' if len(systems) > 4 else ''}); "
+                        f"score each system's folder with its own --devices")
     if len(sets) == 1 and holds_no_log(sets):  # (in a tree: a note)
         files = sets[0].files
         what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
