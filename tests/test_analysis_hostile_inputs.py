@@ -424,3 +424,14 @@ def test_block_sizes_from_the_next_evaluation_take_time_in_step_with_the_log(tmp
     st = step_times.from_blocks(blocks, [8.0 * (i + 1) for i in range(n)][::-1], 8, 1.0)
     assert time.monotonic() - started < 3
     assert st is not None and len(st.seconds) == n and set(st.seconds) == {0.008}
+
+
+def test_a_step_counter_rising_absurdly_does_not_divide_step_times_below_any_step(tmp_path, capsys, monkeypatch):
+    """metadata step 10^12 times the step: each record was taken to cover 10^9 steps, its time divided by them,
+    and compare showed a median step of 0.0000 s (5 * 10^-10) and 2.5 * 10^11 tokens/s a device, without a word."""
+    text = re.sub(r'"step": (\d+)', lambda m: f'"step": {int(m.group(1)) * 10**12}', tiny_log(steps=20))
+    a, b = _sets(tmp_path, text)
+    st = read_log(a / "result_0.txt").step_times
+    assert st.stats()["median"] == 0.5 and "more steps than a record's time can hold" in st.note, st.note
+    code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
+    assert code == 0 and " 256 " in out.split("tokens/s per device")[1].splitlines()[0], out

@@ -158,7 +158,11 @@ def _reference(t: step_times.Tracked, start_ms: float | None, stop_ms: float | N
         if multi.any():
             ratio = np.median(gap[multi] / secs[1:][multi])
             kk = np.median(k[multi])
-            if abs(ratio - 1) < abs(ratio - kk):
+            covers = abs(ratio - 1) < abs(ratio - kk)
+            if covers and (secs[1:][multi] / k[multi] < step_times.MIN_STEP_S).any():
+                note += (f"; metadata step rises {kk:g} a record, more steps than a record's time can hold (at "
+                         f"least {step_times.MIN_STEP_S:g} s a step): times are per record, as logged")
+            elif covers:
                 secs[1:][multi] = secs[1:][multi] / k[multi]
                 note += f"; each record covers {kk:g} steps, divided"
             else:

@@ -167,7 +167,12 @@ def from_tracked(t: Tracked, start_ms: float | None, stop_ms: float | None, gbs:
             gap = np.diff(times[keep]) / 1000
             ratio = np.median(gap[multi] / secs[1:][multi])
             kk = np.median(k[multi])
-            if abs(ratio - 1) < abs(ratio - kk):  # the time covers the whole interval
+            covers = abs(ratio - 1) < abs(ratio - kk)  # the time covers the whole interval
+            if covers and (secs[1:][multi] / k[multi] < MIN_STEP_S).any():
+                # a step counter rising 10^12 a record (garbled) made steps of 10^-11 s, 10^13 tokens/s a device
+                note += (f"; metadata step rises {kk:g} a record, more steps than a record's time can hold (at "
+                         f"least {MIN_STEP_S:g} s a step): times are per record, as logged")
+            elif covers:
                 secs = secs.copy()
                 secs[1:][multi] = secs[1:][multi] / k[multi]
                 note += f"; each record covers {kk:g} steps, divided"
