@@ -36,6 +36,9 @@ class FileParam(PathParam):
         if bad is not None:  # "wrote a<newline>b.html" split the line it is named on
             raise UserError(f"{option} {value!r}: holds {repr(bad)[1:-1]}, a character that is not printable; name "
                             f"the report without one")
+        if value == "-":  # (to most tools standard output: a report is written to a file named '-' in the cwd)
+            raise UserError(f"{option} -: a report is a file (plots beside it), not standard output; give its name "
+                            f"(./- for a file named '-')")
         if isinstance(value, str) and value.endswith(("/", "/.")):
             ending = "/" if value.endswith("/") else "/."
             raise UserError(f"{option} {value}: ends with '{ending}', a folder's path; give the report's file name, "

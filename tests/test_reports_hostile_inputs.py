@@ -264,3 +264,12 @@ def test_the_markdown_report_passes_no_markdown_or_html_through(work: Path, monk
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text, text
     cells = {line.replace("\\|", "").count("|") for line in text.splitlines() if line.startswith("| ")}
     assert len(cells) == 1, text  # (one table) no '|' of a name splits a cell: each row has the header's cells
+
+
+@pytest.mark.parametrize("option", ["--html", "--md"])
+def test_a_report_named_dash_is_refused_as_not_standard_output(work: Path, cli, option: str) -> None:
+    """`compare A B --html -` (standard output, to most tools) wrote a file named '-' in the working folder, exit 0;
+    ./- still names that file."""
+    one_error(compare_here(cli, work, option, "-"), f"{option} -: a report is a file", "not standard output")
+    assert not (work / "-").exists()
+    assert compare_here(cli, work, option, "./-").returncode == 0 and (work / "-").is_file()
