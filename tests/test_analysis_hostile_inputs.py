@@ -435,3 +435,23 @@ def test_a_step_counter_rising_absurdly_does_not_divide_step_times_below_any_ste
     assert st.stats()["median"] == 0.5 and "more steps than a record's time can hold" in st.note, st.note
     code, out = mlbench(capsys, monkeypatch, "compare", str(a), str(b), "--no-score")
     assert code == 0 and " 256 " in out.split("tokens/s per device")[1].splitlines()[0], out
+
+
+def test_a_success_with_every_evaluation_after_run_stop_does_not_count(tmp_path, capsys, monkeypatch):
+    """The same tiny runs with their evaluations timed after run_stop (or none at all) were counted: the target
+    check looked only at evaluations before run_stop, and passed a run that had none."""
+    folder = tmp_path / "ci" / "llama31_8b"
+    folder.mkdir(parents=True)
+    late = re.sub(r'"time_ms": \d+, "event_type": "POINT_IN_TIME", "key": "eval_accuracy", "value": 3.5',
+                  '"time_ms": 1700000009000, "event_type": "POINT_IN_TIME", "key": "eval_accuracy", "value": 1.0',
+                  tiny_log())
+    assert late != tiny_log()
+    for i in range(3):
+        (folder / f"result_{i}.txt").write_text(late)
+        (folder / f"result_{i}.json").write_text(json.dumps(
+            {"variant": "tiny", "quality": {"metric": "log_perplexity", "target": 1.04, "direction": "min"}}))
+    code, out = mlbench(capsys, monkeypatch, "score", str(folder), "--json")
+    runs = _strict(out)[0]["runs"]
+    assert code == 0 and [r["status"] for r in runs] == ["invalid"] * 3 and _strict(out)[0]["score_min"] is None
+    assert runs[0]["problems"][-1].endswith("run_stop says success, but no evaluation precedes it to show the "
+                                            "target its run record states was reached: the run cannot count")

@@ -566,11 +566,16 @@ def _check_own_target(log: RunLog) -> None:
     tiny runs whose every evaluation was edited away from the target were scored."""
     # the last evaluation before run_stop, as samples to converge: one logged after it does not undo the run
     before = [v for _, v, t in log.eval_points if log.run_stop_ms is None or t <= log.run_stop_ms]
-    if log.status != "success" or not before:
+    if log.status != "success":
         return
     q = run_record(log.path).get("quality")
     target, direction = (q.get("target"), q.get("direction")) if isinstance(q, dict) else (None, None)
     if not is_number(target) or direction not in ("min", "max"):
+        return
+    if not before:  # (every evaluation timed after run_stop: a success that no evaluation shows was scored)
+        log.problems.append(f"{log.path}: run_stop says success, but no evaluation precedes it to show the target "
+                            f"its run record states was reached: the run cannot count")
+        log.invalid, log.no_time = True, False
         return
     last = before[-1]
     if last <= target if direction == "min" else last >= target:
