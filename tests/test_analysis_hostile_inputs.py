@@ -6,6 +6,7 @@ traceback, a warning on stderr, or a figure silently computed from a replacement
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import warnings
@@ -455,3 +456,21 @@ def test_a_success_with_every_evaluation_after_run_stop_does_not_count(tmp_path,
     assert code == 0 and [r["status"] for r in runs] == ["invalid"] * 3 and _strict(out)[0]["score_min"] is None
     assert runs[0]["problems"][-1].endswith("run_stop says success, but no evaluation precedes it to show the "
                                             "target its run record states was reached: the run cannot count")
+
+
+@pytest.mark.parametrize("quality", [{"target": "1.04", "direction": "min"}, {"target": math.nan, "direction": "min"},
+                                     {"target": 1.04, "direction": "down"}, "1.04"])
+def test_a_run_record_whose_target_cannot_be_checked_is_said_garbled(tmp_path, capsys, monkeypatch, quality):
+    """A record's quality.target "1.04" or NaN skipped the check of the target a tiny run states: runs whose every
+    evaluation misses it counted on their log's word (success, scored). The record is now garbled, said so."""
+    folder = tmp_path / "ci" / "llama31_8b"
+    folder.mkdir(parents=True)
+    missing = re.sub(r'"key": "eval_accuracy", "value": 3.5', '"key": "eval_accuracy", "value": 9.5', tiny_log())
+    assert missing != tiny_log()
+    for i in range(3):
+        (folder / f"result_{i}.txt").write_text(missing)
+        (folder / f"result_{i}.json").write_text(json.dumps({"variant": "tiny", "quality": quality}))
+    code, out = mlbench(capsys, monkeypatch, "score", str(folder), "--json")
+    doc = _strict(out)[0]
+    assert code == 0 and doc["score_min"] is None, out
+    assert "not a target (a number) and a direction (min or max)" in " ".join(doc["notes"]), doc["notes"]

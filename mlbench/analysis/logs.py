@@ -635,7 +635,8 @@ def _no_record(record: Path) -> str:
 def _unusable(record: Path) -> str | None:
     """What is wrong with the run record RECORD, which is there (None: nothing): not a file that can be read (a pipe,
     a device, a folder: not read, so never a hang), or garbled (not JSON, cut short, not an object, a variant that is
-    no name). Read as absent, it would make its run one of unknown kind, judged by the closed rules."""
+    no name, a quality with no target to check). Read as absent, it would make its run one of unknown kind, judged
+    by the closed rules."""
     try:
         d = load_json(record)
     except OSError as e:
@@ -646,6 +647,12 @@ def _unusable(record: Path) -> str | None:
         return f"its run record {record.name} is not a run record (a JSON object) but {shown(d, 40)}"
     if "variant" in d and not isinstance(d["variant"], str):
         return f"its run record {record.name} has variant {shown(d['variant'], 40)}, not a name"
+    q = d.get("quality")
+    if "quality" in d and not (isinstance(q, dict) and is_number(q.get("target"))
+                               and q.get("direction") in ("min", "max")):
+        # (a target "1.04" or NaN skipped the check of the target a tiny run states: it counted on its log's word)
+        return (f"its run record {record.name} has quality {shown(q, 60)}, not a target (a number) and a direction "
+                f"(min or max)")
     return None
 
 
