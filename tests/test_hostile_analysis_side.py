@@ -747,6 +747,14 @@ def test_compare_refuses_files_that_are_no_mlperf_logs_as_score_does(tmp_path, m
     assert code == 2 and "result_0.txt is not an MLPerf result log (no :::MLLOG lines)" in out + err, (code, out, err)
     code, out, err = mlbench("compare", tmp_path, LOG)
     assert code == 2 and "holds no MLPerf result log" in out + err, (code, out, err)
+    # every line broken JSON: score judged it a run with no run_start (exit 0), compare compared it
+    for i in range(2):
+        (tmp_path / f"result_{i}.txt").write_text(':::MLLOG {garbage\n:::MLLOG {"key": \n')
+    code, out, err = mlbench("score", tmp_path)
+    assert code == 2 and "none of the 2 result_*.txt in" in out and "(no :::MLLOG line that can be read)" in out, out
+    code, out, err = mlbench("compare", tmp_path / "result_0.txt", tmp_path / "result_1.txt")
+    said = "result_0.txt is not an MLPerf result log (no :::MLLOG line that can be read)"
+    assert code == 2 and said in out + err, (code, out, err)
 
 
 def test_a_markdown_reports_images_replace_only_an_earlier_reports(tmp_path, mlbench) -> None:

@@ -282,9 +282,9 @@ def build_comparison(paths: list[str], ruleset: str | None = None, with_score: b
                 once.add(("run", path.resolve()), path, p)
             else:
                 once.add(("set", Path(rs.folder).resolve()), rs.folder, p)
-        if holds_no_log(sets):
+        if why := holds_no_log(sets):
             what = "is not an MLPerf result log" if path.is_file() else "holds no MLPerf result log"
-            raise UserError(printable(f"{p} {what} (no :::MLLOG lines)"))
+            raise UserError(printable(f"{p} {what} ({why})"))
         entries += [_entry_from_set(rs, ruleset, with_score and not path.is_file()) for rs in sets]
     if len(entries) < 2:
         raise UserError("compare needs at least two runs, sets or published rows; got "

@@ -39,6 +39,7 @@ from mlbench.logfile import (
 
 RESULT_GLOB = "result_*.txt"
 NOT_A_LOG = "no :::MLLOG lines: not an MLPerf result log"
+NO_RECORDS = "no readable records: every :::MLLOG line is broken"
 
 # Benchmarks whose eval/block counters count tokens (samples x sequence length) rather than samples.
 TOKEN_COUNTED = {"gpt3"}
@@ -409,7 +410,7 @@ def read_log(path: Path, steps: bool = True) -> RunLog:
     scan.finish()
     log.problems[:0] = reader.problems()
     if not events:
-        log.problems.append(NOT_A_LOG if not reader.n_broken else "no readable records")
+        log.problems.append(NOT_A_LOG if not reader.n_broken else NO_RECORDS)
         return log
     if log.run_start_ms is None:  # where a line was there, its bad time_ms is the problem already listed
         if not scan.seen["run_start"]:
@@ -692,10 +693,14 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def holds_no_log(sets: list[ResultSet]) -> bool:
-    """Whether not one file of SETS is an MLPerf result log (no :::MLLOG line): score, compare and scaling refuse
-    such input."""
-    return all(r.problems[-1:] == [NOT_A_LOG] for rs in sets for r in rs.runs)
+def holds_no_log(sets: list[ResultSet]) -> str | None:
+    """Why not one file of SETS is an MLPerf result log, in a few words (None where one is): no :::MLLOG line, or
+    none that can be read (score judged a file of broken lines a run with no run_start, exit 0). score, compare and
+    scaling refuse such input."""
+    last = [r.problems[-1:] for rs in sets for r in rs.runs]
+    if not all(p in ([NOT_A_LOG], [NO_RECORDS]) for p in last):
+        return None
+    return "no :::MLLOG lines" if all(p == [NOT_A_LOG] for p in last) else "no :::MLLOG line that can be read"
 
 
 def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:

@@ -123,8 +123,8 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
         sets = find_sets(Path(p))
         if devices and len(sets) > 1:
             raise UserError(f"{p} holds {len(sets)} benchmark folders; with --devices give one folder per PATH")
-        if holds_no_log(sets):
-            raise UserError(printable(f"{p} holds no MLPerf result log (no :::MLLOG lines)"))
+        if why := holds_no_log(sets):
+            raise UserError(printable(f"{p} holds no MLPerf result log ({why})"))
         for rs in sets:
             once.add(Path(rs.folder).resolve(), rs.folder, p)
             found.append((rs, devices[i] if devices else None))

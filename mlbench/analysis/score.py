@@ -392,8 +392,8 @@ def score_path(path: Path, ruleset: str | None = None, devices: int | None = Non
         raise UserError(f"--devices gives one system's device count, and {printable(str(path))} holds sets of "
                         f"{len(systems)} systems ({', '.join(systems[:4])}{', ...' if len(systems) > 4 else ''}); "
                         f"score each system's folder with its own --devices")
-    if len(sets) == 1 and holds_no_log(sets):  # (in a tree: a note)
+    if len(sets) == 1 and (why := holds_no_log(sets)):  # (in a tree: a note)
         files = sets[0].files
         what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
-        raise UserError(printable(f"{what} an MLPerf result log (no :::MLLOG lines)"))
+        raise UserError(printable(f"{what} an MLPerf result log ({why})"))
     return [score_set(s, ruleset, devices, jobs) for s in sets]
