@@ -230,18 +230,19 @@ def assert_tiny_converges(benchmark: str, flags: list[str], root: Path, seed: in
 
 
 # The slowest modules first (seconds of wall time each took in `make test` on 2 cores, 2026-11-27: 84 down to
-# 9). `make test` hands whole files to its workers in collection order (--dist loadfile --no-loadscope-reorder):
-# the long ones start first, and the many short files fill in at the end, so the workers finish together (the
-# longest-first rule). Left to itself xdist starts the files with the most tests, which leaves the long
-# single-training files for last; with only the training files ranked, a 22 s file of reports came last and one
-# worker finished 20 s after the others.
+# 9; the hostile-input and rank-failure files, 17-20 s each, placed 2026-11-28). `make test` hands whole files to
+# its workers in collection order (--dist loadfile --no-loadscope-reorder): the long ones start first, and the many
+# short files fill in at the end, so the workers finish together (the longest-first rule). Left to itself xdist
+# starts the files with the most tests, which leaves the long single-training files for last; a file left off this
+# list goes last (three of 17-20 s made one worker finish 15-19 s after the others).
 SLOWEST_FIRST = [
     "test_checkpoints", "test_features", "test_bert_reference", "test_failures", "test_slurm_run", "test_tiny_gpt3",
     "test_checkpoint_names", "test_torchrun_launcher", "test_current_suite_moe", "test_interleaved_pipeline",
-    "test_analysis_score", "test_indexed_data", "test_planner", "test_bert_data", "test_reports_hostile_inputs",
-    "test_launch", "test_current_suite", "test_tiny_llama", "test_dry_run", "test_features_memory", "test_results",
+    "test_analysis_score", "test_indexed_data", "test_hostile_analysis_side", "test_hostile_run_side",
+    "test_rank_failures", "test_planner", "test_bert_data", "test_reports_hostile_inputs", "test_launch",
+    "test_current_suite", "test_tiny_llama", "test_dry_run", "test_features_memory", "test_results",
     "test_benchmarks_full", "test_bad_input", "test_tiny_bert", "test_gpu_config", "test_analysis_garbled",
-    "test_slurm_cluster",
+    "test_slurm_cluster", "test_verdicts",
 ]
 
 
