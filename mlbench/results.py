@@ -119,7 +119,13 @@ def _remove_empty(folder: Path, created: list[Path]) -> None:
 def stage(folder: Path) -> Path:
     """A fresh staging folder on the same filesystem as the results (so publishing is a link), named after
     this process (`owners.tag`)."""
-    return Path(tempfile.mkdtemp(prefix=f"{STAGING}{owners.tag()}-", dir=folder))
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"{STAGING}{owners.tag()}-", dir=folder))
+    except FileNotFoundError:
+        # removed meanwhile by another command started at once, whose refused run cleared the empty folders it had
+        # made (this run was refused: "cannot write a run's files (No such file or directory)"): made again
+        folder.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{STAGING}{owners.tag()}-", dir=folder))
 
 
 def remove_stale(folder: Path) -> list[Path]:

@@ -623,3 +623,11 @@ def test_a_saves_error_of_another_cause_than_room_gets_no_room_note(tmp_path: Pa
     assert room_note(PermissionError(errnos.EACCES, "Permission denied"), dest) == ""
     assert room_note(OSError(errnos.ENOSPC, "No space left on device"), dest).startswith("the disk holding")
     assert room_note(RuntimeError("unexpected pos 704 vs 598"), dest).startswith("the disk holding")
+
+
+def test_a_results_folder_removed_as_a_run_stages_is_made_again(tmp_path: Path) -> None:
+    """Two commands at once: one refused removes the empty benchmark folder it made, just as the other stages its
+    run there; the other was refused, 'cannot write a run's files (No such file or directory)'."""
+    folder = tmp_path / "ci" / "gpt3"
+    staging = results.stage(folder)  # (as the other command's clean-up left it: gone)
+    assert staging.parent == folder and staging.is_dir()
