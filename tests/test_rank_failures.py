@@ -91,7 +91,11 @@ def test_a_rank_stopped_by_another_is_not_named_for_it() -> None:
              "rank 2 killed by SIGTERM (see /s/ranks/local/attempt_0/2)\n"
              "rank 1 killed by SIGSEGV (see /s/ranks/local/attempt_0/1)\n")
     assert local_ranks.rank_failure(agent) == "rank 1 killed by SIGSEGV (see the rank logs: local/attempt_0/1)"
-    assert local_ranks.rank_failure(agent.replace("SIGSEGV", "SIGTERM")) == ""  # none failed of itself
+    # none failed of itself, and the agent stopped none before the first ended: a signal from another process
+    # stopped that one (kill -TERM of a rank), which was said as its own 'Aborted: signal SIGTERM'
+    assert local_ranks.rank_failure(agent.replace("SIGSEGV", "SIGTERM")) == (
+        "rank 0 was stopped by a signal from another process, no rank having failed (exited with code 6; see the "
+        "rank logs: local/attempt_0/0)")
 
     # torch 2.13's words: rank 1 exited 7 and rank 0 (its peer gone) 6 in the same second; torch picked rank 0
     said = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\nFailures:\n"

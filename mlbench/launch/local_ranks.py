@@ -117,11 +117,19 @@ def rank_failure(output: str) -> str:
     folder, gone once the run is published): the first one that failed of itself, not one stopped because of it
     (lifeline.consequent: ranks 0 and 1 often end together, and rank 0's gloo error is rank 1's death); "" if the
     agent names none."""
-    for rank, how in _FAILED.findall(output):
+    failed = _FAILED.findall(output)
+    for rank, how in failed:
         if not consequent(code_of(how)):
             return f"rank {rank} {how} (see the rank logs: local/attempt_0/{rank})"
     if m := _RECEIVED.search(output):
         return f"the launcher (mlbench's local agent) received {m[1]} from another process and stopped the ranks"
+    if failed:
+        # the first rank to end ended as a stopped one does (a stop signal), yet no rank had failed and the agent had
+        # stopped none: a signal from another process (kill -TERM of a rank) stopped it. Said as its own rank's
+        # "Aborted: signal SIGTERM", as if a peer's failure had stopped it.
+        rank, how = failed[0]
+        return (f"rank {rank} was stopped by a signal from another process, no rank having failed ({how}; see the "
+                f"rank logs: local/attempt_0/{rank})")
     return ""
 
 
