@@ -147,7 +147,18 @@ def console(**kwargs) -> Console:
     MarkupError traceback); styled words are `Text` (`Text.assemble(("error:", "red"), " ", message)`)."""
     kwargs.setdefault("file", STDOUT)
     kwargs.setdefault("markup", False)
-    c = Console(**kwargs)
-    if c.is_terminal:
-        return c if c.width > 0 else Console(width=shutil.get_terminal_size().columns, **kwargs)
-    return Console(width=WIDTH_WITHOUT_TERMINAL, soft_wrap=True, **kwargs)
+    if _is_tty(kwargs["file"]):
+        c = Console(**kwargs)
+        if c.is_terminal:
+            return c if c.width > 0 else Console(width=shutil.get_terminal_size().columns, **kwargs)
+    # Not a terminal whatever FORCE_COLOR or TTY_COMPATIBLE=1 say (CI sets them for colour): rich took those for
+    # one, wrapped lines and tables at 80 columns and drew the live panel's redraws (cursor moves) into the log.
+    return Console(width=WIDTH_WITHOUT_TERMINAL, soft_wrap=True, force_terminal=False, **kwargs)
+
+
+def _is_tty(stream: object) -> bool:
+    """Whether STREAM is a terminal (a closed stream, or none, is not)."""
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False

@@ -72,3 +72,19 @@ def test_tables_without_a_terminal_take_their_natural_width_whatever_columns_say
         row = [ln for ln in out.stdout.splitlines() if "a cell of" in ln]
         assert len(row) == 1 and all(f"a cell of {n} characters ".ljust(n, "x") in row[0] for n in (90, 60, 70)), \
             (columns, out.stdout)
+
+
+def test_force_color_or_tty_compatible_without_a_terminal_still_prints_plain_full_lines() -> None:
+    """CI sets FORCE_COLOR (or TTY_COMPATIBLE=1) for colour; rich took either for a terminal: tables and lines
+    wrapped at 80 columns, and a run's live panel drew its redraws (cursor moves) into the log instead of lines."""
+    for var in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+        env[var] = "1"
+        out = subprocess.run([sys.executable, "-c", SHOW_PROGRESS + WIDE_TABLE], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert "\x1b" not in out.stdout and lines[0].startswith("step 120/300  loss 1.0569"), (var, out.stdout)
+        assert lines[1].endswith("/a/long/results/path/ci/gpt3/result_0.txt"), (var, out.stdout)
+        row = [ln for ln in lines if "a cell of" in ln]
+        assert len(row) == 1 and "a cell of 90 characters ".ljust(90, "x") in row[0], (var, out.stdout)
