@@ -866,6 +866,11 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
         return None
     from mlbench.launch import slurm
 
+    n, gpus = layout.nproc_per_node, req.gpus_per_node
+    if 0 < gpus < n:  # (0: a CPU cluster's job, which requests none)
+        raise UserError(f"--nproc-per-node {n} starts {n} ranks on each node, one per GPU, and --gpus-per-node {gpus} "
+                        f"requests {gpus} there: ranks past the last GPU fail ('invalid device ordinal') once the job "
+                        f"has started; give --gpus-per-node {n} or more, or --nproc-per-node {gpus} or fewer")
     if not req.time_limit.isascii():  # '٣:00:00' matched \d and went into #SBATCH
         raise UserError(f"--time {req.time_limit!r}: HH:MM:SS or D-HH:MM:SS in ASCII digits (0-9), which sbatch "
                         f"reads; it holds other characters")

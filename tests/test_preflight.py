@@ -164,6 +164,11 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"container mount 'data:/x': the source 'data' must be a path \(starting with / or \.\), tmpfs or umount"),
     ({"launcher": "slurm", "time_limit": "0:00:00", "dry_run": True},
      r"cannot write the SLURM job: --time \(time_limit\) 0:00:00 is zero, which SLURM reads as no limit at all"),
+    # a job of more ranks a node than the GPUs it requests there: the ranks past the last GPU failed once it ran
+    ({"launcher": "slurm", "gpus_per_node": 4, "layout": {"nproc_per_node": 8, "global_batch_size": 64},
+      "dry_run": True},
+     r"^--nproc-per-node 8 starts 8 ranks on each node, one per GPU, and --gpus-per-node 4 requests 4 there: .* give "
+     r"--gpus-per-node 8 or more, or --nproc-per-node 4 or fewer$"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path: Path, kw: dict, match: str) -> None:
     if kw.get("layout", {}).get("precision") == "fp8" and preflight.local_device().gpu:
