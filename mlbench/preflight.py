@@ -220,6 +220,7 @@ def _local_launcher_here(req: RunRequest) -> None:
 
 
 MIN_HANG_TIMEOUT_S = 1.0
+MAX_THREADS = 8192  # Linux's NR_CPUS at its largest (x86_64 MAXSMP): no node has more CPUs
 MIN_RDZV_TIMEOUT_S, MAX_RDZV_TIMEOUT_S = 1.0, 7 * 86400.0  # a week: the longest a cluster queue plausibly holds a node
 
 
@@ -246,6 +247,9 @@ def _check_options(req: RunRequest) -> None:
         raise UserError(f"--lr must be a positive number, got {req.lr}")
     if req.threads < 1:
         raise UserError(f"--threads must be at least 1, got {req.threads}")
+    if req.threads > MAX_THREADS:  # a SLURM job's nodes are not checked below: 2**31 failed in each rank as it started
+        raise UserError(f"--threads {req.threads} is more than any node has CPUs: at most {MAX_THREADS} (Linux's "
+                        f"largest CPU count, NR_CPUS under MAXSMP)")
     cpus = len(os.sched_getaffinity(0))
     if req.launcher != "slurm" and req.threads > cpus:  # (a SLURM job's nodes are not this machine)
         raise UserError(f"--threads {req.threads} is more than the {cpus} CPUs this machine gives this process: at "

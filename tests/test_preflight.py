@@ -164,6 +164,9 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"container mount 'data:/x': the source 'data' must be a path \(starting with / or \.\), tmpfs or umount"),
     ({"launcher": "slurm", "time_limit": "0:00:00", "dry_run": True},
      r"cannot write the SLURM job: --time \(time_limit\) 0:00:00 is zero, which SLURM reads as no limit at all"),
+    # a SLURM job's nodes are not this machine, but none has more CPUs than Linux runs on: 2**31 failed in each rank
+    ({"launcher": "slurm", "threads": 2**31, "dry_run": True},
+     r"^--threads 2147483648 is more than any node has CPUs: at most 8192 \(Linux's largest CPU count"),
     # a job of more ranks a node than the GPUs it requests there: the ranks past the last GPU failed once it ran
     ({"launcher": "slurm", "gpus_per_node": 4, "layout": {"nproc_per_node": 8, "global_batch_size": 64},
       "dry_run": True},
