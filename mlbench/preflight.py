@@ -906,10 +906,14 @@ def memory_device(req: RunRequest, here: DeviceFacts | None) -> tuple[str, float
     from mlbench.planner import devices
 
     if req.device is not None:
-        if req.device == "cpu":
-            raise UserError("--device cpu: a CPU run is checked against this machine's memory without it; --device "
-                            f"names a GPU: one of {', '.join(n for n in devices.names() if n != 'cpu')}")
-        d = devices.get(req.device)  # an unknown name: UserError naming the known ones
+        gpus = [n for n in devices.names() if n != "cpu"]
+        # (names are case-insensitive, as devices.get takes them: --device CPU passed the refusal of cpu)
+        if req.device.lower() == "cpu":
+            raise UserError(f"--device {req.device}: a CPU run is checked against this machine's memory without it; "
+                            f"--device names a GPU: one of {', '.join(gpus)}")
+        if req.device.lower() not in gpus:  # (devices.get's message offers cpu, which a run refuses)
+            raise UserError(f"unknown device {req.device!r}; --device names a GPU: one of {', '.join(gpus)}")
+        d = devices.get(req.device)
         return d.name, d.memory_bytes
     if here is None:
         return None

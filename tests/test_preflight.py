@@ -164,6 +164,11 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"container mount 'data:/x': the source 'data' must be a path \(starting with / or \.\), tmpfs or umount"),
     ({"launcher": "slurm", "time_limit": "0:00:00", "dry_run": True},
      r"cannot write the SLURM job: --time \(time_limit\) 0:00:00 is zero, which SLURM reads as no limit at all"),
+    # device names are case-insensitive: CPU passed the refusal of cpu (a run planned against the CPU measurement),
+    # and an unknown name was offered cpu among the names to give
+    ({"device": "CPU", "dry_run": True}, r"^--device CPU: a CPU run is checked against this machine's memory"),
+    ({"device": "tpu"}, r"^unknown device 'tpu'; --device names a GPU: one of a100, h100_pcie, h100, h200, b200, "
+                        r"gb200, gb300$"),
     # a SLURM job's nodes are not this machine, but none has more CPUs than Linux runs on: 2**31 failed in each rank
     ({"launcher": "slurm", "threads": 2**31, "dry_run": True},
      r"^--threads 2147483648 is more than any node has CPUs: at most 8192 \(Linux's largest CPU count"),
