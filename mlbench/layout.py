@@ -184,7 +184,9 @@ def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: 
     # User flags win; then the benchmark's reference layout for this scale; then no parallelism.
     tp = tp if tp is not None else (ref.tp if ref else 1)
     pp = pp if pp is not None else (ref.pp if ref else 1)
-    vp = vp if vp is not None else (ref.vp if ref else 1)
+    # (a reference's virtual stages interleave its pipeline: at --pp 1 there is none, and its vp was refused as
+    # '--vp 6 needs pipeline parallelism', a flag never given)
+    vp = vp if vp is not None else (ref.vp if ref and pp > 1 else 1)
     cp = cp if cp is not None else (ref.cp if ref else 1)
     # `is None`, not `or`: a 0 the user typed is refused below, never replaced by a default.
     mbs = micro_batch_size if micro_batch_size is not None else (ref.micro_batch_size if ref else None)

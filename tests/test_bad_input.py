@@ -41,6 +41,23 @@ def test_layout_that_does_not_divide(tmp_path: Path, flags: list[str], needles: 
     assert not any(tmp_path.iterdir())
 
 
+def test_pp_1_takes_no_virtual_stages_from_the_reference_layout(tmp_path: Path, cli) -> None:
+    """--pp 1 at a scale with a reference layout (gpt3's: pp 8, vp 6) was refused as '--vp 6 needs pipeline
+    parallelism', a flag never given: the reference's virtual stages interleave its pipeline, and there is none."""
+    import json
+
+    plan = cli("plan", "gpt3", "--device", "h100", "--nodes", "64", "--nproc-per-node", "8", "--tp", "8", "--pp", "1",
+               "--json")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert (json.loads(plan.stdout)["layout"]["pp"], json.loads(plan.stdout)["layout"]["vp"]) == (1, 1)
+    run = cli("run", "gpt3", "--dry-run", "--nodes", "64", "--nproc-per-node", "8", "--launcher", "slurm", "--tp", "8",
+              "--pp", "1", "--results", str(tmp_path))
+    assert run.returncode == 0 and "needs pipeline parallelism" not in run.stdout, run.stdout + run.stderr
+    # given, it is still refused, naming it
+    _assert_clean_error(cli("run", "gpt3", "--tiny", "--pp", "1", "--vp", "2", "--results", str(tmp_path / "b")),
+                        "--vp 2 needs pipeline parallelism")
+
+
 def test_a_global_batch_beyond_any_run_is_refused_before_anything_is_written(tmp_path: Path, cli) -> None:
     """--gbs 2**40 launched; the rank died asking for 512 TiB and the aborted run was published."""
     proc = cli("run", "gpt3", "--tiny", "--results", str(tmp_path / "r"), "--gbs", str(2**40))
