@@ -230,6 +230,9 @@ def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: 
     asym = ref is not None and pp == ref.pp and vp == ref.vp
     embed_split = asym and ref.account_for_embedding_in_pipeline_split
     loss_split = asym and ref.account_for_loss_in_pipeline_split
+    if asymmetric_split and pp == 1:  # (it was dropped without a word, as --sequence-parallel at --tp 1 is not)
+        raise UserError("--asymmetric-pipeline-split counts the embedding and the loss as pipeline layers: it needs "
+                        "--pp > 1")
     if asymmetric_split is not None:  # the user's choice, for any layout
         embed_split = loss_split = asymmetric_split and pp > 1
     # layers split evenly across pipeline stages and virtual stages (with the embedding and loss when counted)

@@ -137,6 +137,8 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"--rdzv-endpoint '192.0.2.1:29513': node 0 \(--node-rank 0\) serves the rendezvous there, and 192.0.2.1 is no "
      r"address of this host"),
     ({"hang_timeout": 0.001}, r"--hang-timeout 0.001 is shorter than a step .* at least 1 s"),  # killed a healthy run
+    # dropped without a word at --pp 1 (exit 0), as --sequence-parallel at --tp 1 is not
+    ({"layout": {"asymmetric_split": True}}, r"^--asymmetric-pipeline-split .* it needs --pp > 1$"),
     ({"launcher": "torchrun", "rdzv_endpoint": "h:1", "layout": {"nodes": 2}, "rdzv_timeout": 0.0},
      r"--rdzv-timeout must be 1 to 604800 seconds, got 0.0"),
     ({"launcher": "torchrun", "rdzv_endpoint": "h:1", "layout": {"nodes": 2}, "rdzv_timeout": float("nan")},
