@@ -273,3 +273,24 @@ def test_a_report_named_dash_is_refused_as_not_standard_output(work: Path, cli, 
     one_error(compare_here(cli, work, option, "-"), f"{option} -: a report is a file", "not standard output")
     assert not (work / "-").exists()
     assert compare_here(cli, work, option, "./-").returncode == 0 and (work / "-").is_file()
+
+
+def _markdown_tokens(text: str) -> list:
+    """TEXT parsed as CommonMark with tables (GitHub's reading), inline tokens opened: a flat list."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    return tokens + [c for t in tokens for c in (t.children or [])]
+
+
+def test_the_markdown_reports_images_are_linked_whatever_the_reports_name(work: Path, cli) -> None:
+    """`--md 'out/my report (2)#1.md'` linked `my report (2)#1_files/convergence.png`: a space and parentheses
+    are no link destination in Markdown (the image shown as its source text), '#' would cut the path."""
+    from urllib.parse import unquote
+
+    name = "my report (2)#1"
+    assert compare_here(cli, work, "--md", f"out/{name}.md").returncode == 0
+    text = (work / "out" / f"{name}.md").read_text()
+    srcs = [t.attrs["src"] for t in _markdown_tokens(text) if t.type == "image"]
+    assert srcs == [f"my%20report%20%282%29%231_files/{png}" for png in ("convergence.png", "step_times.png")], text
+    assert all((work / "out" / unquote(s)).is_file() for s in srcs)

@@ -139,6 +139,19 @@ def _md_cell(s: object) -> str:
     return _md(s)
 
 
+def _md_link(target: str) -> str:
+    """TARGET, a relative path, as a Markdown link's destination: a character of a URL's syntax or Markdown's (a
+    space, parentheses, '#', '?', '%', '<') and a byte of a name that spells no UTF-8 percent-encoded. A report
+    'my report (2).md' linked 'my report (2)_files/x.png', which Markdown does not read as an image (shown as
+    text), and '#' cut the path at a fragment. Other text (é) stays as it is."""
+    out = []
+    for c in os.fsencode(target).decode("utf-8", "surrogateescape"):
+        keep = c.isascii() and (c.isalnum() or c in "-._~/") or not c.isascii() and c.isprintable() \
+            and not "\udc80" <= c <= "\udcff"
+        out.append(c if keep else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape")))
+    return "".join(out)
+
+
 def markdown_files(path: Path) -> Path:
     """The folder beside a Markdown report that holds its images."""
     return path.parent / f"{path.stem}_files"
@@ -164,7 +177,7 @@ def render_markdown(rep: Report, path: Path) -> tuple[str, dict[str, bytes]]:
             out.append("")
         elif kind == "img":
             images[f"{part[1]}.png"] = part[2]
-            out += [f"![{_md(part[3])}]({files.name}/{part[1]}.png)", ""]
+            out += [f"![{_md(part[3])}]({_md_link(f'{files.name}/{part[1]}.png')})", ""]
     return "\n".join(out), images
 
 
