@@ -294,3 +294,19 @@ def test_the_markdown_reports_images_are_linked_whatever_the_reports_name(work: 
     srcs = [t.attrs["src"] for t in _markdown_tokens(text) if t.type == "image"]
     assert srcs == [f"my%20report%20%282%29%231_files/{png}" for png in ("convergence.png", "step_times.png")], text
     assert all((work / "out" / unquote(s)).is_file() for s in srcs)
+
+
+def test_a_name_opening_a_markdown_list_or_code_block_is_text(work: Path, cli) -> None:
+    """Systems '1. x' and '    x' (four spaces) began notes of the --md report: a numbered list, and the rest of a
+    note an indented code block."""
+    tree = work / "tree"
+    for system in ("1. x", "    x"):
+        shutil.copytree(SET, tree / "org" / "results" / system / "llama31_8b")
+    proc = here(cli, work, "compare", "--no-score", tree / "org" / "results" / "1. x", tree / "org" / "results" /
+                "    x", "--md", "out/r.md")
+    assert proc.returncode == 0, proc.stdout
+    text = (work / "out" / "r.md").read_text()
+    tokens = _markdown_tokens(text)
+    assert not [t.type for t in tokens if t.type in ("ordered_list_open", "code_block", "code_inline")], text
+    items = [t.content for t in tokens if t.type == "inline" and t.map and text.splitlines()[t.map[0]].startswith("- ")]
+    assert any(i.startswith("1\\. x/llama31\\_8b") for i in items) and any(i.startswith("&#32;   x/") for i in items)

@@ -122,17 +122,21 @@ def render_html(rep: Report) -> str:
 
 
 # What Markdown reads in text anywhere: each written with a backslash; `&` `<` `>` (raw HTML, which Markdown passes
-# through) as entities. At a line's start also what opens a heading, list or rule (`#`, `-`, `+`, `=`). Parentheses
-# stay as they are: a link or an image needs `](`, and the brackets are escaped (our own labels read "(s)"). `$`:
-# GitHub renders $...$ as maths (a folder named '$x^{$' came out typeset).
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~$])|^([#+=-])")
+# through) as entities. At a line's start also what opens a heading, list or rule (`#`, `-`, `+`, `=`, and `1.` or
+# `1)`: a folder '1. x' opened a numbered list in the notes). Parentheses stay as they are: a link or an image needs
+# `](`, and the brackets are escaped (our own labels read "(s)"). `$`: GitHub renders $...$ as maths (a folder named
+# '$x^{$' came out typeset).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~$])|^([#+=-])|^(\d{1,9})([.)])(?= |$)")
 
 
 def _md(s: object) -> str:
     """Text of a Markdown report: `printable`, then nothing in it read as Markdown or HTML. A folder named
     'a|b<img src=x onerror=alert(1)>](javascript:x)' or a log's status '<script>...' went into the report raw."""
-    text = _MD_SPECIAL.sub(lambda m: "\\" + (m.group(1) or m.group(2)), in_document(s))
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _MD_SPECIAL.sub(lambda m: f"{m.group(3)}\\{m.group(4)}" if m.group(3) else "\\" + (m.group(1) or m.group(2)),
+                           in_document(s))
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # a leading space as an entity: four (a folder '    x') made the rest of a note an indented code block
+    return "&#32;" + text[1:] if text.startswith(" ") else text
 
 
 def _md_cell(s: object) -> str:
