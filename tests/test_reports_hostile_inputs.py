@@ -310,3 +310,19 @@ def test_a_name_opening_a_markdown_list_or_code_block_is_text(work: Path, cli) -
     assert not [t.type for t in tokens if t.type in ("ordered_list_open", "code_block", "code_inline")], text
     items = [t.content for t in tokens if t.type == "inline" and t.map and text.splitlines()[t.map[0]].startswith("- ")]
     assert any(i.startswith("1\\. x/llama31\\_8b") for i in items) and any(i.startswith("&#32;   x/") for i in items)
+
+
+def test_a_markdown_report_leaves_no_plot_of_the_report_it_replaced(work: Path, cli) -> None:
+    """`--md out/r.md` of two published rows (no plot) after a comparison with plots: r_files/ still held the
+    earlier comparison's convergence.png and step_times.png beside a report that shows none. A user's own file in
+    the folder stays."""
+    rows = ("published:nvidia-eos-gpt3-v3.1", "published:azure-ndh100v5-gpt3-v3.1")
+    files = work / "out" / "r_files"
+    assert compare_here(cli, work, "--md", "out/r.md").returncode == 0
+    assert sorted(os.listdir(files)) == ["convergence.png", "step_times.png"]
+    assert here(cli, work, "compare", *rows, "--md", "out/r.md").returncode == 0
+    assert os.listdir(work / "out") == ["r.md"]
+    assert compare_here(cli, work, "--md", "out/r.md").returncode == 0
+    (files / "mine.png").write_text("a user's file")
+    assert here(cli, work, "compare", *rows, "--md", "out/r.md").returncode == 0
+    assert os.listdir(files) == ["mine.png"]

@@ -354,6 +354,26 @@ def write_reports(rep: Report, html_out: Path | None, md_out: Path | None) -> No
         if html_out is None or md_out is None:
             raise
         raise type(e)(f"{e}; neither report was written (the two are written together)") from None
+    if md_out is not None:
+        _drop_earlier_images(markdown_files(Path(md_out)), set(images))
+
+
+def _drop_earlier_images(folder: Path, keep: set[str]) -> None:
+    """The images an earlier report left in FOLDER that this one does not write (marked as a report's: a user's
+    own files stay), removed once the report is in place, and the folder where that empties it. A report with no
+    plot (published rows alone) left `r_files/` holding the plots of the comparison it replaced."""
+    st = _lstat(folder)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return
+    dropped = False
+    for image in folder.glob("*.png"):
+        if image.name not in keep and _regular(image) and _our_image(image):
+            with contextlib.suppress(OSError):
+                image.unlink()
+                dropped = True
+    if dropped:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # (only where nothing is left in it)
 
 
 def _publish(files: dict[Path, bytes], folder: Path | None) -> None:
