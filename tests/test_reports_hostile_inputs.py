@@ -326,3 +326,21 @@ def test_a_markdown_report_leaves_no_plot_of_the_report_it_replaced(work: Path, 
     (files / "mine.png").write_text("a user's file")
     assert here(cli, work, "compare", *rows, "--md", "out/r.md").returncode == 0
     assert os.listdir(files) == ["mine.png"]
+
+
+def test_the_scaling_plots_legend_of_many_lines_does_not_hide_the_plot() -> None:
+    """60 configurations in 20 weak-scaling groups: the legend, inside the plot, covered half of it (its points
+    and lines hidden). A legend of many lines goes under the plot; one of a few stays inside."""
+    from mlbench.analysis.scaling import Point, Scaling, efficiency_plot
+
+    for groups, inside in ((20, False), (2, True)):
+        points = [Point(f"c{i}", 2 ** (i % groups) * (1 + i // groups), "given", 2 ** (i % groups), 1, 10.0, 1,
+                        1.0, "x") for i in range(3 * groups)]
+        sc = Scaling("b", points, strong_ttt=[(q, 1.0) for q in points],
+                     weak={float(g): [(q, 1.0) for q in points if q.gbs == 2 ** g] for g in range(groups)})
+        fig = efficiency_plot(sc)
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert bool(legend.overlaps(frame)) is inside, (groups, legend, frame)
+        report.plt.close(fig)

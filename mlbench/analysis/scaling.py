@@ -231,9 +231,17 @@ def efficiency_plot(sc: Scaling):
     ax.set_ylabel("efficiency")
     ax.set_ylim(0, max([1.1, *(e for _, e in sc.strong_ttt if e is not None)]) * 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    lines = 1 + len(sc.strong_step) + len(sc.weak)
+    if lines <= _LEGEND_INSIDE:
+        ax.legend(fontsize=8)
+    else:  # under the figure, in columns: inside, 20 lines (60 configurations) hid half the plot and its points
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=min(3, -(-lines // 10)), fontsize=7,
+                  frameon=False)
     ax.set_title(f"Scaling efficiency, {in_document(sc.benchmark)}")
     return fig
+
+
+_LEGEND_INSIDE = 6  # lines whose legend fits inside the plot without hiding it
 
 
 def scaling_report(sc: Scaling) -> Report:
