@@ -344,3 +344,21 @@ def test_the_scaling_plots_legend_of_many_lines_does_not_hide_the_plot() -> None
         legend, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
         assert bool(legend.overlaps(frame)) is inside, (groups, legend, frame)
         report.plt.close(fig)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    import struct
+
+    return struct.unpack(">II", path.read_bytes()[16:24])
+
+
+def test_long_names_do_not_squeeze_the_plots(work: Path, cli) -> None:
+    """Systems of 250 characters: the convergence legend made its image 2,773 px wide (the plots in a corner of
+    it, shrunk to the page unreadable) and the step-time labels ran into each other (2,137 px). Plots show a name's
+    start and end; the tables show it whole."""
+    tree = work / "tree" / "org" / "results"
+    paths = [shutil.copytree(SET, tree / f"{i}{'s' * 249}" / "llama31_8b") for i in range(3)]
+    assert here(cli, work, "compare", "--no-score", *paths, "--md", "out/r.md").returncode == 0
+    for png in ("convergence.png", "step_times.png"):
+        assert _png_size(work / "out" / "r_files" / png)[0] < 1200, png
+    assert f"{'s' * 249}/llama31\\_8b |" in (work / "out" / "r.md").read_text()  # the table: the name whole

@@ -24,9 +24,9 @@ from mlbench.analysis.logs import (
     run_record,
     told_apart,
 )
-from mlbench.analysis.report import Report, plt  # pyplot on the headless backend the reports set
+from mlbench.analysis.report import Report, plot_label, plt  # pyplot on the headless backend the reports set
 from mlbench.analysis.score import SetScore, require_rules_for, score_set
-from mlbench.errors import UserError, in_document, printable
+from mlbench.errors import UserError, printable
 from mlbench.logfile import MAX_TEXT, is_number
 
 # Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
@@ -391,7 +391,7 @@ def _convergence_plot(cmp):
                                  f"magnitude {PLOTTABLE:g} or more left off the convergence plot")
                 ev = ev[plottable]
             kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
-                  "label": in_document(e.label) if j == 0 else None}  # a name's ESC: no raw glyph warning
+                  "label": plot_label(e.label) if j == 0 else None}  # a name's ESC: no raw glyph warning
             a.plot(ev[:, 0], ev[:, 1], **kw)
             b.plot(ev[:, 2], ev[:, 1], **kw)
     a.set_xlabel("samples")
@@ -420,15 +420,22 @@ def _colors(n: int) -> list:
     return [plt.get_cmap("turbo")(x) for x in np.linspace(0.05, 0.95, n)]
 
 
+def _stacked(label: str, width: int = 26) -> str:
+    """LABEL over lines of at most WIDTH characters (and its '/'), broken after each '/' and within a longer part:
+    one line of 64 characters under a box ran into its neighbours' labels."""
+    parts = label.split("/")
+    return "/\n".join("\n".join(p[i:i + width] for i in range(0, max(len(p), 1), width)) for p in parts)
+
+
 def _step_time_plot(cmp):
     data = [(e.label, e.step_seconds) for e in cmp.entries if len(e.step_seconds)]
     if not data:
         return None
-    labels = [in_document(lbl) for lbl, _ in data]
+    labels = [plot_label(lbl) for lbl, _ in data]
     if len(data) <= 6:  # side by side, each label over two lines
         fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4.2))
         ax.boxplot([d for _, d in data], whis=(1, 99), showfliers=True)
-        ax.set_xticks(range(1, len(data) + 1), [lbl.replace("/", "/\n") for lbl in labels], fontsize=7)
+        ax.set_xticks(range(1, len(data) + 1), [_stacked(lbl) for lbl in labels], fontsize=7)
         ax.set_ylabel("seconds per step")
         ax.grid(alpha=0.3, axis="y")
     else:  # one row each, top to bottom: 50 side by side were 9510 px wide, squeezed to the page unreadable

@@ -93,6 +93,22 @@ def _ours(path: Path) -> bool:
     return _head_holds(path, [mark.encode() for mark in _MARK.values()], 1024)
 
 
+# The most characters of a name a plot shows (a legend entry, a tick label, a title); the report's tables show it
+# whole. Names of 250 characters made a legend 2,500 px wide: the plots were squeezed into a corner of the image,
+# shrunk to the page unreadable.
+PLOT_LABEL = 64
+
+
+def plot_label(text: object) -> str:
+    """TEXT as a plot shows it: `in_document`, and past PLOT_LABEL characters its middle cut to '…' (the start and
+    the end, where names of one set or tree differ, kept)."""
+    s = in_document(text)
+    if len(s) <= PLOT_LABEL:
+        return s
+    half = (PLOT_LABEL - 1) // 2
+    return f"{s[:half]}…{s[len(s) - (PLOT_LABEL - 1 - half):]}"
+
+
 def _esc(text: object) -> str:
     """Text of a report in HTML: `printable` (a log's control characters written out), then HTML's escaping."""
     return html.escape(in_document(text))

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from mlbench import mlperf_tools
 from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, holds_no_log, passed_over, told_apart
-from mlbench.analysis.report import Report, plt
-from mlbench.errors import UserError, in_document, printable
+from mlbench.analysis.report import Report, plot_label, plt
+from mlbench.errors import UserError, printable
 
 DEFINITIONS = [
     "Strong scaling, time to train: E = T_base x N_base / (T_n x N_n), T the olympic mean of the successful "
@@ -237,7 +237,7 @@ def efficiency_plot(sc: Scaling):
     else:  # under the figure, in columns: inside, 20 lines (60 configurations) hid half the plot and its points
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=min(3, -(-lines // 10)), fontsize=7,
                   frameon=False)
-    ax.set_title(f"Scaling efficiency, {in_document(sc.benchmark)}")
+    ax.set_title(f"Scaling efficiency, {plot_label(sc.benchmark)}")
     return fig
 
 
