@@ -362,3 +362,14 @@ def test_long_names_do_not_squeeze_the_plots(work: Path, cli) -> None:
     for png in ("convergence.png", "step_times.png"):
         assert _png_size(work / "out" / "r_files" / png)[0] < 1200, png
     assert f"{'s' * 249}/llama31\\_8b |" in (work / "out" / "r.md").read_text()  # the table: the name whole
+
+
+def test_a_name_in_characters_the_plots_font_lacks_is_written_out_without_warnings(work: Path) -> None:
+    """A folder '系统😀': each character drawn as an empty box, and matplotlib's 'Glyph 31995 missing from font(s)'
+    warnings (two lines each, with a line of mlbench's source) on stderr. Plots write it as '\\u7cfb...'; the
+    tables show it as it is."""
+    shutil.copytree(SET, work / "\u7cfb\u7edf\U0001f600")
+    proc = run("compare", "--no-score", "\u7cfb\u7edf\U0001f600", "s2", "--md", "out/r.md", cwd=work)
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
+    assert "\u7cfb\u7edf\U0001f600" in (work / "out" / "r.md").read_text()
+    assert report.plot_label("\u7cfb\u00e9") == "\\u7cfb\u00e9"

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import errno
 import fnmatch
+import functools
 import html
 import io
 import os
@@ -99,10 +100,23 @@ def _ours(path: Path) -> bool:
 PLOT_LABEL = 64
 
 
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """The characters the plots' font draws. Another (a folder '系统', an emoji) was drawn as an empty box, and
+    matplotlib warned of each on stderr, two lines with its own source line."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    path = font_manager.findfont(font_manager.FontProperties(family=matplotlib.rcParams["font.family"]))
+    return frozenset(FT2Font(path).get_charmap())
+
+
 def plot_label(text: object) -> str:
-    """TEXT as a plot shows it: `in_document`, and past PLOT_LABEL characters its middle cut to '…' (the start and
-    the end, where names of one set or tree differ, kept)."""
-    s = in_document(text)
+    """TEXT as a plot shows it: `in_document`, a character its font lacks written as Python writes it ('\\u7cfb'),
+    and past PLOT_LABEL characters its middle cut to '…' (the start and the end, where names of one set or tree
+    differ, kept)."""
+    s = "".join(c if ord(c) in _glyphs() else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+                for c in in_document(text))
     if len(s) <= PLOT_LABEL:
         return s
     half = (PLOT_LABEL - 1) // 2
