@@ -88,6 +88,11 @@ class Chromium:
                 errors.append(p["entry"].get("text", ""))
         return errors, images
 
+    def page_width(self) -> int:
+        """The open page's width in CSS pixels, what the window scrolls over sideways where it is wider."""
+        js = "document.documentElement.scrollWidth"
+        return int(self.call("Runtime.evaluate", {"expression": js, "returnByValue": True})["result"]["value"])
+
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the browser may close before it answers
             self.call("Browser.close")

@@ -1,7 +1,8 @@
 """The HTML reports of `compare --html` and `scaling --html`, opened in a real headless Chromium.
 
 No console errors or uncaught exceptions; every plot loaded, and shown at a readable size (not shrunk below
-half its pixels, at least 480 px wide in a 1280 px window, never wider than the window). Skips, saying why,
+half its pixels, at least 480 px wide in a 1280 px window, never wider than the window); the page no wider than the
+window, a set's name of 205 characters included. Skips, saying why,
 where no browser is installed (`make test` installs Debian's chromium when run as root).
 """
 
@@ -26,7 +27,7 @@ WINDOW = 1280
 def pages(tmp_path_factory):
     """The two reports, written by the commands as a user runs them."""
     root = tmp_path_factory.mktemp("reports")
-    a = _our_set(root, "sysA", 8, 1.0, 16)
+    a = _our_set(root, "sysA-" + "x" * 200, 8, 1.0, 16)  # a name with nowhere to break a line
     b = _our_set(root, "sysB", 16, 0.55, 16)
     out = {"compare": root / "compare.html", "scaling": root / "scaling.html"}
     for cmd, args in ((compare, [str(a), str(b), "--no-score"]), (scaling, [str(a), str(b)])):
@@ -47,6 +48,8 @@ def chromium(tmp_path_factory):
 def test_report_opens_without_errors_and_shows_readable_plots(pages, chromium, report, plots):
     errors, images = chromium.open(pages[report])
     assert errors == [], errors
+    # a 205-character name with no break in it made the tables, and the page, scroll sideways
+    assert chromium.page_width() <= WINDOW, chromium.page_width()
     assert len(images) == plots, images
     for img in images:
         assert img["complete"] and img["naturalWidth"] > 0, f"plot not decoded: {img}"

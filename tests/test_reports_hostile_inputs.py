@@ -373,3 +373,10 @@ def test_a_name_in_characters_the_plots_font_lacks_is_written_out_without_warnin
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
     assert "\u7cfb\u7edf\U0001f600" in (work / "out" / "r.md").read_text()
     assert report.plot_label("\u7cfb\u00e9") == "\\u7cfb\u00e9"
+
+
+def test_an_unknown_published_id_is_cut_in_its_one_line(tmp_path: Path, cli) -> None:
+    """An id of 3,000 characters was printed whole in the refusal, beside every known id."""
+    proc = cli("compare", "published:" + "x" * 3000, "published:nvidia-eos-gpt3-v3.1")
+    assert proc.returncode == 2 and len(proc.stdout.splitlines()) == 1, proc.stdout
+    assert "no published row" in proc.stdout and len(proc.stdout) < 1000, len(proc.stdout)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlbench.errors import UserError
+from mlbench.logfile import shown
 from mlbench.registry import ROOT
 
 TABLE = ROOT / "results" / "published" / "headline_results.csv"
@@ -95,4 +96,6 @@ def get(ref: str, table: Path = TABLE) -> PublishedRow:
     for r in rows:
         if r.id == rid:
             return r
-    raise UserError(f"no published row {rid!r} in {table}; known: {', '.join(r.id for r in rows)}")
+    # the id as given cut to one line's worth (one of 3,000 characters was printed whole), the known ones listed
+    known = ", ".join(r.id for r in rows[:20]) + (f", ... ({len(rows)} in all)" if len(rows) > 20 else "")
+    raise UserError(f"no published row {shown(rid)} in {table}; known: {known}")

@@ -58,7 +58,7 @@ class Report:
         self.parts.append(("img", name, buf.getvalue(), alt))
 
 
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222;overflow-wrap:anywhere}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:4px 8px;
 text-align:right}th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}li{margin:.2em 0}"""
