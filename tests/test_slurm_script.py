@@ -156,13 +156,22 @@ def test_render_rejects_bad_input(kw: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("opt", ["--output=/tmp/x", "--outp=/tmp/x", "-o/tmp/x", "-Qo /tmp/x", "--error /tmp/e",
                                  "-N5", "--nodes=5", "--time=1", "-t1", "--signal=USR1", "--array=0-3", "-a1-2",
-                                 "--chdir=/", "--partition=p", "-Aacct", "--ntasks-per-node=8", "--gpus-per-node=8"])
+                                 "--chdir=/", "--partition=p", "-Aacct", "--ntasks-per-node=8", "--gpus-per-node=8",
+                                 "--requeue", "--requ"])
 def test_an_sbatch_arg_may_not_set_what_the_job_sets_itself(opt: str) -> None:
     """The later #SBATCH line wins: --output=FILE sent the job's output where mlbench never looked (no progress, and
     'output .../job.out' named a file never written), -N5 held nodes no rank used, --array ran the job once a task.
     Long names, their abbreviations (getopt's) and short forms, bundled behind flags too."""
     with pytest.raises(ValueError, match="the job's own"):
         render(_full_job(sbatch_options=[opt]))
+
+
+def test_a_job_is_not_requeued() -> None:
+    """SLURM requeues a job whose node fails (JobRequeue=1): on the test cluster, slurmd of node 2 killed mid-run,
+    the driver published run 1 aborted, then the job was PENDING again (for the node that was down) to train the
+    whole set once more, the submitting side waiting on it. The job now ends (NODE_FAIL), and says so."""
+    assert "#SBATCH --no-requeue" in render(_full_job()).splitlines()
+    assert "#SBATCH --no-requeue" in render(_full_job(sbatch_options=["--no-requeue"])).splitlines()
 
 
 def test_sbatch_args_the_job_leaves_alone_are_written() -> None:

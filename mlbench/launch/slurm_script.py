@@ -144,6 +144,7 @@ _JOB_OPTIONS = {
     "--chdir": ("D", "the job runs where mlbench was started, as --results and the data paths were given there; "
                      "leave it out"),
     "--array": ("a", "one job trains its runs one after another (--runs); leave it out"),
+    "--requeue": ("", "a requeued job would train its set of runs again from the start; the job is --no-requeue"),
 }
 # No-argument short options getopt may bundle in front of another (-Qo FILE is --quiet --output FILE).
 _NO_ARGUMENT = frozenset("hHkOQsuvVW")
@@ -241,6 +242,10 @@ def render(job: SlurmJob) -> str:
         _sbatch("--job-name", job.job_name),
         _sbatch("--nodes", job.nodes),
         _sbatch("--ntasks-per-node", job.ntasks_per_node),
+        # SLURM requeues a job whose node failed (JobRequeue=1, its default): the driver then trained the whole set
+        # again (runs not asked for, their seeds repeated) while the submitting side waited on a job pending for
+        # nodes that were down. A job that fails ends, and says how (NODE_FAIL).
+        _sbatch("--no-requeue"),
     ]
     if job.cpus_per_task is not None:
         lines.append(_sbatch("--cpus-per-task", job.cpus_per_task))
