@@ -376,12 +376,16 @@ def test_the_local_agent_stops_the_other_ranks_when_one_fails(tmp_path: Path) ->
 _FAKE_SLURM = {  # (sbatch, also squeue and scancel): a controller that does not answer, and one that answers junk
     "hang": ("#!/bin/sh\nexec sleep 1000\n", True),
     "garbage": ('#!/bin/sh\n[ "$1" = "--test-only" ] && exit 0\necho "garbage;"\nexec sleep 1000\n', True),
+    "hang-on-submit": ('#!/bin/sh\n[ "$1" = "--test-only" ] && exit 0\nexec sleep 1000\n', True),
     "no-squeue": ("#!/bin/sh\nexit 0\n", False),
 }
 
 
 @pytest.mark.parametrize(("fake", "said"), [
     ("hang", "error: sbatch did not answer within 2 s: is the SLURM controller up? (`scontrol ping`)"),
+    # --test-only answered, the submission not: a blocking read of its job id waited for ever, without a word
+    ("hang-on-submit", "error: sbatch did not answer within 2 s: is the SLURM controller up? (`scontrol ping`); "
+                       "no job id came back"),
     ("garbage", "error: sbatch did not submit the job: it answered 'garbage;', not a job id"),
     ("no-squeue", "error: squeue and scancel not found: --launcher slurm needs the SLURM client commands"),
 ])
@@ -389,6 +393,36 @@ def test_a_slurm_client_that_hangs_or_answers_junk_is_one_line_and_leaves_nothin
                                                                                 said: str) -> None:
     """A hanging sbatch or squeue was a TimeoutExpired traceback; a job id of junk was followed as a job; a refusal
     left the job's folder (.slurm/<job>/job.sbatch) behind; without squeue a job was submitted, then unfollowed."""
+    proc = _with_fake_slurm(tmp_path, fake, timeout_s=2)
+    try:
+        out = "".join(proc.communicate(timeout=120))
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and said in out and "Traceback" not in out, out
+    assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
+
+
+def test_a_stop_signal_while_sbatch_submits_leaves_nothing(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) while sbatch had not yet answered the submission: the job's folder (.slurm/<job>/ with
+    job.sbatch and job.json) was left behind in folders made for it. Now removed, as a refused job's is."""
+    proc = _with_fake_slurm(tmp_path, "hang-on-submit", timeout_s=60)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "r").glob("ci/gpt3/.slurm/*/job.sbatch")):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1)  # sbatch --test-only answered; the submission is under way
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out = "".join(proc.communicate(timeout=60))
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "aborted (SIGTERM)" in out and "Traceback" not in out, out
+    assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
+
+
+def _with_fake_slurm(tmp_path: Path, fake: str, timeout_s: float) -> subprocess.Popen:
+    """`mlbench run gpt3 --tiny --launcher slurm` started with _FAKE_SLURM[FAKE] for sbatch (and squeue and scancel
+    that answer nothing, where it says so), each SLURM client command given TIMEOUT_S."""
     sbatch, with_others = _FAKE_SLURM[fake]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -396,14 +430,11 @@ def test_a_slurm_client_that_hangs_or_answers_junk_is_one_line_and_leaves_nothin
         (bin_dir / name).write_text(sbatch if name == "sbatch" else "#!/bin/sh\nexit 0\n")
         (bin_dir / name).chmod(0o755)
     path = f"{bin_dir}:{os.environ['PATH']}" if with_others else str(bin_dir)
-    code = ("import sys; from mlbench.launch import slurm; slurm.TIMEOUT_S = 2.0; from mlbench.cli import main; "
-            "sys.argv[0] = 'mlbench'; main()")
-    proc = subprocess.run([sys.executable, "-c", code, "run", "gpt3", "--tiny", "--launcher", "slurm", "--results",
-                           str(tmp_path / "r"), "--system", "ci"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PATH": path, "COLUMNS": "200"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and said in out and "Traceback" not in out, out
-    assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
+    code = (f"import sys; from mlbench.launch import slurm; slurm.TIMEOUT_S = {timeout_s}; from mlbench.cli import "
+            f"main; sys.argv[0] = 'mlbench'; main()")
+    return subprocess.Popen([sys.executable, "-c", code, "run", "gpt3", "--tiny", "--launcher", "slurm", "--results",
+                             str(tmp_path / "r"), "--system", "ci"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PATH": path, "COLUMNS": "200"})
 
 
 def _plan(tmp_path: Path):

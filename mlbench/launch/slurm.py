@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -117,6 +119,21 @@ def _slurm(*argv: str, timeout: float | None = None) -> subprocess.CompletedProc
                         f"(`scontrol ping`)") from None
 
 
+def _first_line(proc: subprocess.Popen, timeout: float) -> str | None:
+    """The first line PROC writes (stripped; "" if it ends first), or None where none comes within TIMEOUT s: a
+    blocking readline waited for ever on an sbatch that took --test-only, then did not answer the submission."""
+    fd, got, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while b"\n" not in got:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        got += chunk
+    return got.split(b"\n", 1)[0].decode(errors="replace").strip()
+
+
 class SlurmLauncher:
     """`--launcher slurm` (mlbench.launch's contract): prepare writes the job and has SLURM check it
     (`sbatch --test-only`: a request it cannot run is refused before submitting); start submits it; supervise
@@ -163,18 +180,30 @@ class SlurmLauncher:
             with contextlib.suppress(OSError):
                 made.rmdir()
 
+    def _not_submitted(self, kill: bool = True) -> None:
+        """sbatch ended (KILL: stopped) without a job id: its folder goes, as a refused job's."""
+        if kill:
+            self.proc.kill()
+        self.proc.wait()
+        self._drop_job()
+
     def start(self) -> None:
         # The job runs on without this process (its driver supervises it); the waiting sbatch does not.
         self.proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(self.job_dir / "job.sbatch")],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      preexec_fn=lifeline.die_with_parent)
-        answer = self.proc.stdout.readline().strip()
+        try:
+            answer = _first_line(self.proc, TIMEOUT_S)
+        except BaseException:  # a stop signal while sbatch submits (its job folder was left): no job id, no job
+            self._not_submitted()
+            raise
+        if answer is None:  # it hung (the controller took --test-only, then stopped answering): not for ever
+            self._not_submitted()
+            raise UserError(f"sbatch did not answer within {TIMEOUT_S:g} s: is the SLURM controller up? "
+                            f"(`scontrol ping`); no job id came back")
         self.job_id = answer.split(";")[0]
         if not re.fullmatch(r"[0-9]+", self.job_id):  # --parsable: JOBID[;CLUSTER]
-            if self.job_id:
-                self.proc.kill()
-            self.proc.wait()
-            self._drop_job()
+            self._not_submitted(kill=bool(self.job_id))
             why = " ".join(self.proc.stderr.read().split()) if not self.job_id else f"it answered {answer!r}, " \
                 "not a job id"
             raise UserError(f"sbatch did not submit the job: {why}")
