@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import at_rank_start, mlbench, mllog
+from conftest import MLBENCH, at_rank_start, mlbench, mllog
 
 from mlbench import registry
 from mlbench.launch import lifeline, ports, slurm, torchrun
@@ -788,3 +788,76 @@ def test_a_dying_node_0_that_resets_connections_is_said_to_have_died(monkeypatch
                                                  "refuses connections; see node 0's record")
     w = watch([TimeoutError("timed out")])
     assert w._connect(1) is None and w.lost().startswith("node 0 stopped answering")
+
+
+# A job that stays pending until it is cancelled outright: its batch step cannot be signalled (SLURM: "Job is pending
+# execution"), as on the test cluster with both nodes taken
+_PENDING_JOB = {
+    "sbatch": '#!/bin/sh\n[ "$1" = "--test-only" ] && exit 0\necho 7\nwhile [ ! -e "$FAKE/cancelled" ]; do sleep 0.1; '
+              'done\n',
+    "scancel": '#!/bin/sh\ncase "$*" in *--batch*) echo "scancel: error: Job is pending execution" >&2; exit 1;; esac\n'
+               'touch "$FAKE/cancelled"\n',
+    "squeue": '#!/bin/sh\n[ -e "$FAKE/cancelled" ] || echo "PENDING|Resources|"\n',
+    "scontrol": '#!/bin/sh\n[ -e "$FAKE/cancelled" ] && echo "JobId=7 JobState=CANCELLED ExitCode=0:0" || '
+                'echo "JobId=7 JobState=PENDING ExitCode=0:0"\n',
+}
+# A job that ends at once, having written its output file as WRITE says (the folder of its job.sbatch is $J)
+_ENDED_JOB = {
+    "sbatch": '#!/bin/sh\n[ "$1" = "--test-only" ] && exit 0\necho 7\nfor a; do J=$a; done\nJ=$(dirname "$J")\n'
+              '{write}\nexit 0\n',
+    "squeue": "#!/bin/sh\nexit 0\n",
+    "scancel": "#!/bin/sh\nexit 0\n",
+    "scontrol": '#!/bin/sh\necho "JobId=7 JobState=FAILED ExitCode=1:0"\n',
+}
+
+
+def _fake_cluster(tmp_path: Path, fakes: dict[str, str]) -> subprocess.Popen:
+    """`mlbench run gpt3 --tiny --launcher slurm` against the SLURM client commands FAKES (name: script)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, script in fakes.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    return subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--launcher", "slurm", "--results", str(tmp_path / "r"),
+                             "--system", "ci"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(tmp_path),
+                                 "COLUMNS": "200"})
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_while_the_job_is_pending_cancels_it(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C or SIGTERM while the job pended was passed over without a word (`scancel --signal=TERM --batch` fails
+    for a job with no batch step yet), the job left pending; a second one cancelled it, then 'see job.out', a file
+    never written, and exit 1. Now cancelled at the first, said, and the exit code is the signal's, as a local set's."""
+    proc = _fake_cluster(tmp_path, _PENDING_JOB)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "r").glob("ci/gpt3/.slurm/*/job_id")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1)
+        proc.send_signal(signum)
+        out = "".join(proc.communicate(timeout=60))
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum and "Traceback" not in out, out
+    assert f"SLURM job 7: {name}: cancelling the job\n" in out, out
+    assert "SLURM job 7: CANCELLED, exit code 0:0" in out and "before it started: no run" in out, out
+    assert (tmp_path / "cancelled").exists()
+
+
+@pytest.mark.parametrize(("write", "said"), [
+    ('mkdir "$J/job.out"', "cannot read the job's output "),  # it ended `mlbench run` (exit 2), the job unfollowed
+    # a character cut in two by a read: a UnicodeDecodeError traceback; bytes that are not UTF-8 too
+    (r"printf 'caf\303' > $J/job.out; sleep 2; printf '\251 \377ok\n' >> $J/job.out",
+     "café \N{REPLACEMENT CHARACTER}ok\n"),
+])
+def test_a_jobs_output_that_cannot_be_read_as_text_is_no_crash(tmp_path: Path, write: str, said: str) -> None:
+    proc = _fake_cluster(tmp_path, {**_ENDED_JOB, "sbatch": _ENDED_JOB["sbatch"].replace("{write}", write)})
+    try:
+        out = "".join(proc.communicate(timeout=120))
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and said in out and "Traceback" not in out, out
+    assert "SLURM job 7: FAILED, exit code 1:0" in out, out

@@ -6,6 +6,7 @@ job's output, and reports the runs it produced.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import json
@@ -25,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
 from mlbench.launch.supervise import STOP_SIGNALS, EventTail
@@ -216,7 +217,8 @@ class SlurmLauncher:
         if self.console.is_terminal:
             label = f"{self.bench.name}{' (tiny)' if self.bench.variant == 'tiny' else ''} (SLURM job {self.job_id})"
             runs = StagedRuns(self.job_dir / CURRENT_RUN, label, self.console)
-        self.code = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console, runs)
+        self.stops: list[str] = []
+        self.code = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console, runs, self.stops)
 
     def collect(self) -> int:
         console, job_dir = self.console, self.job_dir
@@ -230,11 +232,14 @@ class SlurmLauncher:
             mark = ("success", "green") if r["status"] == "success" else ("aborted", "red")
             console.print(Text.assemble(mark, f" {r['result']}" + (f" ({r['reason']})" if r["reason"] else "")),
                           highlight=False)
-        if not runs:
+        if not runs and not (job_dir / "job.out").exists():  # (pointed at a file that was never written)
+            console.print(Text(f"the job ended (exit code {self.code}) before it started: no run", style="red"))
+        elif not runs:
             console.print(Text(f"the job ended (exit code {self.code}) without recording a run; see "
                                f"{job_dir / 'job.out'}", style="red"))
-            return 1
-        return 0 if self.code == 0 and all(r["status"] == "success" for r in runs) else 1
+        if self.stops:  # 128 + the signal, as a local set stopped by one ends (the job's own code was 1 or 0)
+            return 128 + signal.Signals[self.stops[0]].value
+        return 0 if runs and self.code == 0 and all(r["status"] == "success" for r in runs) else 1
 
 
 class StagedRuns:
@@ -271,48 +276,51 @@ class StagedRuns:
             self.current = None
 
 
-def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None) -> int:
+def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None,
+           stops: list[str] | None = None) -> int:
     """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
     with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns the job's
-    exit code. SIGTERM/SIGINT/SIGHUP stop it: the first through the driver (the run logged aborted and published), a
-    second outright."""
-    pos = 0
-    cancels: list[int] = []
+    exit code. SIGTERM/SIGINT/SIGHUP stop it (their names appended to STOPS): the first through the driver (the run
+    logged aborted and published), or outright where the job has not started; a second outright."""
+    cancels: list[int] = [] if stops is None else stops
+    said: list[str] = []
 
     def cancel(signum, frame):
         # First SIGTERM to the batch step alone: the driver stops the run, logs it aborted and publishes it
-        # (a plain scancel SIGKILLs everything after KillWait). A second interrupt cancels outright.
-        argv = ["scancel", job_id] if cancels else ["scancel", "--signal=TERM", "--batch", job_id]
-        cancels.append(signum)
-        subprocess.run(argv, capture_output=True)
+        # (a plain scancel SIGKILLs everything after KillWait). A job with no batch step yet (pending) refuses that
+        # ("Job is pending execution"): the signal was passed over, the job left pending. Cancelled outright then.
+        name = signal.Signals(signum).name
+        if not cancels and subprocess.run(["scancel", "--signal=TERM", "--batch", job_id],
+                                          capture_output=True).returncode == 0:
+            said.append(f"SLURM job {job_id}: {name}: stopping its run (it is logged aborted and published); "
+                        f"again to cancel the job outright")
+        else:
+            subprocess.run(["scancel", job_id], capture_output=True)
+            said.append(f"SLURM job {job_id}: {name}: cancelling the job")
+        cancels.append(name)
 
     previous = {s: signal.signal(s, cancel) for s in STOP_SIGNALS}
     shown = ""
+    output = JobOutput(out, console, drop_progress=runs is not None)  # the panel shows what progress lines say
     try:
         while proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(1.0)
-            if out.exists():
-                with open(out) as f:
-                    f.seek(pos)
-                    chunk = f.read()
-                    pos = f.tell()
-                if runs is not None:  # the panel shows what these lines say
-                    chunk = "".join(ln for ln in chunk.splitlines(keepends=True) if not is_progress_line(ln))
-                if chunk:
-                    console.out(chunk, end="", highlight=False)
+            while said:
+                console.print(said.pop(0), highlight=False)
+            output.show()
             if runs is not None:
                 runs.poll()
-            try:
-                state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T %r %N", timeout=30).stdout.split()
+            try:  # '|': a pending reason may hold spaces ("Nodes required for job are DOWN, ...")
+                state = _slurm("squeue", "-h", "-j", job_id, "-o", "%T|%r|%N", timeout=30).stdout.strip().split("|")
             except UserError:  # the controller did not answer this time: the job's own end still comes
                 state = []
-            if state and " ".join(state) != shown:  # the job's state as it changes: pending (why), running (where)
-                shown = " ".join(state)
-                where = f" on {state[2]}" if state[0] == "RUNNING" and len(state) > 2 else ""
-                why = f" ({state[1]})" if state[0] == "PENDING" and len(state) > 1 else ""
+            if len(state) == 3 and "|".join(state) != shown:  # as it changes: pending (why), running (where)
+                shown = "|".join(state)
+                where = f" on {state[2]}" if state[0] == "RUNNING" and state[2] else ""
+                why = f" ({state[1]})" if state[0] == "PENDING" else ""
                 console.print(f"SLURM job {job_id}: {state[0]}{why}{where}", highlight=False)
-            if len(state) >= 2 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
+            if len(state) == 3 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
                 subprocess.run(["scancel", job_id], capture_output=True)
                 proc.wait()
                 raise UserError(f"SLURM job {job_id} cannot start ({state[1]}); cancelled it. Check --nodes, "
@@ -325,12 +333,44 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
             signal.signal(s, h)
         if runs is not None:
             runs.close()
-    if out.exists():
-        with open(out) as f:
-            f.seek(pos)
-            console.out(f.read(), end="", highlight=False)
+    while said:
+        console.print(said.pop(0), highlight=False)
+    output.show(last=True)
     console.print(f"SLURM job {job_id}: {state or 'ended'} (sbatch exit code {proc.returncode})", highlight=False)
     return proc.returncode
+
+
+class JobOutput:
+    """What the job has written to its output file since the last look, shown as text. The file is the job's (sbatch
+    writes it, and anyone may replace it): a folder or an unreadable file in its place ended `mlbench run` with
+    "Is a directory" (exit 2) and left the job running unfollowed, and a character cut in two by the read (or bytes
+    that are not UTF-8) was a UnicodeDecodeError traceback. Now said once; the job is followed by its state."""
+
+    def __init__(self, path: Path, console: Console, drop_progress: bool):
+        self.path, self.console, self.drop_progress = path, console, drop_progress
+        self.pos = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.failed = False
+
+    def show(self, last: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+                self.pos = f.tell()
+        except FileNotFoundError:  # not yet written (a job pending), or removed
+            data = b""
+        except OSError as e:
+            if not self.failed:
+                self.failed = True
+                self.console.print(printable(f"cannot read the job's output {self.path} ({e.strerror or e}); "
+                                             f"following the job by its state"), highlight=False, soft_wrap=True)
+            data = b""
+        chunk = self.decoder.decode(data, final=last)
+        if self.drop_progress:
+            chunk = "".join(ln for ln in chunk.splitlines(keepends=True) if not is_progress_line(ln))
+        if chunk:
+            self.console.out(chunk, end="", highlight=False)
 
 
 # States of a job that has not ended (its processes may still run: COMPLETING waits for them)
