@@ -121,6 +121,13 @@ def unprintable(text: str) -> str | None:
     return None
 
 
+class SystemFailure(UserError):
+    """A failure of the system the command relies on, not of its input (a scheduler that does not answer, or answers
+    junk): one line, as bad input is, but exit code 1."""
+
+    exit_code = 1
+
+
 class OutputFailed(UserError):
     """A command's output (what it was run for: a score, a table, a JSON document) could not be written: a full disk
     (ENOSPC), an I/O error. Told on stderr, exit code 1 (a failure of the system, not bad input)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from mlbench.errors import UserError, printable
+from mlbench.errors import SystemFailure, UserError, printable
 from mlbench.launch import lifeline
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
 from mlbench.launch.supervise import STOP_SIGNALS, EventTail
@@ -116,7 +116,7 @@ def _slurm(*argv: str, timeout: float | None = None) -> subprocess.CompletedProc
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise UserError(f"{argv[0]} did not answer within {timeout:g} s: is the SLURM controller up? "
+        raise SystemFailure(f"{argv[0]} did not answer within {timeout:g} s: is the SLURM controller up? "
                         f"(`scontrol ping`)") from None
 
 
@@ -200,14 +200,15 @@ class SlurmLauncher:
             raise
         if answer is None:  # it hung (the controller took --test-only, then stopped answering): not for ever
             self._not_submitted()
-            raise UserError(f"sbatch did not answer within {TIMEOUT_S:g} s: is the SLURM controller up? "
+            raise SystemFailure(f"sbatch did not answer within {TIMEOUT_S:g} s: is the SLURM controller up? "
                             f"(`scontrol ping`); no job id came back")
         self.job_id = answer.split(";")[0]
         if not re.fullmatch(r"[0-9]+", self.job_id):  # --parsable: JOBID[;CLUSTER]
             self._not_submitted(kill=bool(self.job_id))
             why = " ".join(self.proc.stderr.read().split()) if not self.job_id else f"it answered {answer!r}, " \
                 "not a job id"
-            raise UserError(f"sbatch did not submit the job: {why}")
+            # (the request passed sbatch --test-only: its refusal now is the controller's, exit 1, not the input's)
+            raise SystemFailure(f"sbatch did not submit the job: {why}")
         self.console.print(f"submitted SLURM job {self.job_id}; output {self.job_dir / 'job.out'}", highlight=False)
         with contextlib.suppress(OSError):  # for scripts and tests; the job runs (and says so) without it
             (self.job_dir / "job_id").write_text(self.job_id + "\n")
