@@ -40,6 +40,19 @@ def _tree(root: Path, system: dict | str, record: dict | None = None) -> Path:
     return d
 
 
+TINY_QUALITY = {"metric": "log_perplexity", "target": 1.04, "direction": "min"}  # as a tiny run's record states
+
+
+def _tiny_runs(root: Path, log: str, quality: object = TINY_QUALITY) -> Path:
+    """ROOT/ci/llama31_8b holding three runs of LOG, each with a tiny run's record stating QUALITY."""
+    folder = root / "ci" / "llama31_8b"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"result_{i}.txt").write_text(log)
+        (folder / f"result_{i}.json").write_text(json.dumps({"variant": "tiny", "quality": quality}))
+    return folder
+
+
 # (systems json as written, what the reason says) - each was read as a count or crashed
 BAD_SYSTEMS = [
     ('{"number_of_nodes": "%s", "accelerators_per_node": "8"}' % ("1" * 5000),  # ValueError: 4300 digits
@@ -339,12 +352,7 @@ def test_an_evaluation_whose_count_goes_back_is_left_out_and_said(tmp_path):
 def test_a_success_whose_last_evaluation_misses_its_records_target_does_not_count(tmp_path, capsys, monkeypatch):
     """Tiny runs (smoke rules: no target check) whose evaluations were edited to 5 - v, 3.96 against a target of
     1.04, were scored: three runs counted."""
-    folder = tmp_path / "ci" / "llama31_8b"
-    folder.mkdir(parents=True)
-    for i in range(3):
-        (folder / f"result_{i}.txt").write_text(tiny_log())  # last evaluation 3.5
-        (folder / f"result_{i}.json").write_text(json.dumps(
-            {"variant": "tiny", "quality": {"metric": "log_perplexity", "target": 1.04, "direction": "min"}}))
+    folder = _tiny_runs(tmp_path, tiny_log())  # last evaluation 3.5
     code, out = mlbench(capsys, monkeypatch, "score", str(folder), "--json")
     runs = _strict(out)[0]["runs"]
     assert code == 0 and [r["status"] for r in runs] == ["invalid"] * 3 and _strict(out)[0]["score_min"] is None
@@ -441,16 +449,11 @@ def test_a_step_counter_rising_absurdly_does_not_divide_step_times_below_any_ste
 def test_a_success_with_every_evaluation_after_run_stop_does_not_count(tmp_path, capsys, monkeypatch):
     """The same tiny runs with their evaluations timed after run_stop (or none at all) were counted: the target
     check looked only at evaluations before run_stop, and passed a run that had none."""
-    folder = tmp_path / "ci" / "llama31_8b"
-    folder.mkdir(parents=True)
     late = re.sub(r'"time_ms": \d+, "event_type": "POINT_IN_TIME", "key": "eval_accuracy", "value": 3.5',
                   '"time_ms": 1700000009000, "event_type": "POINT_IN_TIME", "key": "eval_accuracy", "value": 1.0',
                   tiny_log())
     assert late != tiny_log()
-    for i in range(3):
-        (folder / f"result_{i}.txt").write_text(late)
-        (folder / f"result_{i}.json").write_text(json.dumps(
-            {"variant": "tiny", "quality": {"metric": "log_perplexity", "target": 1.04, "direction": "min"}}))
+    folder = _tiny_runs(tmp_path, late)
     code, out = mlbench(capsys, monkeypatch, "score", str(folder), "--json")
     runs = _strict(out)[0]["runs"]
     assert code == 0 and [r["status"] for r in runs] == ["invalid"] * 3 and _strict(out)[0]["score_min"] is None
@@ -463,13 +466,9 @@ def test_a_success_with_every_evaluation_after_run_stop_does_not_count(tmp_path,
 def test_a_run_record_whose_target_cannot_be_checked_is_said_garbled(tmp_path, capsys, monkeypatch, quality):
     """A record's quality.target "1.04" or NaN skipped the check of the target a tiny run states: runs whose every
     evaluation misses it counted on their log's word (success, scored). The record is now garbled, said so."""
-    folder = tmp_path / "ci" / "llama31_8b"
-    folder.mkdir(parents=True)
     missing = re.sub(r'"key": "eval_accuracy", "value": 3.5', '"key": "eval_accuracy", "value": 9.5', tiny_log())
     assert missing != tiny_log()
-    for i in range(3):
-        (folder / f"result_{i}.txt").write_text(missing)
-        (folder / f"result_{i}.json").write_text(json.dumps({"variant": "tiny", "quality": quality}))
+    folder = _tiny_runs(tmp_path, missing, quality)
     code, out = mlbench(capsys, monkeypatch, "score", str(folder), "--json")
     doc = _strict(out)[0]
     assert code == 0 and doc["score_min"] is None, out

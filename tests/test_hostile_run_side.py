@@ -79,6 +79,12 @@ def test_a_closed_standard_stream_is_held_on_dev_null() -> None:
 # ---- a dead run's staging folder: published from what can be read, never in the next run's way -------------
 
 
+def _not_published_yet(staging: Path) -> str:
+    """What analysis says of the one run in STAGING that its mlbench did not publish."""
+    return (f"1 run(s) whose mlbench process died or could not publish them are not published yet ({staging.name}): "
+            f"not scored until the next `mlbench run` in this folder publishes them")
+
+
 def _dead_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_stop: str | None,
               plan_json: str | None = None) -> tuple[Path, Path]:
     """(results folder, staging folder) of a tiny gpt3 run whose mlbench died (kill -9) with its log at run_start,
@@ -465,8 +471,7 @@ def test_score_says_a_dead_run_is_not_published_yet_and_leaves_it(tmp_path: Path
     shutil.copy(published, folder / "result_0.txt")
     [s] = score.score_path(folder, "6.0.0", jobs=1)
     said = [n for n in s.notes if "whose mlbench process died" in n]
-    assert said == [f"1 run(s) whose mlbench process died or could not publish them are not published yet "
-                    f"({staging.name}): not scored until the next `mlbench run` in this folder publishes them"], s.notes
+    assert said == [_not_published_yet(staging)], s.notes
     assert staging.is_dir() and sorted(p.name for p in folder.iterdir()) == sorted([staging.name, "result_0.txt"])
 
 
@@ -501,9 +506,7 @@ def test_a_folder_holding_only_a_dead_run_says_it_is_not_published_yet(tmp_path:
     folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
     with pytest.raises(UserError) as e:
         find_sets(folder)
-    assert str(e.value).endswith(f"; 1 run(s) whose mlbench process died or could not publish them are not "
-                                 f"published yet ({staging.name}): not scored until the next `mlbench run` in this "
-                                 "folder publishes them"), str(e.value)
+    assert str(e.value).endswith(f"; {_not_published_yet(staging)}"), str(e.value)
     assert staging.is_dir()  # analysis never writes
 
 
@@ -516,9 +519,7 @@ def test_a_tree_holding_only_a_dead_run_says_where_it_is_not_published_yet(tmp_p
     folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
     with pytest.raises(UserError) as e:
         find_sets(tmp_path)
-    assert str(e.value).endswith(f"; {folder}: 1 run(s) whose mlbench process died or could not publish them are "
-                                 f"not published yet ({staging.name}): not scored until the next `mlbench run` in "
-                                 "this folder publishes them"), str(e.value)
+    assert str(e.value).endswith(f"; {folder}: {_not_published_yet(staging)}"), str(e.value)
     assert staging.is_dir()
     # beside a benchmark folder with results (`score results/` of two benchmarks): it was not said at all
     other = tmp_path / "vm" / "bert"
@@ -526,8 +527,7 @@ def test_a_tree_holding_only_a_dead_run_says_where_it_is_not_published_yet(tmp_p
     (other / "result_0.txt").write_text(':::MLLOG {"key": "run_start"}\n')
     [rs] = find_sets(tmp_path)
     assert rs.folder == other.resolve()
-    said = f"{folder}: 1 run(s) whose mlbench process died or could not publish them are not published yet"
-    assert f"{said} ({staging.name})" in " ".join(rs.left_out_notes), rs.left_out_notes
+    assert f"{folder}: {_not_published_yet(staging)}" in rs.left_out_notes, rs.left_out_notes
 
 
 def test_a_process_that_ends_while_dead_runs_are_sought_is_passed_over(

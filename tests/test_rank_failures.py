@@ -273,6 +273,12 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+def _agent(tmp_path: Path, script: Path) -> subprocess.Popen:
+    """mlbench's local agent starting SCRIPT as two ranks (their logs under TMP_PATH/ranks), its output piped."""
+    return subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
+                             f"--log-dir={tmp_path / 'ranks'}", str(script)], stdout=subprocess.PIPE, text=True)
+
+
 def test_the_agent_ends_when_its_ranks_end_together(tmp_path: Path) -> None:
     """Rank 1 killed, rank 0 ending of it before the agent looked (both exited when it next ran): the agent reaped
     rank 0 first, and stopping the others, Popen.send_signal's poll reaped rank 1 behind its back; then it waited
@@ -281,8 +287,7 @@ def test_the_agent_ends_when_its_ranks_end_together(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text("import os, signal, time\ntime.sleep(0.5)\n"
                       "os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '1' else os._exit(6)\n")
-    agent = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
-                              f"--log-dir={tmp_path / 'ranks'}", str(script)], stdout=subprocess.PIPE, text=True)
+    agent = _agent(tmp_path, script)
     try:
         deadline = time.monotonic() + 20
         ranks: list[int] = []
@@ -308,8 +313,7 @@ def test_a_stop_signal_sent_to_the_agent_alone_is_the_runs_reason(tmp_path: Path
     script = tmp_path / "rank.py"  # a rank without torch, ending on SIGTERM as a rank stopped by its launcher does
     script.write_text("import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *a: os._exit(6))\n"
                       "print('started', flush=True)\ntime.sleep(60)\n")
-    agent = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
-                              f"--log-dir={tmp_path / 'ranks'}", str(script)], stdout=subprocess.PIPE, text=True)
+    agent = _agent(tmp_path, script)
     try:
         deadline = time.monotonic() + 60
         logs = [tmp_path / "ranks" / "local" / "attempt_0" / str(r) / "stdout.log" for r in (0, 1)]
@@ -336,9 +340,7 @@ def _catches(pid: int, sig: int) -> bool:
 def test_a_stop_signal_sent_to_the_agent_before_its_ranks_start_is_the_runs_reason(tmp_path: Path) -> None:
     """SIGTERM as the agent imports torch, before any rank: it exited 143 without a word, and the run's reason was
     'launcher exited with code 143 (a rank failed; see the rank logs)', with no rank ever started."""
-    agent = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local_ranks", "--nproc-per-node=2",
-                              f"--log-dir={tmp_path / 'ranks'}", str(tmp_path / "rank.py")], stdout=subprocess.PIPE,
-                             text=True)
+    agent = _agent(tmp_path, tmp_path / "rank.py")
     try:
         deadline = time.monotonic() + 30
         while not _catches(agent.pid, signal.SIGTERM):  # its handler is in place: it is importing torch
