@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from mlbench.launch.slurm import SlurmOptions
     from mlbench.layout import Layout
+    from mlbench.planner.memory import MemoryPlan
     from mlbench.runner import RunOptions
     from mlbench.spec import Benchmark
 
@@ -173,12 +174,13 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     if local is not None:
         real_run(lambda: _device_here(bench, layout, req, local))
     here = None if req.dry_run else local
-    device = memory_device(req, here)
+    device = memory_device(req, here, layout.nproc_per_node)
     if req.device is not None:  # the GPU the run is planned for takes its precision, as `plan` checks it
         from mlbench.planner import devices
 
         devices.get(req.device).peak_flops(layout.precision)
-    check_memory(bench, layout, device)
+    cpu_here = cpu_memory(layout.nproc_per_node) if local is not None and not local.gpu else None
+    check_memory(bench, layout, device, cpu_here=cpu_here, real_run=real_run)
     check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
     if req.save_checkpoint:
         check_save_path_length(req.save_checkpoint, layout.world_size, req.launcher)
@@ -191,7 +193,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
                              threads=req.threads,
                              init_checkpoint=str(req.init_checkpoint.resolve()) if req.init_checkpoint else "",
                              save_checkpoint=str(req.save_checkpoint.resolve()) if req.save_checkpoint else "",
-                             device=device[0] if device else "")
+                             device=device.name if device else "")
     if opts.init_checkpoint and not req.dry_run:  # the dry run checks it itself, and prints what it found
         check_checkpoint_fits(bench, layout, opts, console)
     if bench.variant != "tiny" and not req.dry_run and not req.ignore_closed_rules:
@@ -206,8 +208,6 @@ def _device_here(bench: Benchmark, layout: Layout, req: RunRequest, here: Device
     if layout.cp > 1 or layout.features.sequence_parallel:
         check_without_transformer_engine(bench, layout, _importable("transformer_engine"))
     check_gpus_here(layout.nproc_per_node, here)
-    if not here.gpu:
-        check_cpu_ranks(bench, layout)
 
 
 def _local_launcher_here(req: RunRequest) -> None:
@@ -848,7 +848,7 @@ def local_device() -> DeviceFacts:
 def check_gpus_here(nproc_per_node: int, device: DeviceFacts) -> None:
     """On a GPU machine each of this node's ranks takes a GPU of its own (its LOCAL_RANK): more ranks than GPUs
     failed in the ranks past the last GPU ("invalid device ordinal") after the run had been started and logged.
-    A CPU machine runs as many gloo ranks as its memory holds (check_cpu_ranks)."""
+    A CPU machine runs as many gloo ranks as its memory holds (check_memory)."""
     if device.gpu and device.count is not None and nproc_per_node > device.count:
         raise UserError(f"--nproc-per-node {nproc_per_node} starts {nproc_per_node} ranks on this machine, one per "
                         f"GPU, and it has {device.count} ({device.name}, as nvidia-smi and CUDA_VISIBLE_DEVICES say): "
@@ -899,10 +899,21 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
 # ---- memory ---------------------------------------------------------------------------------------------
 
 
-def memory_device(req: RunRequest, here: DeviceFacts | None) -> tuple[str, float] | None:
-    """(name, memory bytes) of the device the run's memory plan must fit: --device; else, for a run on this
-    machine (HERE: its device), its GPU where the device table knows it, or this machine's memory for a CPU run;
-    None where the run trains elsewhere (a dry run, a SLURM job: HERE is None) and no --device is given."""
+@dataclass(frozen=True)
+class MemoryDevice:
+    """The memory a run's plan must fit: a GPU's, one rank's alone (its plan counts the CUDA context), or a CPU
+    machine's, shared by the node's `ranks`, each holding `process_bytes` beyond its plan."""
+
+    name: str
+    capacity: float  # bytes
+    ranks: int = 1
+    process_bytes: int = 0
+
+
+def memory_device(req: RunRequest, here: DeviceFacts | None, nproc_per_node: int) -> MemoryDevice | None:
+    """The device the run's memory plan must fit: --device; else, for a run on this machine (HERE: its device),
+    its GPU where the device table knows it, or this machine's memory for a CPU run (`cpu_memory`); None where the
+    run trains elsewhere (a dry run, a SLURM job: HERE is None) and no --device is given."""
     from mlbench.planner import devices
 
     if req.device is not None:
@@ -914,15 +925,13 @@ def memory_device(req: RunRequest, here: DeviceFacts | None) -> tuple[str, float
         if req.device.lower() not in gpus:  # (devices.get's message offers cpu, which a run refuses)
             raise UserError(f"unknown device {req.device!r}; --device names a GPU: one of {', '.join(gpus)}")
         d = devices.get(req.device)
-        return d.name, d.memory_bytes
+        return MemoryDevice(d.name, d.memory_bytes)
     if here is None:
         return None
     if here.gpu:
         d = devices.find(here.name)
-        return (d.name, d.memory_bytes) if d else None
-    import psutil
-
-    return "this machine (CPU)", float(psutil.virtual_memory().total)
+        return MemoryDevice(d.name, d.memory_bytes) if d else None
+    return cpu_memory(nproc_per_node)
 
 
 # What a rank process holds on a CPU beyond its model's memory plan: the interpreter, torch, megatron-core and gloo,
@@ -931,37 +940,58 @@ def memory_device(req: RunRequest, here: DeviceFacts | None) -> tuple[str, float
 CPU_RANK_BYTES = 80 * 2**20
 
 
-def check_cpu_ranks(bench: Benchmark, layout: Layout) -> None:
-    """On a CPU machine a node's ranks share its memory: all of them, not one GPU's worth, must fit (check_memory
-    holds one rank's plan against the whole machine, and --nproc-per-node 1000 passed, for the OOM killer to end)."""
+def cpu_memory(nproc_per_node: int) -> MemoryDevice:
+    """This CPU machine's memory, which a node's ranks share: all of them, not one GPU's worth, must fit (one
+    rank's plan held against the whole machine passed --nproc-per-node 1000, for the OOM killer to end)."""
     import psutil
 
+    return MemoryDevice("this machine (CPU)", float(psutil.virtual_memory().total), ranks=nproc_per_node,
+                        process_bytes=CPU_RANK_BYTES)
+
+
+def check_memory(bench: Benchmark, layout: Layout, device: MemoryDevice | None, *, cpu_here: MemoryDevice | None = None,
+                 real_run: Callable[[Callable[[], object]], None] = lambda check: check()) -> None:
+    """The run's memory plan (mlbench.planner.memory), estimated once, against the device it is planned for
+    (DEVICE: refused) and against this CPU machine where the run trains on it (CPU_HERE: through REAL_RUN, since
+    a dry run plans a run from anywhere and only says it)."""
+    if device is None and cpu_here is None:
+        return
     from mlbench.planner.memory import estimate
 
-    n, capacity = layout.nproc_per_node, float(psutil.virtual_memory().total)
-    each = estimate(bench, layout).total_bytes + CPU_RANK_BYTES
-    if n * each > capacity:
-        gib = 2**30
-        raise UserError(f"--nproc-per-node {n} starts {n} ranks on this machine's CPU, which share its "
-                        f"{capacity / gib:.1f} GiB: each takes about {each / 2**20:,.0f} MiB (its memory plan and "
-                        f"{CPU_RANK_BYTES // 2**20} MiB for the process), {n * each / gib:.1f} GiB in all; give "
-                        f"--nproc-per-node {max(1, int(capacity // each))} or fewer, and more --nodes")
-
-
-def check_memory(bench: Benchmark, layout: Layout, device: tuple[str, float] | None) -> None:
-    """A run whose per-GPU memory plan (mlbench.planner.memory) does not fit its device is refused before launch,
-    naming the largest term and what would shrink it."""
-    if device is None:
-        return
-    from mlbench.planner.memory import SHRINK, estimate
-
     plan = estimate(bench, layout)
-    name, capacity = device
-    if plan.fits(capacity):
-        return
-    term = plan.largest_term()
-    gib = 2**30
-    raise UserError(f"{bench.name} at this layout needs {plan.total_bytes / gib:.1f} GiB on its worst GPU (pipeline "
-                    f"stage {plan.stage}) but {name} has {capacity / gib:.1f} GiB; the largest term is {term} "
-                    f"({getattr(plan, term + '_bytes') / gib:.1f} GiB): {SHRINK[term]} would shrink it "
-                    f"(mlbench plan shows every term)")
+    if cpu_here is not None and cpu_here != device:
+        real_run(lambda: _check_fits(bench, plan, cpu_here))
+    if device is not None:
+        _check_fits(bench, plan, device)
+
+
+def _check_fits(bench: Benchmark, plan: MemoryPlan, device: MemoryDevice) -> None:
+    """A rank that does not fit its device is refused naming the largest term and what would shrink it; ranks
+    that fit one by one but not together (a CPU's), naming how many do."""
+    from mlbench.planner.memory import SHRINK
+
+    mib = 2**20
+    each = plan.total_bytes + device.process_bytes
+    n = device.ranks
+    if each > device.capacity:
+        term = plan.largest_term()
+        if device.process_bytes:
+            where = (f"{_size(each)} a rank (its plan, {_size(plan.total_bytes)} at pipeline stage {plan.stage}, "
+                     f"and {device.process_bytes // mib} MiB for the process)")
+        else:
+            where = f"{_size(plan.total_bytes)} on its worst GPU (pipeline stage {plan.stage})"
+        shared = f", which its {n} ranks share" if n > 1 else ""
+        raise UserError(f"{bench.name} at this layout needs {where} but {device.name} has "
+                        f"{_size(device.capacity)}{shared}; the largest term is {term} "
+                        f"({_size(getattr(plan, term + '_bytes'))}): {SHRINK[term]} would shrink it "
+                        f"(mlbench plan shows every term)")
+    if n * each > device.capacity:
+        raise UserError(f"--nproc-per-node {n} starts {n} ranks on this machine's CPU, which share its "
+                        f"{_size(device.capacity)}: each takes about {each / mib:,.0f} MiB (its memory plan "
+                        f"and {device.process_bytes // mib} MiB for the process), {_size(n * each)} in all; "
+                        f"give --nproc-per-node {int(device.capacity // each)} or fewer, and more --nodes")
+
+
+def _size(b: float) -> str:
+    """Bytes in GiB, or in MiB below one (a tiny rank's plan said 0.0 GiB)."""
+    return f"{b / 2**30:,.1f} GiB" if b >= 2**30 else f"{b / 2**20:,.0f} MiB"

@@ -556,3 +556,33 @@ def test_more_cpu_ranks_than_this_machines_memory_holds_are_refused_before_launc
     dry = prepare(_request(tmp_path, layout=layout, dry_run=True))
     assert any("--nproc-per-node 64 starts 64 ranks" in why for why in dry.real_run_refusals)
     prepare(_request(tmp_path, layout={**layout, "nproc_per_node": 32, "global_batch_size": 256}))
+
+
+def test_a_cpu_rank_that_does_not_fit_alone_names_what_would_shrink_it_and_the_plan_is_estimated_once(
+        tmp_path: Path, monkeypatch) -> None:
+    """A CPU run's plan was estimated twice (the ranks' check, then the device's), and where one rank did not fit
+    the ranks' check came first: --nproc-per-node 1 was told 'give --nproc-per-node 1 or fewer', 64 ranks of which
+    none fits 'give --nproc-per-node 1 or fewer' too. One check now: a rank that does not fit alone names its
+    plan's largest term and what would shrink it, as a GPU's does; a dry run says it."""
+    import types
+
+    import psutil
+
+    from mlbench.planner import memory
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=2**30))
+    monkeypatch.setattr(preflight, "local_device", lambda: CPU)
+    big = {"nproc_per_node": 1, "global_batch_size": 4096, "micro_batch_size": 4096}
+    _refused(tmp_path, r"^gpt3 at this layout needs 3\.0 GiB a rank \(its plan, 2\.9 GiB at pipeline stage 0, and 80 "
+                       r"MiB for the process\) but this machine \(CPU\) has 1\.0 GiB; the largest term is activations "
+                       r"\(2\.6 GiB\): --recompute selective or full, .* would shrink it", layout=big)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=50 * 2**20))
+    _refused(tmp_path, r"needs 87 MiB a rank .* but this machine \(CPU\) has 50 MiB, which its 64 ranks share; the "
+                       r"largest term", layout={"nproc_per_node": 64, "global_batch_size": 512, "micro_batch_size": 8})
+    dry = prepare(_request(tmp_path, layout=big, dry_run=True))
+    assert [why for why in dry.real_run_refusals if "a rank" in why][0].startswith("gpt3 at this layout needs 3.0 GiB")
+    calls = []
+    monkeypatch.setattr(memory, "estimate", lambda *a, _real=memory.estimate, **kw: calls.append(a) or _real(*a, **kw))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=64 * 2**30))
+    prepare(_request(tmp_path, layout={"nproc_per_node": 2}))
+    assert len(calls) == 1, calls
