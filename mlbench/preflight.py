@@ -174,12 +174,14 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     if local is not None:
         real_run(lambda: _device_here(bench, layout, req, local))
     here = None if req.dry_run else local
-    device = memory_device(req, here, layout.nproc_per_node)
+    rdzv = req.rdzv_endpoint if req.launcher == "torchrun" else None
+    cpu_here = cpu_memory(layout.nproc_per_node, runner.ranks_forked(layout, rdzv)) \
+        if local is not None and not local.gpu else None
+    device = memory_device(req, here, cpu_here)
     if req.device is not None:  # the GPU the run is planned for takes its precision, as `plan` checks it
         from mlbench.planner import devices
 
         devices.get(req.device).peak_flops(layout.precision)
-    cpu_here = cpu_memory(layout.nproc_per_node) if local is not None and not local.gpu else None
     check_memory(bench, layout, device, cpu_here=cpu_here, real_run=real_run)
     check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
     if req.save_checkpoint:
@@ -188,7 +190,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     slurm_opts = _slurm_options(req, bench, layout)
     opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
                              hang_timeout=req.hang_timeout, node_rank=req.node_rank,
-                             rdzv_endpoint=req.rdzv_endpoint if req.launcher == "torchrun" else None,
+                             rdzv_endpoint=rdzv,
                              rdzv_timeout=req.rdzv_timeout,
                              threads=req.threads,
                              init_checkpoint=str(req.init_checkpoint.resolve()) if req.init_checkpoint else "",
@@ -910,10 +912,10 @@ class MemoryDevice:
     process_bytes: int = 0
 
 
-def memory_device(req: RunRequest, here: DeviceFacts | None, nproc_per_node: int) -> MemoryDevice | None:
+def memory_device(req: RunRequest, here: DeviceFacts | None, cpu: MemoryDevice | None) -> MemoryDevice | None:
     """The device the run's memory plan must fit: --device; else, for a run on this machine (HERE: its device),
-    its GPU where the device table knows it, or this machine's memory for a CPU run (`cpu_memory`); None where the
-    run trains elsewhere (a dry run, a SLURM job: HERE is None) and no --device is given."""
+    its GPU where the device table knows it, or for a CPU run CPU, this machine's memory (`cpu_memory`); None where
+    the run trains elsewhere (a dry run, a SLURM job: HERE is None) and no --device is given."""
     from mlbench.planner import devices
 
     if req.device is not None:
@@ -931,22 +933,28 @@ def memory_device(req: RunRequest, here: DeviceFacts | None, nproc_per_node: int
     if here.gpu:
         d = devices.find(here.name)
         return MemoryDevice(d.name, d.memory_bytes) if d else None
-    return cpu_memory(nproc_per_node)
+    return cpu
 
 
-# What a rank process holds on a CPU beyond its model's memory plan: the interpreter, torch, megatron-core and gloo,
-# forked from the node's agent (the pages they share counted once). A tiny rank on x86_64: 80 MB private, 120 MB
-# proportional (/proc/<pid>/smaps_rollup); the lower figure, so that no run that fits is refused.
-CPU_RANK_BYTES = 80 * 2**20
+# What a rank process holds on a CPU beyond its model's memory plan: its private pages (Private_Clean + Private_Dirty
+# of /proc/<pid>/smaps_rollup, what it adds to the machine). Measured on tiny gpt3 ranks (x86_64, torch 2.13,
+# megatron-core 0.16), each with some headroom: a rank forked from mlbench's agent (the local launcher's ranks)
+# shares the interpreter and the torch the agent imported, and adds 71 to 83 MiB (80 MiB here was below a rank 0
+# that held its 6 MiB plan and 83 MiB); a rank that imports torch itself (torchrun's, or a run's only rank, started
+# without the agent) 225 MiB. The agent's own memory, once a node, is not counted. test_tiny_gpt3 and
+# test_torchrun_launcher measure them again in their runs.
+CPU_RANK_BYTES = 96 * 2**20
+CPU_OWN_RANK_BYTES = 240 * 2**20
 
 
-def cpu_memory(nproc_per_node: int) -> MemoryDevice:
+def cpu_memory(nproc_per_node: int, forked: bool) -> MemoryDevice:
     """This CPU machine's memory, which a node's ranks share: all of them, not one GPU's worth, must fit (one
-    rank's plan held against the whole machine passed --nproc-per-node 1000, for the OOM killer to end)."""
+    rank's plan held against the whole machine passed --nproc-per-node 1000, for the OOM killer to end). FORKED:
+    whether the ranks are forked from mlbench's agent (runner.ranks_forked)."""
     import psutil
 
     return MemoryDevice("this machine (CPU)", float(psutil.virtual_memory().total), ranks=nproc_per_node,
-                        process_bytes=CPU_RANK_BYTES)
+                        process_bytes=CPU_RANK_BYTES if forked else CPU_OWN_RANK_BYTES)
 
 
 def check_memory(bench: Benchmark, layout: Layout, device: MemoryDevice | None, *, cpu_here: MemoryDevice | None = None,

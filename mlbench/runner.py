@@ -136,6 +136,12 @@ def _median(values: list[float]) -> float | None:
 CommandFor = Callable[[Path, Path, int, dict], Command]
 
 
+def ranks_forked(layout: Layout, rdzv_endpoint: str | None) -> bool:
+    """Whether a node's ranks are forked from mlbench's agent (local_ranks), sharing the torch it imported; else
+    each imports its own (the rank itself for one process; torchrun's, with a rendezvous endpoint)."""
+    return layout.world_size > 1 and layout.nodes == 1 and not rdzv_endpoint
+
+
 def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
     """The local and torchrun launchers' runs: on this machine alone, the rank itself for one process, else
     mlbench's own agent for the node's ranks (local_ranks: torchrun's standalone job without torch's elastic agent);
@@ -143,7 +149,7 @@ def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
     def command_for(plan_path: Path, staging: Path, i: int, env: dict) -> Command:
         if layout.world_size == 1 and not opts.rdzv_endpoint:
             return torchrun.direct(plan_path, staging / "ranks", env)
-        if layout.nodes == 1 and not opts.rdzv_endpoint:
+        if ranks_forked(layout, opts.rdzv_endpoint):
             return Command(local_ranks.argv(plan_path, staging / "ranks", layout.nproc_per_node), env,
                            stdout=staging / "launcher.log", rank_failure=local_ranks.rank_failure)
         run_id = f"mlbench-run{i}"  # the same on every node

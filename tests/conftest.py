@@ -125,6 +125,63 @@ def at_rank_start(folder: Path, code: str) -> dict[str, str]:
     return {"PYTHONPATH": str(folder)}
 
 
+_SAMPLE_PRIVATE = """\
+        import json, threading, time
+
+        def _private(path=os.path.join({folder!r}, "rank_%s_%d.json" % (os.environ.get("RANK"), os.getpid()))):
+            peak = 0
+            while True:
+                with open("/proc/self/smaps_rollup") as f:
+                    kb = dict(ln.split(":", 1) for ln in f if ln.rstrip().endswith("kB"))
+                now = (int(kb["Private_Clean"].split()[0]) + int(kb["Private_Dirty"].split()[0])) * 1024
+                if now > peak:
+                    peak = now
+                    with open(path + ".tmp", "w") as f:
+                        json.dump({{"rank": int(os.environ.get("RANK", 0)), "private_bytes": peak}}, f)
+                    os.replace(path + ".tmp", path)
+                time.sleep(0.2)
+
+        threading.Thread(target=_private, daemon=True).start()"""
+
+
+def sample_private_memory(folder: Path) -> dict[str, str]:
+    """The environment in which every rank of `mlbench run` samples its private memory five times a second and
+    keeps its peak in FOLDER (`private_memory_peaks`): Private_Clean + Private_Dirty of /proc/self/smaps_rollup, the
+    pages no other process shares, what the rank adds to the machine. A read costs the rank about 4 ms of CPU."""
+    folder.mkdir(exist_ok=True)
+    return at_rank_start(folder / "site", _SAMPLE_PRIVATE.format(folder=str(folder)))
+
+
+def private_memory_peaks(folder: Path) -> dict[int, int]:
+    """{rank: its peak private bytes} that `sample_private_memory` sampled in FOLDER (the highest where one rank
+    number had several processes)."""
+    peaks: dict[int, int] = {}
+    for path in folder.glob("rank_*.json"):
+        doc = json.loads(path.read_text())
+        peaks[doc["rank"]] = max(peaks.get(doc["rank"], 0), doc["private_bytes"])
+    return peaks
+
+
+def assert_cpu_rank_bytes(folder: Path, record: dict, constant: int) -> dict[int, int]:
+    """Each rank of the run RECORD sampled its private memory in FOLDER: what it held beyond its own pipeline
+    stage's memory plan is within CONSTANT (preflight's charge for the process, so that the plan and the constant
+    are not below what a rank took) and at least half of it (the constant not a gross overcharge). Returns
+    {rank: bytes beyond the plan}."""
+    from mlbench import registry
+    from mlbench.layout import Layout
+    from mlbench.planner.memory import estimate
+
+    layout = Layout.from_dict(record["layout"])
+    bench = registry.load(record["benchmark"], tiny=True)
+    peaks = private_memory_peaks(folder)
+    assert len(peaks) == layout.world_size, peaks
+    beyond = {rank: private - estimate(bench, layout, stage=rank // (layout.world_size // layout.pp)).total_bytes
+              for rank, private in peaks.items()}
+    mib = {rank: round(b / 2**20, 1) for rank, b in beyond.items()}
+    assert all(constant / 2 <= b <= constant for b in beyond.values()), (mib, constant // 2**20)
+    return beyond
+
+
 def assert_no_markup(text: str) -> None:
     """mlbench's consoles print without rich markup (a log value may hold `[/red]`); its own styled words are
     rich Text: a tag in the output is one that was left as markup."""

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import MLBENCH, mllog, result_dir
+from conftest import MLBENCH, assert_cpu_rank_bytes, mllog, result_dir, sample_private_memory
 from test_rank_failures import fail_at_step_3
 
 from mlbench.launch.ports import free_port, free_ports
+from mlbench.preflight import CPU_OWN_RANK_BYTES
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +44,11 @@ def test_two_nodes_meet_at_a_static_rendezvous_and_node_0_publishes(tmp_path: Pa
     """20 steps (quick_benchmarks' target): the rendezvous is the point, convergence is test_tiny_gpt3's. Under c10d
     either node could get global rank 0 and publish; now node 0 always does. A third node started with --node-rank 1
     as well was given rank 1 too and hung (or joined the others' process group); now it stops at once, saying why,
-    and the run goes on without it."""
+    and the run goes on without it. Each rank, one that torchrun started, imports torch itself: it samples its
+    private memory (conftest.sample_private_memory), and what it holds beyond its plan is what preflight charges
+    such a rank, CPU_OWN_RANK_BYTES (measured on x86_64: 225 MiB)."""
     endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
-    env = {"MLBENCH_BENCHMARKS": str(quick_benchmarks)}
+    env = {"MLBENCH_BENCHMARKS": str(quick_benchmarks), **sample_private_memory(tmp_path / "memory")}
     procs = {name: _node(tmp_path, name, endpoint, rank, "--seed", str(seed), "--rdzv-timeout", "120", env=env)
              for name, rank, seed in (("node0", 0, 30), ("node1", 1, 31), ("again1", 1, 32))}
     outs = _ends(procs)
@@ -55,7 +58,9 @@ def test_two_nodes_meet_at_a_static_rendezvous_and_node_0_publishes(tmp_path: Pa
     log = mllog(folder / "result_0.txt")
     assert [e["metadata"]["status"] for e in log if e["key"] == "run_stop"] == ["success"]
     assert [e["value"] for e in log if e["key"] == "seed"] == [30]  # node 0's seed, broadcast to the other node
-    assert json.loads((folder / "result_0.json").read_text())["layout"]["world_size"] == 2
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["layout"]["world_size"] == 2
+    assert sorted(assert_cpu_rank_bytes(tmp_path / "memory", record, CPU_OWN_RANK_BYTES)) == [0, 1]
     for name in ("node1", "again1"):  # the other nodes keep their rank logs and their launcher's output
         other = result_dir(tmp_path / name, "gpt3")
         assert not list(other.glob("result_*")) and [p.name for p in other.glob("logs/node1-*/launcher.log")], outs
