@@ -215,13 +215,16 @@ def test_node_0_stops_its_run_as_soon_as_another_node_tells_of_its_failure(tmp_p
         "rank 1 (node 1's local rank 0) exited with code 7 (see node 1's rank logs: mlbench-run0_ab12cd34/attempt_0/0)")
 
 
-@pytest.mark.parametrize("stopped", ["hang", "SIGTERM", "node 0 lost"])
+@pytest.mark.parametrize("stopped", ["hang", "SIGTERM", "node 0 lost", "torchrun signalled"])
 def test_a_node_whose_supervisor_stopped_its_run_tells_node_0_why(tmp_path: Path, stopped: str) -> None:
     """In one process, node 1's supervisor (torchrun.node_command) and node 0's board: node 1's supervisor stopped
     its run (its hang limit; SIGTERM to its mlbench, as Ctrl-C or a scheduler sends), its ranks ended by SIGTERM (a
     failure of none of its ranks' own), and node 1 told node 0 nothing of its own: node 0 named rank 0's gloo
     error. Node 1 now tells node 0 its supervisor's reason, which node 0 names; where node 1's supervisor stopped its
-    run because node 0 was lost, that is node 0's story, not node 1's: nothing of its own."""
+    run because node 0 was lost, that is node 0's story, not node 1's: nothing of its own. SIGTERM to node 1's
+    torchrun alone (from another process, not its supervisor): node 1's record said so, but node 0 heard nothing
+    and said 'a peer on another node was lost, and no node said why'; node 1 now tells it. The launcher here ends as
+    torchrun does on SIGTERM, its last words SignalException, whoever sent it."""
     import os
     import socket
     import sys
@@ -243,9 +246,15 @@ def test_a_node_whose_supervisor_stopped_its_run_tells_node_0_why(tmp_path: Path
         threading.Thread(target=node_0_ends, daemon=True).start()
     rendezvous = torchrun.Rendezvous(f"127.0.0.1:{store.getsockname()[1]}", nodes=2, node_rank=1, timeout=60,
                                      ranks_dir=ranks)
-    # a launcher and its rank (torchrun's), 30 s unless stopped; SIGTERM: to its supervisor (this process) first
-    launcher = (f"import os, signal, subprocess\nif {stopped == 'SIGTERM'}: os.kill(os.getppid(), signal.SIGTERM)\n"
-                f"subprocess.run(['sleep', '30'])")
+    # a launcher and its rank (torchrun's), 30 s unless stopped; SIGTERM: to its supervisor (this process) first;
+    # torchrun signalled: to the launcher alone
+    launcher = ("import os, signal, subprocess, sys\n"
+                "def said(n, _): sys.exit(f'torch.distributed.elastic.multiprocessing.api.SignalException: Process "
+                "{os.getpid()} got signal: {n}')\n"
+                "signal.signal(signal.SIGTERM, said)\n"
+                f"if {stopped == 'SIGTERM'}: os.kill(os.getppid(), signal.SIGTERM)\n"
+                f"if {stopped == 'torchrun signalled'}: os.kill(os.getpid(), signal.SIGTERM)\n"
+                "subprocess.run(['sleep', '30'])")
     cmd = torchrun.node_command([sys.executable, "-c", launcher], dict(os.environ), tmp_path / "launcher.log",
                                 rendezvous)
     _told(tmp_path, board)
@@ -258,12 +267,16 @@ def test_a_node_whose_supervisor_stopped_its_run_tells_node_0_why(tmp_path: Path
         store.close()
     said = {"hang": "hang: no training step within 1 s of start", "SIGTERM": "received SIGTERM",
             "node 0 lost": f"node 0 died or ended its run: its rendezvous at {rendezvous.endpoint} closed, and refuses "
-                           f"connections; see node 0's record"}[stopped]
+                           f"connections; see node 0's record",
+            "torchrun signalled": "the launcher (node 1's torchrun) received SIGTERM from another process and stopped "
+                                  "the ranks"}[stopped]
     assert outcome.status == "aborted" and outcome.reason == said, outcome
     assert outcome.signal == ("SIGTERM" if stopped == "SIGTERM" else "")
     assert [r["node"] for r in heard] == [1], heard
-    assert torchrun.elsewhere(heard) == {"hang": "node 1: hang: no training step within 1 s of start",
-                                         "SIGTERM": "node 1's mlbench received SIGTERM", "node 0 lost": ""}[stopped]
+    assert torchrun.elsewhere(heard) == {
+        "hang": "node 1: hang: no training step within 1 s of start", "SIGTERM": "node 1's mlbench received SIGTERM",
+        "node 0 lost": "", "torchrun signalled": "node 1: its torchrun received SIGTERM from another process and "
+                                                 "stopped its ranks"}[stopped]
 
 
 def _state(pid: int) -> str:

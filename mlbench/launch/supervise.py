@@ -106,8 +106,9 @@ class Command:
     rank_failure: Callable[[str], str] | None = None
     # once the launcher has ended and the run is judged, with the end of its output, why this supervisor stopped
     # the run ("" where it did not, or did for another node's end: node 0 lost, another's failure told) and when
-    # (time.time()): what the launcher's node owes the others (torchrun's: node 0 stops hearing their failures,
-    # another node tells node 0 its own)
+    # (time.time(); 0.0 where it did not stop it: a signal the launcher's output tells of is another process's):
+    # what the launcher's node owes the others (torchrun's: node 0 stops hearing their failures, another node
+    # tells node 0 its own)
     ended: Callable[[str, str, float], None] | None = None
     # while the run goes on, looked at on each poll: another node's failure of its own, told to this node's
     # supervisor (torchrun's node 0), as the reason to stop this run now; "" where none is told

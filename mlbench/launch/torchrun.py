@@ -154,11 +154,17 @@ def _named(failed: Failure, node_rank: int, where: str) -> str:
 
 def node_report(output: str, ranks_dir: Path, node_rank: int, stopped: str = "", at: float = 0.0) -> dict:
     """What a node other than node 0 tells node 0 as its torchrun ends (node_failures): why its supervisor stopped
-    its run (STOPPED, at AT: a signal, a hang; not node 0's loss) and when; else its rank that failed first of
-    itself (from torchrun's OUTPUT), how, when, and its logs under this node's RANKS_DIR; its node rank alone where
-    neither is so. The supervisor's reason comes first, as in this node's own words (supervise._judge)."""
+    its run (STOPPED, at AT: a signal, a hang; not node 0's loss) and when; else, where its supervisor did not stop
+    it (AT 0), that its torchrun was signalled by another process (from torchrun's OUTPUT); else its rank that
+    failed first of itself, how, when, and its logs under this node's RANKS_DIR; its node rank alone where none is
+    so. The supervisor's reason comes first, then torchrun's signal, as in this node's own words (supervise._judge,
+    Rendezvous.explain)."""
     if stopped:
         return {"node": node_rank, "stopped": stopped, "time": _when(at)}
+    if not at and (sig := signalled(output)):  # (its supervisor's SIGTERM, which stops a run for node 0's loss too,
+        # is no other process's)
+        return {"node": node_rank, "stopped": f"its torchrun received {sig} from another process and stopped its "
+                                              f"ranks", "time": _when(0.0)}
     failed = first_failure(output)
     if failed is None:
         return {"node": node_rank}
@@ -240,12 +246,12 @@ class Rendezvous:
 
     def explain(self, error: str) -> str:
         t, e = f"{self.timeout:g} s (--rdzv-timeout)", self.endpoint
-        if m := re.fullmatch(r"SignalException: Process \d+ got signal: (\d+)", error):
+        if sig := signalled(error):
             # torchrun itself signalled, by another process than its supervisor (which stops the run with its own
             # reason): its ranks, stopped by it, said only 'Aborted: signal SIGTERM', and the run's reason was "a
             # peer on another node was lost, and no node said why", on one node too
-            return (f"the launcher (node {self.node_rank}'s torchrun) received {_signal_name(int(m[1]))} from another "
-                    f"process and stopped the ranks")
+            return (f"the launcher (node {self.node_rank}'s torchrun) received {sig} from another process and stopped "
+                    f"the ranks")
         if m := re.search(r"waiting for clients\. (\d+)/\d+ clients joined", error):  # node 0: not all came
             joined, n = int(m[1]), self.nodes
             missing = (f"node 1 of {n}" if n == 2 else f"nodes 1 to {n - 1} of {n}") if joined == 1 else \
@@ -269,6 +275,15 @@ class Rendezvous:
                     f"port {self._port()} there), or node 0 ended (see its record); give --rdzv-endpoint node 0's "
                     f"host and a free port, the same on every node")
         return ""
+
+
+_SIGNALLED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+
+
+def signalled(output: str) -> str:
+    """The signal torchrun says it received (its last words: SignalException) in OUTPUT, by name; "" if none."""
+    found = _SIGNALLED.findall(output)
+    return _signal_name(int(found[-1])) if found else ""
 
 
 def _signal_name(n: int) -> str:
