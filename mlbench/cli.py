@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import registry, terminal
+from mlbench.cli_numbers import FLOAT, INT
 from mlbench.cli_options import layout_options
 from mlbench.cli_paths import PathParam, path_limit
 from mlbench.errors import OutputFailed, Stopped, UserError, printable, stops_on_signals
@@ -141,8 +142,8 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.argument("name")
 @click.option("--tiny", is_flag=True, help="The tiny variant: converges on a CPU in seconds.")
 @layout_options
-@click.option("--seed", type=int, help="Seed of the first run; run i uses seed + i (0 to 2**32 - 1). Default: random.")
-@click.option("--runs", default=1, show_default=True, type=int, help="Runs, each with its own seed (1 to 1000).")
+@click.option("--seed", type=INT, help="Seed of the first run; run i uses seed + i (0 to 2**32 - 1). Default: random.")
+@click.option("--runs", default=1, show_default=True, type=INT, help="Runs, each with its own seed (1 to 1000).")
 @click.option("--results", "results_root", default="results", show_default=True, type=PathParam(),
               help="Root of the results layout: RESULTS/SYSTEM/BENCHMARK/result_I.txt")
 @click.option("--system", help="System name in the results layout. Default: this host's name.")
@@ -150,12 +151,12 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
               help="local: the ranks on this machine; torchrun: one invocation per node; slurm: an sbatch job.")
 @click.option("--rdzv-endpoint", help="torchrun launcher: HOST:PORT of the rendezvous, on node 0's host (the same "
                                       "on every node; node 0 listens on PORT).")
-@click.option("--node-rank", default=0, show_default=True, type=int,
+@click.option("--node-rank", default=0, show_default=True, type=INT,
               help="torchrun launcher: this node's rank; node 0 hosts global rank 0 and publishes the run.")
-@click.option("--rdzv-timeout", default=600.0, show_default=True, type=float,
+@click.option("--rdzv-timeout", default=600.0, show_default=True, type=FLOAT,
               help="torchrun and slurm launchers: seconds the nodes wait for each other at the rendezvous (node 0 "
                    "for every node to join) before the run is aborted.")
-@click.option("--hang-timeout", default=300.0, show_default=True, type=float,
+@click.option("--hang-timeout", default=300.0, show_default=True, type=FLOAT,
               help="Seconds without step progress before a run is aborted as hung.")
 @click.option("--partition", help="slurm: partition.")
 @click.option("--account", help="slurm: account.")
@@ -165,8 +166,8 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
 @click.option("--container-image", help="slurm: container image (pyxis/enroot).")
 @click.option("--container-mounts", help="slurm: container mounts, src:dst[,src:dst...].")
 @click.option("--master-addr", help="slurm: rendezvous address (default: the first node of the allocation).")
-@click.option("--gpus-per-node", default=0, show_default=True, type=int, help="slurm: GPUs to request per node.")
-@click.option("--threads", default=1, show_default=True, type=int, help="CPU threads per rank.")
+@click.option("--gpus-per-node", default=0, show_default=True, type=INT, help="slurm: GPUs to request per node.")
+@click.option("--threads", default=1, show_default=True, type=INT, help="CPU threads per rank.")
 @click.option("--dry-run", is_flag=True, help="Resolve and print the layout and commands; write the MLPerf log "
                                                "up to run_start; train nothing.")
 @click.option("--data-path", help="Indexed data: megatron dataset PREFIX (PREFIX.bin, PREFIX.idx) or a blend "
@@ -178,9 +179,9 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
                    "Required for full-size runs of benchmarks that start from one.")
 @click.option("--save-checkpoint", type=PathParam(),
               help="Save model and optimizer state here when the run stops (a new folder; one run only).")
-@click.option("--lr", type=float, help="Peak learning rate, over the benchmark's: needed at a global batch its "
+@click.option("--lr", type=FLOAT, help="Peak learning rate, over the benchmark's: needed at a global batch its "
                                       "RCP table (llama31_8b, gpt_oss_20b) has no row for. At least its min_lr.")
-@click.option("--warmup-steps", type=int, help="Warm-up steps, over the benchmark's (as --lr).")
+@click.option("--warmup-steps", type=INT, help="Warm-up steps, over the benchmark's (as --lr).")
 @click.option("--device", help="The GPU (a100, h100_pcie, h100, h200, b200, gb200, gb300) the per-GPU memory plan "
                                 "must fit: a run (or dry run) whose plan does not is refused. Default: this "
                                 "machine's GPU or memory for a local run; none for a dry run or a SLURM job.")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import click
 
+from mlbench.cli_numbers import INT
 from mlbench.preflight import LayoutRequest
 
 # FeaturesSpec fields with a flag of their own.
@@ -19,16 +20,16 @@ FEATURE_FLAGS = ("distributed_optimizer", "sequence_parallel", "recompute", "rec
 _DEFAULT = "Default: the benchmark file's."
 
 _OPTIONS = (
-    click.option("--nodes", default=1, show_default=True, type=int, help="Nodes the run spans."),
-    click.option("--nproc-per-node", default=1, show_default=True, type=int, help="Processes (devices) per node."),
-    click.option("--tp", type=int, help="Tensor parallel size."),
-    click.option("--pp", type=int, help="Pipeline parallel size."),
-    click.option("--vp", type=int, help="Virtual pipeline stages per rank (interleaved schedule)."),
-    click.option("--cp", type=int, help="Context parallel size."),
-    click.option("--ep", type=int, help="Expert parallel size (mixture-of-experts models): divides dp x cp."),
-    click.option("--micro-batch-size", "--mbs", "micro_batch_size", type=int,
+    click.option("--nodes", default=1, show_default=True, type=INT, help="Nodes the run spans."),
+    click.option("--nproc-per-node", default=1, show_default=True, type=INT, help="Processes (devices) per node."),
+    click.option("--tp", type=INT, help="Tensor parallel size."),
+    click.option("--pp", type=INT, help="Pipeline parallel size."),
+    click.option("--vp", type=INT, help="Virtual pipeline stages per rank (interleaved schedule)."),
+    click.option("--cp", type=INT, help="Context parallel size."),
+    click.option("--ep", type=INT, help="Expert parallel size (mixture-of-experts models): divides dp x cp."),
+    click.option("--micro-batch-size", "--mbs", "micro_batch_size", type=INT,
                  help=f"Sequences per micro-batch on each data-parallel rank. {_DEFAULT}"),
-    click.option("--global-batch-size", "--gbs", "global_batch_size", type=int,
+    click.option("--global-batch-size", "--gbs", "global_batch_size", type=INT,
                  help=f"Sequences per optimizer step over all ranks (the RCP's batch). {_DEFAULT}"),
     click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
                  help=f"Shard fp32 master weights and optimizer state over data parallel. {_DEFAULT}"),
@@ -36,7 +37,7 @@ _OPTIONS = (
                  help=f"Split norms, dropout and residual activations over tensor-parallel ranks (tp > 1). {_DEFAULT}"),
     click.option("--recompute", type=click.Choice(["none", "selective", "full"]),
                  help=f"Activation recompute: selective (core attention) or full (whole layers). {_DEFAULT}"),
-    click.option("--recompute-layers", type=int, help="Full recompute: layers per group (uniform) or per stage "
+    click.option("--recompute-layers", type=INT, help="Full recompute: layers per group (uniform) or per stage "
                                                       "(block)."),
     click.option("--recompute-method", type=click.Choice(["uniform", "block"]),
                  help="Full recompute: how layers are chosen."),

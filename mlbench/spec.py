@@ -7,7 +7,6 @@ so a tiny variant is the same benchmark with smaller numbers, never a second def
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import functools
 import math
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from mlbench.ascii_numbers import is_ascii_float
 from mlbench.errors import UserError
 from mlbench.quality import reached
 
@@ -572,9 +572,8 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
         _not_huge(where, value, _FLOAT_LIMIT)  # (the key's own range, checked later, says more below that)
         return value
     if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 175.0e9 (no exponent sign) as a string
-            with contextlib.suppress(ValueError):
-                value = float(value)
+        if isinstance(value, str) and is_ascii_float(value):  # YAML 1.1 reads 175.0e9 (no exponent sign) as a
+            value = float(value)  # string; float() would read '٠.٩' (Arabic-Indic digits) as 0.9 too: not a number
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(f"{where}: expected a number, got {_shown(value)}")
         if isinstance(value, int):

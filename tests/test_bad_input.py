@@ -273,3 +273,55 @@ def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path: Pa
     out = capsys.readouterr()
     assert e.value.code == 2 and "is empty; give a path" in out.out + out.err, out
     assert not any(tmp_path.iterdir())  # a dry run into "" wrote ./<system>/gpt3/dry-run.txt
+
+
+def _number_options() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(command, flag, what it takes: 'an integer' or 'a number', what else the command needs: its arguments and
+    required options) of every option of every command that takes a number."""
+    import click
+
+    from mlbench.cli import cli as group
+
+    found = []
+    for name, command in sorted(group.commands.items()):
+        needs = tuple(x for p in command.params if p.required
+                      for x in (("x",) if isinstance(p, click.Argument) else (p.opts[0], "x")))
+        for p in command.params:
+            numeric = isinstance(p.type, click.types.IntParamType | click.types.FloatParamType) or p.name == "nodes"
+            if isinstance(p, click.Option) and numeric:
+                kind = "a number" if isinstance(p.type, click.types.FloatParamType) else "an integer"
+                found.append((name, p.opts[0], kind, needs))
+    return found
+
+
+@pytest.mark.parametrize("digits", ["\u0663", "\uff15", "\u00b2", "1_0", "\u0661.\u0665"],
+                         ids=["arabic-indic", "fullwidth", "superscript", "underscore", "arabic-indic-float"])
+def test_every_number_option_takes_ascii_digits_only(digits: str, tmp_path: Path, cli) -> None:
+    """`run gpt3 --tiny --nodes ٣` ran 3 nodes and `--seed ５` seed 5: click's int() and float() read any Unicode
+    digit (and '1_0' as 10). Every number option of every command refuses them, naming itself and what it expects;
+    nothing is written."""
+    options = _number_options()
+    flags = {(command, flag) for command, flag, _, _ in options}
+    assert len(flags) >= 20 and {("plan", "--nodes"), ("run", "--lr"), ("scaling", "--devices")} <= flags, flags
+    for command, flag, kind, needs in options:
+        if "." in digits and kind == "an integer":
+            continue
+        results = ["--results", str(tmp_path / "r")] if command == "run" else []
+        proc = cli(command, flag, digits, *needs, *results)
+        _assert_clean_error(proc, f"Invalid value for '{flag}'", f"expected {kind} in ASCII", repr(digits))
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_number_option_says_what_the_unicode_digits_read_as(cli) -> None:
+    proc = cli("run", "gpt3", "--tiny", "--seed", "\uff15", "--dry-run")
+    _assert_clean_error(proc, "'--seed': expected an integer in ASCII digits (0-9), got '\uff15' (write 5)")
+    proc = cli("run", "gpt3", "--tiny", "--lr", "\uff10.1", "--dry-run")
+    _assert_clean_error(proc, "'--lr': expected a number in ASCII", "(write 0.1)")
+
+
+def test_a_benchmark_files_number_in_unicode_digits_is_no_number(tmp_path: Path, benchmarks_copy: Path, cli) -> None:
+    """A float field given as a string is read with float() (YAML 1.1 reads 175.0e9 as one): '٠.٩' was 0.9."""
+    f = benchmarks_copy / "gpt3.yaml"
+    f.write_text(f.read_text().replace("  beta1: 0.9 ", '  beta1: "\u0660.\u0669" ', 1))
+    proc = cli("show", "gpt3", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    _assert_clean_error(proc, "optimizer.beta1: expected a number, got '\u0660.\u0669'")

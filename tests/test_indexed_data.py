@@ -251,6 +251,14 @@ def test_a_blend_weight_must_be_positive_and_finite(spec: str) -> None:
     assert parse_blend("0.25 /a 0.75 /b") == (["/a", "/b"], [0.25, 0.75])
 
 
+def test_a_blend_weight_in_unicode_digits_is_refused() -> None:
+    """float() reads '٠.٥' (Arabic-Indic digits) as 0.5: such a weight was taken."""
+    from mlbench.train.data.indexed import parse_blend
+
+    with pytest.raises(UserError, match="'\u0660.\u0665' is a number in digits other than ASCII's"):
+        parse_blend("\u0660.\u0665 /a 0.5 /b")
+
+
 # ---- damaged or unsuitable data, refused before launch ---------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from mlbench import terminal
 from mlbench.analysis import MAX_DEVICES
+from mlbench.cli_numbers import misread, not_ascii
 from mlbench.cli_paths import FileParam, PathParam
 from mlbench.errors import (
     ProductStream,
@@ -44,12 +45,15 @@ def strict_json(doc: object) -> str:
 
 
 class DeviceCount(click.IntRange):
-    """A device count from 1 to MAX_DEVICES; a refused value is shown shortened (a 400-digit one filled the screen)."""
+    """A device count from 1 to MAX_DEVICES, in ASCII digits (cli_numbers); a refused value is shown shortened (a
+    400-digit one filled the screen)."""
 
     def __init__(self) -> None:
         super().__init__(min=1, max=MAX_DEVICES)
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, str) and misread(value, integer=True):
+            self.fail(not_ascii(value, integer=True), param, ctx)  # '٣' or '1_0': what int() reads, not ASCII
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import terminal
+from mlbench.cli_numbers import misread, not_ascii
 from mlbench.cli_options import layout_options
 from mlbench.errors import ProductStream, UserError, document_on_stdout, stops_on_signals
 from mlbench.preflight import LayoutRequest
@@ -30,8 +31,11 @@ class _NodeCounts(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
+        parts = str(value).split(",")
+        if odd := next((v for v in parts if misread(v, integer=True)), None):
+            self.fail(not_ascii(odd, integer=True), param, ctx)  # '٣' or '1_0': what int() reads, not ASCII
         try:
-            counts = tuple(int(v) for v in str(value).split(","))
+            counts = tuple(int(v) for v in parts)
         except ValueError:
             self.fail(f"{value!r}: give a node count or a comma-separated list of them (8,16,32)", param, ctx)
         if any(n < 1 for n in counts):

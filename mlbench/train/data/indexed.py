@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mlbench.ascii_numbers import is_ascii_float
 from mlbench.errors import UserError
 from mlbench.spec import Benchmark
 from mlbench.train.data.source import ALL, PAD, TokenSource
@@ -62,11 +63,11 @@ def parse_blend(spec: str) -> Blend:
     parts = spec.split()
     if not parts:
         raise UserError("empty data path")
+    if odd := next((p for p in parts if not p.isascii() and _is_number(p)), None):  # '٠.٥': 0.5 to float()
+        raise UserError(f"data blend {spec!r}: {odd!r} is a number in digits other than ASCII's (read as "
+                        f"{float(odd)!r}); write a weight in the digits 0-9, '.' and 'e'")
     if len(parts) % 2 == 0:
-        try:
-            weights = [float(w) for w in parts[0::2]]
-        except ValueError:
-            weights = None
+        weights = [float(w) for w in parts[0::2]] if all(map(is_ascii_float, parts[0::2])) else None
         if weights is not None:
             if not all(0 < w < math.inf for w in weights):  # (NaN fails every comparison)
                 raise UserError(f"data blend {spec!r}: weights must be positive finite numbers")
