@@ -49,7 +49,8 @@ def cli() -> None:
 
 @cli.command("list")
 def list_cmd() -> None:
-    """The benchmarks, a row each."""
+    """The benchmarks, a row each. A benchmark file that does not load is named on stderr with its reason, the
+    others listed, and the exit code is 2."""
     # The name is what a user types next and the metric what the logs say: neither is ever cut, so the table
     # keeps no vertical rules and wraps the model's title instead (80 columns fit).
     t = Table(title="benchmarks", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
@@ -59,16 +60,20 @@ def list_cmd() -> None:
     t.add_column("quality target", min_width=len("masked_lm_accuracy"))
     for col in ("ruleset", "runs", "tiny"):  # tiny: the tiny variant's target
         t.add_column(col)
-    names = registry.names()
-    if not names:
+    if not registry.names():
         raise UserError(f"no benchmark files (<name>.yaml) in {registry.BENCHMARKS_DIR}")
-    for name in names:
-        b = registry.load(name)
-        tiny = registry.load(name, tiny=True) if registry.has_tiny(name) else None
+    loaded, failures = registry.load_each()
+    for b, tiny in loaded:
         op = operator(b.quality.direction)
-        t.add_row(name, b.title.split(" (")[0], b.size, f"{b.quality.metric} {op} {b.quality.target}",
+        t.add_row(b.name, b.title.split(" (")[0], b.size, f"{b.quality.metric} {op} {b.quality.target}",
                   b.mlperf.ruleset, str(b.mlperf.runs_required), f"{op} {tiny.quality.target}" if tiny else "-")
-    console.print(t)
+    if loaded:
+        console.print(t)
+    if failures:
+        terminal.STDOUT.flush()  # the table first, where both streams go to one terminal
+        for why in failures:
+            _on_stderr(Text.assemble(("error:", "red"), " ", printable(why)))
+        sys.exit(UserError.exit_code)
 
 
 @cli.command()

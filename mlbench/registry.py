@@ -424,3 +424,17 @@ def _validate_quality(b: Benchmark, where: str) -> None:
 
 def load_all(tiny: bool = False, directory: Path | None = None) -> list[Benchmark]:
     return [load(n, tiny=tiny, directory=directory) for n in names(directory)]
+
+
+def load_each(directory: Path | None = None) -> tuple[list[tuple[Benchmark, Benchmark | None]], list[str]]:
+    """Every benchmark of the folder that loads, full size with its tiny variant (None where it has none), and why
+    each of the others does not (its message names its file): one malformed file is not the end of the rest
+    (`mlbench list` stopped at the first one, the good benchmarks unlisted)."""
+    loaded, failures = [], []
+    for name in names(directory):
+        try:
+            full = load(name, directory=directory)
+            loaded.append((full, load(name, tiny=True, directory=directory) if has_tiny(name, directory) else None))
+        except UserError as e:
+            failures.append(str(e))
+    return loaded, failures

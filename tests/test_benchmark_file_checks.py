@@ -121,8 +121,9 @@ def test_a_benchmark_name_that_cannot_name_a_folder_is_refused(benchmarks_copy: 
     assert str(e.value) == (f"{benchmarks_copy}/x\\ny.yaml: a benchmark's name (the file's, less .yaml) is ASCII "
                             "letters and digits, '-', '_' and '.' ('-' and '.' not first), at most 100 characters; "
                             "rename the file")
-    proc = cli("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
-    assert proc.returncode == 2 and proc.stdout.splitlines() == [f"error: {e.value}"], proc.stdout + proc.stderr
+    proc = cli("list", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})  # the others listed, this one named
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [f"error: {e.value}"], proc.stdout + proc.stderr
+    assert " gpt3 " in proc.stdout and "x\ny" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("flags", [["--gbs", "0"], ["--mbs", "0"], ["--ep", "0"], ["--ep", "-3"], ["--tp", "0"],

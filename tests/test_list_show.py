@@ -63,6 +63,23 @@ def test_list_shows_every_benchmark_on_80_columns() -> None:
         assert target.split()[1] in row, (name, target, row)
 
 
+def test_list_names_a_malformed_file_and_lists_the_others(benchmarks_copy, cli) -> None:
+    """One broken file in the folder: `list` printed its error alone, the good benchmarks unlisted. Now they are
+    listed, each broken file is named with its reason on stderr, and the exit code (2) tells a script; `show` of a
+    good one is unaffected."""
+    (benchmarks_copy / "broken.yaml").write_text("name: broken\noops: [\n")
+    (benchmarks_copy / "misnamed.yaml").write_text((benchmarks_copy / "bert.yaml").read_text())
+    env = {"MLBENCH_BENCHMARKS": str(benchmarks_copy)}
+    proc = cli("list", env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert all(f" {name} " in proc.stdout for name in ROWS) and "broken" not in proc.stdout, proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"error: {benchmarks_copy}/broken.yaml: not valid YAML at line 3: did not find expected node content",
+        f"error: {benchmarks_copy}/misnamed.yaml: 'name' is 'bert', expected 'misnamed' (the file's name)"], proc.stderr
+    shown = cli("show", "gpt3", env=env)
+    assert shown.returncode == 0 and "GPT-3 175B" in shown.stdout and shown.stderr == "", shown.stdout + shown.stderr
+
+
 @pytest.mark.parametrize(("name", "published", "within"), [("gpt3", 175e9, 0.01), ("llama31_405b", 405e9, 0.01),
                                                            ("bert", 340e6, 0.011)])
 def test_show_gives_the_parameter_count_against_the_published_size(name: str, published: float,
