@@ -953,24 +953,34 @@ def cpu_memory(nproc_per_node: int, forked: bool) -> MemoryDevice:
     whether the ranks are forked from mlbench's agent (runner.ranks_forked)."""
     import psutil
 
-    return MemoryDevice("this machine (CPU)", float(psutil.virtual_memory().total), ranks=nproc_per_node,
+    from mlbench.planner.memory import THIS_CPU
+
+    return MemoryDevice(THIS_CPU, float(psutil.virtual_memory().total), ranks=nproc_per_node,
                         process_bytes=CPU_RANK_BYTES if forked else CPU_OWN_RANK_BYTES)
 
 
 def check_memory(bench: Benchmark, layout: Layout, device: MemoryDevice | None, *, cpu_here: MemoryDevice | None = None,
                  real_run: Callable[[Callable[[], object]], None] = lambda check: check()) -> None:
-    """The run's memory plan (mlbench.planner.memory), estimated once, against the device it is planned for
-    (DEVICE: refused) and against this CPU machine where the run trains on it (CPU_HERE: through REAL_RUN, since
-    a dry run plans a run from anywhere and only says it)."""
+    """The run's memory plan (mlbench.planner.memory) against the device it is planned for (DEVICE: refused) and
+    against this CPU machine where the run trains on it (CPU_HERE: through REAL_RUN, since a dry run plans a run
+    from anywhere and only says it). The device says which kernels run and whether a GPU's allowance is held,
+    whatever the precision: one estimate where both are the CPU, one for each where a GPU is named."""
     if device is None and cpu_here is None:
         return
-    from mlbench.planner.memory import estimate
+    from mlbench.planner.memory import THIS_CPU, estimate
 
-    plan = estimate(bench, layout)
+    plans: dict[bool, MemoryPlan] = {}
+
+    def fits(d: MemoryDevice) -> None:
+        on_cpu = d.name == THIS_CPU
+        if on_cpu not in plans:
+            plans[on_cpu] = estimate(bench, layout, on_cpu=on_cpu)
+        _check_fits(bench, plans[on_cpu], d)
+
     if cpu_here is not None and cpu_here != device:
-        real_run(lambda: _check_fits(bench, plan, cpu_here))
+        real_run(lambda: fits(cpu_here))
     if device is not None:
-        _check_fits(bench, plan, device)
+        fits(device)
 
 
 def _check_fits(bench: Benchmark, plan: MemoryPlan, device: MemoryDevice) -> None:

@@ -127,6 +127,29 @@ def test_dry_run_prints_the_plan_and_a_run_that_does_not_fit_is_refused(tmp_path
     assert not (tmp_path / "other").exists()
 
 
+def test_a_gpus_plan_holds_its_allowance_whatever_the_precision(tmp_path: Path, cli) -> None:
+    """`plan gpt3 --device h100 --precision fp32` (TF32) took fp32 for the CPU: its kernels, and none of the 3 GiB
+    a GPU holds (CUDA context, NCCL buffers, fragmentation) that the bf16 plan of the same layout counted; `run
+    --tiny --device h100` (fp32) was planned the same way. The device says it; a CPU run's plan holds none."""
+    from mlbench.planner import plan as planner
+    from mlbench.planner.memory import GPU_WORKSPACE_BYTES, THIS_CPU
+
+    bench = registry.load("gpt3")
+    layout = resolve(bench, 64, 8, 8, 8, 1, 1, 1, 1536)
+    plans = {p: planner.evaluate(bench, dataclasses.replace(layout, precision=p), devices.get("h100"))["memory"]
+             for p in ("bf16", "fp32")}
+    assert plans["fp32"]["other_bytes"] == plans["bf16"]["other_bytes"] >= GPU_WORKSPACE_BYTES, plans
+    assert plans["fp32"]["activations_bytes"] == 2 * plans["bf16"]["activations_bytes"], plans  # the same kernels
+    on_cpu = estimate(bench, dataclasses.replace(layout, precision="fp32"), on_cpu=True)
+    assert on_cpu.other_bytes < GPU_WORKSPACE_BYTES
+    tiny = cli("run", "gpt3", "--tiny", "--device", "h100", "--dry-run", "--results", str(tmp_path / "r"))
+    assert tiny.returncode == 0 and "other 3.00 GiB" in tiny.stdout, tiny.stdout + tiny.stderr
+    from mlbench.preflight import check_memory
+
+    tiny_layout = resolve(registry.load("gpt3", tiny=True), 1, 1, 1, 1, 1, 1, 1, None)
+    check_memory(registry.load("gpt3", tiny=True), tiny_layout, (THIS_CPU, 2**30))  # the CPU's 1 GiB: it fits
+
+
 def test_the_asymmetric_split_at_any_layout(tmp_path: Path, cli) -> None:
     """448 GPUs at TP4 x PP8 x VP8 x CP2 (DGX B200's llama layout) has no reference layout: 126 layers do not divide
     by 64, but 126 + embedding + loss do, with --asymmetric-pipeline-split."""

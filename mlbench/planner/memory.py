@@ -66,6 +66,9 @@ from mlbench.models.transformer import norm_params, padded_vocab, shapes
 from mlbench.spec import Benchmark, ModelSpec
 
 GPU_WORKSPACE_BYTES = 3 * 2**30  # CUDA context, cuBLAS and NCCL workspaces, fragmentation: a stated allowance
+# The device a local CPU run's plan is held against (preflight.memory_device): its name says on_cpu, as a GPU's
+# name says the GPU's kernels and allowance, whatever the precision
+THIS_CPU = "this machine (CPU)"
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,15 @@ from mlbench.spec import Benchmark
 TOP = 10  # layouts printed by the search
 
 
-def memory_plan(bench: Benchmark, layout: Layout) -> dict | None:
-    """The per-GPU memory plan (mlbench.planner.memory) as a dict, or None where that module is not there."""
+def memory_plan(bench: Benchmark, layout: Layout, device: Device) -> dict | None:
+    """The per-device memory plan (mlbench.planner.memory) as a dict, or None where that module is not there. The
+    device says which kernels run and whether a GPU's allowance (CUDA context, workspaces) is held, whatever the
+    precision: left to the estimate, fp32 meant the CPU, and an fp32 (TF32) plan on an H100 left the 3 GiB out."""
     try:
         from mlbench.planner import memory
     except ImportError:
         return None
-    return memory.estimate(bench, layout).as_dict()
+    return memory.estimate(bench, layout, on_cpu="measured" in device.extra).as_dict()
 
 
 def evaluate(bench: Benchmark, layout: Layout, device: Device) -> dict:
@@ -35,7 +37,7 @@ def evaluate(bench: Benchmark, layout: Layout, device: Device) -> dict:
     gbs = layout.global_batch_size
     model_flops = flops.flops_per_sample(m) * gbs / step / layout.world_size
     ttt = time_to_train.predict(bench, gbs, step) if bench.variant == "full" else None
-    mem = memory_plan(bench, layout)
+    mem = memory_plan(bench, layout, device)
     total = mem["total_bytes"] if mem else None
     return {
         "benchmark": bench.name, "device": device.name, "layout": _layout_dict(layout),
