@@ -271,8 +271,8 @@ def test_a_report_of_many_sets_stays_readable_and_names_are_not_maths(tmp_path, 
     size = {p.stem: struct.unpack(">II", p.read_bytes()[16:24]) for p in (tmp_path / "r_files").glob("*.png")}
     assert size["step_times"][0] < 1200 and size["step_times"][1] > 25 * 20, size  # a row of 20 px or more a set
     assert size["convergence"][1] > 600, size  # the legend's rows under the plots
-    from mlbench.analysis.compare import _colors
-    assert len({tuple(c) for c in _colors(25)}) == 25 and len(set(_colors(15))) >= 15
+    from mlbench.analysis.report import line_looks
+    assert all(len(set(line_looks(n))) == n for n in (15, 25, 120, 121, 3000))
 
 
 @pytest.mark.parametrize(("nodes", "said"), [

@@ -346,6 +346,46 @@ def test_the_scaling_plots_legend_of_many_lines_does_not_hide_the_plot() -> None
         report.plt.close(fig)
 
 
+def _looks(ax) -> list[tuple]:
+    """(colour, marker, line style) of each line of AX drawn for data (not the reference line at 1)."""
+    from matplotlib.colors import to_rgba
+
+    return [(to_rgba(ln.get_color()), ln.get_marker(), ln.get_linestyle()) for ln in ax.get_lines()
+            if ln.get_label() and not ln.get_label().startswith("_")]
+
+
+def test_every_line_of_the_scaling_plot_has_a_look_of_its_own() -> None:
+    """25 lines (12 global batches strong per step, 12 per-device batches weak): the colours repeated after 10
+    lines, each kind with one marker and line style, so two systems' lines looked the same. Now each line's colour,
+    marker and line style together are its own, the line style still the kind."""
+    from mlbench.analysis.scaling import Point, Scaling, efficiency_plot
+
+    points = [Point(f"c{i}", 2 ** i, "given", 2 ** i, 1, 10.0, 1, 1.0, "x") for i in range(12)]
+    sc = Scaling("b", points, strong_ttt=[(q, 1.0) for q in points],
+                 strong_step={q.gbs: [(q, 1.0)] for q in points},
+                 weak={float(i): [(q, 1.0)] for i, q in enumerate(points)})
+    fig = efficiency_plot(sc)
+    looks = _looks(fig.axes[0])
+    assert len(looks) == 25 and len(set(looks)) == 25, looks
+    assert [style for _, _, style in looks] == ["-"] + ["--"] * 12 + [":"] * 12
+    report.plt.close(fig)
+
+
+def test_every_entry_of_the_convergence_plot_has_a_look_of_its_own() -> None:
+    """The same for `compare`'s convergence plot, an entry's runs in its look: 25 entries of two runs each."""
+    from mlbench.analysis.compare import Comparison, Entry, _convergence_plot
+    from mlbench.analysis.logs import RunLog
+
+    entries = [Entry(f"e{i}", "set", "gpt3", runs=[RunLog(Path(f"result_{j}.txt"), run_start_ms=0.0,
+                                                          eval_points=[(1.0, 0.5, 6e4), (2.0, 0.6, 12e4)])
+                                                   for j in range(2)]) for i in range(25)]
+    fig = _convergence_plot(Comparison(entries))
+    lines = fig.axes[0].get_lines()
+    looks = [(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in lines]
+    assert len(lines) == 50 and len(set(looks)) == 25 and looks[0] == looks[1], looks  # (two runs an entry)
+    report.plt.close(fig)
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     import struct
 

@@ -24,7 +24,7 @@ from mlbench.analysis.logs import (
     run_record,
     told_apart,
 )
-from mlbench.analysis.report import Report, plot_label, plt  # pyplot on the headless backend the reports set
+from mlbench.analysis.report import Report, line_looks, plot_label, plt  # pyplot on the reports' headless backend
 from mlbench.analysis.score import SetScore, require_rules_for, score_set
 from mlbench.errors import UserError, printable
 from mlbench.logfile import MAX_TEXT, is_number
@@ -377,9 +377,9 @@ def _convergence_plot(cmp):
         return None
     n = len(cmp.entries)
     # Beyond a few entries the legend goes below the plots, in columns (over them it hid the lines and the title
-    # at 50), and the colours come from a map with as many as there are entries (the cycle repeats after 10).
+    # at 50), and each entry has a colour and marker of its own (the colour cycle repeats after 10).
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    colors = _colors(n)
+    looks = line_looks(n)
     for i, e in enumerate(cmp.entries):
         for j, r in enumerate(x for x in e.runs if x.evals):
             ev = np.array(r.evals, dtype=float)
@@ -390,7 +390,7 @@ def _convergence_plot(cmp):
                 cmp.notes.append(f"{e.label}: {int((~plottable).sum())} eval point(s) with a value of "
                                  f"magnitude {PLOTTABLE:g} or more left off the convergence plot")
                 ev = ev[plottable]
-            kw = {"color": colors[i % len(colors)], "alpha": 0.85, "marker": ".",
+            kw = {"color": looks[i][0], "marker": looks[i][1], "markersize": 4, "alpha": 0.85,
                   "label": plot_label(e.label) if j == 0 else None}  # a name's ESC: no raw glyph warning
             a.plot(ev[:, 0], ev[:, 1], **kw)
             b.plot(ev[:, 2], ev[:, 1], **kw)
@@ -409,15 +409,6 @@ def _convergence_plot(cmp):
 
 
 _LEGEND_INSIDE = 8  # entries whose legend fits inside the left plot
-
-
-def _colors(n: int) -> list:
-    """N colours told apart: matplotlib's cycle (10), tab20 (20), else evenly spaced on a perceptual map."""
-    if n <= 10:
-        return plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    if n <= 20:
-        return list(plt.get_cmap("tab20").colors)
-    return [plt.get_cmap("turbo")(x) for x in np.linspace(0.05, 0.95, n)]
 
 
 def _stacked(label: str, width: int = 26) -> str:

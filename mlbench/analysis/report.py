@@ -123,6 +123,23 @@ def plot_label(text: object) -> str:
     return f"{s[:half]}…{s[len(s) - (PLOT_LABEL - 1 - half):]}"
 
 
+# Markers that tell lines of one colour apart: filled, and unlike each other at a plot's size
+LINE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+
+
+def line_looks(n: int) -> list[tuple[tuple[float, float, float], str]]:
+    """N (colour, marker) pairs, no two alike, for N lines of one plot: the ten colours of matplotlib's cycle with
+    the first marker, then again with the next (120 lines); past that each line a hue of its own, the markers in
+    turn. matplotlib's cycle alone repeats after ten lines: two systems of a scaling plot looked the same."""
+    from matplotlib.colors import hsv_to_rgb
+
+    cycle = list(plt.get_cmap("tab10").colors)  # (the default cycle's, whatever a matplotlibrc says)
+    if n <= len(cycle) * len(LINE_MARKERS):
+        return [(cycle[i % len(cycle)], LINE_MARKERS[i // len(cycle)]) for i in range(n)]
+    return [(tuple(float(c) for c in hsv_to_rgb((i / n, 0.85, 0.8 if i % 2 else 0.6))),  # (darker every other)
+             LINE_MARKERS[i % len(LINE_MARKERS)]) for i in range(n)]
+
+
 def _esc(text: object) -> str:
     """Text of a report in HTML: `printable` (a log's control characters written out), then HTML's escaping."""
     return html.escape(in_document(text))

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mlbench import mlperf_tools
 from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, holds_no_log, passed_over, told_apart
-from mlbench.analysis.report import Report, plot_label, plt
+from mlbench.analysis.report import Report, line_looks, plot_label, plt
 from mlbench.errors import UserError, printable
 
 DEFINITIONS = [
@@ -216,13 +216,13 @@ def print_scaling(console: Console, sc: Scaling) -> None:
 def efficiency_plot(sc: Scaling):
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = [float(q.devices) for q, _ in sc.strong_ttt]  # floats: numpy's log2 takes no int past 64 bits
-    ax.plot(x, [e if e is not None else np.nan for _, e in sc.strong_ttt], "o-", label="strong, time to train")
-    for g, rows in sc.strong_step.items():
-        ax.plot([float(q.devices) for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "s--",
-                label=f"strong per step, global batch {g}")
-    for pdb, rows in sc.weak.items():
-        ax.plot([float(q.devices) for q, _ in rows], [e if e is not None else np.nan for _, e in rows], "^:",
-                label=f"weak, per-device batch {pdb:g}")
+    # (line style, label, points) of each line: the style says the kind, colour and marker tell every line apart
+    lines = [("-", "strong, time to train", sc.strong_ttt)]
+    lines += [("--", f"strong per step, global batch {g}", rows) for g, rows in sc.strong_step.items()]
+    lines += [(":", f"weak, per-device batch {pdb:g}", rows) for pdb, rows in sc.weak.items()]
+    for (style, label, rows), (colour, marker) in zip(lines, line_looks(len(lines)), strict=True):
+        ax.plot([float(q.devices) for q, _ in rows], [e if e is not None else np.nan for _, e in rows],
+                color=colour, marker=marker, linestyle=style, label=label)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlim(min(x) / 1.25, max(x) * 1.25)  # fixed: with no efficiency to draw, autoscaling has no data
@@ -231,12 +231,11 @@ def efficiency_plot(sc: Scaling):
     ax.set_ylabel("efficiency")
     ax.set_ylim(0, max([1.1, *(e for _, e in sc.strong_ttt if e is not None)]) * 1.05)
     ax.grid(alpha=0.3)
-    lines = 1 + len(sc.strong_step) + len(sc.weak)
-    if lines <= _LEGEND_INSIDE:
+    if len(lines) <= _LEGEND_INSIDE:
         ax.legend(fontsize=8)
     else:  # under the figure, in columns: inside, 20 lines (60 configurations) hid half the plot and its points
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=min(3, -(-lines // 10)), fontsize=7,
-                  frameon=False)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=min(3, -(-len(lines) // 10)),
+                  fontsize=7, frameon=False)
     ax.set_title(f"Scaling efficiency, {plot_label(sc.benchmark)}")
     return fig
 
