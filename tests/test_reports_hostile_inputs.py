@@ -386,6 +386,64 @@ def test_every_entry_of_the_convergence_plot_has_a_look_of_its_own() -> None:
     report.plt.close(fig)
 
 
+def _synthetic_comparison(n: int):
+    """N entries of one run each, made in memory (no log read): an evaluation, and 20 step times of 1 + i / n s; the
+    time to train of entry i is n - i minutes, so the last entries are the fastest."""
+    import numpy as np
+
+    from mlbench.analysis.compare import Comparison, Entry
+    from mlbench.analysis.logs import RunLog
+
+    entries = []
+    for i in range(n):
+        run = RunLog(Path(f"s{i}/result_0.txt"), run_start_ms=0.0, run_stop_ms=(n - i) * 60000.0,
+                     logged_status="success", eval_points=[(8.0, 0.5, 6e4)])
+        entry = Entry(f"s{i}", "run", "llama31_8b", runs=[run])
+        entry.__dict__["step_seconds"] = np.full(20, 1 + i / n)  # (the cached property, set)
+        entries.append(entry)
+    return Comparison(entries)
+
+
+def test_the_plots_of_thousands_of_sets_stay_readable() -> None:
+    """`compare` of 2,900 sets wrote a step-time plot 69,000 px tall (a row a set) and a convergence legend of 725
+    rows. The plots show at most PLOT_ENTRIES sets, those with the shortest time to train, in the order given; the
+    report says how many were left out; the image's height does not grow with the sets."""
+    from mlbench.analysis.compare import PLOT_ENTRIES, _convergence_plot, _step_time_plot, plots_note
+
+    heights = {}
+    for n in (PLOT_ENTRIES, 2900):
+        cmp = _synthetic_comparison(n)
+        steps, convergence = _step_time_plot(cmp), _convergence_plot(cmp)
+        heights[n] = steps.get_size_inches()[1]
+        labels = [t.get_text() for t in steps.axes[0].get_yticklabels()]
+        assert labels == [f"s{i}" for i in range(n - PLOT_ENTRIES, n)], labels[:3]  # the fastest, as given
+        legend = [t.get_text() for t in convergence.axes[0].get_legend().get_texts()]
+        assert legend == labels
+        report.plt.close(steps)
+        report.plt.close(convergence)
+    assert heights[2900] == heights[PLOT_ENTRIES] and heights[2900] * 110 < 2000, heights  # (px at the report's dpi)
+    assert plots_note(_synthetic_comparison(PLOT_ENTRIES)) is None
+    assert "2,850 of the 2,900 entries with evaluations and 2,850 of the 2,900 entries with step times are left " \
+           "out" in plots_note(cmp)
+
+
+def test_a_report_and_the_terminal_say_what_its_plots_leave_out(tmp_path: Path, cli) -> None:
+    from test_analysis_logs import tiny_log
+
+    from mlbench.analysis.compare import PLOT_ENTRIES
+
+    sets = [tmp_path / "s" / f"set{i:02d}" for i in range(PLOT_ENTRIES + 3)]
+    for i, folder in enumerate(sets):
+        folder.mkdir(parents=True)
+        (folder / "result_0.txt").write_text(tiny_log(step_s=0.5 + i / 1000))
+    proc = cli("compare", "--no-score", *sets, "--md", tmp_path / "r.md")
+    said = "3 of the 53 entries with evaluations and 3 of the 53 entries with step times are left out of them"
+    assert proc.returncode == 0 and said in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    text = (tmp_path / "r.md").read_text()
+    table = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert said in text and "set52" in table[0], text[:3000]  # the side-by-side table keeps the sets left out
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     import struct
 

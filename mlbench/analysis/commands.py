@@ -145,7 +145,7 @@ def _print_set(console: Console, s) -> None:
 def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
             no_score: bool) -> None:
     """Compare runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
-    from mlbench.analysis.compare import build_comparison, comparison_report, print_comparison
+    from mlbench.analysis.compare import build_comparison, comparison_report, plots_note, print_comparison
     from mlbench.analysis.report import check_outputs
 
     check_outputs(html_out, md_out)
@@ -156,6 +156,8 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
     cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
     print_comparison(_console(), cmp)
     _write_reports(lambda: comparison_report(cmp), html_out, md_out)
+    if (html_out or md_out) and (note := plots_note(cmp)):  # as the report says it, above its plots
+        _console().print(Text.assemble(("note", "cyan"), f": {note}"), highlight=False)
 
 
 @click.command("scaling")

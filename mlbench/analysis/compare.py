@@ -356,6 +356,8 @@ def comparison_report(cmp: Comparison) -> Report:
     else:
         rep.p("No differences among the logged hyperparameters.")
     rep.h("Plots")
+    if note := plots_note(cmp):
+        rep.p(note[0].upper() + note[1:] + ".")
     fig = _convergence_plot(cmp)
     if fig is not None:
         rep.img("convergence", fig, "eval accuracy against samples and minutes since run_start")
@@ -371,16 +373,50 @@ def comparison_report(cmp: Comparison) -> Report:
 PLOTTABLE = 1e150  # far beyond any metric, time or count a log can hold; far below where axis arithmetic overflows
 
 
-def _convergence_plot(cmp):
-    series = [(e, r) for e in cmp.entries for r in e.runs if r.evals]
-    if not series:
+# Entries one plot shows at most: 2,900 sets made a step-time plot 69,000 px tall (a row each) and a convergence
+# legend of 725 rows; past this the plots show those with the shortest time to train, the tables every entry.
+PLOT_ENTRIES = 50
+
+
+def _converging(cmp: Comparison) -> list[Entry]:
+    return [e for e in cmp.entries if any(r.evals for r in e.runs)]
+
+
+def _timed(cmp: Comparison) -> list[Entry]:
+    return [e for e in cmp.entries if len(e.step_seconds)]
+
+
+def _plotted(entries: list[Entry]) -> list[Entry]:
+    """ENTRIES, or past PLOT_ENTRIES those of the shortest time to train (then those without one, as given), in
+    the order given."""
+    if len(entries) <= PLOT_ENTRIES:
+        return entries
+    ranked = sorted(range(len(entries)), key=lambda i: (entries[i].ttt_min is None, entries[i].ttt_min or 0.0, i))
+    kept = set(ranked[:PLOT_ENTRIES])
+    return [e for i, e in enumerate(entries) if i in kept]
+
+
+def plots_note(cmp: Comparison) -> str | None:
+    """What the report's plots leave out, where they hold more entries than PLOT_ENTRIES; None where nothing."""
+    left = [f"{len(es) - PLOT_ENTRIES:,} of the {len(es):,} entries {where}"
+            for where, es in (("with evaluations", _converging(cmp)), ("with step times", _timed(cmp)))
+            if len(es) > PLOT_ENTRIES]
+    if not left:
         return None
-    n = len(cmp.entries)
+    return (f"the plots show at most {PLOT_ENTRIES} entries each, those with the shortest time to train: "
+            f"{' and '.join(left)} are left out of them (the tables hold every entry)")
+
+
+def _convergence_plot(cmp):
+    entries = _plotted(_converging(cmp))
+    if not entries:
+        return None
+    n = len(entries)
     # Beyond a few entries the legend goes below the plots, in columns (over them it hid the lines and the title
     # at 50), and each entry has a colour and marker of its own (the colour cycle repeats after 10).
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     looks = line_looks(n)
-    for i, e in enumerate(cmp.entries):
+    for i, e in enumerate(entries):
         for j, r in enumerate(x for x in e.runs if x.evals):
             ev = np.array(r.evals, dtype=float)
             # matplotlib's axis limits overflow near the float maximum (1.7e308: a ValueError out of its ticker;
@@ -419,7 +455,7 @@ def _stacked(label: str, width: int = 26) -> str:
 
 
 def _step_time_plot(cmp):
-    data = [(e.label, e.step_seconds) for e in cmp.entries if len(e.step_seconds)]
+    data = [(e.label, e.step_seconds) for e in _plotted(_timed(cmp))]
     if not data:
         return None
     labels = [plot_label(lbl) for lbl, _ in data]
