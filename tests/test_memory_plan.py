@@ -144,10 +144,10 @@ def test_a_gpus_plan_holds_its_allowance_whatever_the_precision(tmp_path: Path, 
     assert on_cpu.other_bytes < GPU_WORKSPACE_BYTES
     tiny = cli("run", "gpt3", "--tiny", "--device", "h100", "--dry-run", "--results", str(tmp_path / "r"))
     assert tiny.returncode == 0 and "other 3.00 GiB" in tiny.stdout, tiny.stdout + tiny.stderr
-    from mlbench.preflight import check_memory
+    from mlbench.preflight import MemoryDevice, check_memory
 
     tiny_layout = resolve(registry.load("gpt3", tiny=True), 1, 1, 1, 1, 1, 1, 1, None)
-    check_memory(registry.load("gpt3", tiny=True), tiny_layout, (THIS_CPU, 2**30))  # the CPU's 1 GiB: it fits
+    check_memory(registry.load("gpt3", tiny=True), tiny_layout, MemoryDevice(THIS_CPU, 2**30))  # 1 GiB: it fits
 
 
 def test_the_asymmetric_split_at_any_layout(tmp_path: Path, cli) -> None:
