@@ -34,6 +34,11 @@ class Device:
     extra: dict = field(default_factory=dict)
 
     @property
+    def is_cpu(self) -> bool:
+        """This machine's CPU, measured (planner.cpu): its own kernels, and no GPU's allowance in its memory plan."""
+        return "measured" in self.extra
+
+    @property
     def precisions(self) -> list[str]:
         return [p for p in ("bf16", "fp8", "nvfp4", "fp32") if p in self.peaks]
 

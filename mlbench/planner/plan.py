@@ -24,7 +24,7 @@ def memory_plan(bench: Benchmark, layout: Layout, device: Device) -> dict | None
         from mlbench.planner import memory
     except ImportError:
         return None
-    return memory.estimate(bench, layout, on_cpu="measured" in device.extra).as_dict()
+    return memory.estimate(bench, layout, on_cpu=device.is_cpu).as_dict()
 
 
 def evaluate(bench: Benchmark, layout: Layout, device: Device) -> dict:
