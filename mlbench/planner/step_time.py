@@ -142,7 +142,7 @@ def _gemm_efficiency(c: Constants, ridge: float, rows: float, inner: float, out:
 
 def predict(m: ModelSpec, layout: Layout, device: Device, c: Constants | None = None) -> dict:
     """Predicted seconds per optimizer step, with every term (seconds per step) that makes it up."""
-    if "measured" in device.extra:
+    if device.is_cpu:
         from mlbench.planner import cpu
 
         return cpu.predict(m, layout, device)
