@@ -580,6 +580,18 @@ def test_a_slurm_jobs_state_is_read_once_it_has_ended(tmp_path: Path, monkeypatc
     assert slurm._ended_state("5", Console(file=io.StringIO()), limit_s=0) == "COMPLETING, exit code 0:9"
 
 
+def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:
+    """--gpus-per-node 100000 was refused by sbatch --test-only as "Invalid generic resource (gres) specification",
+    the hint naming every flag to check but that one (test_slurm_run.py: on the real cluster)."""
+    gres = "sbatch: error: Invalid generic resource (gres) specification"
+    assert slurm.refusal_hint(gres, 100000) == (
+        "--gpus-per-node 100000: no node of the partition has that many GPUs, as SLURM counts them (`sinfo -o "
+        "'%P %N %G'` lists each node's); give at most a node's GPUs, or 0 on a CPU cluster")
+    assert slurm.refusal_hint("invalid partition specified: nosuch", 0) == \
+        "check --nodes, --partition, --account, --time"
+    assert slurm.refusal_hint("Requested node configuration is not available", 8).endswith(", --gpus-per-node")
+
+
 class _FormsLate(_Stuck):
     """A rendezvous that forms after `after` seconds (nodes that come late, within --rdzv-timeout)."""
 

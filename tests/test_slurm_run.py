@@ -166,9 +166,15 @@ def test_too_many_nodes_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> Non
     assert time.monotonic() - start < 30
 
 
-def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [["--partition", "nosuch"], ["--gpus-per-node", "100000"]],
+                         ids=["partition", "gpus-per-node"])
+def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path, flags: list[str]) -> None:
     proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
-                   "--partition", "nosuch", "--results", str(tmp_path), env=cluster.env, timeout=120)
+                   *flags, "--results", str(tmp_path), env=cluster.env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "SLURM cannot run this job" in proc.stdout
     assert not list(tmp_path.iterdir()), "a refused run leaves no folders"
+    if "--gpus-per-node" in flags:  # sbatch's words name no flag ("Invalid generic resource (gres) specification"),
+        # and the hint named every flag but this one (check --nodes, --partition, --account, --time)
+        assert proc.stdout.count("\n") == 1 and "(--gpus-per-node 100000: no node of the partition has that many " \
+            "GPUs, as SLURM counts them" in proc.stdout, proc.stdout

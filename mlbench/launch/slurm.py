@@ -135,6 +135,15 @@ def _first_line(proc: subprocess.Popen, timeout: float) -> str | None:
     return got.split(b"\n", 1)[0].decode(errors="replace").strip()
 
 
+def refusal_hint(refused: str, gpus_per_node: int) -> str:
+    """Which of the user's flags to check for sbatch --test-only's refusal REFUSED. A GPU count no node has was
+    refused as an "Invalid generic resource (gres) specification", the hint naming every flag but --gpus-per-node."""
+    if gpus_per_node and re.search(r"gres|generic resource", refused, re.IGNORECASE):
+        return (f"--gpus-per-node {gpus_per_node}: no node of the partition has that many GPUs, as SLURM counts them "
+                f"(`sinfo -o '%P %N %G'` lists each node's); give at most a node's GPUs, or 0 on a CPU cluster")
+    return f"check --nodes, --partition, --account, --time{', --gpus-per-node' if gpus_per_node else ''}"
+
+
 class SlurmLauncher:
     """`--launcher slurm` (mlbench.launch's contract): prepare writes the job and has SLURM check it
     (`sbatch --test-only`: a request it cannot run is refused before submitting); start submits it; supervise
@@ -171,7 +180,7 @@ class SlurmLauncher:
         if test.returncode != 0:
             self._drop_job()
             msg = " ".join(test.stderr.split()) or "sbatch --test-only refused the job"
-            raise UserError(f"SLURM cannot run this job: {msg} (check --nodes, --partition, --account, --time)")
+            raise UserError(f"SLURM cannot run this job: {msg} ({refusal_hint(msg, self.opts.gpus_per_node)})")
 
     def _drop_job(self) -> None:
         """The job's folder, when no job was submitted from it, and the folders made for it (when nothing else
