@@ -580,6 +580,42 @@ def test_a_slurm_jobs_state_is_read_once_it_has_ended(tmp_path: Path, monkeypatc
     assert slurm._ended_state("5", Console(file=io.StringIO()), limit_s=0) == "COMPLETING, exit code 0:9"
 
 
+def _fake_scontrol(tmp_path: Path, monkeypatch, shown: str) -> None:
+    """scontrol on PATH that shows SHOWN for any job, and expands node[1-2] (show hostnames) as SLURM does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (tmp_path / "shown").write_text(shown + "\n")
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\nif [ "$2" = hostnames ]; then\n  [ "$3" = "node[1-2]" ] && printf "node1\\nnode2\\n" || echo "$3"\n'
+        f'  exit 0\nfi\ncat {tmp_path / "shown"}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_the_followers_end_line_says_how_slurm_ended_the_job(tmp_path: Path, monkeypatch) -> None:
+    """A job at its time limit ended "SLURM job 5: TIMEOUT, exit code 0:0 (sbatch exit code 0)": sbatch's code said
+    nothing of it. The end line now says what the state means; sbatch's code only where SLURM does not say."""
+    import io
+
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=TIMEOUT Reason=TimeLimit ExitCode=0:0 TimeLimit=00:01:00")
+    (tmp_path / "bin" / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "bin" / "squeue").chmod(0o755)
+    said = io.StringIO()
+    code, ended = slurm.follow(subprocess.Popen(["true"]), "5", tmp_path / "job.out", Console(file=said, width=200))
+    line = "TIMEOUT, exit code 0:0: SLURM stopped it at its time limit (--time 00:01:00)"
+    assert (code, ended) == (0, line) and said.getvalue().endswith(f"SLURM job 5: {line}\n"), said.getvalue()
+    (tmp_path / "shown").write_text("JobId=5 JobState=NODE_FAIL Reason=NodeDown ExitCode=0:0\n")
+    assert slurm.final_state("5") == "NODE_FAIL, exit code 0:0: a node failed and SLURM stopped it"
+    (tmp_path / "shown").write_text("")  # SLURM no longer holds the job (and no accounting): sbatch's code
+    monkeypatch.setattr(slurm, "_slurm", lambda *argv, timeout=None: subprocess.CompletedProcess(argv, 1, "", ""))
+    said = io.StringIO()
+    assert slurm.follow(subprocess.Popen(["false"]), "5", tmp_path / "job.out", Console(file=said, width=200)) == (
+        1, "sbatch exit code 1")
+    assert said.getvalue().endswith("SLURM job 5: ended (sbatch exit code 1)\n"), said.getvalue()
+
+
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:
     """--gpus-per-node 100000 was refused by sbatch --test-only as "Invalid generic resource (gres) specification",
     the hint naming every flag to check but that one (test_slurm_run.py: on the real cluster)."""

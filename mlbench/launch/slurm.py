@@ -228,7 +228,7 @@ class SlurmLauncher:
             label = f"{self.bench.name}{' (tiny)' if self.bench.variant == 'tiny' else ''} (SLURM job {self.job_id})"
             runs = StagedRuns(self.job_dir / CURRENT_RUN, label, self.console)
         self.stops: list[str] = []
-        self.code = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console, runs, self.stops)
+        self.code, self.ended = follow(self.proc, self.job_id, self.job_dir / "job.out", self.console, runs, self.stops)
 
     def collect(self) -> int:
         console, job_dir = self.console, self.job_dir
@@ -243,9 +243,9 @@ class SlurmLauncher:
             console.print(Text.assemble(mark, f" {r['result']}" + (f" ({r['reason']})" if r["reason"] else "")),
                           highlight=False)
         if not runs and not (job_dir / "job.out").exists():  # (pointed at a file that was never written)
-            console.print(Text(f"the job ended (exit code {self.code}) before it started: no run", style="red"))
+            console.print(Text(f"the job ended ({self.ended}) before it started: no run", style="red"))
         elif not runs:
-            console.print(Text(f"the job ended (exit code {self.code}) without recording a run; see "
+            console.print(Text(f"the job ended ({self.ended}) without recording a run; see "
                                f"{job_dir / 'job.out'}", style="red"))
         if self.stops:  # 128 + the signal, as a local set stopped by one ends (the job's own code was 1 or 0)
             return 128 + signal.Signals[self.stops[0]].value
@@ -287,11 +287,12 @@ class StagedRuns:
 
 
 def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None,
-           stops: list[str] | None = None) -> int:
+           stops: list[str] | None = None) -> tuple[int, str]:
     """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
-    with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns the job's
-    exit code. SIGTERM/SIGINT/SIGHUP stop it (their names appended to STOPS): the first through the driver (the run
-    logged aborted and published), or outright where the job has not started; a second outright."""
+    with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns sbatch's
+    exit code and how the job ended (its state, or that code where SLURM does not say). SIGTERM/SIGINT/SIGHUP stop
+    it (their names appended to STOPS): the first through the driver (the run logged aborted and published), or
+    outright where the job has not started; a second outright."""
     cancels: list[int] = [] if stops is None else stops
     said: list[str] = []
 
@@ -346,8 +347,10 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
     while said:
         console.print(said.pop(0), highlight=False)
     output.show(last=True)
-    console.print(f"SLURM job {job_id}: {state or 'ended'} (sbatch exit code {proc.returncode})", highlight=False)
-    return proc.returncode
+    # sbatch's own exit code said nothing of a job SLURM ended ("sbatch exit code 0" for one at its time limit)
+    ended = state or f"ended (sbatch exit code {proc.returncode})"
+    console.print(f"SLURM job {job_id}: {ended}", highlight=False)
+    return proc.returncode, state or f"sbatch exit code {proc.returncode}"
 
 
 class JobOutput:
@@ -403,19 +406,40 @@ def _ended_state(job_id: str, console: Console, limit_s: float = END_WAIT_S) -> 
         time.sleep(0.5)
 
 
-def final_state(job_id: str) -> str:
-    """The ended job's state and exit code as SLURM records them (e.g. "COMPLETED, exit code 0:0"), or "": from
-    slurmctld while it still holds the job (MinJobAge), then from accounting, then from the job completion log."""
+def job_fields(job_id: str, timeout: float = 30) -> dict[str, str]:
+    """The job's fields as `scontrol show job` gives them (JobState, Reason, TimeLimit, EndTime, ...) while slurmctld
+    holds it (MinJobAge after its end); {} where it does not, or does not answer."""
     with contextlib.suppress(UserError, subprocess.TimeoutExpired):
-        shown = _slurm("scontrol", "show", "job", "-o", job_id, timeout=30).stdout
-        fields = dict(w.split("=", 1) for w in shown.split() if "=" in w)
-        if "JobState" in fields:
-            return f"{fields['JobState']}, exit code {fields.get('ExitCode', '?')}"
+        shown = _slurm("scontrol", "show", "job", "-o", job_id, timeout=timeout).stdout
+        return dict(w.split("=", 1) for w in shown.split() if "=" in w)
+    return {}
+
+
+# What a job's end state means, where SLURM (or someone) ended it: said after it on the follower's end line
+_ENDED = {"TIMEOUT": "SLURM stopped it at its time limit{limit}", "NODE_FAIL": "a node failed and SLURM stopped it",
+          "CANCELLED": "cancelled (scancel)", "PREEMPTED": "preempted by SLURM for another job",
+          "OUT_OF_MEMORY": "a step ran out of memory", "BOOT_FAIL": "its nodes failed to boot",
+          "DEADLINE": "its deadline (--deadline) passed"}
+
+
+def final_state(job_id: str) -> str:
+    """The ended job's state and exit code as SLURM records them, and what the state means where SLURM ended it
+    (e.g. "COMPLETED, exit code 0:0", "TIMEOUT, exit code 0:15: SLURM stopped it at its time limit (--time
+    00:01:00)"), or "": from slurmctld while it still holds the job, then from accounting, then from the job
+    completion log."""
+    fields = job_fields(job_id)
+    if "JobState" in fields:
+        return _said_state(fields["JobState"], fields.get("ExitCode", "?"), fields.get("TimeLimit", ""))
     for extra in ([], ["--completion"]):
         with contextlib.suppress(UserError, subprocess.TimeoutExpired):
             out = _slurm("sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode", timeout=30)
             line = out.stdout.strip().splitlines()[:1]
             if out.returncode == 0 and line and "|" in line[0]:
                 state, code = line[0].split("|", 1)
-                return f"{state.split()[0]}, exit code {code}"
+                return _said_state(state.split()[0], code, "")
     return ""
+
+
+def _said_state(state: str, code: str, limit: str) -> str:
+    meaning = _ENDED.get(state, "").format(limit=f" (--time {limit})" if limit else "")
+    return f"{state}, exit code {code}{': ' + meaning if meaning else ''}"
