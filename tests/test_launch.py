@@ -580,6 +580,18 @@ def test_a_slurm_jobs_state_is_read_once_it_has_ended(tmp_path: Path, monkeypatc
     assert slurm._ended_state("5", Console(file=io.StringIO()), limit_s=0) == "COMPLETING, exit code 0:9"
 
 
+# `scontrol show job -o` as the batch step's SIGTERM finds the job (SLURM 22.05 on the test cluster, cut short): at its
+# time limit, once a node failed (its NodeList without the failed node), and running
+_SCONTROL = {
+    "time limit": "JobId=2 JobName=mlbench-gpt3 JobState=COMPLETING Reason=TimeLimit ExitCode=0:0 RunTime=00:01:00 "
+                  "TimeLimit=00:01:00 EndTime=2026-11-28T04:08:38 NodeList=node[1-2] BatchHost=node1",
+    "node failure": "JobId=4 JobName=mlbench-gpt3 JobState=COMPLETING Reason=NodeDown ExitCode=0:0 "
+                    "TimeLimit=00:08:00 EndTime=2026-11-28T04:05:14 NodeList=node1 BatchHost=node1",
+    "running": "JobId=5 JobName=mlbench-gpt3 JobState=RUNNING Reason=None ExitCode=0:0 TimeLimit=02:00:00 "
+               "EndTime={end} NodeList=node[1-2] BatchHost=node1",
+}
+
+
 def _fake_scontrol(tmp_path: Path, monkeypatch, shown: str) -> None:
     """scontrol on PATH that shows SHOWN for any job, and expands node[1-2] (show hostnames) as SLURM does."""
     bin_dir = tmp_path / "bin"
@@ -590,6 +602,56 @@ def _fake_scontrol(tmp_path: Path, monkeypatch, shown: str) -> None:
         f'  exit 0\nfi\ncat {tmp_path / "shown"}\n')
     (bin_dir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("case", ["time limit", "node failure", "warning", "the user's stop", "far from the limit"])
+def test_the_driver_asks_slurm_why_its_run_was_stopped(tmp_path: Path, monkeypatch, case: str) -> None:
+    """A job at its time limit, or whose node failed, had its run recorded "received SIGTERM" (the batch step's
+    signal), SLURM's own line in the job's output alone saying why. The driver now asks slurmctld as the signal
+    comes; a SIGTERM the follower sent for its user (Ctrl-C: STOP_REQUESTED in the job's folder) stays the user's,
+    and so does one far from the limit (a scancel --batch of someone's): "" leaves "received SIGTERM"."""
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 100 if case != "far from the limit"
+                                                             else time.time() + 3600))
+    _fake_scontrol(tmp_path, monkeypatch, _SCONTROL.get(case, _SCONTROL["running"]).format(end=end))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    if case == "the user's stop":
+        (tmp_path / slurm.STOP_REQUESTED).write_text("SIGINT\n")
+    said = slurm.why_stopped("5", tmp_path, slurm.SlurmOptions(time_limit="02:00:00"), "SIGTERM")
+    want = {"time limit": "the SLURM job reached its time limit (--time 00:01:00): SLURM stopped it",
+            "node failure": "the SLURM job's node node2 failed (NODE_FAIL): SLURM stopped the job",
+            "the user's stop": "", "far from the limit": ""}
+    if case == "warning":  # 100 s before the limit (to the second, as the clock turned meanwhile)
+        assert said.startswith("SLURM's warning (SIGTERM) ") and said.endswith(
+            " s before the job's time limit (--time 02:00:00): the run was stopped before it"), said
+        assert 98 <= int(said.split()[3]) <= 100, said
+        # a job too short for the warning (its limit is 240 s or less) asked none: a SIGTERM near its end is not it
+        assert slurm.why_stopped("5", tmp_path, slurm.SlurmOptions(time_limit="00:04:00"), "SIGTERM") == ""
+    else:
+        assert said == want[case], said
+    assert slurm.why_stopped("", tmp_path, slurm.SlurmOptions(), "SIGTERM") == ""  # not in a SLURM job
+
+
+def test_a_run_stopped_from_outside_is_recorded_with_the_launchers_reason(tmp_path: Path) -> None:
+    """Command.outside: its words in place of "received SIGTERM" when the stop signal comes, in the log's run_stop
+    and the outcome alike, and where the launcher ended non-zero with no signal (srun, killed by SLURM first)."""
+    def outside(signal_name: str) -> str:
+        return f"the SLURM job reached its time limit ({signal_name or 'no signal'})"
+
+    plan = _plan(tmp_path)
+    signalled = Command(["sh", "-c", "kill -TERM $PPID; exec sleep 30"], dict(os.environ), stdout=tmp_path / "a.log",
+                        outside=outside)
+    outcome = supervise(signalled, log_path=plan.log_path, events_path=plan.events_path, plan=plan, owns_log=True,
+                        poll_s=0.05)
+    assert (outcome.status, outcome.reason, outcome.signal) == (
+        "aborted", "the SLURM job reached its time limit (SIGTERM)", "SIGTERM")
+    assert mllog(plan.log_path)[-1]["metadata"]["reason"] == outcome.reason
+    ended = Command(["sh", "-c", "exit 143"], dict(os.environ), stdout=tmp_path / "b.log", outside=outside)
+    outcome = supervise(ended, log_path=tmp_path / "b.txt", events_path=tmp_path / "b.jsonl")
+    assert outcome.reason == "the SLURM job reached its time limit (no signal)", outcome.reason
+    nothing = Command(["sh", "-c", "kill -TERM $PPID; exec sleep 30"], dict(os.environ), stdout=tmp_path / "c.log",
+                      outside=lambda signal_name: "")
+    outcome = supervise(nothing, log_path=tmp_path / "c.txt", events_path=tmp_path / "c.jsonl", poll_s=0.05)
+    assert outcome.reason == "received SIGTERM"
 
 
 def test_the_followers_end_line_says_how_slurm_ended_the_job(tmp_path: Path, monkeypatch) -> None:
@@ -614,6 +676,29 @@ def test_the_followers_end_line_says_how_slurm_ended_the_job(tmp_path: Path, mon
     assert slurm.follow(subprocess.Popen(["false"]), "5", tmp_path / "job.out", Console(file=said, width=200)) == (
         1, "sbatch exit code 1")
     assert said.getvalue().endswith("SLURM job 5: ended (sbatch exit code 1)\n"), said.getvalue()
+
+
+def test_the_followers_stop_is_marked_for_the_driver(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C to mlbench (SIGINT): the follower signals the batch step (scancel --signal=TERM --batch), having left
+    STOP_REQUESTED in the job's folder first, so that the driver does not take the SIGTERM for SLURM's warning before
+    the time limit when it comes in the warning's last minutes."""
+    import io
+
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
+    bin_dir = tmp_path / "bin"
+    sent = tmp_path / "sent"  # the user's Ctrl-C, once, as the follower looks at the job's state
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {sent} ] || {{ touch {sent}; kill -INT $PPID; }}\n")
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scancel\n')
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    stops: list[str] = []
+    job = tmp_path / "job"
+    job.mkdir()
+    slurm.follow(subprocess.Popen(["sleep", "1.5"]), "5", job / "job.out", Console(file=io.StringIO()), stops=stops)
+    assert stops == ["SIGINT"] and (job / slurm.STOP_REQUESTED).read_text() == "SIGINT\n"
+    assert (tmp_path / "scancel").read_text() == "--signal=TERM --batch 5\n"
 
 
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:

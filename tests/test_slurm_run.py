@@ -110,7 +110,9 @@ def test_preemption_signal_aborts_the_run_cleanly(cluster: SlurmCluster, tmp_pat
     stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
     assert [s["metadata"]["status"] for s in stops] == ["aborted"]
     record = json.loads((folder / "result_0.json").read_text())
-    assert record["status"] == "aborted" and "SIGTERM" in record["reason"]
+    # the driver asked slurmctld why (test_a_node_that_fails_...): the job ran, far from its time limit, and no node
+    # failed: the signal is the reason
+    assert record["status"] == "aborted" and record["reason"] == "received SIGTERM", record["reason"]
 
 
 def test_a_rank_of_another_node_that_fails_is_named_in_the_record(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -178,3 +180,38 @@ def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path, flags: 
         # and the hint named every flag but this one (check --nodes, --partition, --account, --time)
         assert proc.stdout.count("\n") == 1 and "(--gpus-per-node 100000: no node of the partition has that many " \
             "GPUs, as SLURM counts them" in proc.stdout, proc.stdout
+
+
+def test_a_node_that_fails_is_the_runs_reason_not_the_sigterm(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """SLURM ends a job whose node fails (NODE_FAIL), SIGTERM to each of its steps: the run was recorded "received
+    SIGTERM" (the batch step's signal) in its log, record and summary line, SLURM's own line in the job's output
+    alone saying why, and the end line said "NODE_FAIL, exit code 143:0 (sbatch exit code 143)". The driver now asks
+    slurmctld as the signal comes. A job at its time limit takes the same path (Reason=TimeLimit, in test_launch.py
+    from this cluster's words: a real one costs a minute at least)."""
+    root = tmp_path / "results"
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
+                             "--launcher", "slurm", "--master-addr", "127.0.0.1", "--time", "00:08:00",
+                             "--results", str(root), "--system", "ci", "--seed", "6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**cluster.env, "COLUMNS": "400"})
+    try:
+        deadline = time.monotonic() + 180
+        while not any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no training step"
+            time.sleep(0.2)
+        cluster.run(["scontrol", "update", "nodename=node2", "state=down", "reason=mlbench-test"])
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        cluster.run(["scontrol", "update", "nodename=node2", "state=resume"], check=False)  # for the module's next
+        cluster._wait_idle()
+    assert proc.returncode == 1, out + cluster.logs()
+    folder = result_dir(root, "gpt3")
+    reason = "the SLURM job's node node2 failed (NODE_FAIL): SLURM stopped the job"
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert [(s["metadata"]["status"], s["metadata"]["reason"]) for s in stops] == [("aborted", reason)], out
+    assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
+    assert f"aborted {folder / 'result_0.txt'} ({reason})" in out, out
+    job_id = out.split("submitted SLURM job ")[1].split(";")[0]
+    assert f"SLURM job {job_id}: NODE_FAIL, exit code " in out and ": a node failed and SLURM stopped it\n" in out, out
+    assert "sbatch exit code" not in out, out

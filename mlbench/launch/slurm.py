@@ -41,6 +41,10 @@ NEVER_STARTS = ("PartitionConfig", "PartitionNodeLimit", "ReqNodeNotAvail", "Bad
 
 
 CURRENT_RUN = "current_run"  # in the job folder: the staging folder of the run the driver is training
+# In the job folder: mlbench's user stopped the job (the follower's scancel, on Ctrl-C or SIGTERM), written before
+# it signals the batch step: the driver's SIGTERM is then the user's, not SLURM's warning before the time limit
+STOP_REQUESTED = "stop_requested"
+WARN_LEAD_S = 120  # SLURM's warning (SIGTERM to the batch step) this many seconds before the time limit
 
 
 @dataclass
@@ -59,10 +63,7 @@ class SlurmOptions:
 def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver: list[str] | None,
             command: list[str] = (), ranks_dir: Path | None = None, master_port: int | None = None,
             rdzv_timeout: float | None = None) -> SlurmJob:
-    try:  # SLURM's warning before the time limit: 120 s, where the limit leaves room for it
-        warn = "B:TERM@120" if time_limit_seconds(opts.time_limit) > 240 else None
-    except ValueError:
-        warn = None  # a malformed limit: SlurmJob.validate names it
+    warn = f"B:TERM@{WARN_LEAD_S}" if warns(opts) else None
     return SlurmJob(
         job_name=f"mlbench-{name}", command=list(command) or ["-m", "mlbench.train"], nodes=layout.nodes,
         gpus_per_node=opts.gpus_per_node, nproc_per_node=layout.nproc_per_node, partition=opts.partition,
@@ -75,6 +76,14 @@ def job_for(layout: Layout, opts: SlurmOptions, name: str, job_dir: Path, driver
         torchrun_args=["--redirects=3"] if ranks_dir else (), log_dir=str(ranks_dir) if ranks_dir else None,
         driver=driver,
         rdzv_timeout=rdzv_timeout)
+
+
+def warns(opts: SlurmOptions) -> bool:
+    """Whether the job asks SLURM's warning before its time limit (WARN_LEAD_S), where the limit leaves room for it."""
+    try:
+        return time_limit_seconds(opts.time_limit) > 2 * WARN_LEAD_S
+    except ValueError:
+        return False  # a malformed limit: SlurmJob.validate names it
 
 
 def _script(bench: Benchmark, layout: Layout, opts: SlurmOptions, job_dir: Path) -> str:
@@ -301,6 +310,8 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
         # (a plain scancel SIGKILLs everything after KillWait). A job with no batch step yet (pending) refuses that
         # ("Job is pending execution"): the signal was passed over, the job left pending. Cancelled outright then.
         name = signal.Signals(signum).name
+        with contextlib.suppress(OSError):  # for the driver: this SIGTERM is the user's, not SLURM's warning
+            (out.parent / STOP_REQUESTED).write_text(name + "\n")
         if not cancels and subprocess.run(["scancel", "--signal=TERM", "--batch", job_id],
                                           capture_output=True).returncode == 0:
             said.append(f"SLURM job {job_id}: {name}: stopping its run (it is logged aborted and published); "
@@ -443,3 +454,63 @@ def final_state(job_id: str) -> str:
 def _said_state(state: str, code: str, limit: str) -> str:
     meaning = _ENDED.get(state, "").format(limit=f" (--time {limit})" if limit else "")
     return f"{state}, exit code {code}{': ' + meaning if meaning else ''}"
+
+
+def stopped_by_slurm(fields: dict[str, str], down: str = "") -> str:
+    """Why SLURM itself ended the job, in a run's reason's words, from its `scontrol show job` FIELDS: its Reason
+    while it completes (TimeLimit, NodeDown: the batch step's SIGTERM comes then), its state once ended; DOWN: the
+    job's nodes that failed. "" where SLURM did not end it."""
+    state, why = fields.get("JobState", ""), fields.get("Reason", "")
+    if state == "TIMEOUT" or why == "TimeLimit":
+        return f"the SLURM job reached its time limit (--time {fields.get('TimeLimit', '?')}): SLURM stopped it"
+    if state == "NODE_FAIL" or why == "NodeDown":
+        which = f"the SLURM job's node{'s' if ',' in down else ''} {down}" if down else "a node of the SLURM job"
+        return f"{which} failed (NODE_FAIL): SLURM stopped the job"
+    return ""
+
+
+def time_limit_warning(fields: dict[str, str], now: float) -> str:
+    """The run's reason where the batch step's SIGTERM is SLURM's warning before the job's time limit (the job asks
+    it WARN_LEAD_S s before): the job is running and its end that near; "" otherwise."""
+    try:
+        end = time.mktime(time.strptime(fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))  # slurmctld's local time
+    except ValueError:  # "Unknown", or no answer
+        return ""
+    left = end - now
+    # slurmctld sends it on a periodic check (every 30 s), once the end is within the lead and that period
+    if fields.get("JobState") != "RUNNING" or not -30 <= left <= WARN_LEAD_S + 60:
+        return ""
+    return (f"SLURM's warning (SIGTERM) {max(0, round(left))} s before the job's time limit (--time "
+            f"{fields.get('TimeLimit', '?')}): the run was stopped before it")
+
+
+def _hostnames(hostlist: str) -> list[str]:
+    """HOSTLIST (node[1-2]) expanded by scontrol (here: no controller asked); [] where it cannot be."""
+    with contextlib.suppress(UserError, subprocess.TimeoutExpired):
+        out = _slurm("scontrol", "show", "hostnames", hostlist, timeout=10) if hostlist else None
+        return out.stdout.split() if out is not None and out.returncode == 0 else []
+    return []
+
+
+def lost_nodes(allocated: str, remaining: str) -> str:
+    """The nodes of ALLOCATED (the job's host list, SLURM_JOB_NODELIST) not in REMAINING (its NodeList once a node
+    failed: slurmctld drops the failed ones), comma-separated; "" where they cannot be told."""
+    before, after = _hostnames(allocated), _hostnames(remaining)
+    return ",".join(n for n in before if n not in after) if before and after else ""
+
+
+def why_stopped(job_id: str, job_dir: Path, opts: SlurmOptions, signal_name: str) -> str:
+    """Why SLURM stopped the job's run (the driver's Command.outside), asked of slurmctld when the batch step's stop
+    signal SIGNAL_NAME comes ("": srun ended first): the job's time limit, a node's failure, or (a SIGTERM the
+    follower did not send: STOP_REQUESTED) SLURM's warning before the limit; "" where SLURM did not. Each was
+    "received SIGTERM", the cause said only by SLURM's line in the job's output."""
+    if not job_id:
+        return ""
+    fields = job_fields(job_id, timeout=10)  # (the job's processes are killed KillWait s after its end)
+    failed = fields.get("JobState") == "NODE_FAIL" or fields.get("Reason") == "NodeDown"
+    down = lost_nodes(os.environ.get("SLURM_JOB_NODELIST", ""), fields.get("NodeList", "")) if failed else ""
+    if ended := stopped_by_slurm(fields, down):
+        return ended
+    if signal_name != "SIGTERM" or not warns(opts) or (job_dir / STOP_REQUESTED).exists():
+        return ""
+    return time_limit_warning(fields, time.time())

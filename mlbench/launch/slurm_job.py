@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlbench import runner, terminal
 from mlbench.launch.ports import free_port
-from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for
+from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for, why_stopped
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import Command
 from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, ranks_started
@@ -83,7 +83,10 @@ def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: Slur
         return Command(["env", f"MASTER_PORT={port}", *srun_argv(job)], env, stdout=staging / "launcher.log",
                        rendezvous=JobRendezvous(f"{os.environ.get('MASTER_ADDR', '')}:{port}", opts.rdzv_timeout,
                                                 staging / "ranks", layout.nodes),
-                       rank_failure=lambda out: rank_failure(out, staging / "ranks", layout.nproc_per_node))
+                       rank_failure=lambda out: rank_failure(out, staging / "ranks", layout.nproc_per_node),
+                       # why SLURM stopped the run (its time limit, a node's failure), not "received SIGTERM"
+                       outside=lambda signal_name: why_stopped(os.environ.get("SLURM_JOB_ID", ""), job_dir, slurm,
+                                                               signal_name))
     return command_for
 
 

@@ -15,7 +15,8 @@ re-parented to the supervisor, which stops and reaps them before the run is judg
   would otherwise wait for the lost peer until their process group's timeout, as they do while it forms);
 - it receives SIGTERM, SIGINT, SIGQUIT or SIGHUP (a user: Ctrl-C, Ctrl-\\; SLURM preemption; the terminal
   closing: an SSH session that drops), or another signal that would end it (SIGUSR1, SIGUSR2, SIGALRM:
-  `--signal=USR1@60` in a job).
+  `--signal=USR1@60` in a job): the reason names it, or what sent it where the launcher can say (Command.outside:
+  a SLURM job's time limit, its node's failure).
 Whatever the cause, a log without `run_stop` gets `run_stop` with status `aborted` and the reason (a log rank 0
 never began gets the preamble it would have written first, where it is this node's), written
 after every rank is gone, so one writer at a time still holds. Rank 0 stopped because another rank failed (its
@@ -113,6 +114,10 @@ class Command:
     # while the run goes on, looked at on each poll: another node's failure of its own, told to this node's
     # supervisor (torchrun's node 0), as the reason to stop this run now; "" where none is told
     told: Callable[[], str] | None = None
+    # why the run was stopped from outside, where the launcher's allocation can say (a SLURM job's time limit or a
+    # node's failure, SLURM's warning before the limit), given the stop signal received ("" where none came and the
+    # launcher ended non-zero: its end may reach it first): said in place of "received SIGTERM"; "" where it cannot
+    outside: Callable[[str], str] | None = None
 
 
 class EventTail:
@@ -406,7 +411,7 @@ def supervise(
             if new and on_events:
                 on_events(new)
             seen.saw(new, tail.events)
-            if not reason and (reason := f"received {received[0]}" if received else seen.stop_reason(proc.pid)):
+            if not reason and (reason := _signalled(cmd, received[0]) if received else seen.stop_reason(proc.pid)):
                 stopped_at = time.time()
                 if not seen.told:
                     _tell_ranks(events_path, reason)
@@ -425,12 +430,21 @@ def supervise(
     new = tail.poll()
     if new and on_events:
         on_events(new)
+    judged = reason or (_signalled(cmd, received[0]) if received else "")
+    if not judged and proc.returncode != 0 and cmd.outside:  # its allocation ended (SLURM's time limit) first
+        judged = cmd.outside("")
     try:
-        return _judge(cmd, proc.returncode, tail.events, reason or (f"received {received[0]}" if received else ""),
-                      received[0] if received else "", _LogEnd(log_path, plan, owns_log), lost)
+        return _judge(cmd, proc.returncode, tail.events, judged, received[0] if received else "",
+                      _LogEnd(log_path, plan, owns_log), lost)
     finally:
         if cmd.ended:
             cmd.ended(_tail(cmd.stdout), "" if seen.followed else reason, stopped_at)
+
+
+def _signalled(cmd: Command, name: str) -> str:
+    """Why the run stops on the stop signal NAME: its allocation's end where the launcher can say (a SLURM job at
+    its time limit, whose node failed: SIGTERM said only "received SIGTERM"), else the signal received."""
+    return (cmd.outside(name) if cmd.outside else "") or f"received {name}"
 
 
 @dataclass
