@@ -169,7 +169,7 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
               help="slurm: time limit [D-]HH:MM:SS (at most 24855-03:13:08, SLURM's largest).")
 @click.option("--sbatch-arg", "sbatch_args", multiple=True, help="slurm: extra sbatch option, e.g. --exclusive.")
 @click.option("--container-image", help="slurm: container image (pyxis/enroot).")
-@click.option("--container-mounts", help="slurm: container mounts, src:dst[,src:dst...].")
+@click.option("--container-mounts", help="slurm: container mounts, src:dst[,src:dst...] (with --container-image).")
 @click.option("--master-addr", help="slurm: rendezvous address (default: the first node of the allocation).")
 @click.option("--gpus-per-node", default=0, show_default=True, type=INT, help="slurm: GPUs to request per node.")
 @click.option("--threads", default=1, show_default=True, type=INT, help="CPU threads per rank.")

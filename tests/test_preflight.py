@@ -164,6 +164,10 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
      r"cannot write the SLURM job: container mount ':::': pyxis takes SRC:DST\[:FLAGS\]"),
     ({"launcher": "slurm", "container_mounts": "/data:/data,data:/x", "dry_run": True},
      r"container mount 'data:/x': the source 'data' must be a path \(starting with / or \.\), tmpfs or umount"),
+    # srun was given the mounts only with an image: without one they were dropped without a word (exit 0)
+    ({"launcher": "slurm", "container_mounts": "/data:/data", "dry_run": True},
+     r"^cannot write the SLURM job: container mounts /data:/data go into the job's container, and no container "
+     r"image is given: add --container-image IMAGE, or leave --container-mounts out$"),
     ({"launcher": "slurm", "time_limit": "0:00:00", "dry_run": True},
      r"cannot write the SLURM job: --time \(time_limit\) 0:00:00 is zero, which SLURM reads as no limit at all"),
     # device names are case-insensitive: CPU passed the refusal of cpu (a run planned against the CPU measurement),

@@ -143,6 +143,7 @@ def test_render_defaults_and_variants() -> None:
         {"time_limit": "00:01:00", "signal": "TERM@120"},  # the warning would come at once
         {"rdzv_timeout": 0.0},
         {"rdzv_timeout": float("nan")},
+        {"container_image": None},  # srun takes the mounts only with an image: they were dropped without a word
         # --dry-run printed the script: an ESC reached the terminal (as it would the job's output file)
         {"partition": "p\x1b[31mX"},
         {"account": "a\x07"},

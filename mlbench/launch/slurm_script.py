@@ -87,6 +87,10 @@ class SlurmJob:
         for mount in self.container_mounts:
             if problem := mount_problem(mount):
                 raise ValueError(f"container mount {mount!r}: {problem}")
+        if self.container_mounts and self.container_image is None:  # srun gets mounts only with an image: dropped
+            raise ValueError(f"container mounts {','.join(self.container_mounts)} go into the job's container, and "
+                             f"no container image is given: add --container-image IMAGE, or leave "
+                             f"--container-mounts out")
         if self.signal is not None and not _SIGNAL_RE.fullmatch(self.signal):
             raise ValueError(f"signal must look like TERM@120 or B:USR1@60, not {self.signal!r}")
         if self.signal is not None and self.time_limit is not None and "@" in self.signal:
