@@ -88,3 +88,34 @@ def test_force_color_or_tty_compatible_without_a_terminal_still_prints_plain_ful
         assert lines[1].endswith("/a/long/results/path/ci/gpt3/result_0.txt"), (var, out.stdout)
         row = [ln for ln in lines if "a cell of" in ln]
         assert len(row) == 1 and "a cell of 90 characters ".ljust(90, "x") in row[0], (var, out.stdout)
+
+
+def _commands() -> list[tuple[str, ...]]:
+    from mlbench.cli import cli
+
+    return [(), *((name,) for name in sorted(cli.commands))]
+
+
+def test_every_help_fits_80_columns_and_names_no_path_outside_the_project(cli) -> None:
+    """Every command's --help, piped (no COLUMNS) or in a wide terminal, is lines of at most 80 columns that name
+    no path outside the project (../shared, a home or /tmp folder), and the docs/ pages they point to exist. The
+    Markdown options say what they write beside the report: scaling's said only 'Write a Markdown report.', while
+    it writes its plots into <name>_files/ as compare's does."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for command in _commands():
+        for columns in (None, "200"):
+            out = cli(*command, "--help", env={"COLUMNS": columns})
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.startswith("Usage: mlbench"), out.stdout
+            wide = [ln for ln in out.stdout.splitlines() if len(ln) > 80]
+            assert not wide, (command, wide)
+            for outside in ("../", "shared/", "/work", "/tmp", "/home", "~/"):
+                assert outside not in out.stdout, (command, outside)
+            text = " ".join(out.stdout.split())
+            for page in {w.strip(".,;:()") for w in text.split() if w.startswith("docs/")}:
+                assert (root / page).is_file(), (command, page)
+    for command in ("compare", "scaling"):
+        text = " ".join(cli(command, "--help").stdout.split())
+        assert "--md PATH Write a Markdown report (plots beside it)." in text, text

@@ -144,7 +144,7 @@ def _print_set(console: Console, s) -> None:
 @stops_on_signals
 def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
             no_score: bool) -> None:
-    """Compare runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
+    """Compare two or more runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
     from mlbench.analysis.compare import build_comparison, comparison_report, plots_note, print_comparison
     from mlbench.analysis.report import check_outputs
 
@@ -164,7 +164,8 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 @click.argument("paths", nargs=-1, required=True, type=PathParam())
 @click.option("--html", "html_out", type=FileParam(), default=None,
               help="Write a self-contained HTML report.")
-@click.option("--md", "md_out", type=FileParam(), default=None, help="Write a Markdown report.")
+@click.option("--md", "md_out", type=FileParam(), default=None,
+              help="Write a Markdown report (plots beside it).")
 @click.option("--devices", "devices", multiple=True, type=DeviceCount(),
               help="Device count per PATH, in order, in place of what the systems json or our run record says "
                    "(a note says where they differ); needed where neither says.")
