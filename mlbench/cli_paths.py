@@ -23,6 +23,13 @@ class PathParam(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value:
             self.fail("is empty; give a path", param, ctx)
+        if self.exists and isinstance(value, str):
+            try:  # click says "does not exist" whatever stat said: a name too long, a loop of links, no permission
+                os.stat(value)
+            except FileNotFoundError:
+                pass  # click's own message
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, value) from None  # the CLI's one line: '<path>: <reason>', exit 2
         return super().convert(value, param, ctx)
 
 

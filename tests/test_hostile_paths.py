@@ -114,9 +114,11 @@ LONG = "x" * 300  # past any file system's longest name (255 bytes)
     ("plan", LONG, "--device", "h100"), ("run", "llama31_8b", "--tiny", "--dry-run", "--results", LONG),
     ("run", "llama31_8b", "--tiny", "--dry-run", "--results", f"{{tmp}}/{LONG}/x"),
     ("run", "llama31_8b", "--tiny", "--dry-run", "--save-checkpoint", LONG),
-    ("run", "llama31_8b", "--tiny", "--dry-run", "--init-checkpoint", LONG)],
+    ("run", "llama31_8b", "--tiny", "--dry-run", "--init-checkpoint", LONG),
+    # click's check that SRC exists said "File '...' does not exist." of a name too long, a loop or no permission
+    ("convert-checkpoint", "bert", LONG, "dest"), ("convert-checkpoint", "bert", f"{{tmp}}/{LONG}/x", "dest")],
     ids=["score", "score --json", "compare", "scaling", "show", "plan", "run --results", "run --results DIR/LONG/x",
-         "run --save-checkpoint", "run --init-checkpoint"])
+         "run --save-checkpoint", "run --init-checkpoint", "convert-checkpoint SRC", "convert-checkpoint DIR/LONG/x"])
 def test_a_name_too_long_is_one_line_naming_it(tmp_path, capsys, monkeypatch, args):
     """OSError 'File name too long' out of the command: a traceback, exit 1 (was)."""
     a, _b = _sets(tmp_path / "sets", tiny_log())
