@@ -172,10 +172,14 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 @stops_on_signals
 def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""
+    from mlbench.analysis.published import PREFIX as PUBLISHED
     from mlbench.analysis.report import check_outputs
     from mlbench.analysis.scaling import build_scaling, print_scaling, scaling_report
 
     check_outputs(html_out, md_out)
+    if row := next((p for p in paths if str(p).startswith(PUBLISHED) and not p.exists()), None):  # compare's form
+        raise UserError(f"{printable(str(row))}: a published row is one headline time, with no runs or steps to scale; "
+                        f"scaling takes folders of result logs (compare takes published:<id>)")
     if devices and len(devices) != len(paths):
         raise UserError(f"--devices given {len(devices)} time{'' if len(devices) == 1 else 's'} for {len(paths)} "
                         f"PATHs; give one per PATH or none")
