@@ -478,3 +478,17 @@ def test_an_unknown_published_id_is_cut_in_its_one_line(tmp_path: Path, cli) -> 
     proc = cli("compare", "published:" + "x" * 3000, "published:nvidia-eos-gpt3-v3.1")
     assert proc.returncode == 2 and len(proc.stdout.splitlines()) == 1, proc.stdout
     assert "no published row" in proc.stdout and len(proc.stdout) < 1000, len(proc.stdout)
+
+
+def test_an_html_report_over_a_markdown_one_drops_its_plots(work: Path, cli) -> None:
+    """`--html out/r.md` over an earlier Markdown report of that name replaced its text and left its plots in
+    r_files/, linked from nowhere. They go with it; a Markdown report written beside it that keeps the folder
+    (`--md out/r.x --html out/r.md`: both r_files/) keeps its plots."""
+    files = work / "out" / "r_files"
+    assert compare_here(cli, work, "--md", "out/r.md").returncode == 0
+    assert sorted(os.listdir(files)) == ["convergence.png", "step_times.png"]
+    assert compare_here(cli, work, "--html", "out/r.md").returncode == 0
+    assert os.listdir(work / "out") == ["r.md"] and (work / "out" / "r.md").read_text().startswith("<!DOCTYPE html>")
+    assert compare_here(cli, work, "--md", "out/r.md").returncode == 0
+    assert compare_here(cli, work, "--md", "out/r.x", "--html", "out/r.md").returncode == 0
+    assert sorted(os.listdir(files)) == ["convergence.png", "step_times.png"]

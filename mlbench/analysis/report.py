@@ -387,6 +387,12 @@ def write_reports(rep: Report, html_out: Path | None, md_out: Path | None) -> No
     what remains possible: then the files already in place stay, each one whole)."""
     files: dict[Path, bytes] = {}
     folder = None
+    # an HTML report written over an earlier Markdown one (`--html r.md`): its images are that report's to drop
+    # once this one is in place (they stayed in `r_files/`, linked from nowhere), unless the Markdown written now
+    # keeps that folder
+    replaced_md = html_out is not None and _regular(Path(html_out)) and \
+        _head_holds(Path(html_out), [_MARK["md"].encode()], 1024) and \
+        (md_out is None or markdown_files(Path(md_out)) != markdown_files(Path(html_out)))
     if html_out is not None:
         files[Path(html_out)] = terminal.encode(render_html(rep))
     if md_out is not None:
@@ -403,6 +409,8 @@ def write_reports(rep: Report, html_out: Path | None, md_out: Path | None) -> No
         raise type(e)(f"{e}; neither report was written (the two are written together)") from None
     if md_out is not None:
         _drop_earlier_images(markdown_files(Path(md_out)), set(images))
+    if replaced_md:
+        _drop_earlier_images(markdown_files(Path(html_out)), set())
 
 
 def _drop_earlier_images(folder: Path, keep: set[str]) -> None:
