@@ -36,6 +36,7 @@ from mlbench.logfile import (
     holds_token,
     load_json,
     text,
+    tree_glob,
     why_not_a_file,
 )
 
@@ -457,7 +458,7 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
         require_ruleset(ruleset)
     if (why := given_path_problem(path)) is not None:
         raise UserError(printable(why))
-    files = [path] if not path.is_dir() else sorted(path.rglob("result_*.txt"))
+    files = [path] if not path.is_dir() else tree_glob(path, "result_*.txt")
     for f in files:  # refused whole, as a file given alone is: `check` is a verdict on every file
         if (why := why_not_a_file(f)) is not None:
             raise UserError(printable(f"{f}: {why} (a result log is a regular file)"))

@@ -9,6 +9,7 @@ with its file, line and key, never a traceback.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import functools
 import json
 import math
@@ -374,6 +375,27 @@ def why_not_a_file(path: Path | str) -> str | None:
         return "a link to nothing" if os.path.islink(path) else (e.strerror or str(e)).lower()
     why = _not_input_file(path, st, limit=math.inf)
     return why.strerror if why is not None else None
+
+
+def tree_glob(path: Path, pattern: str) -> list[Path]:
+    """Everything under the folder PATH whose name matches PATTERN (`result_*.txt`, a staging folder's), sorted,
+    named as under PATH. A linked folder is searched as a folder (Path.rglob passes it over: a benchmark folder
+    linked to a bigger disk, where `mlbench run` had published, held no results for `score results/`); a folder
+    reached twice (a loop of links) is searched once."""
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for top, dirs, files in os.walk(path, followlinks=True):
+        try:
+            st = os.stat(top)
+        except OSError:
+            dirs.clear()
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        found += [Path(top, n) for n in (*dirs, *files) if fnmatch.fnmatchcase(n, pattern)]
+    return sorted(found)
 
 
 def given_path_problem(path: Path | str) -> str | None:

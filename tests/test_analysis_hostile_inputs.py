@@ -473,3 +473,19 @@ def test_a_run_record_whose_target_cannot_be_checked_is_said_garbled(tmp_path, c
     doc = _strict(out)[0]
     assert code == 0 and doc["score_min"] is None, out
     assert "not a target (a number) and a direction (min or max)" in " ".join(doc["notes"]), doc["notes"]
+
+
+def test_a_benchmark_folder_that_is_a_link_is_searched_and_a_loop_of_links_once(tmp_path: Path) -> None:
+    """`mlbench run --results res` publishes into res/ci/llama31_8b where that folder is a link (to a bigger disk,
+    say), but `score res`, `compare res ...` and `check res` said 'no result_*.txt files here': Path.rglob passes
+    over a linked folder. A link back up the tree (a loop) is searched once, not for ever nor twice."""
+    from mlbench import compliance
+
+    real = _tiny_runs(tmp_path / "disk", tiny_log())
+    (tmp_path / "res" / "ci").mkdir(parents=True)
+    (tmp_path / "res" / "ci" / "llama31_8b").symlink_to(real, target_is_directory=True)
+    (real / "up").symlink_to(tmp_path / "res", target_is_directory=True)  # a loop: res/ci/llama31_8b/up/ci/...
+    [rs] = find_sets(tmp_path / "res")
+    assert rs.folder == real and [r.path.name for r in rs.runs] == ["result_0.txt", "result_1.txt", "result_2.txt"]
+    files = [t.path for t in compliance.targets(tmp_path / "res", RULESET, "smoke")]
+    assert files == [tmp_path / "res" / "ci" / "llama31_8b" / f"result_{i}.txt" for i in range(3)], files

@@ -34,6 +34,7 @@ from mlbench.logfile import (
     shown,
     text,
     time_to_train_s,
+    tree_glob,
     why_not_a_file,
 )
 
@@ -713,7 +714,7 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
         return [_make_set(path.parent, [path], steps)]
     folders: dict[Path, list[Path]] = {}
     others: dict[Path, list[str]] = {}  # result_*.txt that are no file to read (a pipe, a folder, a dead link)
-    for f in sorted(path.rglob(RESULT_GLOB)):
+    for f in tree_glob(path, RESULT_GLOB):
         if (why := why_not_a_file(f)) is None:
             folders.setdefault(f.parent, []).append(f)
         else:
@@ -744,7 +745,7 @@ def _holding_staging(path: Path) -> list[Path]:
     """PATH and every folder under it that holds a staging folder (a run's: mlbench.results)."""
     from mlbench import results
 
-    return sorted({path, *(s.parent for s in path.rglob(f"{results.STAGING}*") if s.is_dir())})
+    return sorted({path, *(s.parent for s in tree_glob(path, f"{results.STAGING}*") if s.is_dir())})
 
 
 def _unpublished(folder: Path, named: bool = False) -> list[str]:
