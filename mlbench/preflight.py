@@ -188,7 +188,10 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_save_path_length(req.save_checkpoint, layout.world_size, req.launcher)
     check_results_folder(req.results_root, system, bench.name)
     slurm_opts = _slurm_options(req, bench, layout)
-    opts = runner.RunOptions(results=req.results_root, system=system, runs=req.runs, seed=req.seed,
+    # absolute from here on: the working folder may be removed while the run trains (its results elsewhere, `--results
+    # ../r`), and the checker, run in a folder of its own, then could not find the log ('could not run: No such
+    # file or directory', the run said non-compliant)
+    opts = runner.RunOptions(results=absolute(req.results_root), system=system, runs=req.runs, seed=req.seed,
                              hang_timeout=req.hang_timeout, node_rank=req.node_rank,
                              rdzv_endpoint=rdzv,
                              rdzv_timeout=req.rdzv_timeout,
@@ -465,6 +468,19 @@ _INDEX_CACHE = "data_cache/" + "0" * 32 + "-BlendedDataset-train-dataset_sample_
 # A SLURM job's staging folder is made on its first node, by its driver: the longest owner tag (mlbench.owners:
 # a pid, a start time in clock ticks, a host name of up to 64 bytes and a PID namespace).
 _LONGEST_TAG = f"{2**22}-{2**64}-{'h' * 64}@{2**32}"
+
+
+def absolute(path: Path | str) -> Path:
+    """PATH from the working folder, as the system reads it now: its leading '..' taken off the working folder
+    (os.getcwd names it without links, so this is exact), the rest as given (a link in it stays a link). Not
+    Path.absolute(): '/w/cwd/../r' no longer opens once /w/cwd is removed."""
+    path = Path(path)
+    if path.is_absolute():
+        return path
+    base, parts = Path(os.getcwd()), path.parts
+    while parts and parts[0] == "..":
+        base, parts = base.parent, parts[1:]
+    return base.joinpath(*parts)
 
 
 def check_path_lengths(root: Path, system: str, bench: Benchmark, layout: Layout, launcher: str, runs: int) -> None:

@@ -607,3 +607,19 @@ def test_cpu_ranks_that_import_torch_themselves_are_charged_for_it(tmp_path: Pat
                        r"takes about 247 MiB \(its memory plan and 240 MiB for the process\), .* give --nproc-per-node "
                        r"16 or fewer", layout=layout, launcher="torchrun", rdzv_endpoint="127.0.0.1:29500")
     prepare(_request(tmp_path, layout={**layout, "nodes": 1}))  # the local launcher's, forked: 103 MiB each
+
+
+def test_a_relative_results_folder_is_fixed_before_the_working_folder_can_go(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cd work; mlbench run ... --results ../r`, then `rm -rf work` while it trained: the run went on, but the
+    checker (run in a scratch folder of its own) could not find the log ('the compliance checker could not run: No
+    such file or directory'), and the run was published non-compliant. The run's results folder is absolute from
+    preflight on, its leading '..' taken off the working folder (not '/.../work/../r', which no longer opens)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    p = prepare(dataclasses.replace(_request(tmp_path), results_root=Path("../r")))
+    assert p.opts.results == tmp_path / "r"
+    work.rmdir()
+    with results.result_folder(p.opts.results, p.opts.system, p.bench.name) as folder:
+        assert folder == tmp_path / "r" / "ci" / "gpt3" and folder.is_dir()
