@@ -462,8 +462,9 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
     for f in files:  # refused whole, as a file given alone is: `check` is a verdict on every file
         if (why := why_not_a_file(f)) is not None:
             raise UserError(printable(f"{f}: {why} (a result log is a regular file)"))
-    if not files:
-        raise UserError(printable(f"{path}: no result_*.txt files here (a result file, or a folder of them)"))
+    if not files:  # a folder of runs not published yet (their mlbench killed): said, as score says it
+        raise UserError(printable(f"{path}: no result_*.txt files here (a result file, or a folder of them)"
+                                  + "".join(f"; {n}" for n in _unpublished_notes(path))))
     if not any(map(_holds_token, files)):  # (as score, compare and scaling refuse it: not a verdict's to give)
         what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
         raise UserError(printable(f"{what} an MLPerf result log (no :::MLLOG lines)"))  # (score's words)
@@ -542,4 +543,15 @@ def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -
             console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "
                           f"{'no hyperparameter line failed' if not hp else f'{len(hp)} lines failed their rules'}",
                           highlight=False)
+    for note in _unpublished_notes(path):  # not checked: not results yet (the next `mlbench run` publishes them)
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     return False if failed else None if unchecked else True
+
+
+def _unpublished_notes(path: Path) -> list[str]:
+    """The runs under the folder PATH whose mlbench died before it published them (analysis.logs says which)."""
+    if not path.is_dir():
+        return []
+    from mlbench.analysis.logs import unpublished_notes  # (analysis reads logs; imported where a folder is checked)
+
+    return unpublished_notes(path)

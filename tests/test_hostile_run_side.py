@@ -82,7 +82,7 @@ def test_a_closed_standard_stream_is_held_on_dev_null() -> None:
 def _not_published_yet(staging: Path) -> str:
     """What analysis says of the one run in STAGING that its mlbench did not publish."""
     return (f"1 run(s) whose mlbench process died or could not publish them are not published yet ({staging.name}): "
-            f"not scored until the next `mlbench run` in this folder publishes them")
+            f"not read until the next `mlbench run` in this folder publishes them")
 
 
 def _dead_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_stop: str | None,
@@ -758,7 +758,7 @@ def test_a_run_whose_publisher_died_between_its_two_links_is_said_not_published(
     (staging / "result_0.json").write_text(json.dumps({"status": "success"}))
     os.link(staging / "result_0.json", folder / "result_0.json")  # the first link; the log's never came
     said = (f"1 run(s) whose mlbench process died while they were published (a record placed, its log not) "
-            f"({staging.name}): not scored until the next `mlbench run` in this folder publishes them")
+            f"({staging.name}): not read until the next `mlbench run` in this folder publishes them")
     with pytest.raises(UserError) as e:
         find_sets(folder)
     assert str(e.value).endswith(f"; {said}"), str(e.value)
@@ -768,3 +768,27 @@ def test_a_run_whose_publisher_died_between_its_two_links_is_said_not_published(
     [s] = score.score_path(folder, "6.0.0", jobs=1)
     assert said in s.notes, s.notes
     assert not (folder / "result_0.txt").exists()  # analysis never writes
+
+
+def test_check_says_a_dead_run_is_not_published_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mlbench check results/` after the run's mlbench was killed said only 'no result_*.txt files here', and beside
+    published results said nothing of it (score, compare and scaling say it): now check says it as they do."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import compliance
+    from mlbench.errors import UserError
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    with pytest.raises(UserError) as e:
+        compliance.targets(tmp_path, None, "auto")
+    assert str(e.value).endswith(f"; {folder}: {_not_published_yet(staging)}"), str(e.value)
+    # beside a published result: said after the verdicts (the checker's own verdict is not what is tested here)
+    (folder / "result_0.txt").write_text((staging / "mlperf.log").read_text())
+    monkeypatch.setattr(compliance, "check_all", lambda todo: [compliance.Verdict(path=p, ok=True, rules="smoke rules")
+                                                               for p, _, _ in todo])
+    console = Console(record=True, width=1 << 20, file=io.StringIO())
+    assert compliance.check_paths(tmp_path, None, "auto", console) is True
+    assert f"note: {folder}: {_not_published_yet(staging)}" in console.export_text()
+    assert staging.is_dir()  # analysis never writes

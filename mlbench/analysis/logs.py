@@ -723,7 +723,7 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
         first = next((f"; {printable(d / notes[0])}" for d, notes in sorted(others.items())), "")
         # a folder of one killed run, PATH itself or a benchmark folder under it (`score results/`): said, not
         # published
-        dead = "".join(f"; {n}" for d in _holding_staging(path) for n in _unpublished(d, named=d != path))
+        dead = "".join(f"; {n}" for n in unpublished_notes(path))
         raise UserError(f"{printable(path)}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
                         f"or a submission tree ORG/results/<system>/<benchmark>/){first}{dead}")
     # a benchmark folder under PATH that holds only runs not published yet (their mlbench killed): no set of its
@@ -739,6 +739,12 @@ def _natural(files: list[Path]) -> list[Path]:
         m = re.search(r"(\d+)", p.stem)
         return (int(m.group(1)) if m else -1, p.name)
     return sorted(files, key=key)
+
+
+def unpublished_notes(path: Path) -> list[str]:
+    """What `_unpublished` says of the folder PATH and of each folder under it (naming it) that holds staging
+    folders: runs not published yet (for `score`, `compare`, `scaling` and `check` alike)."""
+    return [n for d in _holding_staging(path) for n in _unpublished(d, named=d != path)]
 
 
 def _holding_staging(path: Path) -> list[Path]:
@@ -764,7 +770,7 @@ def _unpublished(folder: Path, named: bool = False) -> list[str]:
         if staged:
             names = ", ".join(printable(s.name) for s in staged[:3]) + (", ..." if len(staged) > 3 else "")
             said.append(f"{where}{len(staged)} run(s) whose mlbench process {how} ({names}): "
-                        f"not scored until the next `mlbench run` in this folder publishes them")
+                        f"not read until the next `mlbench run` in this folder publishes them")
     return said
 
 
