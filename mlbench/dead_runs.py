@@ -40,6 +40,7 @@ def publish(folder: Path, console: Console) -> list[Path]:
         with results.taken(staging) as mine:
             if mine:  # (else another command, started at once, publishes it)
                 placed += _publish(folder, staging, owner, console)
+                results.forget_not_published(staging)
     return placed
 
 
@@ -111,7 +112,7 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
     status, logged_reason = _run_stop(log) if begun else (None, "")
     # Its mlbench lived to the end but could not publish it (runner._not_published: no inode left even to set it
     # aside, often after its log could not be closed either)
-    if (why := _not_published(events)) is not None:
+    if (why := _not_published(events) or results.not_published_reason(log.parent)) is not None:
         said = f"mlbench (pid {pid}) could not publish the run when it ended ({why}); published {at}"
         if status is None:  # it could not close the log: closed here, as aborted with that reason
             mlperf_log.finalize_aborted(log, said, plan, begin=not begun)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mlbench import owners
+from mlbench import owners, user_cache
 from mlbench.errors import UserError
 
 STAGING = ".staging-"
@@ -403,6 +404,37 @@ def set_aside(folder: Path, staging: Path) -> Path | None:
         return dest
     except OSError:
         return None
+
+
+def say_not_published(staging: Path, why: str) -> None:
+    """For the command that publishes STAGING's run later (dead_runs): why its own mlbench, alive, could not. Appended
+    to its events (no new file: a full disk allows it); where even that fails (a folder made read-only under the
+    run), kept in this user's cache, keyed by the folder: the later record said 'mlbench died', which it had not."""
+    try:
+        with open(staging / "events.jsonl", "a") as f:
+            f.write(json.dumps({"event": "not_published", "reason": why}) + "\n")
+    except OSError:
+        with contextlib.suppress(OSError):
+            user_cache.write(_kept_reason_file(staging), json.dumps({"staging": str(staging.resolve()), "reason": why}))
+
+
+def not_published_reason(staging: Path) -> str | None:
+    """Why STAGING's own mlbench could not publish its run, where it could say so only in this user's cache."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        kept = json.loads(_kept_reason_file(staging).read_text())
+        if kept.get("staging") == str(staging.resolve()) and isinstance(kept.get("reason"), str):
+            return kept["reason"]
+    return None
+
+
+def forget_not_published(staging: Path) -> None:
+    with contextlib.suppress(OSError):
+        _kept_reason_file(staging).unlink()
+
+
+def _kept_reason_file(staging: Path) -> Path:
+    name = hashlib.sha256(str(staging.resolve()).encode(errors="surrogateescape")).hexdigest()[:32]
+    return user_cache.folder() / "not-published" / name
 
 
 def discard(staging: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import secrets
 import shlex
@@ -313,9 +312,8 @@ class RunSet:
         command in the folder publishes it as its log says, as a dead run's."""
         kept = results.set_aside(self.folder, staging)
         gone = not kept and not os.path.lexists(staging)  # removed from outside while the run was in progress
-        if not kept and not gone:  # for the command that publishes it: why this one did not (appended, no new file)
-            with contextlib.suppress(OSError), open(staging / "events.jsonl", "a") as f:
-                f.write(json.dumps({"event": "not_published", "reason": why}) + "\n")
+        if not kept and not gone:  # for the command that publishes it: why this one did not
+            results.say_not_published(staging, why)
         where = f"its files were moved to {kept}" if kept else \
             f"its folder {staging} was removed while the run was in progress: nothing of it is left" if gone else \
             f"its files stay in {staging}, which the next mlbench command in {self.folder} publishes"

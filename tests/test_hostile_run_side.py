@@ -173,6 +173,43 @@ def test_a_run_kept_because_it_could_not_be_published_is_not_said_to_have_died(
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == (status or "aborted"), stops
 
 
+def test_a_run_not_published_in_a_folder_made_read_only_is_not_said_to_have_died(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The results folder remounted read-only as a run ended: its mlbench could not publish it, set it aside, nor
+    append why to its events ('Read-only file system'), so once the folder was writable again the next command
+    published it as a run whose 'mlbench (pid N) died after the run ended'. Its reason is kept in the user's cache
+    for that command, which then says it (and drops it)."""
+    import builtins
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mlbench import results, runner
+    from mlbench.launch.supervise import Outcome
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop="success")
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    real_open = builtins.open
+
+    def read_only(file, mode="r", *args, **kwargs):
+        if str(file).startswith(str(folder)) and mode != "r" and mode != "rb":
+            raise OSError(30, "Read-only file system", str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(results, "set_aside", lambda folder, staging: None)  # (a rename on a read-only folder)
+        m.setattr(builtins, "open", read_only)
+        runner.RunSet._not_published(SimpleNamespace(folder=folder, console=Console(file=io.StringIO())),
+                                     "run not published: Read-only file system (mlperf.log)", staging,
+                                     Outcome(status="success", exit_code=0))
+    said, record, _ = _publish_dead(folder)
+    assert "died" not in said and "could not publish when it ended (run not published: Read-only file system" \
+        in said, said
+    assert "could not publish the run when it ended (run not published: Read-only file system (mlperf.log))" in \
+        record["error_after_run_stop"] and "died" not in json.dumps(record), record
+    assert not list((tmp_path / "cache" / "not-published").iterdir())  # said once: dropped with the run published
+
+
 @pytest.mark.parametrize("reason", [None, "", {"x": 1}])
 def test_a_not_published_event_without_a_reason_still_says_the_run_was_not_published(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reason: object) -> None:
