@@ -32,7 +32,7 @@ if not _xdist_controller():
 
     cpu_compat.import_megatron_without_jit_fuser()
 
-MLBENCH = [sys.executable, "-m", "mlbench.cli"]
+MLBENCH = [sys.executable, "-m", "mlbench"]  # as the `mlbench` script starts (mlbench/__main__.py)
 
 
 def mlbench(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None):

@@ -1,6 +1,6 @@
 """`mlbench run --dry-run` logs every hyperparameter a real run would, and the official closed rules accept them.
 
-Each case runs the real CLI (`python -m mlbench.cli`, entry point `mlbench.cli:main`) at a realistic scale
+Each case runs the real CLI (`python -m mlbench`, as the `mlbench` script starts it) at a realistic scale
 (nodes x 8 devices, the benchmark's reference layout for that device count) and checks the `dry-run.txt` it
 writes with the official `mlperf_logging.compliance_checker` and the benchmark's own closed ruleset.
 

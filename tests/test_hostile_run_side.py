@@ -829,3 +829,29 @@ def test_check_says_a_dead_run_is_not_published_yet(tmp_path: Path, monkeypatch:
     assert compliance.check_paths(tmp_path, None, "auto", console) is True
     assert f"note: {folder}: {_not_published_yet(staging)}" in console.export_text()
     assert staging.is_dir()  # analysis never writes
+
+
+_CTRL_C_AS_THE_CLI_LOADS = """\
+import sys
+
+
+class _CtrlC:  # the user's Ctrl-C lands while mlbench.cli's modules import (the first tenths of a second)
+    def find_spec(self, name, path=None, target=None):
+        if name == "mlbench.cli":
+            raise KeyboardInterrupt
+
+
+sys.meta_path.insert(0, _CtrlC())
+"""
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C in the first ~0.3 s of any command, while the CLI's modules load and before it handles signals
+    itself, printed Python's KeyboardInterrupt traceback. The `mlbench` script (and `python -m mlbench`) now starts
+    through mlbench/__main__.py: one line, exit 130, nothing written."""
+    (tmp_path / "sitecustomize.py").write_text(_CTRL_C_AS_THE_CLI_LOADS)
+    proc = subprocess.run([*MLBENCH, "run", "gpt3", "--tiny", "--results", str(tmp_path / "r")], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == \
+        (130, "", "mlbench: stopped (SIGINT) while starting; nothing was written\n"), proc.stderr
+    assert not (tmp_path / "r").exists()
