@@ -242,8 +242,11 @@ def _verdict(path: Path, rules: str, proc: subprocess.CompletedProcess) -> Verdi
     log, crash, trace = err.partition("Traceback (most recent call last)")
     messages = _messages(log)
     if crash:  # e.g. a ruleset without rules for this benchmark: the checker dies reading its own files
-        messages.append("the compliance checker crashed: " + _last_line(trace)[:300])
+        messages.append(CRASHED + _last_line(trace)[:300])
     return Verdict(path=path, ok=proc.returncode == 0, messages=messages, rules=rules)
+
+
+CRASHED = "the compliance checker crashed: "  # a verdict's message, before its traceback's last line
 
 
 SCRATCH = "mlbench-check-"  # a checker's scratch folder in the temp folder: SCRATCH<owner tag>-XXXXXXXX

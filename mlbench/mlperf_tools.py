@@ -13,9 +13,12 @@ log in memory (1.8 GB for a 250 MB log), which a process of its own gives back w
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
+import json
 import logging
+import os
 import re
 import sys
 import warnings
@@ -153,6 +156,98 @@ def system_desc_problem(desc: dict) -> str | None:
             shown = repr(desc[k])  # cut: a reason is one line, whatever the file holds (100,000 characters)
             return f"{k} {shown if len(shown) <= 40 else shown[:37] + '...'} is no whole number"
     return None
+
+
+# --- where result_summarizer stops ---------------------------------------------------------------------------
+# An exception out of summarize_results loses every system's row, not only the one it stopped on: run over an
+# organisation folder, the summarizer then prints no figure for any set of it.
+
+def summarizer_stops(org: Path, ruleset: str) -> str | None:
+    """Why result_summarizer, run over the organisation folder ORG with RULESET, stops before it prints a row; None
+    where its walk of the folder goes through. It walks results/<system>/ as summarize_results does: a system
+    without systems/<system>.json is skipped (FileNotFoundError, caught: that set's own note); a systems json (or
+    results/<system>/privateid.json) its JSON reader refuses, one that is no object or lacks a field or count,
+    a result_*.txt that is no file to read, and a folder under results/<system>/ that is no benchmark of RULESET
+    (Summary.push asserts its column) each stop it."""
+    from mlbench.logfile import why_not_a_file
+
+    accepted = set(benchmark_meta.get_allowed_benchmarks(USAGE, ruleset))
+    try:
+        for system in _sub_folders(org / "results"):
+            if (why := _system_stops(org, system)) is not None:
+                return why
+            for bench in _sub_folders(system):
+                where = f"results/{system.name}/{bench.name}"
+                for f in sorted(bench.glob("result_*.txt")):
+                    if (not_file := why_not_a_file(f)) is not None:
+                        return f"{where}/{f.name} is {not_file}"
+                if _BENCHMARK_ALIASES.get(bench.name, bench.name) not in accepted:
+                    return (f"{where}: {bench.name!r} is no benchmark of training {ruleset} (AssertionError): a folder "
+                            f"under results/{system.name}/ is named as one ({', '.join(sorted(accepted))})")
+    except OSError as e:  # (a folder it lists and cannot read stops it as well)
+        return f"{e.filename}: cannot be read ({e.strerror or e})"
+    return None
+
+
+_BENCHMARK_ALIASES = {"mask": "maskrcnn"}  # result_summarizer._benchmark_alias: a folder 'mask' is maskrcnn
+
+
+def _sub_folders(folder: Path) -> list[Path]:
+    """result_summarizer._get_sub_folders: every folder in FOLDER (hidden ones and links to folders too), by name."""
+    return [folder / n for n in sorted(os.listdir(folder)) if (folder / n).is_dir()]
+
+
+def _system_stops(org: Path, system: Path) -> str | None:
+    """Why the summarizer stops on SYSTEM's description; None where it reads it, or skips the system (no json)."""
+    name = f"systems/{system.name}.json"
+    if not os.path.exists(org / name):
+        return None
+    desc, why = summarizer_json(org / name)
+    if why is not None:
+        return f"{name} {why}"
+    if (system / "privateid.json").exists():
+        private, why = summarizer_json(system / "privateid.json")
+        if why is not None or not isinstance(private, dict):
+            return f"results/{system.name}/privateid.json {why or 'is not a JSON object'}"
+    if not isinstance(desc, dict):
+        return f"{name} is not a JSON object"
+    if (problem := system_desc_problem(desc)) is not None:
+        return f"{name}: {problem}"
+    # (its row's text: 'TensorFlow' in framework, ';'.join of the notes)
+    if not isinstance(desc["framework"], str):
+        return f"{name}: framework {str(desc['framework'])[:40]!r} is no text (TypeError)"
+    if bad := [k for k in ("hw_notes", "sw_notes") if desc[k] and not isinstance(desc[k], str)]:
+        return f"{name}: {', '.join(bad)} no text (TypeError)"
+    return None
+
+
+def summarizer_json(path: Path) -> tuple[object, str | None]:
+    """PATH as result_summarizer._read_json_file reads it (open in text mode, UTF-8, json.load): (the value, None), or
+    (None, why it stops there: its own error on a file that is not JSON is a TypeError; a byte order mark, which
+    mlbench's reader takes, is not JSON to it)."""
+    from mlbench.logfile import read_capped
+
+    try:
+        text = read_capped(path).decode("utf-8")
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    except UnicodeDecodeError:
+        return None, "is not UTF-8 text"
+    if text.startswith("\ufeff"):
+        return None, "begins with a UTF-8 byte order mark, which the summarizer's JSON reader refuses"
+    try:
+        return json.loads(text), None
+    except (ValueError, RecursionError) as e:
+        return None, f"is not JSON ({str(e).splitlines()[0][:80] if str(e) else type(e).__name__})"
+
+
+def checker_crash_stops_summarizer(exception: str) -> bool:
+    """Whether the compliance checker's crash, EXCEPTION its traceback's last line ('FileNotFoundError: ...'), stops
+    result_summarizer, which runs the checker in its own process: it catches ValueError (the run dropped), nothing
+    else."""
+    name = exception.split(":", 1)[0].strip().rsplit(".", 1)[-1]
+    cls = getattr(builtins, name, None)
+    return name != "JSONDecodeError" and not (isinstance(cls, type) and issubclass(cls, ValueError))
 
 
 def has_rules(ruleset: str, benchmark: str) -> bool:

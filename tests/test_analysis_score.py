@@ -214,3 +214,106 @@ def test_a_set_out_of_its_round_failing_the_definitions_rules_says_which_ruleset
            "with theirs (5.0.0, 5.1.0, 6.0.0 hold llama31_405b)" in out, out
     given = " ".join(cli("score", org, "--ruleset", "5.0.0").stdout.split())  # as published: a score, no note
     assert "score 20.8069 min" in given and "judged by ruleset" not in given, given
+
+
+# --- a submission tree of several systems: where the official summarizer stops, it prints no row for any of them ---
+
+DATA = Path(__file__).resolve().parent / "data" / "mlperf-results" / "training_results_v5.1"
+AMD_SYSTEM = "MI355X_EPYC_9575F_pytorch"  # (sorts before hpg...: the summarizer walks it first)
+
+
+def _two_system_tree(tmp_path: Path) -> Path:
+    """ORG/ with AMD's and the University of Florida's llama31_8b systems (tests/data), scored with 5.1.0."""
+    org = tmp_path / "training_results_v5.1" / "Multi"
+    for src in (DATA / "AMD", DATA / "University-of-Florida"):
+        shutil.copytree(src, org, dirs_exist_ok=True)
+    for p in org.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return org
+
+
+def _without_framework(p: Path) -> None:
+    p.write_text(json.dumps({k: v for k, v in json.loads(p.read_text()).items() if k != "framework"}))
+
+
+_STOPS = {  # an edit of AMD's system, and what the note names (the summarizer's exception in brackets)
+    "bom": (lambda org: (p := org / "systems" / f"{AMD_SYSTEM}.json").write_bytes(b"\xef\xbb\xbf" + p.read_bytes()),
+            f"systems/{AMD_SYSTEM}.json begins with a UTF-8 byte order mark"),  # (TypeError)
+    "no-field": (lambda org: _without_framework(org / "systems" / f"{AMD_SYSTEM}.json"),
+                 f"systems/{AMD_SYSTEM}.json: no framework field"),  # (NameError)
+    "framework-number": (lambda org: (p := org / "systems" / f"{AMD_SYSTEM}.json").write_text(
+        json.dumps({**json.loads(p.read_text()), "framework": 5})), "framework '5' is no text"),  # (TypeError)
+    "privateid": (lambda org: (org / "results" / AMD_SYSTEM / "privateid.json").write_text("{"),
+                  f"results/{AMD_SYSTEM}/privateid.json is not JSON"),  # (TypeError)
+    "other-folder": (lambda org: (org / "results" / AMD_SYSTEM / "llama31_8b_old").mkdir(),
+                     f"results/{AMD_SYSTEM}/llama31_8b_old: 'llama31_8b_old' is no benchmark of training 5.1.0"),
+    "dangling": (lambda org: (org / "results" / AMD_SYSTEM / "llama31_8b" / "result_10.txt").symlink_to("gone.txt"),
+                 f"results/{AMD_SYSTEM}/llama31_8b/result_10.txt is a link to nothing"),  # (FileNotFoundError)
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_STOPS))
+def test_where_the_summarizer_stops_on_a_tree_no_set_of_it_has_an_official_figure(tmp_path, edit) -> None:
+    """A tree of two systems, one of which the official summarizer cannot take (a systems json with a BOM, lacking a
+    field or with a number for its framework, a broken privateid.json, a folder that is no benchmark of the ruleset,
+    a dangling result link): summarize_results raises and prints no row at all, while `score` printed the other
+    system's official figure as if it had been printed (and for a BOM or a folder, this system's too)."""
+    org = _two_system_tree(tmp_path)
+    make, said = _STOPS[edit]
+    make(org)
+    sets = {s.system: s for s in score_path(org, jobs=1)}
+    uf = next(s for name, s in sets.items() if name != AMD_SYSTEM)
+    assert uf.score_min is not None and uf.official_score_min is None, uf.notes
+    assert any(n.startswith("the official summarizer, run over Multi with ruleset 5.1.0, stops before it prints any "
+                            "row: ") and said in n for n in uf.notes), uf.notes
+    assert sets[AMD_SYSTEM].official_score_min is None
+
+
+def test_the_tree_walk_passes_the_published_trees_and_the_summarizer_stops_where_it_says(tmp_path) -> None:
+    """mlperf_tools.summarizer_stops against the real summarizer: nothing on the untouched tree (figures equal to
+    its own), and where it names a reason, summarize_results raises."""
+    from mlbench import mlperf_tools
+
+    org = _two_system_tree(tmp_path / "as-is")
+    assert mlperf_tools.summarizer_stops(org, "5.1.0") is None
+    edited = {}
+    for edit in ("bom", "other-folder"):
+        edited[edit] = _two_system_tree(tmp_path / edit)
+        _STOPS[edit][0](edited[edit])
+        assert _STOPS[edit][1] in (mlperf_tools.summarizer_stops(edited[edit], "5.1.0") or ""), edit
+    script = r"""
+import contextlib, io, json, os, sys, tempfile
+from mlperf_logging.result_summarizer import result_summarizer as rs
+out = []
+for org in sys.argv[1:]:
+    with tempfile.TemporaryDirectory() as td:
+        os.chdir(td)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                _, _, detailed, _ = rs.summarize_results(org, "training", "5.1.0")
+            out.append(sorted(detailed["llama31_8b:time_to_train"].tolist()))
+        except Exception as e:
+            out.append(type(e).__name__)
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(org), *map(str, edited.values())], capture_output=True,
+                          text=True, timeout=300, check=True)
+    as_is, *stopped = json.loads(proc.stdout)
+    assert stopped == ["TypeError", "AssertionError"], stopped
+    ours = sorted(s.official_score_min for s in score_path(org, jobs=1))
+    assert ours == pytest.approx(as_is, abs=1e-4), (ours, as_is)
+
+
+def test_a_checker_crash_that_stops_the_summarizer_leaves_no_official_figure_in_the_tree(tmp_path) -> None:
+    """A run logging submission_benchmark 'foo' (no rules for it in 5.1.0): the checker the summarizer runs in its
+    own process raises FileNotFoundError, which stops it; `score` gave both sets' official figures all the same."""
+    org = _two_system_tree(tmp_path)
+    log = org / "results" / AMD_SYSTEM / "llama31_8b" / "result_0.txt"
+    log.write_text(log.read_text().replace('"key": "submission_benchmark", "value": "llama31_8b"',
+                                           '"key": "submission_benchmark", "value": "foo"'))
+    sets = score_path(org, jobs=1)
+    assert [s.official_score_min for s in sets] == [None, None], [s.notes for s in sets]
+    assert any("stops before it prints any row: result_0.txt: the compliance checker raises FileNotFoundError" in n
+               for n in sets[0].notes), sets[0].notes
+    assert any(f"stops before it prints any row: Multi/{AMD_SYSTEM}/llama31_8b/result_0.txt: the compliance checker "
+               "raises FileNotFoundError" in n for n in sets[1].notes), sets[1].notes

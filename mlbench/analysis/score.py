@@ -254,6 +254,9 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     if official is not None and (skips := rs.summarizer_skips()) is not None:
         official = None
         notes.append(f"the official summarizer makes no row for this set (or stops): {skips}")
+    if official is not None and (stops := _summarizer_stops(rs, ruleset, scored)) is not None:
+        official = None
+        notes.append(stops)
     # A file of another benchmark, as an unreadable one, is a failed run of this set: never counted, and dropped
     # as the official summarizer drops it (left out, a set of 3 with one was 'too few runs' while the summarizer
     # scored it).
@@ -357,6 +360,41 @@ def _differ(runs: list[RunLog], of: Callable[[RunLog], object]) -> str | None:
     return "; ".join(f"{v}: {', '.join(r.name for r in runs if of(r) == v)}" for v in sorted(logged))
 
 
+def _checker_stop(scored: list[RunScore]) -> str | None:
+    """'<file>: its compliance checker raises <exception>' for the first run whose checker crashed with an exception
+    that stops the official summarizer (it runs the checker in its own process); None where none did."""
+    for s in scored:
+        for m in s.compliance:
+            if m.startswith(compliance.CRASHED) and \
+                    mlperf_tools.checker_crash_stops_summarizer(exc := m[len(compliance.CRASHED):]):
+                return f"{s.file}: the compliance checker raises {exc}"
+    return None
+
+
+def _summarizer_stops(rs: ResultSet, ruleset: str, scored: list[RunScore]) -> str | None:
+    """The note where the official summarizer stops before it prints a row (so no figure for this set): on a run
+    of it, or, in a submission tree, anywhere in the organisation folder it is run over."""
+    where = f"run over {rs.org_root.name} " if rs.org_root is not None else ""
+    why = _checker_stop(scored)
+    if why is None and rs.org_root is not None:
+        why = mlperf_tools.summarizer_stops(rs.org_root, ruleset)
+    return None if why is None else \
+        f"the official summarizer, {where}with ruleset {ruleset}, stops before it prints any row: {why}"
+
+
+def _stopped_elsewhere(sets: list[ResultSet], scores: list[SetScore]) -> None:
+    """A run whose checker crash stops the official summarizer stops it for its whole organisation folder: the other
+    sets of that tree have no official figure either (the walk of the folder itself is each set's own)."""
+    for rs, s in zip(sets, scores, strict=True):
+        if rs.org_root is None or rs.summarizer_skips() is not None or (why := _checker_stop(s.runs)) is None:
+            continue
+        for other_rs, other in zip(sets, scores, strict=True):
+            if other_rs.org_root == rs.org_root and other is not s and other.official_score_min is not None:
+                other.official_score_min = None
+                other.notes.append(f"the official summarizer, run over {rs.org_root.name} with ruleset {s.ruleset}, "
+                                   f"stops before it prints any row: {s.label}/{why}")
+
+
 def _division(rs: ResultSet, runs: list[RunLog]) -> str | None:
     d = (rs.system_desc or {}).get("division")
     return d if isinstance(d, str) else next((r.division for r in runs if r.division), None)
@@ -396,4 +434,6 @@ def score_path(path: Path, ruleset: str | None = None, devices: int | None = Non
         files = sets[0].files
         what = f"{files[0]} is not" if len(files) == 1 else f"none of the {len(files)} result_*.txt in {path} is"
         raise UserError(printable(f"{what} an MLPerf result log ({why})"))
-    return [score_set(s, ruleset, devices, jobs) for s in sets]
+    scores = [score_set(s, ruleset, devices, jobs) for s in sets]
+    _stopped_elsewhere(sets, scores)
+    return scores
