@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import types
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -347,10 +348,36 @@ def rcp_check_files(files: list[Path], ruleset: str, scratch: Path) -> tuple[boo
     copies = [Path(scratch) / f"result_{i}.txt" for i in range(len(files))]
     for f, copy in zip(files, copies, strict=True):
         rcp_relevant_copy(f, copy)
-    with quiet():
-        verdict = _rcp_checker().check_directory(str(scratch), USAGE, ruleset, False, False, rcp_file=None,
-                                                 rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+    checker = _rcp_checker()
+    _internal(checker, "glob", "rcp_checker")
+    # Its reading depends on the order its glob lists the files (a file logging no global_batch_size or benchmark is
+    # passed over where it comes first, and fails or stops the set elsewhere): it lists the copies in FILES' order,
+    # not in the scratch folder's own.
+    listed = types.SimpleNamespace(glob=lambda pattern, recursive=False: [str(c) for c in copies])
+    with quiet(), _replaced(checker, "glob", listed):
+        verdict = checker.check_directory(str(scratch), USAGE, ruleset, False, False, rcp_file=None,
+                                          rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
     return (*verdict, [read_convergence(c, ruleset) for c in copies])
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any):
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+def listing_order(files: list[Path]) -> list[Path]:
+    """FILES (of one folder) in the order the official tools' glob lists them: the folder's own order (os.scandir),
+    which is no order by name. Files the listing does not hold go last, as given."""
+    try:
+        listed = {n: i for i, n in enumerate(os.listdir(files[0].parent))} if files else {}
+    except OSError:
+        return list(files)
+    return sorted(files, key=lambda f: listed.get(f.name, len(listed)))
 
 
 def read_convergence(path: Path, ruleset: str) -> tuple[bool, float, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -317,3 +318,45 @@ def test_a_checker_crash_that_stops_the_summarizer_leaves_no_official_figure_in_
                for n in sets[0].notes), sets[0].notes
     assert any(f"stops before it prints any row: Multi/{AMD_SYSTEM}/llama31_8b/result_0.txt: the compliance checker "
                "raises FileNotFoundError" in n for n in sets[1].notes), sets[1].notes
+
+
+def _official_rcp(folder: Path) -> str:
+    """rcp_checker.check_directory on FOLDER itself, as the summarizer runs it: 'Pass', 'Fail' or its exception."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    try:
+        ok, _, _ = rcp_checker.check_directory(str(folder), "training", "5.1.0", False, False, rcp_file=None,
+                                               rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+    except Exception as e:
+        return type(e).__name__
+    return "Pass" if ok else "Fail"
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("key", ["global_batch_size", "submission_benchmark"])
+def test_the_rcp_verdict_follows_the_folders_order_as_the_official_checkers_does(tmp_path, key, first) -> None:
+    """A run logging no global_batch_size: the official RCP checker passes over it where its glob lists it first (the
+    folder's own order, no order by name) and stops (KeyError: None) elsewhere. score ran it on copies listed in the
+    scratch folder's order: 'RCP checker failed: KeyError: None' beside an official Pass. A run naming no benchmark
+    is left out here: the note said the official checker stops on it (KeyError: None) whatever it does; it now says
+    what it does on the folder (passes, or stops with its own error)."""
+    folder = tmp_path / "llama31_8b"
+    shutil.copytree(DATA / "University-of-Florida" / "results" / "hpg.dgxb200x8.n32" / "llama31_8b", folder)
+    listed = [n for n in os.listdir(folder) if n.startswith("result_")]
+    name = listed[0] if first else listed[-1]
+    log = folder / name
+    log.chmod(0o644)
+    log.write_text("".join(ln for ln in log.read_text().splitlines(keepends=True) if f'"key": "{key}"' not in ln))
+    official = _official_rcp(folder)
+    if key == "global_batch_size":  # (the published set passes; llama's evaluations read without a benchmark: its
+        assert official == ("Pass" if first else "KeyError"), official  # KeyError 'epoch_num', in either place)
+    [s] = score_path(folder, "5.1.0", jobs=1)
+    said = " ".join(s.notes)
+    if key == "global_batch_size":
+        assert s.rcp.status == ("Pass" if first else "Fail: RCP checker failed: KeyError: None"), s.rcp
+        assert f"{name}: no global_batch_size logged; the official RCP checker reads the set in the folder's order (" \
+               f"{', '.join(listed)})" in said, said
+    else:  # (left out of the RCP check here, and the official verdict said)
+        assert f"{name}: no submission_benchmark read, so left out of the RCP check here; the official RCP checker, " \
+               f"reading every result_*.txt of the folder in its order ({', '.join(listed)}), " in said, said
+        assert ("gives Pass (RCP found" if official == "Pass" else f"stops on such a file ({official}: ") in said, said

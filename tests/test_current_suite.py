@@ -272,7 +272,8 @@ def test_a_file_naming_no_benchmark_is_said_to_be_left_out_of_the_rcp_check(tmp_
     (s,) = score_path(org, jobs=1)
     assert s.rcp.status == "Pass", s.rcp
     assert any(n.startswith("result_0.txt: no submission_benchmark read, so left out of the RCP check here; the "
-                            "official RCP checker stops on such a file (KeyError: None)") for n in s.notes), s.notes
+                            "official RCP checker, reading every result_*.txt of the folder in its order (") and
+               "), stops on such a file (KeyError: None)" in n for n in s.notes), s.notes
 
 
 def test_a_run_stop_before_its_run_start_is_scored_by_the_summarizer_and_its_figure_given(tmp_path: Path) -> None:

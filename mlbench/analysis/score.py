@@ -122,6 +122,30 @@ def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str])
     return ok, msg, factor
 
 
+def _left_out_of_rcp(left: list[RunLog], every: list[Path], ruleset: str) -> str:
+    """The note for runs LEFT out of the set's RCP check (naming no benchmark, or another's), with what the official
+    RCP checker makes of EVERY result file of the folder, as the summarizer runs it: in the folder's own order, since
+    a file naming no benchmark is passed over where it comes first and stops the checker elsewhere (KeyError: None)."""
+    nameless = [r.name for r in left if r.benchmark is None]
+    foreign = [f"{r.name} ({r.benchmark})" for r in left if r.benchmark is not None]
+    what = "; ".join([*([f"{', '.join(nameless)}: no submission_benchmark read"] if nameless else []),
+                      *([f"{', '.join(foreign)}: another benchmark's log"] if foreign else [])])
+    every = mlperf_tools.listing_order(every)
+    official = "is not run here (a file it could not read in time)"
+    if all(compliance.tools_cannot_read(f) is None for f in every):
+        with tempfile.TemporaryDirectory(prefix="mlbench-rcp-") as td:
+            try:
+                ok, msg, factor, _ = mlperf_tools.rcp_check_files(every, ruleset, Path(td))
+                official = f"gives {_rcp_status(ok, msg)} ({msg}, factor {factor:.4f})"
+            except mlperf_tools.ToolsChanged:
+                raise
+            except Exception as e:  # (as in rcp_check: it validates nothing)
+                official = f"stops on such a file ({type(e).__name__}: {e}) and the summarizer gives no RCP verdict " \
+                           f"for the set"
+    return (f"{what}, so left out of the RCP check here; the official RCP checker, reading every result_*.txt of "
+            f"the folder in its order ({', '.join(f.name for f in every)}), {official}")
+
+
 def _stopped_on(files: list[Path], ruleset: str) -> str:
     """' on <file>' for the first of FILES that the RCP checker's reader stops on (its KeyError alone names a key,
     not the file: a run_stop without metadata.status), or '' where each reads."""
@@ -273,21 +297,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
     if (each := _differ([r for r, _ in same if r.benchmark in (benchmark, None)], lambda r: r.gbs)) is not None:
         notes.append(f"the runs log different global_batch_size values ({each}): a set is one batch (the RCP "
                      f"checker compares it with the RCP at one, and fails a set of several)")
-    if rs.smoke:
-        ok, computed = False, 1.0
-        rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
-    elif division == "closed" and benchmark:
-        files = [r.path for r, _ in same if r.benchmark == benchmark]
-        if nameless := [r.name for r, _ in same if r.benchmark is None]:
-            notes.append(f"{', '.join(nameless)}: no submission_benchmark read, so left out of the RCP check here; the "
-                         f"official RCP checker stops on such a file (KeyError: None) and the summarizer gives no "
-                         f"RCP verdict for the set")
-        ok, msg, computed = rcp_check(files, benchmark, ruleset, notes)
-        rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
-    else:
-        ok, computed = False, 1.0
-        why = f"for division {division!r}" if division else "(the logs state no submission_division)"
-        rcp = RcpResult("Skipped", f"no RCP check {why}", 1.0, scaling_json)
+    ok, computed, rcp = _rcp_verdict(rs, same, benchmark, ruleset, division, scaling_json, notes)
     # The factor applied: scaling.json when present (in a published folder, the MLCommons review's factor;
     # it is what the official summarizer applies), else what the RCP pass would write.
     if scaling_json is not None:
@@ -315,6 +325,32 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         required_runs=mlperf_tools.required_runs(benchmark),
         olympic_min=olympic, rcp=rcp, rcp_factor=factor, score_min=score, official_score_min=official,
         notes=notes)
+
+
+def _rcp_verdict(rs: ResultSet, same: list[tuple[RunLog, RunScore]], benchmark: str | None, ruleset: str,
+                 division: str | None, scaling_json: float | None,
+                 notes: list[str]) -> tuple[bool, float, RcpResult]:
+    """The set's RCP check (closed division only; none for tiny runs): (passed, the factor it computes, its result),
+    on the runs of the set's benchmark, read in the folder's order as the official checker reads them."""
+    if rs.smoke:
+        ok, computed = False, 1.0
+        rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
+    elif division == "closed" and benchmark:
+        files = mlperf_tools.listing_order([r.path for r, _ in same if r.benchmark == benchmark])
+        if left := [r for r, _ in same if r.benchmark != benchmark]:
+            notes.append(_left_out_of_rcp(left, [r.path for r, _ in same], ruleset))
+        if batchless := [f.name for f in files if f.name in {r.name for r, _ in same if r.gbs is None}]:
+            notes.append(f"{', '.join(batchless)}: no global_batch_size logged; the official RCP checker reads the "
+                         f"set in the folder's order ({', '.join(f.name for f in files)}) and passes over such a file "
+                         f"only where it comes first (elsewhere: KeyError: None), so its verdict, and this one, hangs "
+                         f"on that order")
+        ok, msg, computed = rcp_check(files, benchmark, ruleset, notes)
+        rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
+    else:
+        ok, computed = False, 1.0
+        why = f"for division {division!r}" if division else "(the logs state no submission_division)"
+        rcp = RcpResult("Skipped", f"no RCP check {why}", 1.0, scaling_json)
+    return ok, computed, rcp
 
 
 def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> float | None:
