@@ -81,6 +81,28 @@ def test_rcp_checker_check_directory(tmp_path):
     assert per_file == [(True, 1_200_000_000, 4096)] * 3
 
 
+def test_rcp_checker_glob_lists_the_files_in_the_order_given(tmp_path):
+    """rcp_checker.check_directory lists the folder through its module's `glob`, which the adapter replaces to give
+    the files in the real folder's order: a run logging no global_batch_size is passed over first, and stops the
+    checker (KeyError: None) after another."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    good = [_log(logs / f"result_{i}.txt", gbs=4096, samples=1_200_000_000, benchmark="gpt3", unit="epoch_num")
+            for i in range(3)]
+    batchless = logs / "result_3.txt"
+    batchless.write_text("".join(ln for ln in good[0].read_text().splitlines(keepends=True)
+                                 if '"global_batch_size"' not in ln))
+    for order, stops in (([batchless, *good], False), ([*good, batchless], True)):
+        scratch = tmp_path / f"scratch_{stops}"
+        scratch.mkdir()
+        if stops:
+            with pytest.raises(KeyError):
+                tools.rcp_check_files(order, "4.1.0", scratch)
+        else:
+            assert tools.rcp_check_files(order, "4.1.0", scratch)[1] == "RCP found", \
+                "rcp_checker.check_directory no longer lists the files through its module's glob in the order given"
+
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mlperf-results"
 
 
