@@ -184,7 +184,21 @@ def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:
     torch.save({"model": {"w": 1}}, junk)
     with pytest.raises(CheckpointError, match="state dict of tensors"):
         reference_state(junk)
+    # a pickle that would call os.system: refused by name (it was torch's advice, cut short before the name)
+    torch.save({"model": _RunsCode(tmp_path / "MARKER")}, junk)
+    with pytest.raises(CheckpointError, match=r"\(it would import posix.system as it is read, which no checkpoint "
+                                              r"holds: refused, nothing of it run\)$"):
+        reference_state(junk)
+    assert not (tmp_path / "MARKER").exists()
 
+
+
+class _RunsCode:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
 
 def test_conversion_refuses_tensors_it_cannot_take_naming_each(tmp_path: Path) -> None:
     """Found by a hostile tester: a sparse, meta or 0-d tensor and an integer key were tracebacks (exit 1); a query

@@ -165,6 +165,11 @@ def test_a_damaged_checkpoint_is_refused_before_launch(llama_checkpoint, tmp_pat
     assert "weights_only" not in str(e.value)
     with pytest.raises(CheckpointError, match=r"cannot read its tensor index \(UnpicklingError"):
         store.match(junk, {}, 32)
+    # a layer's byte record (its _extra_state) garbled: read by the check too (it failed only as the run loaded it)
+    record = _damaged(ckpt, tmp_path / "record", lambda c: (c / data).write_bytes(b"\xff" * size))
+    with pytest.raises(CheckpointError, match=rf"{data}: the record of decoder.layers.\S+_extra_state/shard_\S+ "
+                                              r"cannot be read \(UnpicklingError: .*\); a damaged checkpoint$"):
+        store._check_data_files(record)
 
 
 def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llama_checkpoint, tmp_path: Path,
@@ -175,8 +180,14 @@ def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llam
     ckpt, _ = llama_checkpoint
 
     def garble(c: Path) -> None:
-        f = next(c.glob("*.distcp"))
-        with open(f, "r+b") as out:  # the first tensor's header: its bytes are a zip archive's
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        index = FileSystemReader(str(c)).read_metadata()
+        first = min((info for i, info in index.storage_data.items()  # (a byte record's is refused before launch)
+                     if isinstance(index.state_dict_metadata[i.fqn], TensorStorageMetadata)), key=lambda s: s.offset)
+        with open(c / first.relative_path, "r+b") as out:  # the first tensor's header: its bytes are a zip archive's
+            out.seek(first.offset)
             out.write(b"\xff" * 64)
 
     bad = _damaged(ckpt, tmp_path / "garbled", garble)
@@ -187,7 +198,7 @@ def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llam
     # named as the checkpoint's, in one line (torch's text for 200 KB of such bytes was its advice to load with
     # weights_only=False, cut short at 300 characters)
     assert record["reason"].startswith(f"CheckpointError: --init-checkpoint {bad}: its tensors could not be read ("
-                                       "CheckpointException: _pickle.UnpicklingError: invalid load key"), record
+                                       "CheckpointException: Unsupported operand 255)"), record
     assert record["reason"].endswith("a damaged checkpoint: save or copy it again"), record
     log = (result_dir(tmp_path / "results", "llama31_405b") / "result_0.txt").read_text().splitlines()
     stop = json.loads(log[-1].split(":::MLLOG ", 1)[1])
@@ -298,3 +309,82 @@ def test_a_load_error_is_the_unpicklers_reason_not_torchs_advice() -> None:
     assert load_error(unpickled) == "CheckpointException: Unsupported operand 255"
     wrapped = CheckpointException("load", {0: (RuntimeError("size mismatch"), None)})
     assert load_error(wrapped) == "CheckpointException: RuntimeError: size mismatch"
+
+
+class _RunsCode:
+    """What a hostile checkpoint's pickle holds: loading it calls os.system, which leaves MARKER."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _hostile(folder: Path, marker: Path, where: str) -> Path:
+    """A torch_dist checkpoint folder whose WHERE (.metadata, common.pt or a .distcp byte record) runs code as it
+    is read; the rest is a genuine index of one tensor and one byte record."""
+    import io
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint import metadata as md
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    folder.mkdir()
+    (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist", "sharded_backend_version": 1, '
+                                          '"common_backend": "torch", "common_backend_version": 1}')
+    record = io.BytesIO()
+    torch.save([_RunsCode(marker)] if where == "record" else [None], record)
+    (folder / "__0_0.distcp").write_bytes(record.getvalue() + bytes(24))
+    chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
+    index = md.Metadata(
+        state_dict_metadata={"w": md.TensorStorageMetadata(md.TensorProperties(torch.float32), torch.Size([2, 3]),
+                                                           [chunk]),
+                             "x/shard_0_1": md.BytesStorageMetadata()},
+        storage_data={md.MetadataIndex("x/shard_0_1"): _StorageInfo("__0_0.distcp", 0, len(record.getvalue())),
+                      md.MetadataIndex("w", torch.Size([0, 0])): _StorageInfo("__0_0.distcp",
+                                                                              len(record.getvalue()), 24)})
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker) if where == ".metadata" else index))
+    torch.save({"x": _RunsCode(marker)} if where == "common.pt" else {}, folder / "common.pt")
+    return folder
+
+
+def test_a_checkpoint_whose_index_would_run_code_is_refused_and_nothing_runs(tmp_path: Path, cli) -> None:
+    """torch reads `.metadata` with pickle.load: a hostile checkpoint's index ran os.system in the pre-launch check
+    (and then in every rank), and the check went on to complain of an 'int' that had no storage_meta."""
+    marker = tmp_path / "MARKER"
+    ckpt = _hostile(tmp_path / "ckpt", marker, ".metadata")
+    proc = _run(tmp_path / "results", "gpt3", "--init-checkpoint", str(ckpt), via=cli)
+    _assert_refused(proc, f"--init-checkpoint {ckpt}: .metadata would import posix.system as it is read", "refused")
+    assert len((proc.stdout + proc.stderr).strip().splitlines()) == 1, proc.stdout + proc.stderr
+    assert not marker.exists() and not (tmp_path / "results").exists()
+
+
+def test_common_state_and_byte_records_are_read_as_weights_only(tmp_path: Path, monkeypatch) -> None:
+    """common.pt (megatron-core's torch.load, weights_only unless TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set) and the
+    .distcp byte records (torch's planner: torch.load(weights_only=False), whatever the environment) ran a hostile
+    checkpoint's code: the latter in every rank of a run that then trained as if nothing had happened."""
+    import io
+
+    import torch
+
+    from mlbench.train import cpu_compat
+
+    cpu_compat.enable()  # before megatron-core's import here
+    from mlbench.train.checkpoint import CheckpointError, common_state, store, unpickle
+
+    marker = tmp_path / "MARKER"
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(CheckpointError, match=r"common.pt would import posix.system as it is read"):
+        common_state(_hostile(tmp_path / "common", marker, "common.pt"))
+    record = _hostile(tmp_path / "record", marker, "record")
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp \(the record of x/shard_0_1\) would import posix"):
+        store._check_data_files(record)
+    store._check_data_files(_hostile(tmp_path / "plain", marker, "none"))  # a genuine index and record read
+    # while a checkpoint loads, torch's planner's own torch.load(weights_only=False) is refused too
+    with unpickle.no_code_run(), pytest.raises(Exception, match="GLOBAL posix.system"):
+        torch.load(io.BytesIO((record / "__0_0.distcp").read_bytes()), weights_only=False)
+    assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+    assert unpickle._index_global("torch.distributed.checkpoint.filesystem", "os.system") is None
+    assert not marker.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -142,6 +143,11 @@ def test_zarr_arrays_read_by_slice_across_chunks(tmp_path: Path) -> None:
     wide = torch.randn(400, 16)  # over 200 rows: chunks [50, 2]
     write_array(tmp_path / "wide", wide.numpy())
     assert torch.equal(read(tmp_path / "wide", (slice(37, 301), slice(3, 9))), wide[37:301, 3:9])
+    # numcodecs' pickle codec as a "compressor" unpickled (ran) each chunk it read, where numcodecs is installed
+    meta = json.loads((tmp_path / "wide" / ".zarray").read_text())
+    (tmp_path / "wide" / ".zarray").write_text(json.dumps({**meta, "compressor": {"id": "pickle"}}))
+    with pytest.raises(Exception, match=r"compressor 'pickle'; a zarr checkpoint's arrays are compressed with one"):
+        read(tmp_path / "wide", ())
 
 
 def test_finalize_aborted_ends_a_log_that_never_reached_run_start(tmp_path: Path) -> None:

@@ -75,11 +75,20 @@ _METADATA_BYTES = 1 << 20  # megatron-core's metadata.json: {"sharded_backend": 
 def load_error(e: BaseException) -> str:
     """One line of why a checkpoint file did not load: for a file that is not a pickle, the unpickler's reason, not
     torch.load's advice to load with weights_only=False (which runs whatever the file holds)."""
+    if (name := refused_global(e)) is not None:  # (torch's text was its advice, cut short before the name)
+        return f"it would import {name} as it is read, which no checkpoint holds: refused, nothing of it run"
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.endswith("WeightsUnpickler error:")]
     # torch's CheckpointException: each rank's traceback, its error on its last line
     raised = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception): ", ln)]
     return f"{type(e).__name__}: {(after or raised[-1:] or lines or [''])[0]}"[:200]
+
+
+def refused_global(e: BaseException) -> str | None:
+    """The global (module.name) a pickle named that a safe load refused, if that is why E was raised: torch's
+    weights_only ('unsupported GLOBAL posix.system') and the index's unpickler say it alike."""
+    m = re.search(r"GLOBAL ([\w.]+)", str(e))
+    return m.group(1).rstrip(".") if m else None
 
 
 def partial_prefix(dest: Path) -> str:

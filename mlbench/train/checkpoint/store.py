@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from mlbench import owners
-from mlbench.train.checkpoint import folder
-from mlbench.train.checkpoint.folder import CheckpointError, check_readable, load_error
+from mlbench.train.checkpoint import folder, unpickle
+from mlbench.train.checkpoint.folder import CheckpointError, check_readable, load_error, refused_global
 
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
 # How the distributed optimizer lays out its state, as megatron-LM's training passes it (`metadata` of
@@ -211,8 +211,11 @@ def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple
     check_readable(path)
     zarr_reference.register()
     try:
-        stored = load_sharded_metadata(str(path))
+        with unpickle.no_code_run():
+            stored = load_sharded_metadata(str(path))
     except Exception as e:  # garbage where the index should be: torch's unpickler, megatron's or zarr's reasons
+        if (name := refused_global(e)) is not None:
+            raise unpickle.refused(path, ".metadata", name) from None
         raise CheckpointError(f"--init-checkpoint {path}: cannot read its tensor index ({load_error(e)})") from None
     _check_data_files(Path(path))
     items = {item.key: item for item in tensors(state)}
@@ -242,8 +245,10 @@ def _check_data_files(path: Path) -> None:
         return  # zarr: each array's chunks are checked as they are read
     from torch.distributed.checkpoint import FileSystemReader
 
+    with unpickle.no_code_run():
+        metadata = FileSystemReader(str(path)).read_metadata()
     needed: dict[str, int] = {}
-    for info in FileSystemReader(str(path)).read_metadata().storage_data.values():
+    for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(needed.items()):
         f = path / name
@@ -252,6 +257,7 @@ def _check_data_files(path: Path) -> None:
             got = "is missing" if have is None else f"is {have:,} bytes"
             raise CheckpointError(f"--init-checkpoint {path}: {name} {got}; the checkpoint's index needs {size:,} "
                                   f"(a damaged or partly copied checkpoint)")
+    unpickle.check_byte_records(path, metadata)
 
 
 def common_state(path: str | Path) -> dict:
@@ -259,8 +265,11 @@ def common_state(path: str | Path) -> dict:
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
 
     try:
-        common = load_common_state_dict(str(path))
+        with unpickle.no_code_run():
+            common = load_common_state_dict(str(path))
     except Exception as e:  # torch.load's reason comes with a page of advice about weights_only
+        if (name := refused_global(e)) is not None:
+            raise unpickle.refused(path, "common.pt", name) from None
         raise CheckpointError(f"--init-checkpoint {path}: cannot read common.pt ({load_error(e)})") from None
     return common if isinstance(common, dict) else {}
 
@@ -307,11 +316,14 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
         for m in members:
             m.optimizer.state.clear()
     try:
-        loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
+        with unpickle.no_code_run():
+            loaded = dist_checkpointing.load(state, str(path), strict=StrictHandling.RAISE_UNEXPECTED)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:  # a file's bytes damaged past what the index can tell: torch's CheckpointException
         # (no Exception), whose text was its advice to load with weights_only=False, cut short
+        if (name := refused_global(e)) is not None:  # (changed since the check before launch)
+            raise unpickle.refused(path, "a file", name) from None
         raise CheckpointError(f"--init-checkpoint {path}: its tensors could not be read ({load_error(e)}); a "
                               f"damaged checkpoint: save or copy it again") from None
     for i, chunk in enumerate(model):

@@ -48,9 +48,17 @@ def array_meta(folder: Path) -> dict:
     return meta
 
 
+# numcodecs' compressors: its other codecs (pickle, msgpack, JSON) decode chunks into objects, pickle by running them
+_COMPRESSORS = ("blosc", "zstd", "lz4", "gzip", "zlib", "bz2", "lzma")
+
+
 def _decoder(meta: dict, folder: Path):
     if meta.get("compressor") is None:
         return lambda raw: raw
+    codec = meta["compressor"].get("id") if isinstance(meta["compressor"], dict) else None
+    if codec not in _COMPRESSORS:
+        raise CheckpointingException(f"{folder}: compressor {codec!r}; a zarr checkpoint's arrays are compressed "
+                                     f"with one of {', '.join(_COMPRESSORS)}, or not at all")
     try:
         import numcodecs
     except ImportError:
