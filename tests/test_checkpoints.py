@@ -309,6 +309,13 @@ def test_a_load_error_is_the_unpicklers_reason_not_torchs_advice() -> None:
     assert load_error(unpickled) == "CheckpointException: Unsupported operand 255"
     wrapped = CheckpointException("load", {0: (RuntimeError("size mismatch"), None)})
     assert load_error(wrapped) == "CheckpointException: RuntimeError: size mismatch"
+    # torch's zip reader's advice after its reason cut the run's reason (300 characters) before its own end
+    zipped = CheckpointException("load", {0: (RuntimeError(
+        "PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal "
+        "miniz error. If you are seeing this error, there is a high likelihood that your checkpoint file is "
+        "corrupted."), None)})
+    assert load_error(zipped) == ("CheckpointException: RuntimeError: PytorchStreamReader failed reading zip archive: "
+                                  "failed finding central directory")
 
 
 class _RunsCode:

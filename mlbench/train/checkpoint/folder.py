@@ -81,7 +81,11 @@ def load_error(e: BaseException) -> str:
     after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.endswith("WeightsUnpickler error:")]
     # torch's CheckpointException: each rank's traceback, its error on its last line
     raised = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception): ", ln)]
-    return f"{type(e).__name__}: {(after or raised[-1:] or lines or [''])[0]}"[:200]
+    line = (after or raised[-1:] or lines or [""])[0]
+    # its first sentence: torch's zip reader goes on with advice ('This is an internal miniz error. If you are
+    # seeing this error, ...'), which cut the reason's own end off the run's 300 characters
+    line = re.sub(r"(?<=[a-z)])\. [A-Z].*", "", line)
+    return f"{type(e).__name__}: {line}"[:200]
 
 
 def refused_global(e: BaseException) -> str | None:
