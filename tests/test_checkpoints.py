@@ -6,6 +6,7 @@ optimizer state comes along, and every bad checkpoint is refused with a message 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -395,3 +396,30 @@ def test_common_state_and_byte_records_are_read_as_weights_only(tmp_path: Path, 
     assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
     assert unpickle._index_global("torch.distributed.checkpoint.filesystem", "os.system") is None
     assert not marker.exists()
+
+
+def test_a_checkpoint_holding_nan_is_refused_as_it_loads_before_run_start() -> None:
+    """Bytes damaged inside a tensor's record (its zip archive intact) loaded as NaN: the run started, and aborted
+    at its first step with 'the training loss is nan', after run_start."""
+    import types
+
+    import torch
+
+    from mlbench.train import cpu_compat
+
+    cpu_compat.enable()  # before megatron-core's import here
+    from mlbench.train.checkpoint import CheckpointError, store
+
+    layer = torch.nn.Linear(2, 2)
+    chunk = types.SimpleNamespace(module=layer)  # DDP's wrapper: the model under .module
+    adam = torch.optim.Adam(layer.parameters())
+    member = types.SimpleNamespace(optimizer=adam)
+    adam.state[layer.weight] = {"step": torch.tensor(1.0), "exp_avg_sq": torch.full((2, 2), math.inf)}
+    store._check_finite("ckpt", [chunk], [])  # fresh moments: not the checkpoint's
+    with pytest.raises(CheckpointError, match=r"ckpt: its optimizer state \(exp_avg_sq\) holds NaN or infinite"):
+        store._check_finite("ckpt", [chunk], [member])
+    with torch.no_grad():
+        layer.weight[0, 1] = math.nan
+    with pytest.raises(CheckpointError, match=r"--init-checkpoint ckpt: its weight weight holds NaN or infinite values "
+                                              r"\(a damaged checkpoint, or one saved from a run that diverged\)"):
+        store._check_finite("ckpt", [chunk], [])

@@ -350,9 +350,28 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
         # bf16: the optimizer copied the model's random weights into its fp32 main params when it was built;
         # refresh them from the loaded weights, or the first step would write the random ones back.
         optimizer.reload_model_params()
+    _check_finite(path, model, members if with_optimizer else [])
     return {"path": str(path), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(found.keys),
             "vocab_padding_resized": found.resized, "saved_by": common.get(MLBENCH_KEY)}
+
+
+def _check_finite(path: str | Path, model: list, members: list) -> None:
+    """Every loaded weight and moment is a finite number: bytes damaged inside a tensor's record (its zip archive
+    intact) loaded as NaN, and the run aborted at its first step, its loss NaN, after run_start."""
+    for chunk in model:
+        for name, p in _inner(chunk).named_parameters():
+            if not torch.isfinite(p).all():
+                raise CheckpointError(f"--init-checkpoint {path}: its weight {name} holds NaN or infinite values "
+                                      f"(a damaged checkpoint, or one saved from a run that diverged); a checkpoint "
+                                      f"to start from holds finite numbers")
+    for m in members:
+        for state in m.optimizer.state.values():
+            for key, t in state.items():
+                if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
+                    raise CheckpointError(f"--init-checkpoint {path}: its optimizer state ({key}) holds NaN or "
+                                          f"infinite values (a damaged checkpoint, or one saved from a run that "
+                                          f"diverged); a checkpoint to start from holds finite numbers")
 
 
 def _placeholder_adam_state(inner: torch.optim.Optimizer) -> None:
