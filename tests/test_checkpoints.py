@@ -423,3 +423,43 @@ def test_a_checkpoint_holding_nan_is_refused_as_it_loads_before_run_start() -> N
     with pytest.raises(CheckpointError, match=r"--init-checkpoint ckpt: its weight weight holds NaN or infinite values "
                                               r"\(a damaged checkpoint, or one saved from a run that diverged\)"):
         store._check_finite("ckpt", [chunk], [])
+
+
+def test_a_file_of_the_checkpoint_that_cannot_be_read_is_named_before_launch(tmp_path: Path) -> None:
+    """A data file without read permission passed every check before launch; the run failed as it loaded it, told
+    'a damaged checkpoint: save or copy it again' (the pre-launch check, since it reads the byte records: 'could not
+    be checked: [rank0]: PermissionError'); a folder without search permission was '<path>/metadata.json:
+    Permission denied' alone. Root reads any file: the check runs without the capabilities that allow it."""
+    import shutil as sh
+    import sys
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    for name in (".metadata", "common.pt", "__0_0.distcp"):
+        (ckpt / name).write_bytes(b"x")
+    drop = []
+    if os.geteuid() == 0:
+        if sh.which("setpriv") is None:
+            pytest.skip("root reads every file, and setpriv (util-linux) is not here to drop that capability")
+        caps = "-dac_override,-dac_read_search"
+        drop = ["setpriv", "--bounding-set", caps, "--inh-caps", caps]
+
+    def check() -> str:
+        code = f"from mlbench.train.checkpoint import folder; folder.check_readable({str(ckpt)!r})"
+        proc = subprocess.run([*drop, sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        return proc.stderr.strip().splitlines()[-1] if proc.returncode else ""
+
+    os.chmod(ckpt / "__0_0.distcp", 0)
+    assert check() == (f"mlbench.train.checkpoint.folder.CheckpointError: --init-checkpoint {ckpt}: __0_0.distcp: "
+                       f"Permission denied; a checkpoint's folder and files must be readable by the user running "
+                       f"mlbench")
+    os.chmod(ckpt / "__0_0.distcp", 0o644)
+    assert check() == ""
+    os.chmod(ckpt, 0o644)  # listed, not searched
+    try:
+        assert check().endswith(f"--init-checkpoint {ckpt}: metadata.json: Permission denied; a checkpoint's folder "
+                                f"and files must be readable by the user running mlbench")
+    finally:
+        os.chmod(ckpt, 0o755)

@@ -20,7 +20,28 @@ class CheckpointError(Exception):
 
 def check_readable(path: str | Path) -> None:
     """Fails early, on the launching side, for a path that cannot be a checkpoint to start from."""
-    p = Path(path)
+    try:
+        _check_folder(Path(path), path)
+        _check_files_readable(Path(path), path)
+    except OSError as e:  # (a folder without search permission: '<path>/metadata.json: Permission denied' alone)
+        where = Path(e.filename).name if e.filename else "it"
+        raise CheckpointError(f"--init-checkpoint {path}: {where}: {e.strerror or e}; a checkpoint's folder and "
+                              f"files must be readable by the user running mlbench") from None
+
+
+def _check_files_readable(p: Path, path: str | Path) -> None:
+    """Each file of the checkpoint opens for reading, each folder (a zarr array's) lists: a data file without read
+    permission passed every check and failed as the run loaded it, called 'a damaged checkpoint'."""
+    for f in sorted(p.iterdir()):
+        if f.is_dir():
+            with os.scandir(f):
+                pass
+        else:
+            with open(f, "rb"):
+                pass
+
+
+def _check_folder(p: Path, path: str | Path) -> None:
     if not p.is_dir():
         what = "no such folder" if not p.exists() else "not a folder"  # (a file: it said "no such folder")
         raise CheckpointError(f"--init-checkpoint {path}: {what} (a megatron-core distributed checkpoint folder, "

@@ -120,9 +120,12 @@ def check_byte_records(path: Path, metadata: Any) -> None:
             continue
         if getattr(info, "transform_descriptors", None):
             continue  # stored compressed: read through torch's transforms, weights_only there too
-        with open(path / info.relative_path, "rb") as f:
-            f.seek(info.offset)
-            record = f.read(info.length)
+        try:
+            with open(path / info.relative_path, "rb") as f:
+                f.seek(info.offset)
+                record = f.read(info.length)
+        except OSError as e:
+            raise CheckpointError(f"--init-checkpoint {path}: {info.relative_path}: {e.strerror or e}") from None
         try:
             torch.load(io.BytesIO(record), map_location="cpu", weights_only=True)
         except Exception as e:
