@@ -126,6 +126,18 @@ def _assert_refused(proc, *needles: str) -> None:
     # a FIFO blocked the check (and a run) for ever
     (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "torch_dist"}'),
                 os.mkfifo(p / "common.pt")), ["common.pt is not a regular file or a folder (a FIFO"]),
+    # versions megatron-core does not read, and a backend the files contradict: the index was blamed ('cannot read
+    # its tensor index (CheckpointingException: Cannot find a default strategy ...)'), or every tensor was missing
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "torch_dist", '
+                                                            '"sharded_backend_version": "1"}')),
+     ['metadata.json says sharded_backend_version "1"; this megatron-core reads 1 (a checkpoint of another']),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "torch_dist", '
+                                                            '"common_backend_version": null}')),
+     ["metadata.json says common_backend_version null; this megatron-core reads 1"]),
+    (lambda p: (p.mkdir(), (p / "metadata.json").write_text('{"sharded_backend": "zarr"}'),
+                (p / ".metadata").write_bytes(b"")),
+     ["metadata.json says sharded backend 'zarr', and the folder holds no zarr array (a folder with .zarray) but a "
+      "torch_dist tensor index (.metadata): its metadata.json would say 'torch_dist'"]),
 ])
 def test_unusable_checkpoint_folder_is_refused_before_launch(tmp_path: Path, make, needles, cli) -> None:
     ckpt = tmp_path / "ckpt"

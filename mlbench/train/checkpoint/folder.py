@@ -76,6 +76,7 @@ def _check_folder(p: Path, path: str | Path) -> None:
     if backend not in ("torch_dist", "zarr"):
         raise CheckpointError(f"--init-checkpoint {path}: sharded backend {backend!r}; readable: 'torch_dist' "
                               f"(megatron-core's) and 'zarr' (the MLPerf GPT-3 reference checkpoint's)")
+    _check_versions(data, path)
     # torch reads a checkpoint's files whole: a FIFO or a device among them blocked the check, and the run, for ever
     odd = next((f for f in sorted(p.iterdir()) if not f.is_file() and not f.is_dir()), None)
     if odd is not None:
@@ -87,6 +88,22 @@ def _check_folder(p: Path, path: str | Path) -> None:
             raise CheckpointError(f"--init-checkpoint {path}: no {' and no '.join(absent)}: a torch_dist "
                                   f"checkpoint holds its tensor index (.metadata) and its non-tensor state "
                                   f"(common.pt); this one is incomplete")
+    elif (p / ".metadata").is_file() and not any((f / ".zarray").is_file() for f in p.iterdir() if f.is_dir()):
+        # (zarr's loader found none of the model's tensors: '16 of the model's 16 tensors are not in the checkpoint')
+        raise CheckpointError(f"--init-checkpoint {path}: metadata.json says sharded backend 'zarr', and the folder "
+                              f"holds no zarr array (a folder with .zarray) but a torch_dist tensor index "
+                              f"(.metadata): its metadata.json would say 'torch_dist'")
+
+
+def _check_versions(data: dict, path: str | Path) -> None:
+    """The format versions megatron-core reads: another was 'cannot read its tensor index (CheckpointingException:
+    Cannot find a default strategy for: ('load_sharded', 'torch_dist', 99))', blaming the index."""
+    for key, readable in (("sharded_backend_version", 1), ("common_backend", "torch"), ("common_backend_version", 1)):
+        value = data.get(key, readable)
+        if value != readable or type(value) is not type(readable):
+            raise CheckpointError(f"--init-checkpoint {path}: metadata.json says {key} {json.dumps(value)}; this "
+                                  f"megatron-core reads {json.dumps(readable)} (a checkpoint of another megatron-core, "
+                                  f"or an edited metadata.json)")
 
 
 _METADATA_KEYS = ("sharded_backend", "sharded_backend_version", "common_backend", "common_backend_version")
