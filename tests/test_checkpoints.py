@@ -343,7 +343,8 @@ class _RunsCode:
 
 def _hostile(folder: Path, marker: Path, where: str) -> Path:
     """A torch_dist checkpoint folder whose WHERE (.metadata, common.pt or a .distcp byte record) runs code as it
-    is read; the rest is a genuine index of one tensor and one byte record."""
+    is read, or ("outside") whose index names its data file by a path through '..'; the rest is a genuine index of
+    one tensor and one byte record."""
     import io
     import pickle
 
@@ -357,14 +358,14 @@ def _hostile(folder: Path, marker: Path, where: str) -> Path:
     record = io.BytesIO()
     torch.save([_RunsCode(marker)] if where == "record" else [None], record)
     (folder / "__0_0.distcp").write_bytes(record.getvalue() + bytes(24))
+    data = f"../{folder.name}/__0_0.distcp" if where == "outside" else "__0_0.distcp"  # (the same file, by '..')
     chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
     index = md.Metadata(
         state_dict_metadata={"w": md.TensorStorageMetadata(md.TensorProperties(torch.float32), torch.Size([2, 3]),
                                                            [chunk]),
                              "x/shard_0_1": md.BytesStorageMetadata()},
         storage_data={md.MetadataIndex("x/shard_0_1"): _StorageInfo("__0_0.distcp", 0, len(record.getvalue())),
-                      md.MetadataIndex("w", torch.Size([0, 0])): _StorageInfo("__0_0.distcp",
-                                                                              len(record.getvalue()), 24)})
+                      md.MetadataIndex("w", torch.Size([0, 0])): _StorageInfo(data, len(record.getvalue()), 24)})
     (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker) if where == ".metadata" else index))
     torch.save({"x": _RunsCode(marker)} if where == "common.pt" else {}, folder / "common.pt")
     return folder
@@ -402,6 +403,10 @@ def test_common_state_and_byte_records_are_read_as_weights_only(tmp_path: Path, 
     with pytest.raises(CheckpointError, match=r"__0_0.distcp \(the record of x/shard_0_1\) would import posix"):
         store._check_data_files(record)
     store._check_data_files(_hostile(tmp_path / "plain", marker, "none"))  # a genuine index and record read
+    # torch's reader joins a data file's name to the folder: '../x.distcp' loaded a run's tensors from outside it
+    with pytest.raises(CheckpointError, match=r"its index points at '\.\./outside/__0_0.distcp', outside the "
+                                              r"checkpoint's folder"):
+        store._check_data_files(_hostile(tmp_path / "outside", marker, "outside"))
     # while a checkpoint loads, torch's planner's own torch.load(weights_only=False) is refused too
     with unpickle.no_code_run(), pytest.raises(Exception, match="GLOBAL posix.system"):
         torch.load(io.BytesIO((record / "__0_0.distcp").read_bytes()), weights_only=False)

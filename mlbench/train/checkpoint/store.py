@@ -249,7 +249,12 @@ def _check_data_files(path: Path) -> None:
         metadata = FileSystemReader(str(path)).read_metadata()
     needed: dict[str, int] = {}
     for info in metadata.storage_data.values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+        name = info.relative_path
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            # torch's reader joins it to the folder: '../x.distcp' or '/etc/x' loaded tensors from outside it
+            raise CheckpointError(f"--init-checkpoint {path}: its index points at {name!r}, outside the checkpoint's "
+                                  f"folder; a checkpoint's data files are in its folder (an edited or hostile index)")
+        needed[name] = max(needed.get(name, 0), info.offset + info.length)
     for name, size in sorted(needed.items()):
         f = path / name
         have = f.stat().st_size if f.is_file() else None
