@@ -224,7 +224,7 @@ def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple
         missing = [k for k in items if k not in stored]
         tried = f" (nor under the benchmark's checkpoint names: {', '.join(names)})" if names else ""
         raise CheckpointError(f"--init-checkpoint {path}: {len(missing)} of the model's {len(items)} tensors are "
-                              f"not in the checkpoint{tried}, e.g. {', '.join(missing[:3])}")
+                              f"not in the checkpoint{tried}, e.g. {', '.join(missing[:3])}{_saved_by(path)}")
     differ = {k: (want, got) for k, item in items.items()
               if (want := _global_shape(item)) is not None
               and (got := _global_shape(stored[to_ckpt(k)])) not in (None, want)}
@@ -234,8 +234,23 @@ def match(path: str | Path, state: dict, vocab_size: int, names: dict[str, tuple
     if wrong:
         want, got = differ[wrong[0]]
         raise CheckpointError(f"--init-checkpoint {path}: {len(wrong)} tensors differ in shape from this model, e.g. "
-                              f"{wrong[0]}: checkpoint {list(got)}, model {list(want)} (a different architecture)")
+                              f"{wrong[0]}: checkpoint {list(got)}, model {list(want)} (a different architecture)"
+                              f"{_saved_by(path)}")
     return Match(to_ckpt, stored, list(items), [to_ckpt(k) for k in items if to_ckpt(k) != k], resized)
+
+
+def _saved_by(path: str | Path) -> str:
+    """'; it was saved by mlbench's gpt3 (tiny) run' where common.pt says so: which benchmark a checkpoint that does
+    not fit is of (a tiny gpt3's, loaded by llama31_8b --tiny, was '1 of the model's 9 tensors are not in the
+    checkpoint, e.g. output_layer.weight' alone)."""
+    try:
+        info = common_state(path).get(MLBENCH_KEY)
+    except CheckpointError:
+        return ""
+    if not isinstance(info, dict) or not isinstance(info.get("benchmark"), str):
+        return ""
+    variant = f" ({info['variant']})" if isinstance(info.get("variant"), str) and info["variant"] else ""
+    return f"; it was saved by mlbench's {info['benchmark']}{variant} run"
 
 
 def _check_data_files(path: Path) -> None:
