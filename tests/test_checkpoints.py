@@ -344,8 +344,9 @@ class _RunsCode:
 
 def _hostile(folder: Path, marker: Path, where: str) -> Path:
     """A torch_dist checkpoint folder whose WHERE (.metadata, common.pt or a .distcp byte record) runs code as it
-    is read, or ("outside") whose index names its data file by a path through '..'; the rest is a genuine index of
-    one tensor and one byte record."""
+    is read, or ("outside") whose index names its data file by a path through '..', or whose one chunk of the
+    tensor covers half of it ("partial") or reaches past it ("beyond"); the rest is a genuine index of one tensor
+    and one byte record."""
     import io
     import pickle
 
@@ -360,7 +361,8 @@ def _hostile(folder: Path, marker: Path, where: str) -> Path:
     torch.save([_RunsCode(marker)] if where == "record" else [None], record)
     (folder / "__0_0.distcp").write_bytes(record.getvalue() + bytes(24))
     data = f"../{folder.name}/__0_0.distcp" if where == "outside" else "__0_0.distcp"  # (the same file, by '..')
-    chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
+    sizes = {"partial": [1, 3], "beyond": [3, 3]}.get(where, [2, 3])  # (the tensor is [2, 3])
+    chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size(sizes))
     index = md.Metadata(
         state_dict_metadata={"w": md.TensorStorageMetadata(md.TensorProperties(torch.float32), torch.Size([2, 3]),
                                                            [chunk]),
@@ -481,3 +483,20 @@ def test_a_file_of_the_checkpoint_that_cannot_be_read_is_named_before_launch(tmp
                                 f"and files must be readable by the user running mlbench")
     finally:
         os.chmod(ckpt, 0o755)
+
+
+def test_an_index_that_leaves_part_of_a_tensor_out_is_refused_before_launch(tmp_path: Path) -> None:
+    """A tensor whose index lacked chunks (a damaged or hand-merged .metadata) loaded silently: the part it lacked
+    kept the model's random initialisation, and the run went on, exit 0."""
+    from mlbench.train import cpu_compat
+
+    cpu_compat.enable()  # before megatron-core's import here
+    from mlbench.train.checkpoint import CheckpointError, store
+
+    marker = tmp_path / "MARKER"
+    with pytest.raises(CheckpointError, match=r"its index covers 3 of the 6 values of w \(the rest would keep the "
+                                              r"model's random initialisation\); a damaged index"):
+        store._check_data_files(_hostile(tmp_path / "partial", marker, "partial"))
+    with pytest.raises(CheckpointError, match=r"a chunk of w lies outside its shape \(offsets \[0, 0\], sizes "
+                                              r"\[3, 3\], tensor \[2, 3\]\)"):
+        store._check_data_files(_hostile(tmp_path / "beyond", marker, "beyond"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import math
 import os
 import queue
 from collections.abc import Callable
@@ -277,7 +278,32 @@ def _check_data_files(path: Path) -> None:
             got = "is missing" if have is None else f"is {have:,} bytes"
             raise CheckpointError(f"--init-checkpoint {path}: {name} {got}; the checkpoint's index needs {size:,} "
                                   f"(a damaged or partly copied checkpoint)")
+    _check_coverage(path, metadata)
     unpickle.check_byte_records(path, metadata)
+
+
+def _check_coverage(path: Path, metadata) -> None:
+    """Each tensor's chunks lie within its shape, cover all of it and are each stored: a tensor whose index lacked
+    chunks loaded silently, the part it lacked left as the model's random initialisation."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    for key, meta in metadata.state_dict_metadata.items():
+        if not isinstance(meta, TensorStorageMetadata):
+            continue
+        total, covered = math.prod(meta.size), 0
+        for chunk in meta.chunks:
+            fits = len(chunk.offsets) == len(chunk.sizes) == len(meta.size) and all(
+                min(o, n) >= 0 and o + n <= s for o, n, s in zip(chunk.offsets, chunk.sizes, meta.size, strict=True))
+            if not fits or MetadataIndex(key, chunk.offsets) not in metadata.storage_data:
+                what = "lies outside its shape" if not fits else "is not stored in any data file"
+                raise CheckpointError(f"--init-checkpoint {path}: a chunk of {key} {what} (offsets "
+                                      f"{list(chunk.offsets)}, sizes {list(chunk.sizes)}, tensor {list(meta.size)}); a "
+                                      f"damaged index: save or copy the checkpoint again")
+            covered += math.prod(chunk.sizes)
+        if covered < total:
+            raise CheckpointError(f"--init-checkpoint {path}: its index covers {covered:,} of the {total:,} values of "
+                                  f"{key} (the rest would keep the model's random initialisation); a damaged index: "
+                                  f"save or copy the checkpoint again")
 
 
 def common_state(path: str | Path) -> dict:
