@@ -23,7 +23,8 @@ def check_readable(path: str | Path) -> None:
     try:
         _check_folder(Path(path), path)
         _check_files_readable(Path(path), path)
-    except OSError as e:  # (a folder without search permission: '<path>/metadata.json: Permission denied' alone)
+    except PermissionError as e:  # (a folder without search permission: '<path>/metadata.json: Permission denied'
+        # alone; other OSErrors, a name too long, are the CLI's one line, which names the limit)
         where = Path(e.filename).name if e.filename else "it"
         raise CheckpointError(f"--init-checkpoint {path}: {where}: {e.strerror or e}; a checkpoint's folder and "
                               f"files must be readable by the user running mlbench") from None
