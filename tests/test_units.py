@@ -132,7 +132,7 @@ def test_zarr_arrays_read_by_slice_across_chunks(tmp_path: Path) -> None:
     import torch
     from zarr_reference import write_array
 
-    from mlbench.train.checkpoint.zarr_reference import read
+    from mlbench.train.checkpoint.zarr_reference import array_meta, read
 
     x = torch.randn(3, 17, 24)
     write_array(tmp_path / "f32", x.numpy())  # chunks [1, 17, 3]: 17 does not divide by 8
@@ -148,6 +148,8 @@ def test_zarr_arrays_read_by_slice_across_chunks(tmp_path: Path) -> None:
     (tmp_path / "wide" / ".zarray").write_text(json.dumps({**meta, "compressor": {"id": "pickle"}}))
     with pytest.raises(Exception, match=r"compressor 'pickle'; a zarr checkpoint's arrays are compressed with one"):
         read(tmp_path / "wide", ())
+    with pytest.raises(Exception, match=r"compressor 'pickle'"):  # as the check before launch lists the arrays
+        array_meta(tmp_path / "wide")
 
 
 def test_finalize_aborted_ends_a_log_that_never_reached_run_start(tmp_path: Path) -> None:

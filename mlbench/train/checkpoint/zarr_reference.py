@@ -45,6 +45,11 @@ def array_meta(folder: Path) -> dict:
         raise CheckpointingException(
             f"{folder}: zarr array {meta.get('zarr_format')!r} of dtype {meta.get('dtype')!r} with filters "
             f"{meta.get('filters')!r}; this reader takes zarr v2 arrays of {', '.join(_DTYPES)} without filters")
+    # (here, read as the check before launch lists the arrays, not only as the run reads their chunks)
+    codec = meta["compressor"].get("id") if isinstance(meta.get("compressor"), dict) else meta.get("compressor")
+    if codec is not None and codec not in _COMPRESSORS:
+        raise CheckpointingException(f"{folder}: compressor {codec!r}; a zarr checkpoint's arrays are compressed "
+                                     f"with one of {', '.join(_COMPRESSORS)}, or not at all")
     return meta
 
 
@@ -55,10 +60,6 @@ _COMPRESSORS = ("blosc", "zstd", "lz4", "gzip", "zlib", "bz2", "lzma")
 def _decoder(meta: dict, folder: Path):
     if meta.get("compressor") is None:
         return lambda raw: raw
-    codec = meta["compressor"].get("id") if isinstance(meta["compressor"], dict) else None
-    if codec not in _COMPRESSORS:
-        raise CheckpointingException(f"{folder}: compressor {codec!r}; a zarr checkpoint's arrays are compressed "
-                                     f"with one of {', '.join(_COMPRESSORS)}, or not at all")
     try:
         import numcodecs
     except ImportError:
