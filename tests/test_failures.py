@@ -5,6 +5,7 @@ two ranks, the rank itself at one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -27,12 +28,17 @@ def _start(tmp_path: Path, *extra: str, nproc: int = 2, env: dict | None = None)
                             stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200", **(env or {})))
 
 
-def _wait_for_steps(tmp_path: Path, n: int, timeout: float = 120) -> None:
+def _wait_for_steps(tmp_path: Path, n: int, timeout: float = 120, seed: int | None = None) -> None:
+    """Until a run in progress under TMP_PATH (the one of SEED, where given: an earlier run's staging folder is
+    still there as it is published) has logged N steps."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for events in tmp_path.glob("ci/gpt3/.staging-*/events.jsonl"):
-            if sum('"event": "step"' in line for line in events.read_text().splitlines()) >= n:
-                return
+            with contextlib.suppress(OSError, ValueError):  # (published meanwhile, or its plan not yet written)
+                if seed is not None and json.loads((events.parent / "plan.json").read_text())["seed"] != seed:
+                    continue
+                if sum('"event": "step"' in line for line in events.read_text().splitlines()) >= n:
+                    return
         time.sleep(0.2)
     raise AssertionError(f"no {n} steps within {timeout} s")
 
@@ -154,7 +160,9 @@ def test_ctrl_c_stops_the_set_not_only_the_run_in_progress(tmp_path: Path, quick
     while not (folder / "result_0.json").exists():
         assert time.monotonic() < deadline and proc.poll() is None, "run 1 not published"
         time.sleep(0.2)
-    _wait_for_steps(tmp_path, 2)  # run 2 is training
+    # run 2 (seed 3 + 1) is training: run 1's staging folder may still be there as it is published (a signal then
+    # stopped the set before run 2)
+    _wait_for_steps(tmp_path, 2, seed=4)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, out
