@@ -269,6 +269,8 @@ def _copy(src: Path, dest: Path) -> Path:
 
 
 Damage = Callable[[Path], None]
+_LENGTHS = 34  # where a megatron index's arrays start: the lengths (int32), then the pointers (int64)
+_POINTERS = _LENGTHS + 4 * 300  # the training corpus: 300 sequences
 
 
 def _patch_idx(offset: int, data: bytes) -> Damage:
@@ -311,6 +313,17 @@ DAMAGED = {
     "bin-folder": (_replace_bin(Path.mkdir), "is a folder, not a file", ".bin"),
     "bin-fifo": (_replace_bin(os.mkfifo), "is a FIFO, not a regular file", ".bin"),
     "bin-link-loop": (_replace_bin(_loop), "is a symbolic link loop", ".bin"),
+    # An index whose header lies: each passed, and megatron failed mid-run naming no file ('offset must be
+    # non-negative', a bare AssertionError, 'cannot mmap an empty file') or trained on the wrong tokens.
+    "negative-length": (_patch_idx(_LENGTHS + 4 * 150, (-512).to_bytes(4, "little", signed=True)),
+                        "is damaged: sequence 150 has length -512", ".idx"),
+    "pointer-past-the-bin": (_patch_idx(_POINTERS + 8 * 150, (10**12).to_bytes(8, "little")),
+                             "is damaged: sequence 150 starts at byte 1000000000000 of the .bin, not 153600", ".idx"),
+    "documents-short-of-the-sequences": (_patch_idx(_POINTERS + 8 * 300 + 8 * 300, (299).to_bytes(8, "little")),
+                                         "its document starts run 0 .. 299, not 0 .. 300", ".idx"),
+    "float-tokens": (_patch_idx(17, bytes([7])), "gives float32 tokens; token ids are integers", ".idx"),
+    "no-tokens": (lambda p: [_patch_idx(_LENGTHS, bytes(12 * 300))(p), _truncate(".bin", 0)(p)],
+                  "indexes 300 sequences of 0 tokens", ".idx"),
 }
 
 

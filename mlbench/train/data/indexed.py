@@ -161,15 +161,51 @@ def read_index(prefix: str, flag: str) -> np.ndarray:
                         f"{documents} document indices, {needed} bytes: truncated?")
     if sequences == 0:
         raise UserError(f"{flag}: {idx} indexes no sequences; a prefix must hold tokens")
+    if not np.issubdtype(DTYPES[code], np.integer):
+        raise UserError(f"{flag}: {idx} gives {DTYPES[code].__name__} tokens; token ids are integers (megatron's "
+                        f"preprocess_data.py writes uint16, or int32 for vocabularies over 65,500)")
     lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=_HEADER.size, shape=(sequences,))
-    last = np.memmap(idx, dtype=np.int64, mode="r", offset=_HEADER.size + 4 * sequences + 8 * (sequences - 1),
-                     shape=(1,))
-    expected, bin_size = int(last[0]) + int(lengths[-1]) * np.dtype(DTYPES[code]).itemsize, os.path.getsize(bin_)
+    pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=_HEADER.size + 4 * sequences, shape=(sequences,))
+    starts = np.memmap(idx, dtype=np.int64, mode="r", offset=_HEADER.size + 12 * sequences,
+                       shape=(documents,)) if documents else np.zeros(0, np.int64)
+    if lie := _index_lie(lengths, pointers, starts, np.dtype(DTYPES[code]).itemsize):
+        raise UserError(f"{flag}: {idx} is damaged: {lie} (an index megatron's IndexedDatasetBuilder writes has "
+                        f"none of these; write the dataset again)")
+    expected, bin_size = int(pointers[-1]) + int(lengths[-1]) * np.dtype(DTYPES[code]).itemsize, os.path.getsize(bin_)
     if bin_size != expected:
         raise UserError(f"{flag}: {bin_} is {bin_size} bytes, but its index {idx} says {expected} "
                         f"({sequences} sequences of {DTYPES[code].__name__} tokens): truncated, or the .bin and "
                         f".idx of different datasets?")
+    if tokens(lengths) == 0:
+        raise UserError(f"{flag}: {idx} indexes {sequences} sequences of 0 tokens; a prefix must hold tokens")
     return lengths
+
+
+def _index_lie(lengths: np.ndarray, pointers: np.ndarray, starts: np.ndarray, itemsize: int,
+               chunk: int = 1 << 22) -> str:
+    """What in an index megatron's writer never writes ('' if nothing), read in chunks (an .idx of C4 holds tens
+    of millions of sequences): a negative length, a sequence that does not start where the one before it ends
+    (megatron reads each at its pointer: past the .bin it fails mid-run, inside it trains on the wrong tokens),
+    or document starts that do not run from 0 up to the sequence count (megatron asserts the last)."""
+    if not len(starts) or starts[0] != 0 or starts[-1] != len(lengths):
+        got = f"{int(starts[0])} .. {int(starts[-1])}" if len(starts) else "none"
+        return f"its document starts run {got}, not 0 .. {len(lengths)} (the sequence count)"
+    end = 0  # where the sequence before the chunk ends, in bytes
+    for at in range(0, len(lengths), chunk):
+        n = lengths[at:at + chunk].astype(np.int64)
+        if (bad := np.flatnonzero(n < 0)).size:
+            return f"sequence {at + bad[0]} has length {n[bad[0]]}"
+        ends = end + np.cumsum(n * itemsize)
+        expected = np.concatenate(([end], ends[:-1]))
+        if (bad := np.flatnonzero(pointers[at:at + chunk] != expected)).size:
+            i = bad[0]
+            return f"sequence {at + i} starts at byte {int(pointers[at + i])} of the .bin, not {int(expected[i])}"
+        end = int(ends[-1])
+    for at in range(0, len(starts) - 1, chunk):
+        s = starts[at:at + chunk + 1]
+        if (bad := np.flatnonzero(np.diff(s) < 0)).size:
+            return f"document {at + bad[0] + 1} starts at sequence {int(s[bad[0] + 1])}, before the one before it"
+    return ""
 
 
 def _file_problem(path: str) -> str:
