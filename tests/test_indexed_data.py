@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -249,6 +250,18 @@ def test_a_blend_weight_must_be_positive_and_finite(spec: str) -> None:
     with pytest.raises(UserError, match="weights must be positive finite numbers"):  # NaN and inf passed
         parse_blend(spec)
     assert parse_blend("0.25 /a 0.75 /b") == (["/a", "/b"], [0.25, 0.75])
+
+
+@pytest.mark.parametrize(("spec", "says"), [("1e308 /a 1e308 /b", "the weights sum past float64's range (inf)"),
+                                           ("1e300 /a 1e-300 /b", "weight 1e-300 is 0 beside their sum 1e+300")])
+def test_blend_weights_megatron_cannot_normalize_are_refused(spec: str, says: str) -> None:
+    """megatron divides the weights by their sum and asserts each is positive: both failed mid-run as a bare
+    AssertionError."""
+    from mlbench.train.data.indexed import parse_blend
+
+    with pytest.raises(UserError, match=re.escape(f"data blend {spec!r}: {says}")):
+        parse_blend(spec)
+    assert parse_blend("1e-300 /a 1 /b")[1] == [1e-300, 1.0]  # tiny beside its sum, but not 0: megatron takes it
 
 
 def test_a_blend_weight_in_unicode_digits_is_refused() -> None:

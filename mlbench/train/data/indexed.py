@@ -71,10 +71,24 @@ def parse_blend(spec: str) -> Blend:
         if weights is not None:
             if not all(0 < w < math.inf for w in weights):  # (NaN fails every comparison)
                 raise UserError(f"data blend {spec!r}: weights must be positive finite numbers")
+            _check_normalizable(spec, weights)
             return parts[1::2], weights
     if any(_is_number(p) for p in parts):
         raise UserError(f"data blend {spec!r}: give a weight before every prefix, or none at all")
     return parts, None
+
+
+def _check_normalizable(spec: str, weights: list[float]) -> None:
+    """megatron divides the weights by their float64 sum (datasets.utils.normalize), then asserts each is
+    positive and they sum to 1: a sum past float64 (1e308 twice) or a weight that vanishes beside it (1e-300 with
+    1e300) failed there, mid-run, as a bare AssertionError."""
+    total = float(np.sum(np.array(weights, dtype=np.float64)))
+    if not total < math.inf:
+        raise UserError(f"data blend {spec!r}: the weights sum past float64's range ({total}); only their ratios "
+                        f"matter: give smaller ones, e.g. fractions that sum to 1")
+    if vanish := next((w for w in weights if not w / total > 0), None):
+        raise UserError(f"data blend {spec!r}: weight {vanish!r} is 0 beside their sum {total!r} (float64); only "
+                        f"their ratios matter: give weights within a factor of 1e300 of each other")
 
 
 def _is_number(s: str) -> bool:
