@@ -63,10 +63,18 @@ def test_reads_examples_as_tensorflow_writes_them(tmp_path: Path) -> None:
     for damage, message in ((lambda b: b[:-7], "record 2 .*cut short"),
                             (lambda b: b[:size + 20] + b"?" + b[size + 21:], f"record 1 \\(byte {size}\\).*bytes fail"),
                             (lambda b: b[:size + 1] + b"\x07" + b[size + 2:], "record 1 .*length field"),
-                            (lambda b: b"input_ids,masked_lm_ids\n" * 4, "record 0 .*length field")):
+                            (lambda b: b"input_ids,masked_lm_ids\n" * 4, "record 0 .*length field"),
+                            # a length of 2**40 under a sound CRC: a MemoryError naming nothing
+                            (lambda b: _huge_length(b, 2**40), f"record 0 .*{2**40} bytes is cut short: the file has "
+                                                               f"{len(good) - 16} left")):
         bad.write_bytes(damage(good))
         with pytest.raises(RecordError, match=message):
             list(records(bad))
+
+
+def _huge_length(good: bytes, length: int) -> bytes:
+    head = length.to_bytes(8, "little")
+    return head + masked_crc(head).to_bytes(4, "little") + good[12:]
 
 
 def _damaged(name: str, value: object, at: int = 2) -> dict[str, np.ndarray]:
@@ -223,3 +231,11 @@ def test_a_data_path_that_is_no_file_says_what_it_is(tmp_path: Path) -> None:
         bert_records.files(str(tmp_path / "pipe"), "--data-path")
     with pytest.raises(UserError, match=r": no such file, folder or matching files"):
         bert_records.files(str(tmp_path / "missing"), "--data-path")
+    # matched by a pattern: it was taken, and the run blocked on it for ever (a folder: IsADirectoryError mid-run)
+    (tmp_path / "part-0").write_bytes(b"")
+    with pytest.raises(UserError, match=r"^--data-path \S+/pipe: a named pipe, not a regular file"):
+        bert_records.files(f"{tmp_path}/p*", "--data-path")
+    (tmp_path / "pipe").unlink()
+    (tmp_path / "part-1").mkdir()
+    with pytest.raises(UserError, match=r"^--data-path \S+/part-1: a folder"):
+        bert_records.files(f"{tmp_path}/part-*", "--data-path")

@@ -50,10 +50,13 @@ def files(spec: str, flag: str) -> list[str]:
             here = [str(p) for p in Path(part).iterdir() if p.is_file()]
         else:
             here = glob.glob(part) if any(c in part for c in "*?[") else [part] if Path(part).is_file() else []
-        if not here and os.path.lexists(part) and not any(c in part for c in "*?["):  # there, but no file: what
+        pattern = any(c in part for c in "*?[")
+        # There, but no file (a FIFO, which the run would block on for ever; a folder a pattern matches): say what
+        no_file = [m for m in here if not Path(m).is_file()]
+        for there in no_file or ([part] if not here and not pattern and os.path.lexists(part) else []):
             from mlbench.logfile import why_not_a_file
 
-            raise UserError(f"{flag} {part}: {why_not_a_file(part)} (MLPerf BERT's TFRecord shards are regular "
+            raise UserError(f"{flag} {there}: {why_not_a_file(there)} (MLPerf BERT's TFRecord shards are regular "
                             f"files)")
         if not here:
             raise UserError(f"{flag} {part}: no such file, folder or matching files (MLPerf BERT's TFRecord "

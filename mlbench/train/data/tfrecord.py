@@ -10,6 +10,7 @@ foreign file is an error naming the record, not garbage in the batch (google-crc
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,14 +32,20 @@ def masked_crc(data: bytes) -> int:
 def records(path: str | Path) -> Iterator[bytes]:
     """The serialized records of one TFRecord file, in order."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         index = offset = 0
-        while header := f.read(12):
+        while offset < size and (header := f.read(12)):  # what was there at open: a file appended to mid-pass
             where = f"{path}: record {index} (byte {offset})"
             if len(header) < 12:
                 raise RecordError(f"{where}: truncated record header (not a TFRecord file?)")
             length, length_crc = struct.unpack("<QI", header)
             if masked_crc(header[:8]) != length_crc:
                 raise RecordError(f"{where}: the length field fails its CRC32-C (not a TFRecord file, or corrupt)")
+            # Held against what the file has left before reading: a length field of 2**40 (its CRC sound) was a
+            # MemoryError naming nothing
+            if length + 4 > size - offset - 12:
+                raise RecordError(f"{where}: a record of {length} bytes is cut short: the file has "
+                                  f"{max(size - offset - 16, 0)} left (truncated file)")
             data = f.read(length + 4)
             if len(data) < length + 4:
                 raise RecordError(f"{where}: a record of {length} bytes is cut short (truncated file)")
