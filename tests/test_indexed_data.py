@@ -109,6 +109,28 @@ def test_indexed_source(definitions: Path, corpus: dict, tmp_path: Path, held_ou
         a.train_batch(10**6, rng)
 
 
+@pytest.mark.parametrize("bad_id", [-1, -3, 128])
+def test_a_token_id_outside_the_vocabulary_is_named_with_its_file(definitions: Path, corpus: dict, tmp_path: Path,
+                                                                  bad_id: int) -> None:
+    """-1 (megatron's padding id) passed as padding: megatron made it token 0 with its label masked, and the run
+    trained on; -3 was reported as 'token id 127 outside the model's vocabulary'; no reason named the file."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = tmp_path / "signed"
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int16)
+    for d in MarkovSource(128).sample(300, 512, np.random.default_rng(1)):
+        builder.add_document(torch.from_numpy(d), [512])
+    builder.finalize(f"{prefix}.idx")
+    raw = np.memmap(f"{prefix}.bin", dtype=np.int16, mode="r+")
+    raw[::1000] = bad_id  # in every sample
+    raw.flush()
+    src = data_lib.indexed_source(_bench(definitions, prefix, corpus["eval"]), seed=7, global_batch=GBS, steps=STEPS,
+                                  cache=tmp_path / "cache")
+    with pytest.raises(ValueError, match=rf"^{prefix}.bin: training sample \d+ holds token id {bad_id}, outside the "
+                                         r"model's vocabulary \[0, 128\): prepared with another tokenizer\?$"):
+        src.train_batch(0, np.random.default_rng(0))
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_eval_split_packed_whole_keeps_its_partial_sequence(definitions: Path, corpus: dict, tmp_path: Path,
                                                             keep: bool) -> None:

@@ -38,16 +38,27 @@ class IndexedTokens(TokenSource):
             raise ValueError(f"the {what} dataset has {len(dataset)} samples; samples up to {start + n} requested")
         out = np.empty((n, self.seq_length + 1), dtype=np.int64)
         for j in range(n):
+            self._check_ids(dataset, start + j, what)
             s = dataset[start + j]  # GPTDataset: tokens, and labels = the tokens shifted by one
             out[j, :-1] = s["tokens"].numpy()
             out[j, -1] = int(s["labels"][-1])
             # megatron zeroes its padding in tokens and labels and masks those labels' loss: mark them again
             out[j, 1:][s["loss_mask"].numpy() == 0] = PAD
-        # A token id past the embedding would fail deep inside the model; name the likely cause instead.
-        if n and (out.min() < PAD or out.max() >= self.vocab_size):  # n is 0 for a share of only padding
-            raise ValueError(f"{what} data holds token id {int(out.max())} outside the model's vocabulary "
-                             f"({self.vocab_size}): prepared with another tokenizer?")
         return out
+
+    def _check_ids(self, dataset: Any, i: int, what: str) -> None:
+        """Sample i's tokens as its .bin holds them, each a token of the vocabulary. Checked before megatron's
+        __getitem__ turns its padding id (-1) into token 0 and a masked label: a -1 in the data would pass as
+        padding, and an id past the embedding fails deep inside the model (on a GPU, a device assert)."""
+        if hasattr(dataset, "dataset_index"):  # a BlendedDataset: the prefix's dataset and its sample
+            dataset, i = dataset.datasets[dataset.dataset_index[i]], int(dataset.dataset_sample_index[i])
+        text, _ = dataset._query_document_sample_shuffle_indices(i)
+        real = len(text) - int(np.argmax(text[::-1] != PAD)) if (text != PAD).any() else 0  # padding: at the end
+        bad = np.flatnonzero((text[:real] < 0) | (text[:real] >= self.vocab_size))
+        if bad.size:
+            raise ValueError(f"{dataset.dataset.path_prefix}.bin: {what} sample {i} holds token id "
+                             f"{int(text[bad[0]])}, outside the model's vocabulary [0, {self.vocab_size}): "
+                             f"prepared with another tokenizer?")
 
     def train_batch(self, step: int, rng: np.random.Generator, rows: slice = ALL) -> np.ndarray:
         start, stop, _ = rows.indices(self.global_batch)
