@@ -131,6 +131,33 @@ def test_a_token_id_outside_the_vocabulary_is_named_with_its_file(definitions: P
         src.train_batch(0, np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("damage", ["cut-short", "empty"])
+def test_an_index_cache_a_killed_run_left_is_built_again(definitions: Path, corpus: dict, tmp_path: Path,
+                                                         damage: str) -> None:
+    """Across nodes the cache outlives a run, and megatron writes it in place: a file a kill cut short was taken as
+    a hit, and every later run aborted ('mmap length is greater than file size', 'No data left in file')."""
+    bench = _bench(definitions, corpus["train"], corpus["eval"])
+
+    def batch() -> np.ndarray:
+        src = data_lib.indexed_source(bench, seed=7, global_batch=GBS, steps=STEPS, cache=tmp_path / "cache")
+        return src.train_batch(3, np.random.default_rng(0))
+
+    first = batch()
+    shuffle = next((tmp_path / "cache").glob("*-train-shuffle_index.npy"))
+    shuffle.write_bytes(shuffle.read_bytes()[:len(shuffle.read_bytes()) // 2] if damage == "cut-short" else b"")
+    np.testing.assert_array_equal(batch(), first)
+
+
+def test_a_shared_index_cache_that_is_no_folder_is_refused_before_launch(definitions: Path, corpus: dict,
+                                                                         tmp_path: Path) -> None:
+    """Rank 0 found it mid-run (FileExistsError from makedirs), naming nothing."""
+    prefix = _copy(corpus["train"], tmp_path / "train")
+    (tmp_path / "mlbench_index_cache").write_text("")
+    with pytest.raises(UserError, match=f"in {tmp_path}/mlbench_index_cache, but something other than a folder"):
+        data_lib.check(_bench(definitions, prefix, corpus["eval"]), 2, dry_run=False, overridden=True)
+    data_lib.check(_bench(definitions, prefix, corpus["eval"]), 1, dry_run=False, overridden=True)  # one node: unused
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_eval_split_packed_whole_keeps_its_partial_sequence(definitions: Path, corpus: dict, tmp_path: Path,
                                                             keep: bool) -> None:

@@ -109,7 +109,19 @@ def _check_indexed(bench: Benchmark, nodes: int) -> None:
     elif shortfall := eval_shortfall(bench, evals, eval_lengths):
         raise UserError(f"--eval-data-path: {shortfall}")
     if nodes > 1:
-        folder = Path(train[0]).parent
-        if not os.access(folder, os.W_OK):
-            raise UserError(f"a run across nodes caches megatron's indices next to the data, but {folder} is not "
-                            f"writable")
+        _check_shared_cache(Path(train[0]).parent)
+
+
+def _check_shared_cache(folder: Path) -> None:
+    """A run across nodes caches megatron's indices in FOLDER/mlbench_index_cache: rank 0 creates it (or adds
+    to it) mid-run, where a file in its place or a folder it cannot write failed naming neither."""
+    cache = folder / "mlbench_index_cache"
+    if os.path.lexists(cache) or os.path.isdir(cache):
+        if not cache.is_dir():
+            raise UserError(f"a run across nodes caches megatron's indices in {cache}, but something other than "
+                            f"a folder is there: remove it, or give the data from a folder where that name is free")
+        if not os.access(cache, os.W_OK | os.X_OK):
+            raise UserError(f"a run across nodes caches megatron's indices in {cache}, but it is not writable")
+    elif not os.access(folder, os.W_OK):
+        raise UserError(f"a run across nodes caches megatron's indices next to the data, but {folder} is not "
+                        f"writable")

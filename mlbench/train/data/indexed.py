@@ -293,6 +293,26 @@ def eval_shortfall(bench: Benchmark, blend: Blend, lengths: list[np.ndarray]) ->
             f"evaluates on {bench.eval.samples} (eval.samples): give a larger eval set")
 
 
+def _drop_broken_cache(cache: Path) -> None:
+    """Remove the index caches megatron would fail on (rank 0 alone, before it builds; the other ranks read the
+    cache only after it): megatron takes a cache whose four files are there as a hit, but writes them in place, so
+    a run killed while it wrote left a file cut short (or empty), and every later run across nodes with the same
+    data aborted reading it ('mmap length is greater than file size', naming no file). Dropping the cache's files
+    (all that share its hash) makes megatron build it again."""
+    import torch.distributed as dist
+
+    if (dist.is_initialized() and dist.get_rank() != 0) or not cache.is_dir():
+        return
+    for npy in cache.glob("*.npy"):
+        try:
+            np.load(npy, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            continue  # its cache dropped already
+        except (OSError, ValueError, EOFError):
+            for f in cache.glob(f"{npy.name.split('-', 1)[0]}-*"):
+                f.unlink(missing_ok=True)
+
+
 # ---- the indexed source ---------------------------------------------------------------------------------
 
 
@@ -343,6 +363,7 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
         sizes[which] = size
         return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[which]
 
+    _drop_broken_cache(cache)
     train = build(seed, 0, n_train)
     # The data seed, not the run's: every run evaluates on the same set. Kept whole, the split is one epoch
     # (size None): a size would make megatron wrap into a second epoch to fill the partial sequence.
