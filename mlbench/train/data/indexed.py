@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass
@@ -116,10 +117,12 @@ def absolute_blend(spec: str, flag: str) -> str:
     if not spec.strip():
         return spec  # no data path: `check` says what to pass
     parts = spec.split()
-    spaced = _spaced_prefix(parts)
+    spaced = _spaced_prefix(spec)
     if spaced:
-        raise UserError(f"{flag} {spec!r}: {spaced} is a dataset prefix holding a space, but a blend's prefixes "
-                        f"and weights are separated by spaces; link or move the data to a path without one")
+        plain = spaced.isprintable()  # spaces alone; a newline or tab is shown escaped, on the one line
+        raise UserError(f"{flag} {spec!r}: {spaced if plain else repr(spaced)} is a dataset prefix holding "
+                        f"{'a space' if plain else 'white space'}, but a blend's prefixes "
+                        f"and weights are separated by white space; link or move the data to a path without it")
     prefixes, weights = parse_blend(spec)
     absolute = [os.path.abspath(p) for p in prefixes]
     if weights is None:
@@ -128,16 +131,18 @@ def absolute_blend(spec: str, flag: str) -> str:
     return " ".join(parts)
 
 
-def _spaced_prefix(parts: list[str], longest: int = 8) -> str | None:
-    """Consecutive parts that, joined by a space, name an existing prefix no part names on its own."""
+def _spaced_prefix(spec: str, longest: int = 8) -> str | None:
+    """Consecutive parts of SPEC that, joined by the white space between them in SPEC (a space, a tab, a
+    newline), name an existing prefix no part names on its own."""
     def exists(prefix: str) -> bool:
         return any(os.path.lexists(f"{prefix}{ext}") for ext in (".bin", ".idx"))
 
-    for i, first in enumerate(parts):
-        if _is_number(first) or exists(first):
+    spans = [m.span() for m in re.finditer(r"\S+", spec)]
+    for i, (start, end) in enumerate(spans):
+        if _is_number(spec[start:end]) or exists(spec[start:end]):
             continue
-        for j in range(i + 2, min(len(parts), i + longest) + 1):
-            if exists(joined := " ".join(parts[i:j])):
+        for j in range(i + 1, min(len(spans), i + longest)):
+            if exists(joined := spec[start:spans[j][1]]):
                 return joined
     return None
 
