@@ -58,7 +58,7 @@ class Progress:
                                    f"{e.get('seconds', 0):.1f} s, untimed)")
             elif kind in ("checkpoint_saved", "checkpoint_failed"):
                 done = (f"saved in {e.get('seconds', 0):.1f} s to" if kind == "checkpoint_saved" else "NOT saved to")
-                # rank 0 stopped for another's failure: its own words ('Aborted: signal SIGTERM') are not the cause,
+                # rank 0 stopped for another's failure: its own words ('stopped by SIGTERM') are not the cause,
                 # which the run's summary names once every rank has ended
                 why = "another process of the run failed (named below)" if e.get("consequent") else e.get("reason")
                 self.console.print(f"checkpoint {done} {e['path']}{': ' + why if why else ''}")

@@ -18,7 +18,7 @@ from mlbench import layout as layout_lib
 from mlbench import rcp_schedule, registry, results
 from mlbench.run_plan import RunPlan, stop_reason_path
 from mlbench.train import interrupt
-from mlbench.train.loop import Aborted, stop_handler
+from mlbench.train.loop import Aborted, failure_reason, stop_handler
 from mlbench.train.reporter import Reporter
 
 
@@ -72,14 +72,34 @@ def test_a_stop_signal_inside_run_stop_writes_one_run_stop(reporter, monkeypatch
     """run_stop is two lines (train_samples, run_stop): a signal between them left a run stopped twice."""
     plan, report = reporter
     _signal_inside_encoding(monkeypatch)
-    with pytest.raises(Aborted, match="signal SIGTERM"):
+    with pytest.raises(Aborted, match="stopped by SIGTERM"):
         report.run_stop(10, "success")
     monkeypatch.undo()
-    report.aborted("signal SIGTERM")
+    report.aborted("stopped by SIGTERM")
     report.close()
     log = mllog(plan.log_path)
     assert [e["metadata"]["status"] for e in log if e["key"] == "run_stop"] == ["success"]
     assert [e["key"] for e in log].count("train_samples") == 1
+
+
+def test_a_stop_is_logged_in_the_words_the_record_and_the_end_line_give(reporter) -> None:
+    """A hang (or a stop signal) stopped by the supervisor: the log's run_stop said 'Aborted: hang: no progress for
+    3 s' where the record and the end line said 'hang: no progress for 3 s', at every launcher; a diverged run's
+    reason began 'Aborted: ' everywhere (the exception's class name). A stop is now said in its own words alone."""
+    plan, report = reporter
+    stop_reason_path(plan.events_path).write_text("hang: no progress for 3 s")
+    with pytest.raises(Aborted) as stopped:
+        os.kill(os.getpid(), signal.SIGTERM)
+    report.aborted(failure_reason(stopped.value))  # what the loop does with it
+    report.close()
+    [stop] = [e for e in mllog(plan.log_path) if e["key"] == "run_stop"]
+    assert stop["metadata"]["reason"] == "hang: no progress for 3 s", stop
+    assert failure_reason(Aborted("the training loss is nan at step 5")) == "the training loss is nan at step 5"
+    stop_reason_path(plan.events_path).unlink()
+    with pytest.raises(Aborted) as outside:  # no reason left: another process's SIGTERM, or the launcher's
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert failure_reason(outside.value) == "stopped by SIGTERM" and outside.value.consequent
+    assert failure_reason(RuntimeError("boom")) == "RuntimeError: boom"  # a failure keeps its type
 
 
 def test_a_write_that_fails_of_itself_raises_its_own_error_and_drops_the_signal() -> None:

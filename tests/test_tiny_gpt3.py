@@ -148,7 +148,7 @@ def test_a_diverged_run_stops_at_its_first_non_finite_loss(tmp_path: Path) -> No
     # strict JSON: the NaN loss is null, its key kept (the record held bare NaN, which jq and JSON.parse refuse)
     record = json.loads((result_dir(root, "gpt3") / "result_0.json").read_text(), parse_constant=refuse)
     assert record["status"] == "aborted" and len(record["steps"]) == 2, record["reason"]
-    assert record["reason"].startswith("Aborted: the training loss is nan at step 2: a run whose loss is not a finite")
+    assert record["reason"].startswith("the training loss is nan at step 2: a run whose loss is not a finite number")
     last = record["steps"][-1]
     assert last["step"] == 2 and last["loss"] is None and set(last) == set(record["steps"][0])
     stops = [e for e in mllog(result_dir(root, "gpt3") / "result_0.txt") if e["key"] == "run_stop"]

@@ -71,7 +71,7 @@ def stop_handler(plan: RunPlan) -> Callable:
         except OSError:
             why = ""
         # no reason: the launcher stops every rank because another failed (or someone outside sent it)
-        interrupt.deliver(Aborted(why or f"signal {signal.Signals(signum).name}", consequent=not why))
+        interrupt.deliver(Aborted(why or f"stopped by {signal.Signals(signum).name}", consequent=not why))
     return on_sigterm
 
 
@@ -122,7 +122,11 @@ def train(plan: RunPlan) -> int:
 
 
 def failure_reason(e: BaseException) -> str:
-    """E in one line (a checkpoint writer's: the first failing rank's), at most 300 characters."""
+    """E in one line (a checkpoint writer's: the first failing rank's), at most 300 characters. A stop (Aborted) is
+    its reason alone, in the supervisor's words: the log's run_stop said 'Aborted: hang: no progress for 300 s'
+    where the record and the end line said 'hang: no progress for 300 s'."""
+    if isinstance(e, Aborted):
+        return str(e).splitlines()[0][:300] if str(e) else "stopped"
     failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's: each rank's (exception, traceback)
     if isinstance(failures, dict) and failures:
         rank, failure = next(iter(failures.items()))
