@@ -60,6 +60,7 @@ class RunResult:
     published: bool = True  # False: nothing of the run was left in the results folder (e.g. a full disk)
     stopped_by: str = ""  # a stop signal the run received (Ctrl-C, a closed terminal, preemption): the set ends
     error_after_run_stop: str = ""  # the run reached its target, then a rank failed or a signal came
+    stopped_after_run_stop: bool = False  # error_after_run_stop is a stop signal alone, no failure
 
     @property
     def ok(self) -> bool:  # what the command's exit code reports
@@ -289,7 +290,8 @@ class RunSet:
             return self._not_published(str(e), staging, outcome)
         result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
                            outcome.checkpoint_error, stopped_by=outcome.signal,
-                           error_after_run_stop=outcome.error_after_run_stop)
+                           error_after_run_stop=outcome.error_after_run_stop,
+                           stopped_after_run_stop=outcome.stopped_after_run_stop)
         _summary(console, bench, result)
         return result
 
@@ -301,9 +303,10 @@ class RunSet:
             return outcome
         what = f"{self.held[0]} received while the run was checked and published (held until it was published)"
         after = f"{outcome.error_after_run_stop}; {what}" if outcome.error_after_run_stop else what
-        return dataclasses.replace(outcome, signal=self.held[0],
-                                   error_after_run_stop=after if outcome.status == "success" else
-                                   outcome.error_after_run_stop)
+        if outcome.status != "success":
+            return dataclasses.replace(outcome, signal=self.held[0])
+        return dataclasses.replace(outcome, signal=self.held[0], error_after_run_stop=after,
+                                   stopped_after_run_stop=not outcome.error_after_run_stop)
 
     def _not_published(self, why: str, staging: Path, outcome: Outcome) -> RunResult:
         """A run whose log could not be completed or placed (a full disk): its files are set aside under logs/, for
@@ -349,6 +352,8 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
             console.print(f"  rank logs in {logs}", highlight=False, soft_wrap=True)
     if r.checkpoint_error:
         console.print(Text.assemble("  ", ("checkpoint not saved", "red"), f": {r.checkpoint_error}"))
-    if r.error_after_run_stop:
+    if r.error_after_run_stop and r.stopped_after_run_stop:  # a stop signal as the run ended: nothing failed
+        console.print(Text.assemble("  ", (r.error_after_run_stop, "yellow"), ": the result stands"))
+    elif r.error_after_run_stop:
         console.print(Text.assemble("  ", ("failed after run_stop", "red"), f" (the result stands): "
                                     f"{r.error_after_run_stop}"))

@@ -853,11 +853,50 @@ def test_a_stop_signal_once_the_run_ended_is_said_and_ends_the_command_non_zero(
     if when == "checked":
         assert record["error_after_run_stop"] == "SIGINT received while the run was checked and published (held " \
                                                  "until it was published)", record
-        assert "failed after run_stop (the result stands): SIGINT received" in said, said
+        assert "  SIGINT received while the run was checked and published (held until it was published): the " \
+               "result stands\n" in said and "failed" not in said, said
     else:
         assert record["error_after_run_stop"] is None and "SIGINT received after the last run was published: " \
                                                           "nothing was left to stop" in said, said
     assert runs.results[0].status == "success" and runs.results[0].stopped_by == ("SIGINT" if when == "checked" else "")
+
+
+def test_a_stop_signal_as_the_run_ends_is_said_as_a_stop_and_a_save_it_prevented_as_not_saved(tmp_path: Path) -> None:
+    """Ctrl-C as the run's ranks closed their logs, the checkpoint saved: the end lines said 'checkpoint saved',
+    then 'failed after run_stop (the result stands): received SIGINT', which read as contradictory (nothing had
+    failed). Ctrl-C before the save began (in the measured-memory record, after run_stop) left the checkpoint
+    unsaved without a word: no 'checkpoint not saved', its record's checkpoint_error null. At every launcher."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from mlbench import runner
+    from mlbench.launch import supervise as sup
+
+    plan = dataclasses.replace(_plan(tmp_path), save_checkpoint=str(tmp_path / "ck"))
+    cmd = Command(["true"], {}, stdout=tmp_path / "out.log", what="rank 0 (the only rank)")
+    ended = [{"event": "stopped", "status": "success", "step": 20, "reason": ""}]
+    saved = [*ended, {"event": "checkpoint_saving", "path": plan.save_checkpoint},
+             {"event": "checkpoint_saved", "path": plan.save_checkpoint, "seconds": 0.1}]
+    log = sup._LogEnd(tmp_path / "mlperf.log", plan, False)
+    late = sup._judge(cmd, 1, saved, "received SIGINT", "SIGINT", log, by_signal=True)
+    assert (late.status, late.checkpoint_error, late.signal) == ("success", "", "SIGINT"), late
+    assert late.error_after_run_stop == "received SIGINT after run_stop, as the run ended" and \
+        late.stopped_after_run_stop, late
+    early = sup._judge(cmd, 1, ended, "received SIGINT", "SIGINT", log, by_signal=True)
+    assert early.checkpoint_error == "received SIGINT" and not early.error_after_run_stop, early
+    # a rank that failed after run_stop is still a failure, said as one
+    failed = sup._judge(cmd, 3, saved, "", "", log)
+    assert failed.error_after_run_stop and not failed.stopped_after_run_stop, failed
+
+    console = Console(file=io.StringIO(), width=1 << 20)
+    bench = registry.load("gpt3", tiny=True)
+    runner._summary(console, bench, runner.RunResult(
+        tmp_path / "result_0.txt", "success", 1.0, 3.0, True, "", stopped_by="SIGINT",
+        error_after_run_stop=late.error_after_run_stop, stopped_after_run_stop=True))
+    said = console.file.getvalue()
+    assert "  received SIGINT after run_stop, as the run ended: the result stands\n" in said and "failed" not in said
 
 
 def test_a_checkpoint_save_stopped_by_another_ranks_failure_names_that_rank(tmp_path: Path) -> None:

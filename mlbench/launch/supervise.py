@@ -70,6 +70,8 @@ class Outcome:
     log_error: str = ""  # the log could not be completed (run_stop not written, e.g. a full disk)
     signal: str = ""  # the stop signal received (SIGINT: Ctrl-C), whatever the run's status: a set ends with it
     error_after_run_stop: str = ""  # a failure after run_stop `success` (not the checkpoint's): the status stands
+    # error_after_run_stop is a stop signal that came as the run ended, no failure: said as such, not as one
+    stopped_after_run_stop: bool = False
 
 
 class Rendezvous(Protocol):
@@ -401,7 +403,7 @@ def supervise(
         for s, handler in previous.items():
             signal.signal(s, handler)
         raise
-    reason, stopped_at = "", 0.0
+    reason, stopped_at, by_signal = "", 0.0, False
     seen = _Seen(cmd, hang_timeout, init_timeout, folder=events_path.parent)
     try:
         while proc.poll() is None:
@@ -412,7 +414,7 @@ def supervise(
                 on_events(new)
             seen.saw(new, tail.events)
             if not reason and (reason := _signalled(cmd, received[0]) if received else seen.stop_reason(proc.pid)):
-                stopped_at = time.time()
+                stopped_at, by_signal = time.time(), bool(received)
                 if not seen.told:
                     _tell_ranks(events_path, reason)
                 _stop_tree(proc, seen.grace_s)
@@ -431,11 +433,12 @@ def supervise(
     if new and on_events:
         on_events(new)
     judged = reason or (_signalled(cmd, received[0]) if received else "")
+    by_signal = by_signal or bool(received) and not reason
     if not judged and proc.returncode != 0 and cmd.outside:  # its allocation ended (SLURM's time limit) first
         judged = cmd.outside("")
     try:
         return _judge(cmd, proc.returncode, tail.events, judged, received[0] if received else "",
-                      _LogEnd(log_path, plan, owns_log), lost)
+                      _LogEnd(log_path, plan, owns_log), lost, by_signal)
     finally:
         if cmd.ended:
             cmd.ended(_tail(cmd.stdout), "" if seen.followed else reason, stopped_at)
@@ -460,9 +463,10 @@ class _LogEnd:
 
 
 def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal: str, log: _LogEnd,
-           lost: str = "") -> Outcome:
+           lost: str = "", by_signal: bool = False) -> Outcome:
     """How the run ended, from the command's exit code, rank 0's events and what the supervisor did (REASON,
-    STOP_SIGNAL) or saw (LOST: node 0 gone, on another node); the log is completed on the way."""
+    STOP_SIGNAL; BY_SIGNAL: REASON is the stop signal's) or saw (LOST: node 0 gone, on another node); the log is
+    completed on the way."""
     saving = any(e.get("event") == "checkpoint_saving" for e in events)
     last = next((e for e in reversed(events) if e.get("event") == "stopped"), None)
     # the supervisor stopped the run: the launcher's own words then tell only of its SIGTERM (torchrun's
@@ -492,8 +496,14 @@ def _judge(cmd: Command, code: int, events: list[dict], reason: str, stop_signal
     # Once run_stop `success` is written, the run's status is the log's, whatever came after it (the checkpoint
     # save, the measured-memory record, a signal in teardown); a failure there is said apart.
     if last is not None and last["status"] == "success":
+        if not saving and reason and log.plan is not None and log.plan.save_checkpoint:
+            checkpoint_error = reason  # ended before its save began (a signal in the measured-memory record)
         after = "" if checkpoint_error or code == 0 and not stop_signal else reason
+        # a stop signal as the run ended (its checkpoint saved, its log closing): no failure, and not said as one
+        stopped = bool(after) and by_signal
         return Outcome(status="success", exit_code=code, events=events, checkpoint_error=checkpoint_error,
-                       log_error=log_error, signal=stop_signal, error_after_run_stop=after)
+                       log_error=log_error, signal=stop_signal,
+                       error_after_run_stop=f"{after} after run_stop, as the run ended" if stopped else after,
+                       stopped_after_run_stop=stopped)
     return Outcome(status="aborted", exit_code=code, reason=reason or "run ended without run_stop",
                    events=events, checkpoint_error=checkpoint_error, log_error=log_error, signal=stop_signal)
