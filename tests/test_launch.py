@@ -494,7 +494,7 @@ def test_a_run_whose_rank_dies_at_start_publishes_its_aborted_log(tmp_path: Path
     folder = tmp_path / "r" / "s" / "gpt3"
     events = mllog(folder / "result_0.txt")
     assert events[0]["key"] == "cache_clear" and events[-1]["key"] == "run_stop"
-    reason = "rank 0 (the only rank) exited with code 7 (a rank failed; see the rank logs)"
+    reason = "rank 0 (the only rank) exited with code 7 (see the rank logs: direct/attempt_0/0)"
     assert events[-1]["metadata"]["status"] == "aborted" and events[-1]["metadata"]["reason"] == reason
     assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
     score = mlbench("score", str(folder))

@@ -62,7 +62,7 @@ def test_the_rank_that_failed_first_is_the_runs_reason(tmp_path: Path, launcher:
         reason = "rank 1 exited with code 7 (see the rank logs: local/attempt_0/1)"
     else:
         [logs] = [p.relative_to(folder / "logs" / "result_0") for p in folder.glob("logs/result_0/*/attempt_0/1")]
-        reason = f"rank 1 (node 0's local rank 1) killed by SIGKILL (see the rank logs: {logs})"
+        reason = f"rank 1 killed by SIGKILL (see the rank logs: {logs})"  # one node: no node named
     log = mllog(folder / "result_0.txt")
     stops = [e for e in log if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted", stops
@@ -70,6 +70,42 @@ def test_the_rank_that_failed_first_is_the_runs_reason(tmp_path: Path, launcher:
     assert [e["key"] for e in log].count("train_samples") == 1  # the checker wants one: the supervisor wrote it
     assert json.loads((folder / "result_0.json").read_text())["reason"] == reason
     assert f"reason: {reason}\n" in out.stdout, out.stdout
+
+
+def test_a_rank_stopped_from_outside_is_said_alike_at_every_launcher(tmp_path: Path) -> None:
+    """kill -TERM of a rank mid-run (no rank failed, no launcher stopped it): mlbench's agent said 'rank 1 was
+    stopped by a signal from another process, no rank having failed (...)', while the one rank of a local run and
+    rank 0 under torchrun at one node gave their own 'Aborted: signal SIGTERM', and rank 1 under torchrun rank 0's
+    gloo error ('RuntimeError: [...pair.cc:553] Connection closed by peer [127.0.0.1]:14733. ... GLHF!'). A rank of
+    a one-node torchrun run that failed was named 'rank 1 (node 0's local rank 1)', of a local one 'rank 1'; the one
+    rank's reason named no logs ('(a rank failed; see the rank logs)'). Each is now said as the agent says it."""
+    from mlbench.launch import supervise as sup
+
+    one = sup.Command(["true"], {}, stdout=tmp_path / "out.log", what="rank 0 (the only rank)",
+                      logs="direct/attempt_0/0")
+    assert sup._exit_reason(one, 6, otherwise="stopped by SIGTERM") == (
+        "rank 0 was stopped by a signal from another process, no rank having failed (exited with code 6; see the "
+        "rank logs: direct/attempt_0/0)")
+    logs = "(see the rank logs: direct/attempt_0/0)"
+    assert sup._exit_reason(one, -9) == f"rank 0 (the only rank) killed by SIGKILL {logs}"
+    assert sup._exit_reason(one, 7) == f"rank 0 (the only rank) exited with code 7 {logs}"
+
+    ranks = tmp_path / "ranks"
+    for rank, words in ((0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:14733"),
+                        (1, "stopped by SIGTERM")):
+        (ranks / "mlbench-run0_x" / "attempt_0" / str(rank)).mkdir(parents=True)
+        (ranks / "mlbench-run0_x" / "attempt_0" / str(rank) / "stderr.log").write_text(
+            f"Traceback ...\n[rank {rank}] run aborted: {words}\n")
+    said = _said(_block(1, 1, 6), _block(0, 0, 6))  # both stopped, in the same second
+    assert torchrun.rank_failure(said, ranks, 0, nodes=1) == (
+        "rank 1 was stopped by a signal from another process, no rank having failed (exited with code 6; see the "
+        "rank logs: mlbench-run0_x/attempt_0/1)")
+    assert torchrun.rank_failure(said, ranks, 0, nodes=2) == ""  # another node's end: node 0 hears of it apart
+    (ranks / "mlbench-run0_x" / "attempt_0" / "0" / "stderr.log").write_text("[rank 0] run aborted: stopped by SIGTERM")
+    assert torchrun.rank_failure(said, ranks, 0, nodes=1).startswith(
+        "a rank was stopped by a signal from another process, no rank having failed (see the rank logs: ")
+    assert torchrun.rank_failure(_said(_block(1, 1, 7)), ranks, 0, nodes=1) == (
+        "rank 1 exited with code 7 (see the rank logs: mlbench-run0_x/attempt_0/1)")
 
 
 def _block(n: int, rank: int, code: int, when: str = "05:47:51", local: int | None = None) -> str:

@@ -128,9 +128,18 @@ def rank_failure(output: str) -> str:
         # stopped none: a signal from another process (kill -TERM of a rank) stopped it. Said as its own rank's
         # "Aborted: signal SIGTERM", as if a peer's failure had stopped it.
         rank, how = failed[0]
-        return (f"rank {rank} was stopped by a signal from another process, no rank having failed ({how}; see the "
-                f"rank logs: local/attempt_0/{rank})")
+        return stopped_from_outside(rank, how, f"local/attempt_0/{rank}")
     return ""
+
+
+def stopped_from_outside(rank: int | str | None, how: str, logs: str) -> str:
+    """The reason where a rank ended as one stopped for another's failure does (HOW: its exit), yet none had failed
+    and no launcher had stopped it: a signal from another process (kill -TERM of a rank). The same words at every
+    launcher (the one rank's own words were 'stopped by SIGTERM', a peer's under torchrun gloo's 'Connection closed
+    by peer'); RANK None where the launcher cannot tell which rank it was (LOGS: their folder)."""
+    which = f"rank {rank}" if rank is not None else "a rank"
+    return (f"{which} was stopped by a signal from another process, no rank having failed "
+            f"({how + '; ' if how else ''}see the rank logs: {logs})")
 
 
 def preload() -> None:

@@ -103,6 +103,7 @@ class Command:
     stdout: Path
     stderr: Path | None = None
     what: str = "launcher"  # what it is, in the reason a run ended: "launcher", "rank 0 (the only rank)"
+    logs: str = ""  # where the command is the one rank: its logs under the run's ("direct/attempt_0/0")
     rendezvous: Rendezvous | None = None  # where the launcher meets other nodes first (torchrun's)
     # which rank's failure ended the launcher (an agent's: torchrun's, local_ranks'), how, and where its output is,
     # from the end of the launcher's output; "" where it names none
@@ -231,9 +232,11 @@ def _exit_reason(cmd: Command, code: int, output: bool = True, otherwise: str = 
     """Why the command ended with CODE, from its own output where `output` (which rank failed, the launcher's own
     failure), else from the code alone; OTHERWISE (node 0 gone, or rank 0's words for a failure not its own) where
     the output names no rank that failed of itself."""
-    what = cmd.what
+    what, see = cmd.what, f"see the rank logs: {cmd.logs}" if cmd.logs else "see the rank logs"
+    if cmd.logs and lifeline.consequent(code):  # the one rank, stopped as for another's failure: none failed
+        return local_ranks.stopped_from_outside(0, local_ranks.describe(code), cmd.logs)
     if code < 0:  # killed by a signal (the OOM killer, kill -9)
-        return f"{what} {local_ranks.describe(code)} (see the rank logs)"
+        return f"{what} {local_ranks.describe(code)} ({see})"
     tail = _tail(cmd.stdout) if output else ""
     last = _last_error(tail)
     if last and cmd.rendezvous and (plain := cmd.rendezvous.explain(last)):
@@ -244,7 +247,7 @@ def _exit_reason(cmd: Command, code: int, output: bool = True, otherwise: str = 
         return otherwise
     if last:  # the launcher's own failure (a rendezvous that never formed): no rank ran to say anything
         return f"{what} exited with code {code}: {last}"
-    return f"{what} exited with code {code} (a rank failed; see the rank logs)"
+    return f"{what} exited with code {code} ({see if cmd.logs else 'a rank failed; see the rank logs'})"
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Timeout)): (.+)$")

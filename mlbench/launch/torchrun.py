@@ -81,7 +81,7 @@ def node_command(argv: list[str], env: dict[str, str], stdout: Path, rendezvous:
     env = {**env, NODE_TOKEN: uuid.uuid4().hex}
 
     def own(output: str) -> str:
-        return rank_failure(output, rendezvous.ranks_dir, rendezvous.node_rank)
+        return rank_failure(output, rendezvous.ranks_dir, rendezvous.node_rank, rendezvous.nodes)
 
     if node0 := rendezvous.node0():
         told = stdout.parent / "node0-failures-port"  # where this node's first rank leaves node 0's port
@@ -131,25 +131,67 @@ def first_failure(output: str) -> Failure | None:
     return min(own, key=lambda f: (f.time, not f.root), default=None)
 
 
-def rank_failure(output: str, ranks_dir: Path, node_rank: int) -> str:
+def _logs(ranks_dir: Path, local_rank: int) -> list[Path]:
+    """torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>/, kept as the run's rank logs."""
+    return sorted(ranks_dir.glob(f"*/attempt_*/{local_rank}"))
+
+
+def rank_failure(output: str, ranks_dir: Path, node_rank: int, nodes: int = 0) -> str:
     """Which rank's failure ended this node's torchrun, how, and where its output is (torch's own words, at the end
-    of a long traceback, name the rank and its exit code alone); "" if torchrun's output names none."""
+    of a long traceback, name the rank and its exit code alone); "" if torchrun's output names none. On a run of
+    one node (NODES 1), ranks that all ended stopped, none having failed, were stopped from outside: said as
+    mlbench's own agent says it (local_ranks.stopped_from_outside)."""
     failed = first_failure(output)
     if failed is None:
+        return _stopped_from_outside(output, ranks_dir) if nodes == 1 else ""
+    return failure_reason(failed, node_rank, _logs(ranks_dir, failed.local_rank), ranks_dir, nodes)
+
+
+def _stopped_from_outside(output: str, ranks_dir: Path) -> str:
+    """Ranks of a one-node run that all ended as stopped ones do: one was signalled by another process, and torchrun
+    stopped the others (or they lost it as a peer). It is the first to end; to the second (torchrun's words) a tie
+    is broken by the ranks' own last words (the others' were torchrun's SIGTERM or a lost peer: gloo's 'Connection
+    closed by peer'); where they cannot tell it apart, no rank is named."""
+    listed = failures(output)
+    if not listed:
         return ""
-    # torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>/, kept as the run's rank logs
-    return failure_reason(failed, node_rank, sorted(ranks_dir.glob(f"*/attempt_*/{failed.local_rank}")), ranks_dir)
+    first = min(f.time for f in listed)
+    earliest = [f for f in listed if f.time == first]
+    if len(earliest) > 1:
+        earliest = [f for f in earliest if _said_stopped(_logs(ranks_dir, f.local_rank))] or earliest
+    if len(earliest) > 1:
+        logs = _logs(ranks_dir, earliest[0].local_rank)
+        return local_ranks.stopped_from_outside(None, "", str(logs[-1].parent.relative_to(ranks_dir)) if logs else
+                                                str(ranks_dir.name))
+    [rank] = earliest
+    logs = _logs(ranks_dir, rank.local_rank)
+    return local_ranks.stopped_from_outside(rank.rank, local_ranks.describe(rank.code),
+                                            str(logs[-1].relative_to(ranks_dir)) if logs else "")
 
 
-def failure_reason(failed: Failure, node_rank: int, logs: list[Path], ranks_dir: Path) -> str:
-    """The reason naming FAILED, a rank of node NODE_RANK, whose rank logs are the last of LOGS (under RANKS_DIR)."""
+_STOPPED = re.compile(r"^\[rank \d+\] run aborted: stopped by SIG\w+$", re.M)
+
+
+def _said_stopped(logs: list[Path]) -> bool:
+    """Whether a rank's last words (its stderr.log under the last of LOGS) are a stop signal's with no reason."""
+    try:
+        with open(logs[-1] / "stderr.log", "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            return bool(_STOPPED.search(f.read().decode("utf-8", "replace")))
+    except (OSError, IndexError):
+        return False
+
+
+def failure_reason(failed: Failure, node_rank: int, logs: list[Path], ranks_dir: Path, nodes: int = 0) -> str:
+    """The reason naming FAILED, a rank of node NODE_RANK, whose rank logs are the last of LOGS (under RANKS_DIR);
+    NODES 1: a run of one node, whose ranks need no node named (0: not known)."""
     return _named(failed, node_rank, f"see the rank logs: {logs[-1].relative_to(ranks_dir)}" if logs else
-                  "see the rank logs")
+                  "see the rank logs", nodes)
 
 
-def _named(failed: Failure, node_rank: int, where: str) -> str:
-    return (f"rank {failed.rank} (node {node_rank}'s local rank {failed.local_rank}) "
-            f"{local_ranks.describe(failed.code)} ({where})")
+def _named(failed: Failure, node_rank: int, where: str, nodes: int = 0) -> str:
+    node = "" if nodes == 1 else f" (node {node_rank}'s local rank {failed.local_rank})"
+    return f"rank {failed.rank}{node} {local_ranks.describe(failed.code)} ({where})"
 
 
 def node_report(output: str, ranks_dir: Path, node_rank: int, stopped: str = "", at: float = 0.0) -> dict:
@@ -168,7 +210,7 @@ def node_report(output: str, ranks_dir: Path, node_rank: int, stopped: str = "",
     failed = first_failure(output)
     if failed is None:
         return {"node": node_rank}
-    logs = sorted(ranks_dir.glob(f"*/attempt_*/{failed.local_rank}"))
+    logs = _logs(ranks_dir, failed.local_rank)
     return {"node": node_rank, "rank": failed.rank, "local_rank": failed.local_rank, "code": failed.code,
             "time": failed.time, "logs": str(logs[-1].relative_to(ranks_dir)) if logs else ""}
 
@@ -299,4 +341,4 @@ def direct(plan_path: Path, ranks_dir: Path, env: dict[str, str]) -> Command:
     logs = ranks_dir / "direct" / "attempt_0" / "0"
     return Command([sys.executable, *RANK_MODULE, str(plan_path)],
                    local_ranks.rank_env(env, 0, 1, free_port("127.0.0.1")), stdout=logs / "stdout.log",
-                   stderr=logs / "stderr.log", what="rank 0 (the only rank)")
+                   stderr=logs / "stderr.log", what="rank 0 (the only rank)", logs=str(logs.relative_to(ranks_dir)))
