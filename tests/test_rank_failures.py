@@ -104,8 +104,27 @@ def test_a_rank_stopped_from_outside_is_said_alike_at_every_launcher(tmp_path: P
     (ranks / "mlbench-run0_x" / "attempt_0" / "0" / "stderr.log").write_text("[rank 0] run aborted: stopped by SIGTERM")
     assert torchrun.rank_failure(said, ranks, 0, nodes=1).startswith(
         "a rank was stopped by a signal from another process, no rank having failed (see the rank logs: ")
+    (ranks / "mlbench-run0_x" / "attempt_0" / "1" / "stderr.log").write_text("")  # killed (os._exit) wordless
     assert torchrun.rank_failure(_said(_block(1, 1, 7)), ranks, 0, nodes=1) == (
         "rank 1 exited with code 7 (see the rank logs: mlbench-run0_x/attempt_0/1)")
+
+
+def test_a_rank_other_than_rank_0_that_raises_is_said_with_its_words(tmp_path: Path) -> None:
+    """Rank 0 raising at step 5 gave the run's reason 'RuntimeError: injected at step 5' (its own run_stop); rank 1
+    raising the same gave 'rank 1 exited with code 3 (see the rank logs: ...)', its words left in its logs, under
+    mlbench's agent and torchrun alike. Its last words now come with it."""
+    logs = tmp_path / "local" / "attempt_0" / "1"
+    logs.mkdir(parents=True)
+    (logs / "stderr.log").write_text("Traceback ...\nRuntimeError: injected at step 5\n"
+                                     "[rank 1] run aborted: RuntimeError: injected at step 5\n")
+    agent = f"rank 1 exited with code 3; stopping the other ranks (see {logs})\nrank 0 exited with code 6 (see x)\n"
+    assert local_ranks.rank_failure(agent) == (
+        "rank 1 exited with code 3: RuntimeError: injected at step 5 (see the rank logs: local/attempt_0/1)")
+    ranks = tmp_path / "ranks"
+    (ranks / "mlbench-run0_x" / "attempt_0").mkdir(parents=True)
+    logs.rename(ranks / "mlbench-run0_x" / "attempt_0" / "1")
+    assert torchrun.rank_failure(_said(_block(1, 1, 3), _block(0, 0, 6)), ranks, 0, nodes=1) == (
+        "rank 1 exited with code 3: RuntimeError: injected at step 5 (see the rank logs: mlbench-run0_x/attempt_0/1)")
 
 
 def _block(n: int, rank: int, code: int, when: str = "05:47:51", local: int | None = None) -> str:

@@ -109,7 +109,10 @@ def code_of(how: str) -> int:
 # output named the first of them to exit as if it had failed ("rank 1 exited with code 6; stopping the others").
 RECEIVED = "the agent received"
 _RECEIVED = re.compile(rf"^{RECEIVED} (SIG\w+);", re.M)
-_FAILED = re.compile(r"^rank (\d+) (exited with code -?\d+|killed by [\w ]+)(?:;| \(see)", re.M)
+_FAILED = re.compile(r"^rank (\d+) (exited with code -?\d+|killed by \w+(?: \d+)?)(?:;[^(\n]*)?(?: \(see (.+)\))?$",
+                     re.M)
+# A rank's last words on a failure of its own (mlbench.train.loop), at the end of its stderr.log
+_LAST_WORDS = re.compile(r"^\[rank \d+\] (?:run aborted|checkpoint not saved): (.+)$", re.M)
 
 
 def rank_failure(output: str) -> str:
@@ -118,18 +121,32 @@ def rank_failure(output: str) -> str:
     (lifeline.consequent: ranks 0 and 1 often end together, and rank 0's gloo error is rank 1's death); "" if the
     agent names none."""
     failed = _FAILED.findall(output)
-    for rank, how in failed:
+    for rank, how, logs in failed:
         if not consequent(code_of(how)):
-            return f"rank {rank} {how} (see the rank logs: local/attempt_0/{rank})"
+            words = said(Path(logs)) if logs else ""
+            return f"rank {rank} {how}{words} (see the rank logs: local/attempt_0/{rank})"
     if m := _RECEIVED.search(output):
         return f"the launcher (mlbench's local agent) received {m[1]} from another process and stopped the ranks"
     if failed:
         # the first rank to end ended as a stopped one does (a stop signal), yet no rank had failed and the agent had
         # stopped none: a signal from another process (kill -TERM of a rank) stopped it. Said as its own rank's
         # "Aborted: signal SIGTERM", as if a peer's failure had stopped it.
-        rank, how = failed[0]
+        rank, how, _ = failed[0]
         return stopped_from_outside(rank, how, f"local/attempt_0/{rank}")
     return ""
+
+
+def said(logs: Path) -> str:
+    """': <its words>' where a rank whose logs are LOGS said why it failed (an exception, a save that failed), as
+    rank 0 says it in the log itself: a rank other than rank 0 that raised was only 'rank 1 exited with code 3'
+    where rank 0 gave 'RuntimeError: ...'; "" where it said nothing (killed, or its logs are gone)."""
+    try:
+        with open(logs / "stderr.log", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            found = _LAST_WORDS.findall(f.read().decode("utf-8", "replace"))
+    except OSError:
+        return ""
+    return f": {found[-1].strip()[:300]}" if found else ""
 
 
 def stopped_from_outside(rank: int | str | None, how: str, logs: str) -> str:

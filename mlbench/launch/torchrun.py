@@ -186,12 +186,12 @@ def failure_reason(failed: Failure, node_rank: int, logs: list[Path], ranks_dir:
     """The reason naming FAILED, a rank of node NODE_RANK, whose rank logs are the last of LOGS (under RANKS_DIR);
     NODES 1: a run of one node, whose ranks need no node named (0: not known)."""
     return _named(failed, node_rank, f"see the rank logs: {logs[-1].relative_to(ranks_dir)}" if logs else
-                  "see the rank logs", nodes)
+                  "see the rank logs", nodes, local_ranks.said(logs[-1]) if logs else "")
 
 
-def _named(failed: Failure, node_rank: int, where: str, nodes: int = 0) -> str:
+def _named(failed: Failure, node_rank: int, where: str, nodes: int = 0, said: str = "") -> str:
     node = "" if nodes == 1 else f" (node {node_rank}'s local rank {failed.local_rank})"
-    return f"rank {failed.rank}{node} {local_ranks.describe(failed.code)} ({where})"
+    return f"rank {failed.rank}{node} {local_ranks.describe(failed.code)}{said} ({where})"
 
 
 def node_report(output: str, ranks_dir: Path, node_rank: int, stopped: str = "", at: float = 0.0) -> dict:
