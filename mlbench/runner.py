@@ -347,7 +347,7 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
                                 f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "
                                 f"time-to-train {ttt}; compliance ({checked}); {r.path}"))
     if not reached:
-        console.print(f"  reason: {r.reason}")
+        console.print(f"  reason: {r.reason}", highlight=False, soft_wrap=True)  # (rich coloured its numbers)
         if (logs := r.path.parent / "logs" / r.path.stem).is_dir():  # a reason's "see the rank logs" is here
             console.print(f"  rank logs in {logs}", highlight=False, soft_wrap=True)
     if r.checkpoint_error:

@@ -270,6 +270,21 @@ def test_a_save_whose_destination_appears_meanwhile_is_kept_where_it_says(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", kept.name, "store"])
 
 
+def test_a_save_whose_folder_cannot_be_written_names_the_option_not_its_staging_folder(tmp_path: Path) -> None:
+    """A --save-checkpoint whose folder became unwritable while the run trained (remounted read-only) ended
+    'OSError: [Errno 30] Read-only file system: '.../.ck.partial-<pid>-...'', naming a folder the user never gave.
+    (A path through a file stands in for the read-only folder: root writes into read-only folders.)"""
+    from mlbench.train.checkpoint import CheckpointError, store
+
+    (tmp_path / "file").write_text("")
+    dest = tmp_path / "file" / "ck"
+    with pytest.raises(CheckpointError) as e:
+        store.begin_save(dest)
+    assert str(e.value) == f"--save-checkpoint {dest}: cannot be written (Not a directory); the folder it goes in " \
+                           "must be writable when the run ends"
+    assert os.listdir(tmp_path) == ["file"]
+
+
 def test_names_are_found_under_a_prefix_or_through_the_benchmarks_renames() -> None:
     needed = ["embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight"]
     assert resolve_names(needed, dict.fromkeys(needed), {})("x.y") == "x.y"

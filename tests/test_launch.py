@@ -899,6 +899,22 @@ def test_a_stop_signal_as_the_run_ends_is_said_as_a_stop_and_a_save_it_prevented
     assert "  received SIGINT after run_stop, as the run ended: the result stands\n" in said and "failed" not in said
 
 
+def test_the_reason_line_on_a_terminal_is_plain_text(tmp_path: Path) -> None:
+    """On a terminal the end line '  reason: ...' was coloured by rich's highlighter (its numbers, paths and
+    brackets), as no other line of the summary is: written as given."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import runner
+
+    console = Console(file=io.StringIO(), width=1 << 20, force_terminal=True, color_system="standard")
+    reason = "rank 1 exited with code 3: RuntimeError: injected at step 5 (see the rank logs: local/attempt_0/1)"
+    runner._summary(console, registry.load("gpt3", tiny=True), runner.RunResult(
+        tmp_path / "result_0.txt", "aborted", None, None, True, reason))
+    assert f"\n  reason: {reason}\n" in console.file.getvalue(), repr(console.file.getvalue())
+
+
 def test_a_checkpoint_save_stopped_by_another_ranks_failure_names_that_rank(tmp_path: Path) -> None:
     """Rank 1 killed (kill -9) during the save after run_stop: the record's checkpoint_error was rank 0's own
     words for being stopped ('Aborted: signal SIGTERM', or gloo's 'Connection reset by peer'), with a note of

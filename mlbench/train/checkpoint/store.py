@@ -481,13 +481,6 @@ def save(path: str | Path, model: list, optimizer, info: dict, what: str = "--sa
 
     dest = Path(path)
 
-    def start() -> Path:
-        if dest.exists():
-            raise CheckpointError(f"{what} {dest}: exists; a checkpoint is never overwritten")
-        staging = dest.with_name(f"{folder.partial_prefix(dest)}{owners.tag()}")  # unique to this save
-        staging.mkdir(parents=True)
-        return staging
-
     def publish() -> None:
         try:
             if dest.exists():  # checked again just before the rename, which would replace an empty folder
@@ -498,7 +491,7 @@ def save(path: str | Path, model: list, optimizer, info: dict, what: str = "--sa
                 from None
 
     # The folder must be on a filesystem every node sees.
-    staging = _on_rank0(start)
+    staging = _on_rank0(lambda: begin_save(dest, what))
     state = model_state(model)
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(state, metadata=OPTIMIZER_METADATA)
@@ -507,6 +500,20 @@ def save(path: str | Path, model: list, optimizer, info: dict, what: str = "--sa
     dist_checkpointing.save(state, str(staging), sharded_strategy=strategy, content_metadata=OPTIMIZER_METADATA)
     dist.barrier()
     _on_rank0(publish)
+
+
+def begin_save(dest: Path, what: str = "--save-checkpoint") -> Path:
+    """The staging folder a save of DEST is written into, made beside it (rank 0's: every node sees it)."""
+    if dest.exists():
+        raise CheckpointError(f"{what} {dest}: exists; a checkpoint is never overwritten")
+    staging = dest.with_name(f"{folder.partial_prefix(dest)}{owners.tag()}")  # unique to this save
+    try:
+        staging.mkdir(parents=True)
+    except OSError as e:  # (its folder made read-only, or full, since the check before launch): the option's
+        # destination named, not the staging folder beside it ('OSError: [Errno 30] ... .ck.partial-...')
+        raise CheckpointError(f"{what} {dest}: cannot be written ({e.strerror or e}); the folder it goes in must "
+                              f"be writable when the run ends") from None
+    return staging
 
 
 def _on_rank0(fn: Callable[[], object]):
