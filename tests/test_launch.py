@@ -421,6 +421,30 @@ def test_a_stop_signal_while_sbatch_submits_leaves_nothing(tmp_path: Path) -> No
     assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
 
 
+def test_a_stop_as_sbatch_submits_cancels_the_job_it_submitted(tmp_path: Path) -> None:
+    """SIGTERM as sbatch submitted (the controller had the job; sbatch had not yet said its id): sbatch was killed,
+    'aborted (SIGTERM)' said, and the job ran on, followed and cancelled by nothing (on the real cluster: a result
+    published into a folder the user was told nothing of). sbatch's answer is now awaited a little and its job
+    cancelled."""
+    proc = _fake_cluster(tmp_path, {
+        "sbatch": '#!/bin/sh\n[ "$1" = "--test-only" ] && exit 0\nsleep 2\necho 7\nexec sleep 1000\n',
+        "scancel": '#!/bin/sh\necho "$@" >> "$FAKE/scancel"\n', "squeue": "#!/bin/sh\nexit 0\n"})
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "r").glob("ci/gpt3/.slurm/*/job.sbatch")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # sbatch --test-only answered; the submission is under way
+        proc.send_signal(signal.SIGTERM)
+        out = "".join(proc.communicate(timeout=60))
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in out, out
+    assert "SLURM job 7 was submitted as the stop came: cancelled it\naborted (SIGTERM)\n" in out, out
+    assert (tmp_path / "scancel").read_text() == "7\n"
+    assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
+
+
 def _with_fake_slurm(tmp_path: Path, fake: str, timeout_s: float) -> subprocess.Popen:
     """`mlbench run gpt3 --tiny --launcher slurm` started with _FAKE_SLURM[FAKE] for sbatch (and squeue and scancel
     that answer nothing, where it says so), each SLURM client command given TIMEOUT_S."""
@@ -431,8 +455,8 @@ def _with_fake_slurm(tmp_path: Path, fake: str, timeout_s: float) -> subprocess.
         (bin_dir / name).write_text(sbatch if name == "sbatch" else "#!/bin/sh\nexit 0\n")
         (bin_dir / name).chmod(0o755)
     path = f"{bin_dir}:{os.environ['PATH']}" if with_others else str(bin_dir)
-    code = (f"import sys; from mlbench.launch import slurm; slurm.TIMEOUT_S = {timeout_s}; from mlbench.cli import "
-            f"main; sys.argv[0] = 'mlbench'; main()")
+    code = (f"import sys; from mlbench.launch import slurm; slurm.TIMEOUT_S = {timeout_s}; slurm.WITHDRAW_S = 1; "
+            f"from mlbench.cli import main; sys.argv[0] = 'mlbench'; main()")
     return subprocess.Popen([sys.executable, "-c", code, "run", "gpt3", "--tiny", "--launcher", "slurm", "--results",
                              str(tmp_path / "r"), "--system", "ci"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PATH": path, "COLUMNS": "200"})
@@ -699,6 +723,38 @@ def test_the_followers_stop_is_marked_for_the_driver(tmp_path: Path, monkeypatch
     slurm.follow(subprocess.Popen(["sleep", "1.5"]), "5", job / "job.out", Console(file=io.StringIO()), stops=stops)
     assert stops == ["SIGINT"] and (job / slurm.STOP_REQUESTED).read_text() == "SIGINT\n"
     assert (tmp_path / "scancel").read_text() == "--signal=TERM --batch 5\n"
+
+
+@pytest.mark.parametrize("scancel", ["fails", "missing"])
+def test_a_stop_that_scancel_cannot_deliver_is_said_and_the_job_followed(tmp_path: Path, monkeypatch,
+                                                                         scancel: str) -> None:
+    """Ctrl-C with scancel gone from PATH (or not runnable) ended `mlbench run` with 'error: scancel: No such file or
+    directory', exit 2, the job running on unfollowed; with a controller that did not answer, 'cancelling the job'
+    was said of a job that ran on. Now scancel's words are said, and the job is followed to its end."""
+    import io
+
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
+    bin_dir = tmp_path / "bin"
+    sent = tmp_path / "sent"
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {sent} ] || {{ : > {sent}; kill -INT $PPID; }}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    if scancel == "fails":
+        (bin_dir / "scancel").write_text("#!/bin/sh\necho 'scancel: error: Kill job error on job id 5: Socket timed "
+                                         "out on send/recv operation' >&2\nexit 1\n")
+        (bin_dir / "scancel").chmod(0o755)
+    else:  # PATH without scancel
+        monkeypatch.setenv("PATH", str(bin_dir))
+    said, stops = io.StringIO(), []
+    code, _ = slurm.follow(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"]), "5",
+                           tmp_path / "job.out", Console(file=said, width=300), stops=stops)
+    why = ("scancel: error: Kill job error on job id 5: Socket timed out on send/recv operation" if scancel == "fails"
+           else "scancel: No such file or directory")
+    assert code == 0 and stops == [], said.getvalue()  # (a stop not delivered: the job's end gives the exit code)
+    assert f"SLURM job 5: SIGINT: could not cancel the job ({why}); it runs on, followed: stop again to retry, or " \
+           "`scancel 5`\n" in said.getvalue(), said.getvalue()
+    assert "SLURM job 5: COMPLETED, exit code 0:0" in said.getvalue() or scancel != "fails"
 
 
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:

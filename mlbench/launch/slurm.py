@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,6 +130,49 @@ def _slurm(*argv: str, timeout: float | None = None) -> subprocess.CompletedProc
                         f"(`scontrol ping`)") from None
 
 
+WITHDRAW_S = 10.0  # for sbatch's answer once a stop came as it submitted: the job it may have submitted is cancelled
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """Within, the stop signals wait (blocked; delivered as it ends): a stop between starting a client command that
+    changes the cluster and knowing its process cannot leave that command's effect unknown."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _submit(script: Path) -> subprocess.Popen:
+    """`sbatch --parsable --wait SCRIPT`: it dies with this process (the job runs on without it: its driver supervises
+    it), in its own session (a Ctrl-C at the terminal is this process's to handle: sbatch ended by it could take its
+    job's id with it), with the stop signals this process holds as it starts it unblocked."""
+    def child() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        lifeline.die_with_parent()
+
+    return subprocess.Popen(["sbatch", "--parsable", "--wait", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=child)
+
+
+def scancel(*argv: str) -> str:
+    """`scancel ARGV`: "" where it did it, else why not (its own words: a controller that does not answer, a job
+    already gone; or no scancel on PATH). An exception from it in a signal handler ended `mlbench run` (exit 2) with
+    the job running unfollowed; a scancel that failed was said as done."""
+    try:
+        done = subprocess.run(["scancel", *argv], capture_output=True, text=True, timeout=SCANCEL_S)
+    except subprocess.TimeoutExpired:
+        return f"scancel did not answer within {SCANCEL_S:g} s: is the SLURM controller up? (`scontrol ping`)"
+    except OSError as e:
+        return f"scancel: {e.strerror or e}"
+    return "" if done.returncode == 0 else (" ".join(done.stderr.split()) or f"scancel exited with code "
+                                             f"{done.returncode}")
+
+
+SCANCEL_S = 30.0  # for one scancel, in a signal handler: a controller that does not answer is not waited for ever
+
+
 def _first_line(proc: subprocess.Popen, timeout: float) -> str | None:
     """The first line PROC writes (stripped; "" if it ends first), or None where none comes within TIMEOUT s: a
     blocking readline waited for ever on an sbatch that took --test-only, then did not answer the submission."""
@@ -199,6 +243,25 @@ class SlurmLauncher:
             with contextlib.suppress(OSError):
                 made.rmdir()
 
+    def _withdraw(self) -> None:
+        """A stop signal while sbatch submits: the controller may have taken the job before sbatch says its id (it
+        then ran on, followed by nothing, the user told "aborted"). sbatch's answer is awaited a little (WITHDRAW_S)
+        and a job it names is cancelled; then the job's folder goes, as a refused job's."""
+        if self.proc is None:
+            self._drop_job()
+            return
+        wait = min(WITHDRAW_S, TIMEOUT_S)
+        self.console.print(f"stopping: waiting up to {wait:g} s for sbatch's answer, to cancel the job if it was "
+                           f"submitted", highlight=False)
+        answer = _first_line(self.proc, wait) or ""
+        job_id = answer.split(";")[0]
+        if re.fullmatch(r"[0-9]+", job_id):
+            failed = scancel(job_id)
+            self.console.print(f"SLURM job {job_id} was submitted as the stop came: "
+                               + (f"could not cancel it ({failed}); cancel it with `scancel {job_id}`" if failed
+                                  else "cancelled it"), highlight=False, soft_wrap=True)
+        self._not_submitted()
+
     def _not_submitted(self, kill: bool = True) -> None:
         """sbatch ended (KILL: stopped) without a job id: its folder goes, as a refused job's."""
         if kill:
@@ -207,14 +270,13 @@ class SlurmLauncher:
         self._drop_job()
 
     def start(self) -> None:
-        # The job runs on without this process (its driver supervises it); the waiting sbatch does not.
-        self.proc = subprocess.Popen(["sbatch", "--parsable", "--wait", str(self.job_dir / "job.sbatch")],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=lifeline.die_with_parent)
+        self.proc = None
         try:
+            with _stops_held():  # a stop as sbatch started left its job submitted, with nothing to cancel it
+                self.proc = _submit(self.job_dir / "job.sbatch")
             answer = _first_line(self.proc, TIMEOUT_S)
-        except BaseException:  # a stop signal while sbatch submits (its job folder was left): no job id, no job
-            self._not_submitted()
+        except BaseException:  # a stop signal while sbatch submits (its job folder was left)
+            self._withdraw()
             raise
         if answer is None:  # it hung (the controller took --test-only, then stopped answering): not for ever
             self._not_submitted()
@@ -300,8 +362,8 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
     """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
     with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns sbatch's
     exit code and how the job ended (its state, or that code where SLURM does not say). SIGTERM/SIGINT/SIGHUP stop
-    it (their names appended to STOPS): the first through the driver (the run logged aborted and published), or
-    outright where the job has not started; a second outright."""
+    it (their names appended to STOPS, where scancel delivered them): the first through the driver (the run logged
+    aborted and published), or outright where the job has not started; a second outright."""
     cancels: list[int] = [] if stops is None else stops
     said: list[str] = []
 
@@ -312,12 +374,17 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
         name = signal.Signals(signum).name
         with contextlib.suppress(OSError):  # for the driver: this SIGTERM is the user's, not SLURM's warning
             (out.parent / STOP_REQUESTED).write_text(name + "\n")
-        if not cancels and subprocess.run(["scancel", "--signal=TERM", "--batch", job_id],
-                                          capture_output=True).returncode == 0:
+        if not cancels and not scancel("--signal=TERM", "--batch", job_id):
             said.append(f"SLURM job {job_id}: {name}: stopping its run (it is logged aborted and published); "
                         f"again to cancel the job outright")
+        elif failed := scancel(job_id):  # not counted: the job runs on, followed, and ends as it ends
+            said.append(f"SLURM job {job_id}: {name}: could not cancel the job ({failed}); it runs on, followed: "
+                        f"stop again to retry, or `scancel {job_id}`")
+            with contextlib.suppress(OSError):
+                if not cancels:  # a SIGTERM the driver gets now is not the user's
+                    (out.parent / STOP_REQUESTED).unlink()
+            return
         else:
-            subprocess.run(["scancel", job_id], capture_output=True)
             said.append(f"SLURM job {job_id}: {name}: cancelling the job")
         cancels.append(name)
 
@@ -343,9 +410,11 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
                 why = f" ({state[1]})" if state[0] == "PENDING" else ""
                 console.print(f"SLURM job {job_id}: {state[0]}{why}{where}", highlight=False)
             if len(state) == 3 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
-                subprocess.run(["scancel", job_id], capture_output=True)
-                proc.wait()
-                raise UserError(f"SLURM job {job_id} cannot start ({state[1]}); cancelled it. Check --nodes, "
+                failed = scancel(job_id)
+                if not failed:
+                    proc.wait()
+                done = f"could not cancel it ({failed}): `scancel {job_id}`" if failed else "cancelled it"
+                raise UserError(f"SLURM job {job_id} cannot start ({state[1]}); {done}. Check --nodes, "
                                 f"--partition and --account against `sinfo`")
         # sbatch returns as the job's state leaves RUNNING (or when it is interrupted itself); the driver may still
         # be publishing its last run while the job is COMPLETING. Its state, and its summary, are read once ended.
