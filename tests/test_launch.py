@@ -757,6 +757,42 @@ def test_a_stop_that_scancel_cannot_deliver_is_said_and_the_job_followed(tmp_pat
     assert "SLURM job 5: COMPLETED, exit code 0:0" in said.getvalue() or scancel != "fails"
 
 
+@pytest.mark.parametrize("summary", [None, '{"runs": [{"result": '])
+def test_the_runs_a_slurm_job_published_are_said_without_its_summary(tmp_path: Path, summary: str | None) -> None:
+    """A second Ctrl-C (scancel outright) killed the driver after it had published its run, before its summary:
+    'the job ended (CANCELLED ...) without recording a run' was said of a published run (a summary cut short was a
+    JSONDecodeError traceback). The results folder's records that name the job are said now. A job folder removed
+    while the job ran (the results folder) was 'the job ended ... before it started'."""
+    import io
+
+    from rich.console import Console
+
+    folder = tmp_path / "ci" / "gpt3"
+    job_dir = folder / ".slurm" / "job"
+    job_dir.mkdir(parents=True)
+    if summary is not None:
+        (job_dir / "summary.json").write_text(summary)
+    for i, job, status in [(0, "8", "success"), (1, "7", "aborted"), (10, "7", "success"), (2, None, "success")]:
+        (folder / f"result_{i}.json").write_text(json.dumps({"status": status, "reason": "received SIGTERM" if
+                                                             status == "aborted" else "", "environment": {
+                                                                 "slurm_job_id": job}}))
+    (folder / "result_3.json").write_text('{"status": ')
+    said = io.StringIO()
+    launcher = slurm.SlurmLauncher.__new__(slurm.SlurmLauncher)
+    launcher.console, launcher.job_dir, launcher.job_id, launcher.code, launcher.ended = \
+        Console(file=said, width=300), job_dir, "7", 1, "CANCELLED, exit code 0:15"
+    launcher.stops = ["SIGINT", "SIGINT"]
+    assert launcher.collect() == 130
+    assert said.getvalue() == (f"aborted {folder / 'result_1.txt'} (received SIGTERM)\n"
+                               f"success {folder / 'result_10.txt'}\n")
+    shutil.rmtree(tmp_path / "ci")
+    said.seek(0), said.truncate()
+    launcher.stops = []
+    assert launcher.collect() == 1
+    assert said.getvalue() == (f"the job ended (CANCELLED, exit code 0:15) without recording a run: its folder "
+                               f"{job_dir} was removed while it ran, and its output with it\n")
+
+
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:
     """--gpus-per-node 100000 was refused by sbatch --test-only as "Invalid generic resource (gres) specification",
     the hint naming every flag to check but that one (test_slurm_run.py: on the real cluster)."""

@@ -303,17 +303,18 @@ class SlurmLauncher:
 
     def collect(self) -> int:
         console, job_dir = self.console, self.job_dir
-        summary = job_dir / "summary.json"
-        ended = json.loads(summary.read_text()) if summary.exists() else {}
-        runs = ended.get("runs", [])
-        if ended.get("error"):
-            console.print(Text.assemble(("error:", "red"), f" {ended['error']}"), highlight=False, soft_wrap=True)
+        runs, error = job_runs(job_dir, self.job_id)
+        if error:
+            console.print(Text.assemble(("error:", "red"), f" {error}"), highlight=False, soft_wrap=True)
             return 1
         for r in runs:
             mark = ("success", "green") if r["status"] == "success" else ("aborted", "red")
             console.print(Text.assemble(mark, f" {r['result']}" + (f" ({r['reason']})" if r["reason"] else "")),
                           highlight=False)
-        if not runs and not (job_dir / "job.out").exists():  # (pointed at a file that was never written)
+        if not runs and not job_dir.exists():  # (it said the job ended before it started: no run)
+            console.print(Text(f"the job ended ({self.ended}) without recording a run: its folder {job_dir} was "
+                               f"removed while it ran, and its output with it", style="red"))
+        elif not runs and not (job_dir / "job.out").exists():  # (pointed at a file that was never written)
             console.print(Text(f"the job ended ({self.ended}) before it started: no run", style="red"))
         elif not runs:
             console.print(Text(f"the job ended ({self.ended}) without recording a run; see "
@@ -321,6 +322,24 @@ class SlurmLauncher:
         if self.stops:  # 128 + the signal, as a local set stopped by one ends (the job's own code was 1 or 0)
             return 128 + signal.Signals[self.stops[0]].value
         return 0 if runs and self.code == 0 and all(r["status"] == "success" for r in runs) else 1
+
+
+def job_runs(job_dir: Path, job_id: str) -> tuple[list[dict], str]:
+    """The runs the job published (result, status, reason) and its driver's error, from the summary the driver writes
+    as it ends; else, where it has none (the driver killed after publishing: a second stop's outright cancel), from
+    the records in the results folder that name the job. Without that, a published run was said to be none: "the job
+    ended (CANCELLED) without recording a run"; a summary cut short was a JSONDecodeError traceback."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        ended = json.loads((job_dir / "summary.json").read_text())
+        return [dict(r) for r in ended.get("runs", [])], str(ended.get("error") or "")
+    runs = []
+    for record in sorted(job_dir.parent.parent.glob("result_*.json"), key=lambda p: p.stem.split("_")[-1].zfill(12)):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            r = json.loads(record.read_text())
+            if r["environment"]["slurm_job_id"] == job_id:
+                runs.append({"result": str(record.with_suffix(".txt")), "status": str(r["status"]),
+                             "reason": str(r.get("reason") or "")})
+    return runs, ""
 
 
 class StagedRuns:
