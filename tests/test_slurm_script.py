@@ -217,3 +217,27 @@ def test_a_slurm_runs_torchrun_and_start_up_deadline_follow_rdzv_timeout(tmp_pat
     assert cmd.rendezvous.formed()
     shown = SlurmLauncher(bench, layout, opts, SlurmOptions(), Console()).describe(tmp_path)[0][1]
     assert "--rdzv-conf=timeout=1200" in shown, shown
+
+
+def test_a_run_srun_could_not_start_says_sruns_words(tmp_path: Path) -> None:
+    """The controller not answering (stopped, or restarted) as the driver started a run: srun failed before any rank
+    ran, and the run was recorded "launcher exited with code 1 (a rank failed; see the rank logs)", with no rank
+    logs (seen on the real cluster). Now srun's own error is the reason."""
+    from mlbench import registry
+    from mlbench.launch import supervise
+    from mlbench.launch.slurm import SlurmOptions
+    from mlbench.launch.slurm_job import run_commands
+    from mlbench.layout import resolve
+    from mlbench.runner import RunOptions
+
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench, 2, 1, None, None, None, None, None, None)
+    cmd = run_commands(bench.name, layout, RunOptions(results=tmp_path, system="s"), SlurmOptions(), tmp_path)(
+        tmp_path / "plan.json", tmp_path, 0, {})
+    cmd.stdout.write_text("srun: error: Unable to confirm allocation for job 24: Socket timed out on send/recv "
+                          "operation\nsrun: Check SLURM_JOB_ID environment variable. Expired or invalid job 24\n")
+    assert supervise._exit_reason(cmd, 1) == (
+        "srun could not start the run on the job's nodes: Unable to confirm allocation for job 24: Socket timed out on "
+        "send/recv operation (see the run's launcher.log)")
+    (tmp_path / "ranks" / "node0" / "mlbench_ab12" / "attempt_0").mkdir(parents=True)  # ranks ran: theirs to tell
+    assert supervise._exit_reason(cmd, 1) == "launcher exited with code 1 (a rank failed; see the rank logs)"

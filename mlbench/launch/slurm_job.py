@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -62,14 +63,28 @@ class JobRendezvous:
 
 def rank_failure(output: str, ranks_dir: Path, nproc_per_node: int) -> str:
     """Which rank's failure ended the job's run, how, and where its output is, from every node's torchrun (srun
-    gathers their output); "" if none names a rank that failed of itself. Node N's rank logs are under
-    RANKS_DIR/nodeN (slurm_script.SlurmJob.log_dir)."""
+    gathers their output); else srun's own failure to start the run (srun_failure); "" if neither is told. Node N's
+    rank logs are under RANKS_DIR/nodeN (slurm_script.SlurmJob.log_dir)."""
     failed = first_failure(output)
     if failed is None:
-        return ""
+        return srun_failure(output, ranks_dir)
     node = failed.rank // nproc_per_node
     logs = sorted((ranks_dir / f"node{node}").glob(f"*/attempt_*/{failed.local_rank}"))
     return failure_reason(failed, node, logs, ranks_dir)
+
+
+_SRUN_ERROR = re.compile(r"^srun: (?:error|fatal): (.+)$", re.MULTILINE)
+
+
+def srun_failure(output: str, ranks_dir: Path) -> str:
+    """srun's own failure to start the run's step, where no rank started (the controller not answering, or restarted:
+    "Unable to confirm allocation for job N: Socket timed out on send/recv operation"): its first error, in its
+    words. The run's reason was "launcher exited with code 1 (a rank failed; see the rank logs)": none had run.
+    "" where srun said no error, or ranks started (a rank's failure is then torchrun's to tell)."""
+    errors = _SRUN_ERROR.findall(output)
+    if not errors or ranks_started(ranks_dir):
+        return ""
+    return f"srun could not start the run on the job's nodes: {errors[0].strip()[:240]} (see the run's launcher.log)"
 
 
 def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: SlurmOptions,
