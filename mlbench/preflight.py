@@ -384,6 +384,13 @@ def _check_launcher_options(req: RunRequest) -> None:
         raise UserError(f"--master-addr {req.master_addr!r} is not a host name or an address ({problem})")
 
 
+def bare_address(addr: str | None) -> str | None:
+    """ADDR as MASTER_ADDR takes it: an IPv6 address without the brackets it may be written in ('[::1]' is how a URL or
+    a host:port writes it; torch and the driver's resolver read the brackets as part of a host name that resolves
+    nowhere: the job failed as it started, '--dry-run' having shown it good)."""
+    return addr[1:-1] if addr and addr.startswith("[") and addr.endswith("]") else addr
+
+
 def _address_problem(addr: str) -> str | None:
     """Why ADDR (its characters allowed) is neither a host name nor an IP address, or None. The job resolves it
     only as it starts: '-h' reached torchrun as an option, '999.1.1.1' a resolver that never answers it."""
@@ -899,7 +906,7 @@ def _slurm_options(req: RunRequest, bench: Benchmark, layout: Layout) -> SlurmOp
     opts = slurm.SlurmOptions(partition=req.partition, account=req.account, time_limit=req.time_limit,
                               sbatch_args=list(req.sbatch_args), container_image=req.container_image,
                               container_mounts=req.container_mounts.split(",") if req.container_mounts else [],
-                              master_addr=req.master_addr, gpus_per_node=req.gpus_per_node)
+                              master_addr=bare_address(req.master_addr), gpus_per_node=req.gpus_per_node)
     try:
         slurm.job_for(layout, opts, bench.name, Path("JOB"), driver=None).validate()
     except ValueError as e:

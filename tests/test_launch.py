@@ -67,6 +67,11 @@ def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path, cli) -> None
     job = cli("run", "gpt3", "--tiny", "--dry-run", "--nodes", "2", "--launcher", "slurm", "--rdzv-timeout", "45",
                   "--results", str(tmp_path), "--system", "j")
     assert job.returncode == 0 and "--rdzv-conf=timeout=45" in job.stdout, job.stdout + job.stderr
+    # an IPv6 address in brackets (as a URL writes it) reaches MASTER_ADDR bare: torch and the driver's resolver read
+    # '[::1]' as a host name, and the job failed as it started ("'[::1]' does not resolve")
+    v6 = cli("run", "gpt3", "--tiny", "--dry-run", "--nodes", "2", "--launcher", "slurm", "--master-addr", "[::1]",
+             "--results", str(tmp_path), "--system", "j")
+    assert v6.returncode == 0 and "\nMASTER_ADDR=::1\n" in v6.stdout and "[::1]" not in v6.stdout, v6.stdout
 
 
 def test_two_slurm_jobs_prepared_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:
