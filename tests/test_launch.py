@@ -638,7 +638,8 @@ def test_the_driver_asks_slurm_why_its_run_was_stopped(tmp_path: Path, monkeypat
     """A job at its time limit, or whose node failed, had its run recorded "received SIGTERM" (the batch step's
     signal), SLURM's own line in the job's output alone saying why. The driver now asks slurmctld as the signal
     comes; a SIGTERM the follower sent for its user (Ctrl-C: STOP_REQUESTED in the job's folder) stays the user's,
-    and so does one far from the limit (a scancel --batch of someone's): "" leaves "received SIGTERM"."""
+    said as the signal the user sent (it was "received SIGTERM" for a Ctrl-C), and one far from the limit (a scancel
+    --batch of someone's) the signal's: "" leaves "received SIGTERM"."""
     end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 100 if case != "far from the limit"
                                                              else time.time() + 3600))
     _fake_scontrol(tmp_path, monkeypatch, _SCONTROL.get(case, _SCONTROL["running"]).format(end=end))
@@ -648,7 +649,8 @@ def test_the_driver_asks_slurm_why_its_run_was_stopped(tmp_path: Path, monkeypat
     said = slurm.why_stopped("5", tmp_path, slurm.SlurmOptions(time_limit="02:00:00"), "SIGTERM")
     want = {"time limit": "the SLURM job reached its time limit (--time 00:01:00): SLURM stopped it",
             "node failure": "the SLURM job's node node2 failed (NODE_FAIL): SLURM stopped the job",
-            "the user's stop": "", "far from the limit": ""}
+            "the user's stop": "received SIGINT (mlbench run's, passed to the job's driver as SIGTERM)",
+            "far from the limit": ""}
     if case == "warning":  # 100 s before the limit (to the second, as the clock turned meanwhile)
         assert said.startswith("SLURM's warning (SIGTERM) ") and said.endswith(
             " s before the job's time limit (--time 02:00:00): the run was stopped before it"), said

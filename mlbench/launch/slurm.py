@@ -599,6 +599,20 @@ def why_stopped(job_id: str, job_dir: Path, opts: SlurmOptions, signal_name: str
     down = lost_nodes(os.environ.get("SLURM_JOB_NODELIST", ""), fields.get("NodeList", "")) if failed else ""
     if ended := stopped_by_slurm(fields, down):
         return ended
-    if signal_name != "SIGTERM" or not warns(opts) or (job_dir / STOP_REQUESTED).exists():
+    if signal_name != "SIGTERM":
         return ""
-    return time_limit_warning(fields, time.time())
+    if requested := users_stop(job_dir):
+        return requested
+    return time_limit_warning(fields, time.time()) if warns(opts) else ""
+
+
+def users_stop(job_dir: Path) -> str:
+    """The run's reason where the batch step's SIGTERM is the follower's, sent for its user's stop (STOP_REQUESTED
+    names the signal mlbench run got: Ctrl-C's SIGINT was recorded "received SIGTERM", where a local run says
+    "received SIGINT"); "" where the follower sent none."""
+    try:
+        name = (job_dir / STOP_REQUESTED).read_text().strip()
+    except OSError:
+        return ""
+    name = name if re.fullmatch(r"SIG[A-Z0-9]{1,8}", name) else "a stop signal"
+    return f"received {name} (mlbench run's, passed to the job's driver as SIGTERM)"
