@@ -645,6 +645,9 @@ def test_the_driver_asks_slurm_why_its_run_was_stopped(tmp_path: Path, monkeypat
     _fake_scontrol(tmp_path, monkeypatch, _SCONTROL.get(case, _SCONTROL["running"]).format(end=end))
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
     if case == "the user's stop":
+        (tmp_path / slurm.STOP_REQUESTED).write_text("SIGTERM\n")  # (mlbench run's SIGTERM: not said twice)
+        assert slurm.why_stopped("5", tmp_path, slurm.SlurmOptions(), "SIGTERM") == \
+            "received SIGTERM (mlbench run's, passed to the job's driver)"
         (tmp_path / slurm.STOP_REQUESTED).write_text("SIGINT\n")
     said = slurm.why_stopped("5", tmp_path, slurm.SlurmOptions(time_limit="02:00:00"), "SIGTERM")
     want = {"time limit": "the SLURM job reached its time limit (--time 00:01:00): SLURM stopped it",

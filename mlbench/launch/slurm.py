@@ -630,4 +630,4 @@ def users_stop(job_dir: Path) -> str:
     except OSError:
         return ""
     name = name if re.fullmatch(r"SIG[A-Z0-9]{1,8}", name) else "a stop signal"
-    return f"received {name} (mlbench run's, passed to the job's driver as SIGTERM)"
+    return f"received {name} (mlbench run's, passed to the job's driver{' as SIGTERM' if name != 'SIGTERM' else ''})"
