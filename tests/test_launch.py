@@ -408,15 +408,17 @@ def test_a_slurm_client_that_hangs_or_answers_junk_is_one_line_and_leaves_nothin
     assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
 
 
-def test_a_stop_signal_while_sbatch_submits_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fake", ["hang-on-submit", "hang"])
+def test_a_stop_signal_while_sbatch_submits_leaves_nothing(tmp_path: Path, fake: str) -> None:
     """SIGTERM (or Ctrl-C) while sbatch had not yet answered the submission: the job's folder (.slurm/<job>/ with
-    job.sbatch and job.json) was left behind in folders made for it. Now removed, as a refused job's is."""
-    proc = _with_fake_slurm(tmp_path, "hang-on-submit", timeout_s=60)
+    job.sbatch and job.json) was left behind in folders made for it. Now removed, as a refused job's is; so it is
+    where the stop comes as sbatch --test-only checks the job ("hang": it was left then too)."""
+    proc = _with_fake_slurm(tmp_path, fake, timeout_s=60)
     deadline = time.monotonic() + 60
     while not list((tmp_path / "r").glob("ci/gpt3/.slurm/*/job.sbatch")):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.1)
-    time.sleep(1)  # sbatch --test-only answered; the submission is under way
+    time.sleep(1)  # sbatch --test-only answered ("hang": not), the submission under way
     proc.send_signal(signal.SIGTERM)
     try:
         out = "".join(proc.communicate(timeout=60))

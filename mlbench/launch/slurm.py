@@ -110,6 +110,10 @@ def write_job(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: Slur
         what = e.strerror if isinstance(e, OSError) else e
         raise UserError(f"cannot write the SLURM job{f' in {folder}' if isinstance(e, OSError) else ''}: "
                         f"{what}") from None
+    except BaseException:  # a stop signal as it is written: no job comes of it
+        if job_dir:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        raise
     return job_dir
 
 
@@ -224,10 +228,11 @@ class SlurmLauncher:
                             f"({', '.join(CLIENT_COMMANDS)}) on PATH")
         # The folders the job's folder is made in, from the results root down, that are not there yet
         self._made = [p for p in (*reversed(folder.parents[:2]), folder, folder / ".slurm") if not p.exists()]
-        self.job_dir = write_job(self.bench, self.layout, self.run_opts, self.opts, folder)
+        self.job_dir = None
         try:
+            self.job_dir = write_job(self.bench, self.layout, self.run_opts, self.opts, folder)
             test = _slurm("sbatch", "--test-only", str(self.job_dir / "job.sbatch"))
-        except UserError:
+        except BaseException:  # (a stop signal as sbatch checks it left the job's folder, job.sbatch in it)
             self._drop_job()
             raise
         if test.returncode != 0:
@@ -238,7 +243,8 @@ class SlurmLauncher:
     def _drop_job(self) -> None:
         """The job's folder, when no job was submitted from it, and the folders made for it (when nothing else
         came into them meanwhile): a refused run leaves nothing."""
-        shutil.rmtree(self.job_dir, ignore_errors=True)
+        if self.job_dir is not None:
+            shutil.rmtree(self.job_dir, ignore_errors=True)
         for made in reversed(self._made):
             with contextlib.suppress(OSError):
                 made.rmdir()
