@@ -833,6 +833,23 @@ def test_a_huge_job_output_is_shown_in_bounded_memory(tmp_path: Path, monkeypatc
     assert peak < 2**21, peak  # (1 MiB read at once: 13 MiB)
 
 
+def test_a_pending_jobs_state_line_names_a_reason_only_where_slurm_gives_one(tmp_path: Path, monkeypatch) -> None:
+    """A job pending before the scheduler's next pass has the reason None: the follower said "PENDING (None)"."""
+    import io
+
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
+    squeue = tmp_path / "bin" / "squeue"
+    squeue.write_text(f"#!/bin/sh\n[ -e {tmp_path}/once ] && echo 'PENDING|Resources|' || {{ : > {tmp_path}/once; "
+                      f"echo 'PENDING|None|'; }}\n")
+    squeue.chmod(0o755)
+    said = io.StringIO()
+    slurm.follow(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"]), "5", tmp_path / "job.out",
+                 Console(file=said, width=300))
+    assert said.getvalue().startswith("SLURM job 5: PENDING\nSLURM job 5: PENDING (Resources)\n"), said.getvalue()
+
+
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:
     """--gpus-per-node 100000 was refused by sbatch --test-only as "Invalid generic resource (gres) specification",
     the hint naming every flag to check but that one (test_slurm_run.py: on the real cluster)."""

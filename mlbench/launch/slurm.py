@@ -432,7 +432,8 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
             if len(state) == 3 and "|".join(state) != shown:  # as it changes: pending (why), running (where)
                 shown = "|".join(state)
                 where = f" on {state[2]}" if state[0] == "RUNNING" and state[2] else ""
-                why = f" ({state[1]})" if state[0] == "PENDING" else ""
+                # ("None": no reason yet, as the job waits for the scheduler's next pass; said as "PENDING (None)")
+                why = f" ({state[1]})" if state[0] == "PENDING" and state[1] not in ("", "None") else ""
                 console.print(f"SLURM job {job_id}: {state[0]}{why}{where}", highlight=False)
             if len(state) == 3 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
                 failed = scancel(job_id)
