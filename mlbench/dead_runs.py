@@ -44,6 +44,18 @@ def publish(folder: Path, console: Console) -> list[Path]:
     return placed
 
 
+def publish_ended(folder: Path, staging: Path, console: Console) -> list[Path]:
+    """Publishes STAGING, a staging folder of `folder` whose run's processes are all known to have ended, its owner of
+    this host or another (a SLURM job's driver, on the job's first node, once SLURM has ended the job: `publish`
+    leaves another host's runs alone, and a driver killed mid-run left its run unpublished for good); returns the
+    results placed ([] where it holds no unpublished run, or another command publishes it)."""
+    if staging.parent != folder or not staging.name.startswith(results.STAGING) or not results.unplaced(folder,
+                                                                                                        staging):
+        return []
+    with results.taken(staging) as mine:
+        return _publish(folder, staging, results.owner_tag(staging), console) if mine else []
+
+
 def _publish(folder: Path, staging: Path, owner: str, console: Console) -> list[Path]:
     """The dead run in STAGING published ([its result]), or set aside, said in one line ([])."""
     try:

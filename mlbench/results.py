@@ -186,7 +186,7 @@ def dead_runs(folder: Path) -> list[tuple[Path, str]]:
     """(staging folder, owner tag) of each run whose owner died before publishing it, and whose files no live
     process holds any more (its ranks die with their supervisor, a moment later)."""
     found = [s for s in _stale(folder) if _unpublished_run(folder, s) and not _in_use(s)]
-    return [(s, _owner(s)) for s in sorted(found)]
+    return [(s, owner_tag(s)) for s in sorted(found)]
 
 
 def half_published(folder: Path) -> list[Path]:
@@ -196,12 +196,17 @@ def half_published(folder: Path) -> list[Path]:
                   if any(not os.path.lexists(folder / f"{r.stem}.txt") for r in _placed(folder, s)))
 
 
-def _owner(staging: Path) -> str:
+def owner_tag(staging: Path) -> str:
     return staging.name[len(STAGING):].rpartition("-")[0]  # .staging-<owner tag>-XXXX
 
 
+def unplaced(folder: Path, staging: Path) -> bool:
+    """Whether STAGING (a folder of its own, not a link) holds a run whose record was not placed in FOLDER."""
+    return staging.is_dir() and not staging.is_symlink() and not _placed(folder, staging)
+
+
 def _stale(folder: Path) -> list[Path]:
-    return [s for s in folder.glob(f"{STAGING}*") if owners.gone(_owner(s))]
+    return [s for s in folder.glob(f"{STAGING}*") if owners.gone(owner_tag(s))]
 
 
 def _unpublished_run(folder: Path, staging: Path) -> bool:

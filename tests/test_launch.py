@@ -850,6 +850,36 @@ def test_a_pending_jobs_state_line_names_a_reason_only_where_slurm_gives_one(tmp
     assert said.getvalue().startswith("SLURM job 5: PENDING\nSLURM job 5: PENDING (Resources)\n"), said.getvalue()
 
 
+def test_the_run_a_killed_slurm_driver_left_is_published_once_the_job_ended(tmp_path: Path, monkeypatch) -> None:
+    """kill -9 of the job's driver (the batch step; the OOM killer) mid-run: SLURM ended the job, and its run was left
+    unpublished in its staging folder, 'the job ended (FAILED, exit code 0:9) without recording a run' said (on the
+    real cluster). Its owner being of the job's node, not this host, no later run here would publish it either. The
+    follower publishes it as aborted once the job has ended."""
+    import io
+
+    from rich.console import Console
+    from test_hostile_run_side import _dead_run
+
+    from mlbench import dead_runs, owners
+
+    folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
+    monkeypatch.setattr(owners, "gone", lambda tag: False)  # the driver's host is another: not known to be gone
+    job_dir = folder / ".slurm" / "job"
+    job_dir.mkdir(parents=True)
+    (job_dir / slurm.CURRENT_RUN).write_text(f"{staging}\n")
+    assert dead_runs.publish(folder, Console(file=io.StringIO())) == []  # (another host's: left alone)
+    assert slurm.left_run(job_dir, "RUNNING, exit code 0:0", Console(file=io.StringIO())) == []  # not ended yet
+    said = io.StringIO()
+    launcher = slurm.SlurmLauncher.__new__(slurm.SlurmLauncher)
+    launcher.console, launcher.job_dir, launcher.job_id, launcher.code, launcher.ended, launcher.stops = \
+        Console(file=said, width=400), job_dir, "7", 9, "FAILED, exit code 0:9", []
+    assert launcher.collect() == 1
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["status"] == "aborted" and "died before the run ended" in record["reason"], record["reason"]
+    assert f"aborted {folder / 'result_0.txt'} (mlbench (pid " in said.getvalue(), said.getvalue()
+    assert not staging.exists() and "without recording a run" not in said.getvalue()
+
+
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:
     """--gpus-per-node 100000 was refused by sbatch --test-only as "Invalid generic resource (gres) specification",
     the hint naming every flag to check but that one (test_slurm_run.py: on the real cluster)."""

@@ -310,6 +310,7 @@ class SlurmLauncher:
     def collect(self) -> int:
         console, job_dir = self.console, self.job_dir
         runs, error = job_runs(job_dir, self.job_id)
+        runs += left_run(job_dir, self.ended, console)
         if error:
             console.print(Text.assemble(("error:", "red"), f" {error}"), highlight=False, soft_wrap=True)
             return 1
@@ -346,6 +347,30 @@ def job_runs(job_dir: Path, job_id: str) -> tuple[list[dict], str]:
                 runs.append({"result": str(record.with_suffix(".txt")), "status": str(r["status"]),
                              "reason": str(r.get("reason") or "")})
     return runs, ""
+
+
+def left_run(job_dir: Path, ended: str, console: Console) -> list[dict]:
+    """The run the job's driver was training as it died (killed, out of memory: SLURM then ends the job), published
+    as a dead run's is (dead_runs) once the job has ended (none of its processes lives): its staging folder, named in
+    CURRENT_RUN, was left unpublished ('the job ended (FAILED, exit code 0:9) without recording a run'), and no later
+    run published it but one on the driver's own node. [] where the driver left none."""
+    from mlbench import dead_runs
+    from mlbench.results import STAGING
+
+    if not ended or ended.split(",")[0] in _ACTIVE or ended.startswith("sbatch exit code"):  # (not known to end)
+        return []
+    try:
+        staging = Path((job_dir / CURRENT_RUN).read_text().strip())
+    except OSError:
+        return []
+    if not staging.name.startswith(STAGING):
+        return []
+    runs = []
+    for path in dead_runs.publish_ended(job_dir.parent.parent, staging, console):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            r = json.loads(path.with_suffix(".json").read_text())
+            runs.append({"result": str(path), "status": str(r["status"]), "reason": str(r.get("reason") or "")})
+    return runs
 
 
 class StagedRuns:
