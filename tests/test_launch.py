@@ -795,13 +795,18 @@ def test_the_runs_a_slurm_job_published_are_said_without_its_summary(tmp_path: P
         Console(file=said, width=300), job_dir, "7", 1, "CANCELLED, exit code 0:15"
     launcher.stops = ["SIGINT", "SIGINT"]
     assert launcher.collect() == 130
-    assert said.getvalue() == (f"aborted {folder / 'result_1.txt'} (received SIGTERM)\n"
-                               f"success {folder / 'result_10.txt'}\n")
+    (folder / "result_1.json").unlink()  # the job's runs all succeeded, and SLURM says it completed: sbatch --wait
+    launcher.stops, launcher.ended = [], "COMPLETED, exit code 0:0"  # killed (code 1 here) made it exit 1
+    assert launcher.collect() == 0
+    launcher.ended = "FAILED, exit code 1:0"
+    assert launcher.collect() == 1
+    assert said.getvalue().startswith(f"aborted {folder / 'result_1.txt'} (received SIGTERM)\n"
+                                      f"success {folder / 'result_10.txt'}\n")
     shutil.rmtree(tmp_path / "ci")
     said.seek(0), said.truncate()
     launcher.stops = []
     assert launcher.collect() == 1
-    assert said.getvalue() == (f"the job ended (CANCELLED, exit code 0:15) without recording a run: its folder "
+    assert said.getvalue() == (f"the job ended (FAILED, exit code 1:0) without recording a run: its folder "
                                f"{job_dir} was removed while it ran, and its output with it\n")
 
 
@@ -841,8 +846,8 @@ def test_a_pending_jobs_state_line_names_a_reason_only_where_slurm_gives_one(tmp
 
     _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
     squeue = tmp_path / "bin" / "squeue"
-    squeue.write_text(f"#!/bin/sh\n[ -e {tmp_path}/once ] && echo 'PENDING|Resources|' || {{ : > {tmp_path}/once; "
-                      f"echo 'PENDING|None|'; }}\n")
+    squeue.write_text(f"#!/bin/sh\necho x >> {tmp_path}/looks\ncase $(wc -l < {tmp_path}/looks) in 1) echo "
+                      f"'PENDING|None|';; 2) echo 'PENDING|Resources|';; esac\nexit 0\n")  # then gone
     squeue.chmod(0o755)
     said = io.StringIO()
     slurm.follow(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"]), "5", tmp_path / "job.out",
@@ -878,6 +883,28 @@ def test_the_run_a_killed_slurm_driver_left_is_published_once_the_job_ended(tmp_
     assert record["status"] == "aborted" and "died before the run ended" in record["reason"], record["reason"]
     assert f"aborted {folder / 'result_0.txt'} (mlbench (pid " in said.getvalue(), said.getvalue()
     assert not staging.exists() and "without recording a run" not in said.getvalue()
+
+
+def test_a_job_whose_sbatch_was_killed_is_followed_by_its_state(tmp_path: Path, monkeypatch) -> None:
+    """sbatch --wait killed while the job ran (kill -9 of it alone): the follower stopped following, waited up to
+    120 s for the job's end without showing its output, and exited 1 for a set whose every run succeeded. It follows
+    the job by its state now, its output as it comes, and the exit code is the job's (test_the_runs_...)."""
+    import io
+
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
+    squeue = tmp_path / "bin" / "squeue"  # running for two looks more, then gone from the queue
+    squeue.write_text(f"#!/bin/sh\necho x >> {tmp_path}/looks\n[ $(wc -l < {tmp_path}/looks) -le 2 ] && "
+                      f"echo 'RUNNING|None|node1' && echo 'step 20' >> {tmp_path}/job.out\nexit 0\n")
+    squeue.chmod(0o755)
+    said = io.StringIO()
+    sbatch = subprocess.Popen([sys.executable, "-c", "import os, time; time.sleep(1.5); os.kill(os.getpid(), 9)"])
+    code, ended = slurm.follow(sbatch, "5", tmp_path / "job.out", Console(file=said, width=300))
+    assert said.getvalue() == ("SLURM job 5: RUNNING on node1\nstep 20\nSLURM job 5: sbatch --wait ended (exit code "
+                               "-9) while the job runs on: following it by its state\nstep 20\n"
+                               "SLURM job 5: COMPLETED, exit code 0:0\n"), said.getvalue()
+    assert (code, ended) == (-9, "COMPLETED, exit code 0:0")
 
 
 def test_a_gpu_count_slurm_refuses_is_named_in_the_refusal() -> None:

@@ -328,7 +328,10 @@ class SlurmLauncher:
                                f"{job_dir / 'job.out'}", style="red"))
         if self.stops:  # 128 + the signal, as a local set stopped by one ends (the job's own code was 1 or 0)
             return 128 + signal.Signals[self.stops[0]].value
-        return 0 if runs and self.code == 0 and all(r["status"] == "success" for r in runs) else 1
+        # The job's own end where SLURM says it: sbatch --wait killed (or ended) while the job ran on to complete gave
+        # exit 1 for a set whose every run succeeded
+        completed = self.code == 0 or self.ended.startswith("COMPLETED, exit code 0:0")
+        return 0 if runs and completed and all(r["status"] == "success" for r in runs) else 1
 
 
 def job_runs(job_dir: Path, job_id: str) -> tuple[list[dict], str]:
@@ -439,12 +442,16 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
         cancels.append(name)
 
     previous = {s: signal.signal(s, cancel) for s in STOP_SIGNALS}
-    shown = ""
+    shown, said_orphan = "", False
     output = JobOutput(out, console, drop_progress=runs is not None)  # the panel shows what progress lines say
     try:
-        while proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(1.0)
+        state: list[str] = []
+        while proc.poll() is None or (len(state) == 3 and state[0] in _UNDER_WAY):
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(1.0)
+            else:  # sbatch --wait ended (killed) as the job ran on: followed by its state, not waited 120 s for
+                time.sleep(1.0)
             while said:
                 console.print(said.pop(0), highlight=False)
             output.show()
@@ -460,6 +467,10 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
                 # ("None": no reason yet, as the job waits for the scheduler's next pass; said as "PENDING (None)")
                 why = f" ({state[1]})" if state[0] == "PENDING" and state[1] not in ("", "None") else ""
                 console.print(f"SLURM job {job_id}: {state[0]}{why}{where}", highlight=False)
+            if proc.poll() is not None and len(state) == 3 and state[0] in _UNDER_WAY and not said_orphan:
+                said_orphan = True
+                console.print(f"SLURM job {job_id}: sbatch --wait ended (exit code {proc.returncode}) while the job "
+                              f"runs on: following it by its state", highlight=False)
             if len(state) == 3 and state[0] == "PENDING" and state[1] in NEVER_STARTS:
                 failed = scancel(job_id)
                 if not failed:
@@ -535,6 +546,7 @@ class JobOutput:
 # States of a job that has not ended (its processes may still run: COMPLETING waits for them)
 _ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                      "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD"})
+_UNDER_WAY = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})  # what sbatch --wait waits through
 END_WAIT_S = 120.0  # for the job to end after sbatch returned: the driver stops its run and publishes it
 
 
