@@ -1256,3 +1256,49 @@ def test_a_jobs_output_that_cannot_be_read_as_text_is_no_crash(tmp_path: Path, w
         proc.kill()
     assert proc.returncode == 1 and said in out and "Traceback" not in out, out
     assert "SLURM job 7: FAILED, exit code 1:0" in out, out
+
+
+@pytest.mark.parametrize(("kind", "said"), [("link", "a symbolic link, not a regular file"),
+                                            ("fifo", "a FIFO, not a regular file")])
+def test_a_jobs_output_that_is_not_a_regular_file_is_not_read(tmp_path: Path, kind: str, said: str) -> None:
+    """job.out replaced by a link to /dev/zero made the follower's final read loop for ever; a FIFO in its place
+    blocked its open. Each is said once now, and the output no longer looked at (the job followed by its state)."""
+    import io
+    import threading
+
+    from rich.console import Console
+
+    out = tmp_path / "job.out"
+    out.symlink_to("/dev/zero") if kind == "link" else os.mkfifo(out)
+    shown = io.StringIO()
+    output = slurm.JobOutput(out, Console(file=shown, width=300), drop_progress=False)
+    looks = threading.Thread(target=lambda: (output.show(), output.show(), output.show(last=True)), daemon=True)
+    looks.start()
+    looks.join(timeout=10)
+    assert not looks.is_alive() and output.pos == 0, shown.getvalue()[:300]
+    assert shown.getvalue() == f"cannot read the job's output {out} ({said}); following the job by its state\n"
+
+
+def test_the_final_read_of_a_jobs_output_ends_at_what_it_held(tmp_path: Path, monkeypatch) -> None:
+    """A job's output file that something went on appending to as the job ended held the follower's final read (all
+    of it, to the end) for as long as it grew. It ends at what the file held as the final read began now."""
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setattr(slurm.JobOutput, "CHUNK", 4)
+    out = tmp_path / "job.out"
+    out.write_text("x" * 10)
+    show, shows = slurm.JobOutput._show, []
+
+    def growing(output: slurm.JobOutput, data: bytes, final: bool) -> None:  # a writer as fast as it is read
+        shows.append(data)
+        assert len(shows) < 50, "the final read does not end"
+        with out.open("a") as f:
+            f.write("y" * 4)
+        show(output, data, final)
+
+    monkeypatch.setattr(slurm.JobOutput, "_show", growing)
+    shown = io.StringIO()
+    slurm.JobOutput(out, Console(file=shown, width=300), drop_progress=False).show(last=True)
+    assert shown.getvalue().startswith("x" * 10) and len(shown.getvalue()) <= 14, shown.getvalue()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import select
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -499,41 +501,66 @@ class JobOutput:
     """What the job has written to its output file since the last look, shown as text. The file is the job's (sbatch
     writes it, and anyone may replace it): a folder or an unreadable file in its place ended `mlbench run` with
     "Is a directory" (exit 2) and left the job running unfollowed, and a character cut in two by the read (or bytes
-    that are not UTF-8) was a UnicodeDecodeError traceback. Now said once; the job is followed by its state."""
+    that are not UTF-8) was a UnicodeDecodeError traceback. Now said once; the job is followed by its state. Only a
+    regular file is read: a link to /dev/zero in its place made the final read loop for ever, and a FIFO blocked its
+    open (each said once, then the output is no longer looked at)."""
 
     def __init__(self, path: Path, console: Console, drop_progress: bool):
         self.path, self.console, self.drop_progress = path, console, drop_progress
         self.pos = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.failed = False
+        self.stopped = False  # not a regular file: not looked at again
 
     CHUNK = 1 << 20  # read and shown at a time: the whole new part at once took 8 times its size (3.2 GB for 400 MB)
     PER_LOOK = 64  # chunks at most a look shows (the follower's other work, its stops, waits meanwhile); all at the end
 
     def show(self, last: bool = False) -> None:
-        chunks = 0
+        """The new output: up to PER_LOOK chunks; LAST: all the file held as this look began (what is appended
+        meanwhile is not waited for: a file that grows for ever held the follower for ever)."""
+        chunks, end = 0, None
         while True:
-            data = self._read()
-            self._show(data, final=last and len(data) < self.CHUNK)
+            data, size = self._read(self.CHUNK if end is None else max(0, min(self.CHUNK, end - self.pos)))
+            end = size if end is None else end
             chunks += 1
-            if len(data) < self.CHUNK or (not last and chunks >= self.PER_LOOK):
+            done = len(data) < self.CHUNK or (last and self.pos >= end) or (not last and chunks >= self.PER_LOOK)
+            self._show(data, final=last and done)
+            if done:
                 return
 
-    def _read(self) -> bytes:
+    def _read(self, count: int) -> tuple[bytes, int]:
+        """Up to COUNT bytes from where the last read ended, and the file's size ((b"", 0) where it cannot be read)."""
+        if self.stopped:
+            return b"", 0
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                data = f.read(self.CHUNK)
-                self.pos = f.tell()
+            # not following a link, nor waiting for a FIFO's writer: only a regular file is the job's output
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:  # not yet written (a job pending), or removed
-            data = b""
+            return b"", 0
         except OSError as e:
-            if not self.failed:
-                self.failed = True
-                self.console.print(printable(f"cannot read the job's output {self.path} ({e.strerror or e}); "
-                                             f"following the job by its state"), highlight=False, soft_wrap=True)
-            data = b""
-        return data
+            self._say("a symbolic link, not a regular file" if e.errno == errno.ELOOP else e.strerror or e)
+            self.stopped = e.errno == errno.ELOOP
+            return b"", 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._say(f"{_file_kind(st.st_mode)}, not a regular file")
+                self.stopped = True
+                return b"", 0
+            data = os.pread(fd, count, self.pos)
+            self.pos += len(data)
+            return data, st.st_size
+        except OSError as e:
+            self._say(e.strerror or e)
+            return b"", 0
+        finally:
+            os.close(fd)
+
+    def _say(self, why: object) -> None:
+        if not self.failed:
+            self.failed = True
+            self.console.print(printable(f"cannot read the job's output {self.path} ({why}); following the job by "
+                                         f"its state"), highlight=False, soft_wrap=True)
 
     def _show(self, data: bytes, final: bool) -> None:
         chunk = self.decoder.decode(data, final=final)
@@ -548,6 +575,13 @@ _ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPEND
                      "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD"})
 _UNDER_WAY = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})  # what sbatch --wait waits through
 END_WAIT_S = 120.0  # for the job to end after sbatch returned: the driver stops its run and publishes it
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((word for test, word in kinds if test(mode)), "a special file")
 
 
 def _ended_state(job_id: str, console: Console, limit_s: float = END_WAIT_S) -> str:
