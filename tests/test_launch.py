@@ -769,6 +769,27 @@ def test_a_stop_that_scancel_cannot_deliver_is_said_and_the_job_followed(tmp_pat
     assert "SLURM job 5: COMPLETED, exit code 0:0" in said.getvalue() or scancel != "fails"
 
 
+def test_a_stop_is_said_before_scancel_waits_for_the_controller(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C while the SLURM controller did not answer: nothing was said until scancel had timed out, twice (up to a
+    minute in the signal handler). The line saying the job is being stopped comes before scancel is asked now."""
+    from rich.console import Console
+
+    monkeypatch.setattr(slurm, "SCANCEL_S", 0.5)
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
+    bin_dir, said = tmp_path / "bin", tmp_path / "said"
+    sent = tmp_path / "sent"
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {sent} ] || {{ : > {sent}; kill -INT $PPID; }}\n")
+    # what the follower had said as scancel was asked; then no answer
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\ncat {said} >> {tmp_path}/said_then\nexec sleep 5\n")
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    with said.open("w") as out:
+        slurm.follow(subprocess.Popen(["sleep", "1.5"]), "5", tmp_path / "job.out", Console(file=out, width=300))
+    line = "SLURM job 5: SIGINT: stopping the job (scancel; up to 1 s where the SLURM controller does not answer)\n"
+    assert (tmp_path / "said_then").read_text().count(line) == 2, said.read_text()
+    assert "could not cancel the job (scancel did not answer within 0.5 s" in said.read_text(), said.read_text()
+
+
 @pytest.mark.parametrize("summary", [None, '{"runs": [{"result": '])
 def test_the_runs_a_slurm_job_published_are_said_without_its_summary(tmp_path: Path, summary: str | None) -> None:
     """A second Ctrl-C (scancel outright) killed the driver after it had published its run, before its summary:

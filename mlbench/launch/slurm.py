@@ -427,6 +427,10 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
         # (a plain scancel SIGKILLs everything after KillWait). A job with no batch step yet (pending) refuses that
         # ("Job is pending execution"): the signal was passed over, the job left pending. Cancelled outright then.
         name = signal.Signals(signum).name
+        # said at once: scancel may wait for a controller that does not answer (twice SCANCEL_S for the first stop)
+        console.print(f"SLURM job {job_id}: {name}: stopping the job (scancel; up to "
+                      f"{SCANCEL_S * (1 if cancels else 2):g} s where the SLURM controller does not answer)",
+                      highlight=False)
         with contextlib.suppress(OSError):  # for the driver: this SIGTERM is the user's, not SLURM's warning
             (out.parent / STOP_REQUESTED).write_text(name + "\n")
         if not cancels and not scancel("--signal=TERM", "--batch", job_id):
