@@ -16,7 +16,7 @@ from tfrecord_writer import example, write
 
 from mlbench.train.data.bert_records import BertRecords, split_rows
 from mlbench.train.data.markov import MarkovSource
-from mlbench.train.data.tfrecord import RecordError, masked_crc, parse_example, records
+from mlbench.train.data.tfrecord import RecordError, count_records, masked_crc, parse_example, records
 
 SEQ, PRED, VOCAB = 32, 10, 32  # id 31 is [MASK]
 
@@ -70,6 +70,10 @@ def test_reads_examples_as_tensorflow_writes_them(tmp_path: Path) -> None:
         bad.write_bytes(damage(good))
         with pytest.raises(RecordError, match=message):
             list(records(bad))
+        if "bytes fail" not in message:  # counted by the length fields alone: their CRCs and sizes checked too
+            with pytest.raises(RecordError, match=message):
+                count_records(bad, 3)
+    assert [count_records(tmp_path / "xTrue.tfrecord", n) for n in (2, 3, 10)] == [2, 3, 3]
 
 
 def _huge_length(good: bytes, length: int) -> bytes:
@@ -203,6 +207,19 @@ def test_tfrecord_paths_are_checked_before_launch(tmp_path: Path, benchmarks_cop
     write(data / "part-00000-of-00001", samples(4, seed=0))
     proc = cli("run", "bert", "--results", str(results), env=env)
     assert proc.returncode == 2 and "--eval-data-path" in proc.stdout and "eval_10k" in proc.stdout, proc.stdout
+    # An eval file short of eval.samples (found at the first eval), a shard that is no TFRecord file at all (found
+    # when the training order reached it): said before launch, counted and framed without parsing a sample
+    write(data / "eval_10k", samples(100, seed=1))
+    proc = cli("run", "bert", "--results", str(results), env=env)
+    assert proc.returncode == 2 and proc.stdout.strip() == (
+        f"error: --eval-data-path {data / 'eval_10k'}: 100 records; the run evaluates on 250 (eval.samples): give "
+        f"the whole eval set (MLPerf's eval_10k)"), proc.stdout
+    (data / "part-00001-of-00001").write_text("input_ids,masked_lm_ids\n" * 4)
+    proc = cli("run", "bert", "--results", str(results), env=env)
+    assert proc.returncode == 2 and proc.stdout.strip() == (
+        f"error: --data-path {data / 'part-00001-of-00001'}: record 0 (byte 0): the length field fails its CRC32-C "
+        f"(not a TFRecord file, or corrupt)"), proc.stdout
+    (data / "part-00001-of-00001").unlink()
     assert not results.exists()
     # A bad sample (a masked position past the sequence; before, an IndexError mid-run naming nothing): the run
     # aborts before run_start, its log and record saying which file, record and feature, and what is allowed.

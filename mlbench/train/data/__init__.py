@@ -79,13 +79,15 @@ def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> N
     if dry_run:
         return
     if d.source == "tfrecord":
-        from mlbench.train.data.bert_records import files
+        from mlbench.train.data.bert_records import check_files, files
 
+        found = []
         for flag, spec in (("--data-path", d.path), ("--eval-data-path", d.eval_path)):
             if not spec.strip():
                 raise UserError(f"{bench.name} trains on MLPerf's pre-masked TFRecord samples but no {flag} is "
                                 f"given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
-            files(spec, flag)
+            found.append(files(spec, flag))
+        check_files(*found, bench.eval.samples)  # their records, cheaply: what the run would find mid-run
         return
     _check_indexed(bench, nodes)
 

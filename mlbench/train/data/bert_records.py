@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from mlbench.errors import UserError
 from mlbench.train.data.source import ALL, TokenSource
-from mlbench.train.data.tfrecord import RecordError, parse_example, records
+from mlbench.train.data.tfrecord import RecordError, count_records, parse_example, records
 
 INT, FLOAT = "i", "f"  # numpy dtype kinds of an Example's int64 and float lists (parse_example)
 _LISTS = {INT: "an int64 list", FLOAT: "a float list", "O": "a bytes list"}
@@ -65,6 +66,35 @@ def files(spec: str, flag: str) -> list[str]:
     if not found:
         raise UserError(f"{flag} {spec!r}: names no files")
     return sorted(set(found))
+
+
+def check_files(train: list[str], eval_: list[str], eval_samples: int) -> None:
+    """Before launch, cheaply: each training shard's first record (its length and both CRCs: a file that is no
+    TFRecord at all, and training files that hold no sample, were found only mid-run), and the eval files' records,
+    counted by their length fields (an eval set short of EVAL_SAMPLES was found at the first eval)."""
+    held = 0
+    for path in train:
+        held += _guarded("--data-path", path, lambda p: next((1 for _ in records(p)), 0))  # its first record
+    if not held:
+        raise UserError(f"--data-path: the training files hold no samples: {', '.join(train[:3])}"
+                        f"{', ...' if len(train) > 3 else ''}")
+    held = 0
+    for path in eval_:
+        held += _guarded("--eval-data-path", path, partial(count_records, limit=eval_samples - held))
+        if held >= eval_samples:
+            return
+    raise UserError(f"--eval-data-path {' '.join(eval_[:3])}{' ...' if len(eval_) > 3 else ''}: {held} records; "
+                    f"the run evaluates on {eval_samples} (eval.samples): give the whole eval set (MLPerf's eval_10k)")
+
+
+def _guarded(flag: str, path: str, read: Callable[[str], int]) -> int:
+    """READ(PATH), a file that is no TFRecord file or cannot be read said as the user's: FLAG, the file, and why."""
+    try:
+        return read(path)
+    except RecordError as e:
+        raise UserError(f"{flag} {e}") from None
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
 
 
 class BertRecords(TokenSource):

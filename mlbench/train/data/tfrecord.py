@@ -36,16 +36,7 @@ def records(path: str | Path) -> Iterator[bytes]:
         index = offset = 0
         while offset < size and (header := f.read(12)):  # what was there at open: a file appended to mid-pass
             where = f"{path}: record {index} (byte {offset})"
-            if len(header) < 12:
-                raise RecordError(f"{where}: truncated record header (not a TFRecord file?)")
-            length, length_crc = struct.unpack("<QI", header)
-            if masked_crc(header[:8]) != length_crc:
-                raise RecordError(f"{where}: the length field fails its CRC32-C (not a TFRecord file, or corrupt)")
-            # Held against what the file has left before reading: a length field of 2**40 (its CRC sound) was a
-            # MemoryError naming nothing
-            if length + 4 > size - offset - 12:
-                raise RecordError(f"{where}: a record of {length} bytes is cut short: the file has "
-                                  f"{max(size - offset - 16, 0)} left (truncated file)")
+            length = _length(header, where, size - offset - 12)
             data = f.read(length + 4)
             if len(data) < length + 4:
                 raise RecordError(f"{where}: a record of {length} bytes is cut short (truncated file)")
@@ -54,6 +45,34 @@ def records(path: str | Path) -> Iterator[bytes]:
                 raise RecordError(f"{where}: the {length} bytes fail their CRC32-C (corrupt file)")
             yield data[:length]
             index, offset = index + 1, offset + 16 + length
+
+
+def count_records(path: str | Path, limit: int) -> int:
+    """How many records the file holds, up to LIMIT, by their length fields alone (each checked against its CRC
+    and the file's size; no record is read): a file's count at the cost of a seek a record."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        index = offset = 0
+        while index < limit and offset < size:
+            f.seek(offset)
+            length = _length(f.read(12), f"{path}: record {index} (byte {offset})", size - offset - 12)
+            index, offset = index + 1, offset + 16 + length
+    return index
+
+
+def _length(header: bytes, where: str, left: int) -> int:
+    """A record's length from its 12-byte HEADER, checked against the length's CRC and the LEFT bytes after it."""
+    if len(header) < 12:
+        raise RecordError(f"{where}: truncated record header (not a TFRecord file?)")
+    length, length_crc = struct.unpack("<QI", header)
+    if masked_crc(header[:8]) != length_crc:
+        raise RecordError(f"{where}: the length field fails its CRC32-C (not a TFRecord file, or corrupt)")
+    # Held against what the file has left before reading: a length field of 2**40 (its CRC sound) was a
+    # MemoryError naming nothing
+    if length + 4 > left:
+        raise RecordError(f"{where}: a record of {length} bytes is cut short: the file has {max(left - 4, 0)} left "
+                          f"(truncated file)")
+    return length
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
