@@ -790,6 +790,30 @@ def test_a_stop_is_said_before_scancel_waits_for_the_controller(tmp_path: Path, 
     assert "could not cancel the job (scancel did not answer within 0.5 s" in said.read_text(), said.read_text()
 
 
+def test_a_second_stop_while_the_first_ones_scancel_waits_cancels_the_job_outright(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """A second Ctrl-C while the first one's scancel waited for a slow controller was taken for a first (the stop is
+    counted once scancel returns): it asked the batch step to stop again instead of cancelling the job outright."""
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0")
+    bin_dir, calls, sent = tmp_path / "bin", tmp_path / "calls", tmp_path / "sent"
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {sent} ] || {{ : > {sent}; kill -INT $PPID; }}\n")
+    # the batch step's stop waits for the controller, and the user presses Ctrl-C again meanwhile
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                                     f'case "$*" in *--batch*) kill -INT $PPID; sleep 1;; esac\n')
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    stops: list[str] = []
+    with (tmp_path / "said").open("w") as out:
+        slurm.follow(subprocess.Popen(["sleep", "2"]), "5", tmp_path / "job.out", Console(file=out, width=300),
+                     stops=stops)
+    assert calls.read_text().splitlines() == ["--signal=TERM --batch 5", "5"], calls.read_text()
+    said = (tmp_path / "said").read_text()
+    assert stops == ["SIGINT", "SIGINT"] and "SIGINT: cancelling the job" in said, said
+    assert "again to cancel" not in said, said
+
+
 @pytest.mark.parametrize("summary", [None, '{"runs": [{"result": '])
 def test_the_runs_a_slurm_job_published_are_said_without_its_summary(tmp_path: Path, summary: str | None) -> None:
     """A second Ctrl-C (scancel outright) killed the driver after it had published its run, before its summary:

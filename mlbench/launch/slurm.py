@@ -421,26 +421,35 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
     aborted and published), or outright where the job has not started; a second outright."""
     cancels: list[int] = [] if stops is None else stops
     said: list[str] = []
+    asking: list[str] = []  # stops whose scancel is under way: a second stop meanwhile cancels outright
 
     def cancel(signum, frame):
+        asking.append(signal.Signals(signum).name)
+        try:
+            _cancel(signum, first=len(asking) == 1 and not cancels)
+        finally:
+            asking.pop()
+
+    def _cancel(signum: int, first: bool) -> None:
         # First SIGTERM to the batch step alone: the driver stops the run, logs it aborted and publishes it
         # (a plain scancel SIGKILLs everything after KillWait). A job with no batch step yet (pending) refuses that
         # ("Job is pending execution"): the signal was passed over, the job left pending. Cancelled outright then.
         name = signal.Signals(signum).name
         # said at once: scancel may wait for a controller that does not answer (twice SCANCEL_S for the first stop)
         console.print(f"SLURM job {job_id}: {name}: stopping the job (scancel; up to "
-                      f"{SCANCEL_S * (1 if cancels else 2):g} s where the SLURM controller does not answer)",
+                      f"{SCANCEL_S * (2 if first else 1):g} s where the SLURM controller does not answer)",
                       highlight=False)
         with contextlib.suppress(OSError):  # for the driver: this SIGTERM is the user's, not SLURM's warning
             (out.parent / STOP_REQUESTED).write_text(name + "\n")
-        if not cancels and not scancel("--signal=TERM", "--batch", job_id):
-            said.append(f"SLURM job {job_id}: {name}: stopping its run (it is logged aborted and published); "
-                        f"again to cancel the job outright")
+        if first and not scancel("--signal=TERM", "--batch", job_id):
+            if not cancels:  # (else a second stop, as this scancel waited, has cancelled the job outright)
+                said.append(f"SLURM job {job_id}: {name}: stopping its run (it is logged aborted and published); "
+                            f"again to cancel the job outright")
         elif failed := scancel(job_id):  # not counted: the job runs on, followed, and ends as it ends
             said.append(f"SLURM job {job_id}: {name}: could not cancel the job ({failed}); it runs on, followed: "
                         f"stop again to retry, or `scancel {job_id}`")
             with contextlib.suppress(OSError):
-                if not cancels:  # a SIGTERM the driver gets now is not the user's
+                if first:  # a SIGTERM the driver gets now is not the user's
                     (out.parent / STOP_REQUESTED).unlink()
             return
         else:
