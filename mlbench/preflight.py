@@ -558,7 +558,11 @@ def _creatable(folder: Path) -> tuple[Path, str]:
     and removing a folder there: permissions say nothing for root, who still cannot make one in /proc or on a
     read-only mount."""
     existing = folder
-    while not existing.exists() and existing != existing.parent:
+    try:
+        _exists(folder)
+    except PermissionError:  # (Path.exists raised it: '/root/x/vm/gpt3: Permission denied', nothing else said)
+        return unsearchable(folder), _UNSEARCHABLE
+    while not _exists(existing) and existing != existing.parent:
         if existing.is_symlink():  # mkdir through it said "File exists"
             loop = False
             try:
@@ -577,6 +581,26 @@ def _creatable(folder: Path) -> tuple[Path, str]:
     except OSError as e:
         return existing, f"is not a folder this user can write: {e.strerror or e}"
     return existing, ""
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists: PermissionError where a folder on the way cannot be searched."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
+    return True
+
+
+_UNSEARCHABLE = "is not a folder this user can search: Permission denied"
+
+
+def unsearchable(path: Path | str) -> Path:
+    """The first folder on the way to PATH that this user cannot search (no x permission), else PATH's parent."""
+    path = absolute(path)
+    return next((p for p in reversed(path.parents) if not os.access(p, os.X_OK)), path.parent)
 
 
 # ---- benchmark, data and checkpoints --------------------------------------------------------------------
@@ -662,6 +686,11 @@ def check_new_folder(what: str, path: Path) -> None:
     if bad is not None:
         raise UserError(printable(f"{what} {path}: holds {repr(bad)[1:-1]}, a character that is not printable; name "
                                   f"the folder without one"))
+    try:
+        _exists(path)
+    except PermissionError:  # (Path.is_symlink raised it: '/root/ck: Permission denied', the option not named)
+        raise UserError(f"{what} {path}: {unsearchable(path)} {_UNSEARCHABLE}; give a path this user can reach") \
+            from None
     if path.is_symlink():
         raise UserError(f"{what} {path}: is a symbolic link (to {os.readlink(path)}); a checkpoint is written to a new "
                         f"folder: give its own path")

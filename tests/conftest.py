@@ -42,6 +42,28 @@ def mlbench(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path
                           cwd=cwd)
 
 
+def without_permission_override() -> list[str]:
+    """The command prefix that runs a process of this user without what lets root pass every permission check
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: setpriv drops them), [] for any other user; skips the test where root
+    cannot drop them."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root reads and writes every file, and setpriv (util-linux) is not here to drop that capability")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", "--bounding-set", caps, "--inh-caps", caps]
+
+
+def unprivileged(code: str) -> str:
+    """Run the Python CODE (this checkout's mlbench importable) as without_permission_override() runs it: the last
+    line of its stderr where it fails, else ''."""
+    proc = subprocess.run([*without_permission_override(), sys.executable, "-c", code], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    return proc.stderr.strip().splitlines()[-1] if proc.returncode else ""
+
+
 def mlbench_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: object,
                        stdout: object = None) -> tuple[int, str, str]:
     """`mlbench ARGS` through its entry point (cli.main) in this process: (exit code, stdout, stderr), and never a

@@ -272,6 +272,27 @@ def test_a_folder_nobody_can_make_is_refused_for_root_too(tmp_path: Path) -> Non
     assert not list(tmp_path.glob(".mlbench-probe-*"))
 
 
+def test_a_folder_behind_one_this_user_cannot_search_is_refused_naming_that_folder(tmp_path: Path) -> None:
+    """--results /root/x as a user who cannot search /root said 'error: /root/x/vm/gpt3: Permission denied' (a
+    PermissionError out of Path.exists), and --save-checkpoint /root/ck (or convert-checkpoint's DEST) '/root/ck:
+    Permission denied': neither the option nor the folder at fault named. Both now name the folder this user cannot
+    search, as a folder it cannot write is named."""
+    from conftest import unprivileged
+
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o600)  # read and write, no search
+    code = ("from pathlib import Path; from mlbench import preflight; "
+            f"preflight.check_results_folder(Path({str(closed / 'r')!r}), 'ci', 'gpt3') if {{}} else "
+            f"preflight.check_new_folder('--save-checkpoint', Path({str(closed / 'ck')!r}))")
+    assert unprivileged(code.format(1)) == (
+        f"mlbench.errors.UserError: results folder {closed}/r/ci/gpt3 is not writable ({closed} is not a folder this "
+        f"user can search: Permission denied); pass --results DIR with a folder you can write")
+    assert unprivileged(code.format(0)) == (
+        f"mlbench.errors.UserError: --save-checkpoint {closed}/ck: {closed} is not a folder this user can search: "
+        f"Permission denied; give a path this user can reach")
+    assert os.listdir(closed) == []
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_read_only_results_folder_is_refused(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
