@@ -69,7 +69,13 @@ def names(directory: Path | None = None) -> list[str]:
         via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
         raise UserError(f"benchmark folder {folder}{via} is not a folder; point MLBENCH_BENCHMARKS at a folder of "
                         f"benchmark files (<name>.yaml), or unset it for the built-in ones")
-    return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("."))
+    try:  # (glob passes over a folder it cannot list: 'no benchmark files in it' for a folder full of them)
+        listed = os.listdir(folder)
+    except OSError as e:
+        via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
+        raise UserError(f"benchmark folder {folder}{via} cannot be listed ({e.strerror or e}); it must be readable "
+                        f"by the user running mlbench") from None
+    return sorted(n[:-len(".yaml")] for n in listed if n.endswith(".yaml") and not n.startswith("."))
 
 
 # The most a benchmark file may hold. The built-in ones are 12 to 18 KB (gpt3.yaml, the largest: 17.7 KB): 1 MiB is
@@ -122,7 +128,13 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     if a_name and os.path.lexists(path) and not path.is_file():
         raise UserError(f"{path}: not a benchmark file (a folder, a device or a broken link); a benchmark is a "
                         f"YAML file <name>.yaml")
-    if not a_name or not path.is_file():
+    try:
+        is_file = a_name and path.is_file()
+    except PermissionError:  # the folder cannot be searched ('<folder>/gpt3.yaml: Permission denied')
+        names(directory)  # (says so where it cannot be listed either)
+        raise UserError(f"benchmark folder {path.parent} cannot be searched (Permission denied); it must be readable "
+                        f"by the user running mlbench") from None
+    if not is_file:
         known = names(directory)
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,28 @@ def test_missing_benchmark_folder(tmp_path: Path, cli) -> None:
     # set but empty is unset (it read the working directory: here an empty folder, so no benchmarks)
     empty = cli("list", env={"MLBENCH_BENCHMARKS": ""}, cwd=tmp_path)
     assert empty.returncode == 0 and "gpt3" in empty.stdout, empty.stdout + empty.stderr
+
+
+@pytest.mark.parametrize("mode", [0o311, 0o000], ids=["unlistable", "unsearchable"])
+def test_a_benchmark_folder_this_user_cannot_read_is_said_so(tmp_path: Path, mode: int) -> None:
+    """MLBENCH_BENCHMARKS at a folder of benchmark files this user cannot list: `mlbench list` said 'no benchmark
+    files (<name>.yaml) in it' (glob passes over what it cannot list), and `show gpt3` in a folder it cannot search
+    '<folder>/gpt3.yaml: Permission denied'. Both say the folder cannot be read, exit 2."""
+    from conftest import unprivileged
+
+    folder = tmp_path / "b"
+    folder.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "benchmarks" / "gpt3.yaml", folder)
+    folder.chmod(mode)
+
+    def said(*args: str) -> str:
+        return unprivileged(f"import os, sys; os.environ['MLBENCH_BENCHMARKS'] = {str(folder)!r}; "
+                            f"sys.argv = ['mlbench', *{args!r}]; from mlbench.cli import main; main()")
+
+    want = (f"error: benchmark folder {folder} (MLBENCH_BENCHMARKS) cannot be listed (Permission denied); it must be "
+            f"readable by the user running mlbench")
+    assert said("list") == want
+    assert said("show", "gpt3") == ("" if mode & 0o111 else want)  # (searchable: the file is read by its name)
 
 
 @pytest.mark.parametrize("args", [
