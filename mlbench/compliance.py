@@ -461,7 +461,11 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
         require_ruleset(ruleset)
     if (why := given_path_problem(path)) is not None:
         raise UserError(printable(why))
-    files = [path] if not path.is_dir() else tree_glob(path, "result_*.txt")
+    unlisted: list[tuple[Path, str]] = []
+    files = [path] if not path.is_dir() else tree_glob(path, "result_*.txt", unlisted)
+    if not files and unlisted:  # (it said 'no result_*.txt files here' of a folder of them it could not list)
+        raise UserError(printable(f"{unlisted[0][0]}: cannot be listed ({unlisted[0][1]}); a folder of result logs "
+                                  f"must be readable by the user running mlbench"))
     for f in files:  # refused whole, as a file given alone is: `check` is a verdict on every file
         if (why := why_not_a_file(f)) is not None:
             raise UserError(printable(f"{f}: {why} (a result log is a regular file)"))

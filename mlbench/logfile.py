@@ -377,14 +377,30 @@ def why_not_a_file(path: Path | str) -> str | None:
     return why.strerror if why is not None else None
 
 
-def tree_glob(path: Path, pattern: str) -> list[Path]:
+def why_unreadable(path: Path | str) -> str | None:
+    """Why this user cannot open the file PATH for reading ('Permission denied'), or None. Opened without waiting
+    (a pipe is no file to read, said by why_not_a_file) and closed at once."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def tree_glob(path: Path, pattern: str, unlisted: list[tuple[Path, str]] | None = None) -> list[Path]:
     """Everything under the folder PATH whose name matches PATTERN (`result_*.txt`, a staging folder's), sorted,
     named as under PATH. A linked folder is searched as a folder (Path.rglob passes it over: a benchmark folder
     linked to a bigger disk, where `mlbench run` had published, held no results for `score results/`); a folder
-    reached twice (a loop of links) is searched once."""
+    reached twice (a loop of links) is searched once. UNLISTED: where given, each folder that could not be listed is
+    added to it, with why ('Permission denied')."""
     found: list[Path] = []
     seen: set[tuple[int, int]] = set()
-    for top, dirs, files in os.walk(path, followlinks=True):
+
+    def said(e: OSError) -> None:
+        if unlisted is not None and e.filename is not None:
+            unlisted.append((Path(e.filename), e.strerror or str(e)))
+
+    for top, dirs, files in os.walk(path, onerror=said, followlinks=True):
         try:
             st = os.stat(top)
         except OSError:
@@ -410,6 +426,8 @@ def given_path_problem(path: Path | str) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return f"{path}: no such file or folder"
     why = why_not_a_file(path)
+    if why is None and (why := why_unreadable(path)) is not None:
+        return f"{path}: cannot be read ({why}); a result log must be readable by the user running mlbench"
     return f"{path}: {why} (a result log is a regular file; or give a folder of them)" if why else None
 
 

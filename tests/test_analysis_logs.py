@@ -238,3 +238,33 @@ def test_a_garbled_run_record_is_said_so_not_read_as_absent(tmp_path, text, wron
     rs = find_sets(d)[0]
     assert len(rs.files) == 4 and rs.left_out == [
         f"result_3.txt: read as a log without a run record: its run record result_3.json {wrong}"]
+
+
+def test_a_run_or_a_folder_this_user_cannot_read_is_refused_naming_it(tmp_path: Path) -> None:
+    """A result_1.txt this user cannot read, in a set: `score` scored it as a failed run ('no run_start', 'the
+    compliance checker crashed: PermissionError: [Errno 13] ...'), a score from the others, exit 0; compare and
+    scaling took the median of the rest. A benchmark folder it cannot list was 'no result_*.txt files here' for
+    score, compare, scaling and check. Each is now refused, naming the file or folder, as check refuses the file."""
+    from conftest import unprivileged
+
+    folder = tmp_path / "sys" / "llama31_8b"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"result_{i}.txt").write_text(tiny_log())
+    (folder / "result_1.txt").chmod(0)
+    sets = "from mlbench.analysis.logs import find_sets; find_sets({!r})"
+    checked = "from mlbench.compliance import targets; targets(__import__('pathlib').Path({!r}), None, 'auto')"
+    for code in (sets, checked):
+        assert unprivileged(code.format(str(tmp_path))).startswith(
+            f"mlbench.errors.UserError: {folder}/result_1.txt: cannot ")  # (check's words: 'cannot read (...)')
+    assert unprivileged(sets.format(str(folder / "result_1.txt"))) == (
+        f"mlbench.errors.UserError: {folder}/result_1.txt: cannot be read (Permission denied); a result log must be "
+        f"readable by the user running mlbench")
+    (folder / "result_1.txt").chmod(0o644)
+    folder.chmod(0o311)  # searched, not listed
+    for code in (sets, checked):
+        assert unprivileged(code.format(str(tmp_path))) == (
+            f"mlbench.errors.UserError: {folder}: cannot be listed (Permission denied); a folder of result logs must "
+            f"be readable by the user running mlbench")
+    folder.chmod(0o755)
+    assert unprivileged(sets.format(str(tmp_path))) == ""

@@ -36,6 +36,7 @@ from mlbench.logfile import (
     time_to_train_s,
     tree_glob,
     why_not_a_file,
+    why_unreadable,
 )
 
 RESULT_GLOB = "result_*.txt"
@@ -714,11 +715,17 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
         return [_make_set(path.parent, [path], steps)]
     folders: dict[Path, list[Path]] = {}
     others: dict[Path, list[str]] = {}  # result_*.txt that are no file to read (a pipe, a folder, a dead link)
-    for f in tree_glob(path, RESULT_GLOB):
+    unlisted: list[tuple[Path, str]] = []
+    for f in tree_glob(path, RESULT_GLOB, unlisted):
         if (why := why_not_a_file(f)) is None:
+            _check_readable(f)
             folders.setdefault(f.parent, []).append(f)
         else:
             others.setdefault(f.parent, []).append(f"{f.name}: left out: {why}")
+    if not folders and unlisted:  # (it said 'no result_*.txt files here' of a folder of them it could not list)
+        where, why = unlisted[0]
+        raise UserError(printable(f"{where}: cannot be listed ({why}); a folder of result logs must be readable by "
+                                  f"the user running mlbench"))
     if not folders:
         first = next((f"; {printable(d / notes[0])}" for d, notes in sorted(others.items())), "")
         # a folder of one killed run, PATH itself or a benchmark folder under it (`score results/`): said, not
@@ -732,6 +739,14 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
     first = min(folders)
     return [_make_set(d, _natural(fs), steps, others.get(d, []) + (stray if d == first else []))
             for d, fs in sorted(folders.items())]
+
+
+def _check_readable(f: Path) -> None:
+    """A run of a set that this user cannot read is refused, as `check` refuses it: it was scored as a failed run
+    ('no run_start', 'the compliance checker crashed: PermissionError: [Errno 13] ...'), exit 0."""
+    if (why := why_unreadable(f)) is not None:
+        raise UserError(printable(f"{f}: cannot be read ({why}); every run of a set is read: make it readable by the "
+                                  f"user running mlbench, or move it out of the folder"))
 
 
 def _natural(files: list[Path]) -> list[Path]:
