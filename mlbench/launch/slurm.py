@@ -412,37 +412,34 @@ class StagedRuns:
             self.current = None
 
 
-def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None,
-           stops: list[str] | None = None) -> tuple[int, str]:
-    """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
-    with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns sbatch's
-    exit code and how the job ended (its state, or that code where SLURM does not say). SIGTERM/SIGINT/SIGHUP stop
-    it (their names appended to STOPS, where scancel delivered them): the first through the driver (the run logged
-    aborted and published), or outright where the job has not started; a second outright."""
-    cancels: list[int] = [] if stops is None else stops
-    said: list[str] = []
-    asking: list[str] = []  # stops whose scancel is under way: a second stop meanwhile cancels outright
+class _JobStopper:
+    """The follower's handler of SIGTERM/SIGINT/SIGHUP. The first stop goes to the batch step alone (SIGTERM): the
+    driver stops the run, logs it aborted and publishes it (a plain scancel SIGKILLs everything after KillWait); a
+    job with no batch step yet (pending) refuses that ("Job is pending execution") and is cancelled outright, as
+    at a second stop. CANCELS: the stops scancel delivered; SAID: what to say next, outside the handler."""
 
-    def cancel(signum, frame):
-        asking.append(signal.Signals(signum).name)
+    def __init__(self, job_id: str, job_dir: Path, console: Console, cancels: list[str]):
+        self.job_id, self.job_dir, self.console, self.cancels = job_id, job_dir, console, cancels
+        self.said: list[str] = []
+        self.asking = 0  # stops whose scancel is under way: a second stop meanwhile cancels outright
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.asking += 1
         try:
-            _cancel(signum, first=len(asking) == 1 and not cancels)
+            self._stop(signal.Signals(signum).name, first=self.asking == 1 and not self.cancels)
         finally:
-            asking.pop()
+            self.asking -= 1
 
-    def _cancel(signum: int, first: bool) -> None:
-        # First SIGTERM to the batch step alone: the driver stops the run, logs it aborted and publishes it
-        # (a plain scancel SIGKILLs everything after KillWait). A job with no batch step yet (pending) refuses that
-        # ("Job is pending execution"): the signal was passed over, the job left pending. Cancelled outright then.
-        name = signal.Signals(signum).name
+    def _stop(self, name: str, first: bool) -> None:
+        job_id, said = self.job_id, self.said
         # said at once: scancel may wait for a controller that does not answer (twice SCANCEL_S for the first stop)
-        console.print(f"SLURM job {job_id}: {name}: stopping the job (scancel; up to "
-                      f"{SCANCEL_S * (2 if first else 1):g} s where the SLURM controller does not answer)",
-                      highlight=False)
+        self.console.print(f"SLURM job {job_id}: {name}: stopping the job (scancel; up to "
+                           f"{SCANCEL_S * (2 if first else 1):g} s where the SLURM controller does not answer)",
+                           highlight=False)
         with contextlib.suppress(OSError):  # for the driver: this SIGTERM is the user's, not SLURM's warning
-            (out.parent / STOP_REQUESTED).write_text(name + "\n")
+            (self.job_dir / STOP_REQUESTED).write_text(name + "\n")
         if first and not scancel("--signal=TERM", "--batch", job_id):
-            if not cancels:  # (else a second stop, as this scancel waited, has cancelled the job outright)
+            if not self.cancels:  # (else a second stop, as this scancel waited, has cancelled the job outright)
                 said.append(f"SLURM job {job_id}: {name}: stopping its run (it is logged aborted and published); "
                             f"again to cancel the job outright")
         elif failed := scancel(job_id):  # not counted: the job runs on, followed, and ends as it ends
@@ -450,13 +447,23 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
                         f"stop again to retry, or `scancel {job_id}`")
             with contextlib.suppress(OSError):
                 if first:  # a SIGTERM the driver gets now is not the user's
-                    (out.parent / STOP_REQUESTED).unlink()
+                    (self.job_dir / STOP_REQUESTED).unlink()
             return
         else:
             said.append(f"SLURM job {job_id}: {name}: cancelling the job")
-        cancels.append(name)
+        self.cancels.append(name)
 
-    previous = {s: signal.signal(s, cancel) for s in STOP_SIGNALS}
+
+def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, runs: StagedRuns | None = None,
+           stops: list[str] | None = None) -> tuple[int, str]:
+    """Follows a submitted job to its end (`sbatch --wait` in `proc`): its state as it changes, its output, and
+    with `runs` (on a terminal) each run's live panel in place of the output's progress lines; returns sbatch's
+    exit code and how the job ended (its state, or that code where SLURM does not say). SIGTERM/SIGINT/SIGHUP stop
+    it (their names appended to STOPS, where scancel delivered them): the first through the driver (the run logged
+    aborted and published), or outright where the job has not started; a second outright."""
+    stopper = _JobStopper(job_id, out.parent, console, [] if stops is None else stops)
+    said = stopper.said
+    previous = {s: signal.signal(s, stopper.on_signal) for s in STOP_SIGNALS}
     shown, said_orphan = "", False
     output = JobOutput(out, console, drop_progress=runs is not None)  # the panel shows what progress lines say
     try:
