@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from mlbench import compliance, environment, results
-from mlbench.errors import UserError
+from mlbench.errors import UserError, printable
 from mlbench.launch import local_ranks, torchrun
 from mlbench.launch.supervise import STOP_SIGNALS, Command, Outcome, supervise
 from mlbench.layout import Layout
@@ -345,13 +345,13 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     checked = "ok" if r.compliant else "not checked" if r.compliant is None else "FAILED"
     console.print(Text.assemble(("target reached" if reached else "target NOT reached", colour),
                                 f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "
-                                f"time-to-train {ttt}; compliance ({checked}); {r.path}"))
+                                f"time-to-train {ttt}; compliance ({checked}); {printable(r.path)}"))
     if not reached:
-        console.print(f"  reason: {r.reason}", highlight=False, soft_wrap=True)  # (rich coloured its numbers)
+        console.print(f"  reason: {printable(r.reason)}", highlight=False, soft_wrap=True)  # (rich coloured numbers)
         if (logs := r.path.parent / "logs" / r.path.stem).is_dir():  # a reason's "see the rank logs" is here
-            console.print(f"  rank logs in {logs}", highlight=False, soft_wrap=True)
+            console.print(f"  rank logs in {printable(logs)}", highlight=False, soft_wrap=True)
     if r.checkpoint_error:
-        console.print(Text.assemble("  ", ("checkpoint not saved", "red"), f": {r.checkpoint_error}"))
+        console.print(Text.assemble("  ", ("checkpoint not saved", "red"), f": {printable(r.checkpoint_error)}"))
     if r.error_after_run_stop and r.stopped_after_run_stop:  # a stop signal as the run ended: nothing failed
         console.print(Text.assemble("  ", (r.error_after_run_stop, "yellow"), ": the result stands"))
     elif r.error_after_run_stop:

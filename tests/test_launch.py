@@ -1150,7 +1150,7 @@ def test_a_stop_signal_as_the_run_ends_is_said_as_a_stop_and_a_save_it_prevented
     assert "  received SIGINT after run_stop, as the run ended: the result stands\n" in said and "failed" not in said
 
 
-def test_the_reason_line_on_a_terminal_is_plain_text(tmp_path: Path) -> None:
+def test_the_end_lines_are_plain_text_with_paths_printable(tmp_path: Path) -> None:
     """On a terminal the end line '  reason: ...' was coloured by rich's highlighter (its numbers, paths and
     brackets), as no other line of the summary is: written as given."""
     import io
@@ -1164,6 +1164,11 @@ def test_the_reason_line_on_a_terminal_is_plain_text(tmp_path: Path) -> None:
     runner._summary(console, registry.load("gpt3", tiny=True), runner.RunResult(
         tmp_path / "result_0.txt", "aborted", None, None, True, reason))
     assert f"\n  reason: {reason}\n" in console.file.getvalue(), repr(console.file.getvalue())
+    # a results path holding a byte that is not UTF-8 (--results $'/tmp/x\\xff') went out raw on the end line
+    console = Console(file=io.StringIO(), width=1 << 20)
+    runner._summary(console, registry.load("gpt3", tiny=True), runner.RunResult(
+        Path("/tmp/x\udcff/result_0.txt"), "success", 1.0, 1.0, True, ""))
+    assert console.file.getvalue().endswith("; /tmp/x\\xff/result_0.txt\n"), repr(console.file.getvalue())
 
 
 def test_a_checkpoint_save_stopped_by_another_ranks_failure_names_that_rank(tmp_path: Path) -> None:
