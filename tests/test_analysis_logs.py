@@ -268,3 +268,11 @@ def test_a_run_or_a_folder_this_user_cannot_read_is_refused_naming_it(tmp_path: 
             f"be readable by the user running mlbench")
     folder.chmod(0o755)
     assert unprivileged(sets.format(str(tmp_path))) == ""
+    # beside sets that are read, a folder that cannot be listed was passed over without a word: said in a note;
+    # a run's staging folder (another user's run in progress keeps it to itself) is not
+    for hidden in (tmp_path / "other" / "gpt3", folder / ".staging-1-2-h@3-x"):
+        hidden.mkdir(parents=True)
+        hidden.chmod(0)
+    notes = "from mlbench.analysis.logs import find_sets; raise SystemExit(repr(find_sets({!r})[0].left_out))"
+    assert unprivileged(notes.format(str(tmp_path))) == repr(
+        [f"{tmp_path}/other/gpt3: cannot be listed (Permission denied): any result logs in it are not read"])

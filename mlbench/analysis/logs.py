@@ -736,9 +736,19 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
     # a benchmark folder under PATH that holds only runs not published yet (their mlbench killed): no set of its
     # own to say it in, so said with the first set's notes, naming the folder (it was not said at all)
     stray = [n for d in _holding_staging(path) if d not in folders for n in _unpublished(d, named=True)]
+    stray += _unlisted_notes(unlisted)
     first = min(folders)
     return [_make_set(d, _natural(fs), steps, others.get(d, []) + (stray if d == first else []))
             for d, fs in sorted(folders.items())]
+
+
+def _unlisted_notes(unlisted: list[tuple[Path, str]]) -> list[str]:
+    """A note for each folder under PATH this user could not list, beside the sets that were read (it was passed
+    over without a word); not for a run's staging folder, which another user's run in progress keeps to itself."""
+    from mlbench import results
+
+    return [printable(f"{d}: cannot be listed ({why}): any result logs in it are not read") for d, why in unlisted
+            if not d.name.startswith(results.STAGING)]
 
 
 def _check_readable(f: Path) -> None:
