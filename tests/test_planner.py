@@ -248,6 +248,17 @@ def test_plan_search_and_scaling(cli) -> None:
         pts[0]["time_to_train_min"] * 64 / (pts[1]["time_to_train_min"] * 128))
 
 
+def test_a_scaling_curve_given_out_of_order_runs_from_the_fewest_devices(cli) -> None:
+    """The base of the efficiencies is the smallest count, as in `mlbench scaling`, whatever the order given (the
+    first given was the base: 16,8 read as 1.0 and more than 1.0 for halving the devices)."""
+    p = cli("plan", "gpt3", "--device", "h100", "--nodes", "16,8", "--nproc-per-node", "8", "--tp", "4", "--pp", "8",
+            "--gbs", "2048", "--json")
+    assert p.returncode == 0, p.stderr
+    pts = json.loads(p.stdout)["scaling"]
+    assert [x["devices"] for x in pts] == [64, 128] and pts[0]["strong_efficiency"] == 1.0
+    assert pts[1]["strong_efficiency"] < 1.0
+
+
 def test_plan_search_keeps_the_expert_parallel_size_given(cli) -> None:
     p = cli("plan", "gpt_oss_20b", "--device", "h100", "--nproc-per-node", "8", "--ep", "4", "--json")
     assert p.returncode == 0, p.stderr
