@@ -36,16 +36,29 @@ def not_ascii(text: str, integer: bool) -> str:
     return f"expected {what}, got {shown(text)}{hint}"
 
 
+# No integer option takes a value past a 64-bit integer (devices and batches stop at 2**20, seeds at 2**32): one
+# past it is refused here, where it is shown cut, and not later, where a refusal quoted all 4,000 of its digits.
+MAX_INT = 2**63 - 1
+
+
+def past_any_value(text: str) -> str:
+    """Why TEXT, an integer too large for any option, is refused."""
+    return f"{shown(text)} has {len(text.lstrip('+-')):,} digits, past any value of this option (at most {MAX_INT:,})"
+
+
 class AsciiInt(click.types.IntParamType):
-    """An integer in ASCII digits, with a sign or not."""
+    """An integer in ASCII digits, with a sign or not, within a 64-bit integer."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not is_ascii_int(value):
             self.fail(not_ascii(value, integer=True), param, ctx)
         try:
-            return super().convert(value, param, ctx)  # (a default: an int already)
-        except click.BadParameter:  # past the digits int() reads (4,300): past any value an option takes
-            self.fail(f"{shown(value)} has {len(str(value)):,} digits, past any value of this option", param, ctx)
+            n = super().convert(value, param, ctx)  # (a default: an int already)
+        except click.BadParameter:  # past the digits int() reads (4,300)
+            n = None
+        if n is None or abs(n) > MAX_INT:
+            self.fail(past_any_value(str(value)), param, ctx)
+        return n
 
 
 class AsciiFloat(click.types.FloatParamType):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from mlbench import rcp_schedule, registry, results, spec
+from mlbench.cli_numbers import shown
 from mlbench.errors import UserError, printable, unprintable
 
 if TYPE_CHECKING:
@@ -977,7 +978,7 @@ def memory_device(req: RunRequest, here: DeviceFacts | None, cpu: MemoryDevice |
             raise UserError(f"--device {req.device}: a CPU run is checked against this machine's memory without it; "
                             f"--device names a GPU: one of {', '.join(gpus)}")
         if req.device.lower() not in gpus:  # (devices.get's message offers cpu, which a run refuses)
-            raise UserError(f"unknown device {req.device!r}; --device names a GPU: one of {', '.join(gpus)}")
+            raise UserError(f"unknown device {shown(req.device)}; --device names a GPU: one of {', '.join(gpus)}")
         d = devices.get(req.device)
         return MemoryDevice(d.name, d.memory_bytes)
     if here is None:

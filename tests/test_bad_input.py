@@ -335,6 +335,24 @@ def test_every_number_option_takes_ascii_digits_only(digits: str, tmp_path: Path
     assert not (tmp_path / "r").exists()
 
 
+def test_every_integer_option_refuses_a_huge_value_in_a_short_line(tmp_path: Path, cli) -> None:
+    """`run --seed` or `plan --nodes 8,N` with N of 4,000 digits: the refusal (out of range, the device bound, a
+    layout that does not divide) quoted every digit, some twice, in a line of 8,000 characters. An integer past
+    64 bits is past any option's values: refused as the option reads it, the value cut."""
+    huge = "9" * 4000
+    for command, flag, kind, needs in _number_options():
+        if kind != "an integer":
+            continue
+        results = ["--results", str(tmp_path / "r")] if command == "run" else []
+        for value in (huge, "-" + huge, "8," + huge):
+            if "," in value and flag != "--nodes":
+                continue
+            proc = cli(command, flag, value, *needs, *results)
+            _assert_clean_error(proc, f"Invalid value for '{flag}'")
+            assert len(proc.stdout + proc.stderr) < 300, (command, flag, proc.stdout + proc.stderr)
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_number_option_says_what_the_unicode_digits_read_as(cli) -> None:
     proc = cli("run", "gpt3", "--tiny", "--seed", "\uff15", "--dry-run")
     _assert_clean_error(proc, "'--seed': expected an integer in ASCII digits (0-9), got '\uff15' (write 5)")

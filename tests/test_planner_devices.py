@@ -28,6 +28,8 @@ def test_missing_precision_and_unknown_device_are_bad_input() -> None:
         devices.get("h100").peak_flops("nvfp4")
     with pytest.raises(UserError, match="unknown device 'tpu'.*a100, h100_pcie, h100"):
         devices.get("tpu")
+    with pytest.raises(UserError, match=r"^unknown device 'xxxxxxxxxxxx'\.\.\. \(5000 characters\); known"):
+        devices.get("x" * 5000)  # (quoted whole, the name filled the screen)
 
 
 def test_mfu_peaks_come_from_the_device_table() -> None:

@@ -175,6 +175,7 @@ def test_a_good_request_is_resolved_with_the_flags_it_set(tmp_path: Path) -> Non
     ({"device": "CPU", "dry_run": True}, r"^--device CPU: a CPU run is checked against this machine's memory"),
     ({"device": "tpu"}, r"^unknown device 'tpu'; --device names a GPU: one of a100, h100_pcie, h100, h200, b200, "
                         r"gb200, gb300$"),
+    ({"device": "x" * 500}, r"^unknown device 'xxxxxxxxxxxx'\.\.\. \(500 characters\); --device names a GPU"),
     # a SLURM job's nodes are not this machine, but none has more CPUs than Linux runs on: 2**31 failed in each rank
     ({"launcher": "slurm", "threads": 2**31, "dry_run": True},
      r"^--threads 2147483648 is more than any node has CPUs: at most 8192 \(Linux's largest CPU count"),

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlbench import terminal
-from mlbench.cli_numbers import misread, not_ascii
+from mlbench.cli_numbers import MAX_INT, misread, not_ascii, past_any_value, shown
 from mlbench.cli_options import layout_options
 from mlbench.errors import ProductStream, UserError, document_on_stdout, stops_on_signals
 from mlbench.preflight import LayoutRequest
@@ -37,14 +37,16 @@ class _NodeCounts(click.ParamType):
         try:
             counts = tuple(int(v) for v in parts)
         except ValueError:
-            self.fail(f"{value!r}: give a node count or a comma-separated list of them (8,16,32)", param, ctx)
+            self.fail(f"{shown(value)}: give a node count or a comma-separated list of them (8,16,32)", param, ctx)
+        if huge := next((v for v, n in zip(parts, counts, strict=True) if n > MAX_INT), None):
+            self.fail(past_any_value(huge), param, ctx)  # (the device bound quoted all its digits, twice)
         if any(n < 1 for n in counts):
-            self.fail(f"{value!r}: node counts must be at least 1", param, ctx)
+            self.fail(f"{shown(value)}: node counts must be at least 1", param, ctx)
         if len(counts) > MAX_CURVE_POINTS:  # each is a layout search of its own
             self.fail(f"{len(counts)} node counts: a curve of at most {MAX_CURVE_POINTS} points", param, ctx)
         twice = next((n for i, n in enumerate(counts) if n in counts[:i]), None)
         if twice is not None:  # the same point of the curve twice over
-            self.fail(f"{value!r}: {twice} is given twice; give each node count once", param, ctx)
+            self.fail(f"{shown(value)}: {twice} is given twice; give each node count once", param, ctx)
         # a curve runs from the fewest devices up: its base (efficiency 1) is the smallest count, as in `mlbench
         # scaling` (given 64,32, the base was 64 and halving the nodes read as 1.007 strong efficiency)
         return tuple(sorted(counts))

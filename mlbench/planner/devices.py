@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from mlbench.cli_numbers import shown
 from mlbench.errors import UserError
 
 DATA = Path(__file__).with_name("devices.yaml")
@@ -72,7 +73,7 @@ def get(name: str) -> Device:
     key = name.lower()
     table = _table()
     if key not in table:
-        raise UserError(f"unknown device {name!r}; known devices: {', '.join(table)}")
+        raise UserError(f"unknown device {shown(name)}; known devices: {', '.join(table)}")
     if table[key].get("measured"):
         from mlbench.planner import cpu
 
