@@ -196,6 +196,23 @@ def half_published(folder: Path) -> list[Path]:
                   if any(not os.path.lexists(folder / f"{r.stem}.txt") for r in _placed(folder, s)))
 
 
+def records_without_log(folder: Path) -> list[Path]:
+    """The result_<i>.json in FOLDER with no result_<i>.txt beside it (the log removed or moved, or a record copied
+    alone): a run that analysis cannot read. Those a publisher that died between its two links placed are left to
+    `half_published`, which says them."""
+    said = {r.name for s in half_published(folder) for r in _placed(folder, s)}
+    return sorted(r for r in folder.glob("result_*.json")
+                  if r.name not in said and not os.path.lexists(r.with_suffix(".txt")))
+
+
+def published_here(record: Path, top: Path) -> bool:
+    """Whether RECORD, found under the folder TOP, lies in a benchmark folder: not in a staging folder (a run's own
+    copy, or one in progress), nor in a run set aside (logs/unpublished-*), nor in any other hidden folder."""
+    parts = record.relative_to(top).parts[:-1]
+    aside = len(parts) >= 2 and parts[-2] == "logs" and parts[-1].startswith("unpublished-")
+    return not aside and not any(p.startswith(".") for p in parts)
+
+
 def owner_tag(staging: Path) -> str:
     return staging.name[len(STAGING):].rpartition("-")[0]  # .staging-<owner tag>-XXXX
 

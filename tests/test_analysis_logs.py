@@ -276,3 +276,24 @@ def test_a_run_or_a_folder_this_user_cannot_read_is_refused_naming_it(tmp_path: 
     notes = "from mlbench.analysis.logs import find_sets; raise SystemExit(repr(find_sets({!r})[0].left_out))"
     assert unprivileged(notes.format(str(tmp_path))) == repr(
         [f"{tmp_path}/other/gpt3: cannot be listed (Permission denied): any result logs in it are not read"])
+
+
+def test_a_run_record_without_its_log_is_said_left_out_by_score_and_check(tmp_path):
+    from mlbench.compliance import _unpublished_notes
+
+    d = _our_set(tmp_path, "sysA", 8, 1.0, 16, n=2)
+    (d / "result_0.txt").unlink()  # its log removed by hand: the set of one run looked whole
+    (d / "result_5.json").mkdir()  # not even a record: still a name of a run with no log
+    notes = find_sets(tmp_path)[0].left_out_notes
+    said = [n for n in notes if "without their log" in n]
+    assert said == ["2 run record(s) without their log (result_0.json, result_5.json): left out, as there is no "
+                    "result_<i>.txt of them to read"], notes
+    assert any("without their log (result_0.json" in n for n in _unpublished_notes(tmp_path))  # check says it too
+    aside = d / "logs" / "unpublished-staging-x"  # a run's own records, not the folder's: not said
+    for kept in (aside, d / ".staging-x", d / ".slurm"):
+        kept.mkdir(parents=True)
+        (kept / "result_7.json").write_text("{}")
+    assert [n for n in find_sets(tmp_path)[0].left_out_notes if "without their log" in n] == said
+    (d / "result_1.txt").unlink()  # none left to read: the refusal names them
+    with pytest.raises(UserError, match=r"no result_\*\.txt files here.*3 run record\(s\) without their log"):
+        find_sets(tmp_path)

@@ -773,10 +773,12 @@ def unpublished_notes(path: Path) -> list[str]:
 
 
 def _holding_staging(path: Path) -> list[Path]:
-    """PATH and every folder under it that holds a staging folder (a run's: mlbench.results)."""
+    """PATH and every folder under it that holds a staging folder (a run's: mlbench.results) or a run record
+    (result_<i>.json: one without its log is said)."""
     from mlbench import results
 
-    return sorted({path, *(s.parent for s in tree_glob(path, f"{results.STAGING}*") if s.is_dir())})
+    return sorted({path, *(s.parent for s in tree_glob(path, f"{results.STAGING}*") if s.is_dir()),
+                   *(r.parent for r in tree_glob(path, "result_*.json") if results.published_here(r, path))})
 
 
 def _unpublished(folder: Path, named: bool = False) -> list[str]:
@@ -796,6 +798,11 @@ def _unpublished(folder: Path, named: bool = False) -> list[str]:
             names = ", ".join(printable(s.name) for s in staged[:3]) + (", ..." if len(staged) > 3 else "")
             said.append(f"{where}{len(staged)} run(s) whose mlbench process {how} ({names}): "
                         f"not read until the next `mlbench run` in this folder publishes them")
+    # a record whose log is gone (removed by hand, say) was passed over without a word: the set looked whole
+    if alone := results.records_without_log(folder):
+        names = ", ".join(printable(r.name) for r in alone[:3]) + (", ..." if len(alone) > 3 else "")
+        said.append(f"{where}{len(alone)} run record(s) without their log ({names}): left out, as there is no "
+                    f"result_<i>.txt of them to read")
     return said
 
 
