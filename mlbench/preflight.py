@@ -464,6 +464,10 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
     if os.path.lexists(logs) and not logs.is_dir():  # (the rank logs of a failed run were dropped without a word)
         raise UserError(f"results folder {folder}: {logs} is not a folder, and a run keeps its rank logs in it; move "
                         f"it, or pass --results DIR elsewhere")
+    # one this user cannot write or search: the rank logs were dropped as quietly (a failed run's only account)
+    if logs.is_dir() and (why := _creatable(logs)[1]):
+        raise UserError(f"results folder {folder}: {logs} {why}, and a run keeps its rank logs in it; make it "
+                        f"writable, or pass --results DIR elsewhere")
 
 
 # What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's

@@ -261,6 +261,25 @@ def test_a_logs_file_where_the_rank_logs_go_is_refused(tmp_path: Path) -> None:
     preflight.check_results_folder(tmp_path, "ci", "gpt3")
 
 
+def test_a_logs_folder_this_user_cannot_write_is_refused(tmp_path: Path) -> None:
+    """A logs folder of the results folder this user cannot write (or search): the run trained and was published,
+    and its rank logs were deleted with its staging folder without a word (a failed run's only account of why)."""
+    from conftest import unprivileged
+
+    logs = tmp_path / "ci" / "gpt3" / "logs"
+    logs.mkdir(parents=True)
+    code = ("from pathlib import Path; from mlbench import preflight; "
+            f"preflight.check_results_folder(Path({str(tmp_path)!r}), 'ci', 'gpt3')")
+    for mode in (0o555, 0o600):
+        logs.chmod(mode)
+        assert unprivileged(code).startswith(f"mlbench.errors.UserError: results folder {logs.parent}: {logs} is not a "
+                                             "folder this user can write: Permission denied, and a run keeps its rank "
+                                             "logs in it; make it writable"), oct(mode)
+    logs.chmod(0o755)
+    assert unprivileged(code) == ""
+    assert os.listdir(logs) == []
+
+
 def test_a_folder_nobody_can_make_is_refused_for_root_too(tmp_path: Path) -> None:
     """Permissions say nothing for root, yet not even root can make a folder in /proc: the check makes one (and
     removes it). It was a permission check, so a root run's checkpoint save failed after the run."""
