@@ -468,6 +468,11 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
     if logs.is_dir() and (why := _creatable(logs)[1]):
         raise UserError(f"results folder {folder}: {logs} {why}, and a run keeps its rank logs in it; make it "
                         f"writable, or pass --results DIR elsewhere")
+    if logs.is_dir() and folder.is_dir() and logs.stat().st_dev != folder.stat().st_dev:  # (dropped as quietly)
+        link = f" (a link to {os.readlink(logs)})" if logs.is_symlink() else ""
+        raise UserError(f"results folder {folder}: {logs}{link} is on another filesystem, and a run moves its rank "
+                        f"logs into it by a rename, which cannot cross filesystems; make it a folder on the results "
+                        f"folder's filesystem, or pass --results DIR elsewhere")
 
 
 # What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's

@@ -280,6 +280,28 @@ def test_a_logs_folder_this_user_cannot_write_is_refused(tmp_path: Path) -> None
     assert os.listdir(logs) == []
 
 
+def test_a_logs_folder_on_another_filesystem_is_refused(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """logs linked to another filesystem (/dev/shm, a bigger disk): the rank logs are moved there by a rename, which
+    failed (EXDEV), and they were deleted with the staging folder without a word."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no writable /dev/shm on another filesystem than the test's folder")
+    other = Path(tempfile.mkdtemp(dir=shm))
+    request.addfinalizer(lambda: other.rmdir())
+    logs = tmp_path / "ci" / "gpt3" / "logs"
+    logs.parent.mkdir(parents=True)
+    logs.symlink_to(other)
+    with pytest.raises(UserError, match=f"results folder {logs.parent}: {logs} \\(a link to {other}\\) is on another "
+                                        "filesystem, and a run moves its rank logs into it by a rename"):
+        preflight.check_results_folder(tmp_path, "ci", "gpt3")
+    logs.unlink()
+    (tmp_path / "elsewhere").mkdir()
+    logs.symlink_to(tmp_path / "elsewhere")  # the same filesystem: a rename reaches it
+    preflight.check_results_folder(tmp_path, "ci", "gpt3")
+
+
 def test_a_folder_nobody_can_make_is_refused_for_root_too(tmp_path: Path) -> None:
     """Permissions say nothing for root, yet not even root can make a folder in /proc: the check makes one (and
     removes it). It was a permission check, so a root run's checkpoint save failed after the run."""
