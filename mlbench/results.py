@@ -105,10 +105,29 @@ def result_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Pat
         except OSError as e:
             raise UserError(f"results folder {folder} is not writable ({e.strerror}); pass --results DIR with a "
                             f"folder you can write") from None
+        _check_links(folder)
         remove_stale(folder)
         yield folder
     finally:
         _remove_empty(folder, created)
+
+
+def _check_links(folder: Path) -> None:
+    """A result is published by hard links (`publish`): a filesystem that takes none (vfat, some network and FUSE
+    mounts) trained the whole run and then could not publish it. Tried with a file of its own, removed again."""
+    probe = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mlbench-probe-") as f:
+            probe = Path(f"{f.name}.link")
+            os.link(f.name, probe)
+            probe.unlink()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            if probe is not None:
+                probe.unlink()
+        raise UserError(f"results folder {folder} cannot take a hard link ({e.strerror or e}), which publishing a "
+                        f"result needs (never overwritten, never half-written); pass --results DIR on a filesystem "
+                        f"that takes them (a local disk)") from None
 
 
 def _remove_empty(folder: Path, created: list[Path]) -> None:

@@ -253,6 +253,26 @@ def test_an_unwritable_results_folder_is_refused_and_left_as_it_was(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+def test_a_results_folder_on_a_filesystem_without_hard_links_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """Results on a filesystem that takes no hard link (vfat, some network mounts): the run trained to its end and
+    was then not published ('run not published: Operation not permitted'). Refused before it starts, leaving
+    nothing behind."""
+    import errno
+
+    def no_links(src, dst, *a, **k):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM), src)
+
+    monkeypatch.setattr(os, "link", no_links)
+    refused = r"results folder .*/s/gpt3 cannot take a hard link \(Operation not permitted\), which publishing"
+    with pytest.raises(UserError, match=refused), results.result_folder(tmp_path / "r", "s", "gpt3"):
+        pass
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    (tmp_path / "r" / "s" / "gpt3").mkdir(parents=True)
+    with results.result_folder(tmp_path / "r", "s", "gpt3") as folder:
+        assert list(folder.iterdir()) == []
+
+
 def test_staging_folders_of_dead_runs_on_this_host_are_removed(tmp_path: Path) -> None:
     folder = tmp_path / "sys" / "gpt3"
     folder.mkdir(parents=True)
