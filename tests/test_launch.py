@@ -81,6 +81,20 @@ def test_two_slurm_jobs_prepared_in_the_same_second_get_their_own_folders(tmp_pa
     assert len(dirs) == 5 and all((d / "job.sbatch").is_file() for d in dirs)
 
 
+@pytest.mark.parametrize("junk", ["file", "dead link"])
+def test_a_slurm_folder_that_is_no_folder_is_named_in_the_refusal(tmp_path: Path, junk: str) -> None:
+    """.slurm in the results folder a file or a dead link: the refusal said only 'File exists'."""
+    from mlbench.errors import UserError
+
+    blocker = tmp_path / ".slurm"
+    blocker.write_text("x") if junk == "file" else blocker.symlink_to(tmp_path / "gone")
+    opts = RunOptions(results=tmp_path, system="s")
+    with pytest.raises(UserError, match=f"cannot write the SLURM job in {tmp_path}: {blocker}: File exists \\(the "
+                                        f"job's files go in {blocker}, a folder of its own: move what is in the way"):
+        slurm.write_job(registry.load("gpt3", tiny=True), _layout(2), opts, slurm.SlurmOptions(), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".slurm"]
+
+
 def test_an_unresolvable_rendezvous_address_is_named() -> None:
     assert rendezvous_problem("127.0.0.1") == ""
     problem = rendezvous_problem("no-such-host.invalid")

@@ -109,9 +109,11 @@ def write_job(bench: Benchmark, layout: Layout, run_opts: RunOptions, opts: Slur
     except (ValueError, OSError) as e:
         if job_dir:
             shutil.rmtree(job_dir, ignore_errors=True)
-        what = e.strerror if isinstance(e, OSError) else e
-        raise UserError(f"cannot write the SLURM job{f' in {folder}' if isinstance(e, OSError) else ''}: "
-                        f"{what}") from None
+        if isinstance(e, OSError):  # the path at fault named: '.slurm' a file or a dead link said only 'File exists'
+            raise UserError(f"cannot write the SLURM job in {folder}: {e.filename or folder}: {e.strerror or e} (the "
+                            f"job's files go in {folder / '.slurm'}, a folder of its own: move what is in the way, or "
+                            f"pass --results DIR elsewhere)") from None
+        raise UserError(f"cannot write the SLURM job: {e}") from None
     except BaseException:  # a stop signal as it is written: no job comes of it
         if job_dir:
             shutil.rmtree(job_dir, ignore_errors=True)
