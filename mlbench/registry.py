@@ -136,7 +136,9 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
                         f"by the user running mlbench") from None
     if not is_file:
         known = names(directory)
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+        # (in any case: 'GPT3' matched nothing at all, 'gtp3' was offered gpt3)
+        close = [k for k in known if k.lower() == name.lower()] or \
+            difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"
         raise UserError(f"unknown benchmark {name!r}; {hint}")
     if not results.FOLDER_NAME.fullmatch(name):  # it names a results folder and a row of `list` ("x\ny": two)

@@ -26,6 +26,14 @@ def test_unknown_benchmark_suggests_close_names(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("name", "offered"), [("GPT3", "gpt3"), ("Llama31_8B", "llama31_8b"), ("BERT", "bert")])
+def test_a_benchmark_named_in_another_case_is_offered_its_name(cli, name: str, offered: str) -> None:
+    """`show GPT3` listed every benchmark ('known: bert, gpt3, ...') where 'gtp3' was offered gpt3."""
+    proc = cli("show", name)
+    assert proc.returncode == 2 and f"unknown benchmark {name!r}; did you mean {offered}?" in proc.stdout, \
+        proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
