@@ -201,6 +201,9 @@ def _resolve_from(bench: Benchmark, ref: LayoutSpec | None, exact: bool, nodes: 
         source = f"adapted from the {ref.devices}-device reference layout ({ref.source})"
     else:
         source = "defaults"
+    if ref and not user and (given := [f for f, v in (("--micro-batch-size", micro_batch_size),
+                                                       ("--global-batch-size", global_batch_size)) if v is not None]):
+        source += f"; {' and '.join(given)} from the flags"  # (it said the reference's alone)
     m = bench.model
     for name, v in (("--tp", tp), ("--pp", pp), ("--vp", vp), ("--cp", cp), ("--micro-batch-size", mbs),
                     ("--global-batch-size", gbs)):

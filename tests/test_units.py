@@ -57,6 +57,10 @@ def test_layout_resolution_and_reference_layouts() -> None:
     llama = layout.resolve(registry.load("llama31_405b"), nodes=1024, nproc_per_node=4)
     assert (llama.tp, llama.pp, llama.vp, llama.cp, llama.dp, llama.global_batch_size) == (8, 8, 8, 2, 32, 1536)
     assert llama.source.startswith("adapted from the 8192-device reference layout")
+    # a batch given over the reference's: the source said the reference's alone (a dry run's 'layout from')
+    given = layout.resolve(b, nodes=64, nproc_per_node=8, global_batch_size=1024)
+    assert given.source.endswith("; --global-batch-size from the flags") and given.global_batch_size == 1024
+    assert not layout.resolve(b, nodes=64, nproc_per_node=8).source.endswith("from the flags")
     with pytest.raises(UserError, match="sequence length 2048 must divide by 2 x cp"):
         layout.resolve(b, nodes=3, nproc_per_node=1, tp=1, pp=1, cp=3)
     with pytest.raises(UserError, match="needs pipeline parallelism"):
