@@ -270,6 +270,32 @@ def test_where_the_summarizer_stops_on_a_tree_no_set_of_it_has_an_official_figur
     assert sets[AMD_SYSTEM].official_score_min is None
 
 
+_SUMMARIZE_EACH = r"""
+import contextlib, io, json, os, sys, tempfile
+from mlperf_logging.result_summarizer import result_summarizer as rs
+out = {}
+for org in sys.argv[1:]:
+    with tempfile.TemporaryDirectory() as td:
+        os.chdir(td)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                _, _, detailed, _ = rs.summarize_results(org, "training", "5.1.0")
+            out[org] = [] if detailed is None or not len(detailed) else \
+                detailed.filter(like=":time_to_train").dropna(axis=1).to_dict("records")
+        except Exception as e:
+            out[org] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def official_summaries(*orgs: Path) -> dict[str, list[dict] | str]:
+    """The official result_summarizer (5.1.0) on each organisation folder ORGS, in a process of its own: per folder
+    (by its path), its time-to-train figures by row, or the name of the exception that stopped it."""
+    proc = subprocess.run([sys.executable, "-c", _SUMMARIZE_EACH, *map(str, orgs)], capture_output=True, text=True,
+                          timeout=300, check=True)
+    return json.loads(proc.stdout)
+
+
 def test_the_tree_walk_passes_the_published_trees_and_the_summarizer_stops_where_it_says(tmp_path) -> None:
     """mlperf_tools.summarizer_stops against the real summarizer: nothing on the untouched tree (figures equal to
     its own), and where it names a reason, summarize_results raises."""
@@ -282,24 +308,9 @@ def test_the_tree_walk_passes_the_published_trees_and_the_summarizer_stops_where
         edited[edit] = _two_system_tree(tmp_path / edit)
         _STOPS[edit][0](edited[edit])
         assert _STOPS[edit][1] in (mlperf_tools.summarizer_stops(edited[edit], "5.1.0") or ""), edit
-    script = r"""
-import contextlib, io, json, os, sys, tempfile
-from mlperf_logging.result_summarizer import result_summarizer as rs
-out = []
-for org in sys.argv[1:]:
-    with tempfile.TemporaryDirectory() as td:
-        os.chdir(td)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                _, _, detailed, _ = rs.summarize_results(org, "training", "5.1.0")
-            out.append(sorted(detailed["llama31_8b:time_to_train"].tolist()))
-        except Exception as e:
-            out.append(type(e).__name__)
-print(json.dumps(out))
-"""
-    proc = subprocess.run([sys.executable, "-c", script, str(org), *map(str, edited.values())], capture_output=True,
-                          text=True, timeout=300, check=True)
-    as_is, *stopped = json.loads(proc.stdout)
+    official = official_summaries(org, *edited.values())
+    as_is = sorted(row["llama31_8b:time_to_train"] for row in official[str(org)])
+    stopped = [official[str(o)] for o in edited.values()]
     assert stopped == ["TypeError", "AssertionError"], stopped
     ours = sorted(s.official_score_min for s in score_path(org, jobs=1))
     assert ours == pytest.approx(as_is, abs=1e-4), (ours, as_is)

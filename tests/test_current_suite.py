@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import mllog
-from test_analysis_score import OFFICIAL
+from test_analysis_score import OFFICIAL, official_summaries
 
 from mlbench import compliance, flops, layout, rcp_schedule, registry
 from mlbench.dry_run import closed_rule_problems
@@ -204,23 +204,6 @@ def test_the_user_s_schedule_off_the_table_is_logged(tmp_path, cli) -> None:
     assert logged["opt_learning_rate_decay_steps"] == 1_199_900
 
 
-# The official summarizer on each organisation folder: its figures by set, or the error that stopped it.
-_SUMMARIZE_EACH = r"""
-import contextlib, io, json, os, sys, tempfile
-from mlperf_logging.result_summarizer import result_summarizer as rs
-out = {}
-for org in sys.argv[1:]:
-    with tempfile.TemporaryDirectory() as td:
-        os.chdir(td)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                _, _, detailed, _ = rs.summarize_results(org, "training", "5.1.0")
-            out[org] = [] if detailed is None or not len(detailed) else \
-                detailed.filter(like=":time_to_train").dropna(axis=1).to_dict("records")
-        except Exception as e:
-            out[org] = type(e).__name__
-print(json.dumps(out))
-"""
 
 
 def test_a_set_whose_systems_json_the_summarizer_cannot_use_has_no_official_figure(tmp_path: Path) -> None:
@@ -240,9 +223,7 @@ def test_a_set_whose_systems_json_the_summarizer_cannot_use_has_no_official_figu
         shutil.copytree(amd, org)
         edit(next((org / "systems").glob("*.json")))
         orgs[name] = org
-    proc = subprocess.run([sys.executable, "-c", _SUMMARIZE_EACH, *map(str, orgs.values())], capture_output=True,
-                          text=True, timeout=300, check=True)
-    official = json.loads(proc.stdout)
+    official = official_summaries(*orgs.values())
     # no row; no row, then stopped (the summarizer's FieldError, then its NameError); stopped
     assert [official[str(o)] for o in orgs.values()] == [[], "NameError", "ValueError"], official
     for name, org in orgs.items():
