@@ -184,6 +184,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
 
         devices.get(req.device).peak_flops(layout.precision)
     check_memory(bench, layout, device, cpu_here=cpu_here, real_run=real_run)
+    if local is not None and local.gpu:
+        real_run(lambda: check_gpus_free(bench, layout))
     check_path_lengths(req.results_root, system, bench, layout, req.launcher, req.runs)
     if req.save_checkpoint:
         check_save_path_length(req.save_checkpoint, layout.world_size, req.launcher)
@@ -1070,6 +1072,27 @@ def _check_fits(bench: Benchmark, plan: MemoryPlan, device: MemoryDevice) -> Non
                         f"{_size(device.capacity)}: each takes about {each / mib:,.0f} MiB (its memory plan "
                         f"and {device.process_bytes // mib} MiB for the process), {_size(n * each)} in all; "
                         f"give --nproc-per-node {int(device.capacity // each)} or fewer, and more --nodes")
+
+
+def check_gpus_free(bench: Benchmark, layout: Layout) -> None:
+    """Each GPU this node's ranks take must have the run's memory plan free now: a GPU another job holds passed
+    the datasheet's check, and the rank met CUDA's out-of-memory error after the run was started and logged."""
+    from mlbench import gpus_here
+    from mlbench.planner.memory import estimate
+
+    gpus = gpus_here.taken(layout.nproc_per_node)
+    if not gpus:
+        return
+    need = estimate(bench, layout, on_cpu=False).total_bytes
+    for gpu in gpus:
+        if gpu.free_bytes >= need:
+            continue
+        held = gpus_here.holders(gpu)
+        who = f" ({', '.join(f'pid {pid}: {_size(b)}' for pid, b in held[:3])})" if held else ""
+        raise UserError(f"GPU {gpu.index} has {_size(gpu.free_bytes)} free of {_size(gpu.total_bytes)}: other "
+                        f"processes hold {_size(gpu.used_bytes)}{who}, and {bench.name} at this layout needs "
+                        f"{_size(need)} on each GPU (its memory plan; mlbench plan shows every term): end them, "
+                        f"or pick free GPUs with CUDA_VISIBLE_DEVICES")
 
 
 def _size(b: float) -> str:

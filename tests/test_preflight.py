@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from mlbench import preflight, registry, results
+from mlbench import gpus_here, preflight, registry, results
 from mlbench.cli import cli
 from mlbench.cli_options import layout_options
 from mlbench.errors import UserError
@@ -686,3 +686,45 @@ def test_a_relative_results_folder_is_fixed_before_the_working_folder_can_go(tmp
     work.rmdir()
     with results.result_folder(p.opts.results, p.opts.system, p.bench.name) as folder:
         assert folder == tmp_path / "r" / "ci" / "gpt3" and folder.is_dir()
+
+
+def _fake_busy_gpus(tmp_path: Path, used_mib: tuple[int, ...]) -> str:
+    """No GPU here: a stand-in nvidia-smi answering the three queries mlbench makes as the real one does (H200s, 143771
+    MiB each, USED_MIB taken on each by pid 4242). The real case ran on an H200 (docs/gpu.md, fourth lease)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    gpus = "\n".join(f"echo '{i}, GPU-{i}aaa, 143771, {u}'" for i, u in enumerate(used_mib))
+    apps = "\n".join(f"echo '4242, {u}, GPU-{i}aaa'" for i, u in enumerate(used_mib) if u)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$1\" in\n--query-gpu=name,compute_cap) "
+                   + " ; ".join(["echo 'NVIDIA H200, 9.0'"] * len(used_mib)) + " ;;\n"
+                   f"--query-gpu=index,uuid,memory.total,memory.used)\n{gpus}\n;;\n"
+                   f"--query-compute-apps=pid,used_memory,gpu_uuid)\n{apps or 'true'}\n;;\nesac\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_a_gpu_that_another_process_holds_is_refused_before_launch(cli, tmp_path: Path, monkeypatch) -> None:
+    """On an H200 that another process held (all but 6 GB), the run passed the datasheet's memory check, started,
+    and its rank died of CUDA's out-of-memory error after the run was logged. Now each GPU the node's ranks take
+    must have the memory plan free, as nvidia-smi says now: exit 2 naming the GPU, the holder and what the run
+    needs, nothing written; a dry run says it. (A stand-in nvidia-smi, no GPU here; its busy GPU leaves 1.7 GiB,
+    less than a tiny run's plan with the GPU's 3 GiB allowance.)"""
+    monkeypatch.setenv("PATH", _fake_busy_gpus(tmp_path, (0, 142000)))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    results = tmp_path / "results"
+    ok = cli("run", "gpt3", "--tiny", "--results", str(results), "--dry-run")  # GPU 0 is free
+    assert ok.returncode == 0 and "would be refused" not in ok.stdout, ok.stdout + ok.stderr
+    refused = tmp_path / "refused"
+    r = cli("run", "gpt3", "--tiny", "--nproc-per-node", "2", "--results", str(refused))
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = " ".join((r.stdout + r.stderr).split())
+    assert "GPU 1 has 1.7 GiB free of 140.4 GiB: other processes hold 138.7 GiB (pid 4242: 138.7 GiB)" in line
+    assert "on each GPU" in line and "CUDA_VISIBLE_DEVICES" in line and not refused.exists()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1")  # the busy one, by UUID
+    d = cli("run", "gpt3", "--tiny", "--results", str(results), "--dry-run")
+    assert d.returncode == 0 and "would be refused: GPU 1 has" in " ".join(d.stdout.split()), d.stdout
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert [g.index for g in gpus_here.taken(1)] == [0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc")  # a MIG instance: its memory is not told, not checked
+    assert gpus_here.taken(1) is None
