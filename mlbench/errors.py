@@ -70,6 +70,16 @@ def stops_on_signals(command: Callable[..., Any]) -> Callable[..., Any]:
 
 # --- what is printed of an input, and the output a command is run for -----------------------------------------
 
+def clipped(text: str, limit: int = 300) -> str:
+    """TEXT's first line in at most LIMIT characters, cut at a word with '...' where it is longer: CUDA's
+    out-of-memory message ended a run's reason '... of the allocated memory 1.91 GiB is allocated by PyT'."""
+    line = text.splitlines()[0] if text else ""
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 3]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut).rstrip(" ,;:") + "..."
+
+
 def printable(text: object) -> str:
     """TEXT from an input (a log's benchmark name, system or status, a key, a file name) as it may be printed: as it
     is where every character is printable, else each one that is not (a newline, ESC, a bidirectional override)

@@ -341,7 +341,7 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     reached = r.status == "success"
     colour = "green" if reached else "red"
     ttt = f"{r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)" if r.ttt_s is not None else "n/a"
-    last = f"{r.last_eval:.4f}" if r.last_eval is not None else "none"
+    last = f"{r.last_eval:.4f}" if r.last_eval is not None else "n/a (no evaluation)"
     checked = "ok" if r.compliant else "not checked" if r.compliant is None else "FAILED"
     console.print(Text.assemble(("target reached" if reached else "target NOT reached", colour),
                                 f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "

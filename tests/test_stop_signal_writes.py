@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import mllog
 
 from mlbench import layout as layout_lib
@@ -100,6 +101,21 @@ def test_a_stop_is_logged_in_the_words_the_record_and_the_end_line_give(reporter
         os.kill(os.getpid(), signal.SIGTERM)
     assert failure_reason(outside.value) == "stopped by SIGTERM" and outside.value.consequent
     assert failure_reason(RuntimeError("boom")) == "RuntimeError: boom"  # a failure keeps its type
+
+
+
+def test_a_long_failure_is_cut_at_a_word() -> None:
+    """CUDA's out-of-memory message (as a rank met it on an H200 another process held) was cut at 300 characters
+    mid-word ('... is allocated by PyT'); now at a word, marked '...', its first line alone."""
+    oom = ("CUDA out of memory. Tried to allocate 3.81 GiB. GPU 0 has a total capacity of 139.80 GiB of which 2.50 GiB "
+           "is free. Process 1300 has 134.21 GiB memory in use. Including non-PyTorch memory, this process has 3.08 "
+           "GiB memory in use. Of the allocated memory 1.91 GiB is allocated by PyTorch, and 12.00 MiB is reserved by "
+           "PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
+           "expandable_segments:True to avoid fragmentation.\nSee documentation for Memory Management")
+    reason = failure_reason(torch.OutOfMemoryError(oom))
+    assert len(reason) <= 300 and reason.endswith("allocated by...") and "\n" not in reason, reason
+    assert reason.startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 3.81 GiB")
+    assert failure_reason(Aborted("x" * 400)) == "x" * 297 + "..."  # no word to cut at: cut where it is
 
 
 def test_a_write_that_fails_of_itself_raises_its_own_error_and_drops_the_signal() -> None:

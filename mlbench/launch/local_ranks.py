@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from mlbench.errors import clipped
 from mlbench.launch.lifeline import ORPHANED_EXIT, consequent, die_with_parent, name_process
 from mlbench.launch.ports import STORE, held_port
 
@@ -146,7 +147,7 @@ def said(logs: Path) -> str:
             found = _LAST_WORDS.findall(f.read().decode("utf-8", "replace"))
     except OSError:
         return ""
-    return f": {found[-1].strip()[:300]}" if found else ""
+    return f": {clipped(found[-1].strip())}" if found else ""
 
 
 def stopped_from_outside(rank: int | str | None, how: str, logs: str) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from mlbench.errors import disk_free
+from mlbench.errors import clipped, disk_free
 from mlbench.launch.lifeline import STOPPED_EXIT, exit_if_orphaned
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
 from mlbench.train import interrupt
@@ -122,18 +122,18 @@ def train(plan: RunPlan) -> int:
 
 
 def failure_reason(e: BaseException) -> str:
-    """E in one line (a checkpoint writer's: the first failing rank's), at most 300 characters. A stop (Aborted) is
-    its reason alone, in the supervisor's words: the log's run_stop said 'Aborted: hang: no progress for 300 s'
-    where the record and the end line said 'hang: no progress for 300 s'."""
+    """E in one line (a checkpoint writer's: the first failing rank's), at most 300 characters (`clipped`). A stop
+    (Aborted) is its reason alone, in the supervisor's words: the log's run_stop said 'Aborted: hang: no progress
+    for 300 s' where the record and the end line said 'hang: no progress for 300 s'."""
     if isinstance(e, Aborted):
-        return str(e).splitlines()[0][:300] if str(e) else "stopped"
+        return clipped(str(e)) if str(e) else "stopped"
     failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's: each rank's (exception, traceback)
     if isinstance(failures, dict) and failures:
         rank, failure = next(iter(failures.items()))
         inner = failure[0] if isinstance(failure, tuple) else failure
         if isinstance(inner, BaseException):
-            return f"{type(e).__name__}: rank {rank}: {failure_reason(inner)}"[:300]
-    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            return clipped(f"{type(e).__name__}: rank {rank}: {failure_reason(inner)}")
+    return clipped(f"{type(e).__name__}: {e}")
 
 
 def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
