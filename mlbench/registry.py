@@ -421,8 +421,17 @@ def _validate_ruleset(b: Benchmark, where: str) -> None:
 
 
 def _validate_quality(b: Benchmark, where: str) -> None:
-    """A target the metric can reach, in the direction that metric improves."""
+    """A target the metric can reach, in the direction that metric improves, of the metric the model's objective
+    evaluates: a gpt model's log perplexity (about 4) met a masked_lm_accuracy target (>= 0.5) at the first
+    evaluation, and the run was published as a success."""
+    from mlbench.models import family
+
     q = b.quality
+    evaluated = family(b.model.family).metric
+    if q.metric != evaluated:
+        raise UserError(f"{where}: quality.metric is {q.metric!r}, but a {b.model.family} model (model.family) is "
+                        f"evaluated in {evaluated} (its objective's metric), which the run compares with "
+                        f"quality.target; give quality.metric: {evaluated} and a target of it")
     if q.metric == "log_perplexity":
         right, direction = 0 < q.target < 1e3, "min"  # a log: positive, and e**1000 is past any vocabulary
         what = "a positive log perplexity"

@@ -493,3 +493,39 @@ def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_c
         proc = cli("run", "gpt3", "--tiny", "--dry-run", *flags, "--results", str(benchmarks_copy / "r"), env=env)
         assert proc.returncode == 2 and said in proc.stdout, proc.stdout + proc.stderr
     assert not (benchmarks_copy / "r").exists()
+
+
+# A metric the model's objective does not evaluate: the run compared the objective's value with the target (a gpt
+# model's log perplexity of about 4 met 'masked_lm_accuracy >= 0.5' at the first evaluation: a success published).
+@pytest.mark.parametrize(("name", "old", "new", "tiny", "said"), [
+    ("gpt3", "  quality:\n    target: 1.04", "  quality:\n    metric: masked_lm_accuracy\n    direction: max\n"
+                                              "    target: 0.5", True,
+     "gpt3.yaml (tiny): quality.metric is 'masked_lm_accuracy', but a gpt model (model.family) is evaluated in "
+     "log_perplexity (its objective's metric), which the run compares with quality.target; give quality.metric: "
+     "log_perplexity"),
+    ("bert", "  metric: masked_lm_accuracy\n  target: 0.720", "  metric: log_perplexity\n  target: 2.0", False,
+     "bert.yaml: quality.metric is 'log_perplexity', but a bert model (model.family) is evaluated in "
+     "masked_lm_accuracy"),
+], ids=["gpt-scored-as-accuracy", "bert-scored-as-perplexity"])
+def test_a_quality_metric_the_model_does_not_evaluate_is_refused(benchmarks_copy: Path, name: str, old: str, new: str,
+                                                                 tiny: bool, said: str) -> None:
+    text = (benchmarks_copy / f"{name}.yaml").read_text()
+    if not tiny:  # (the edit is the full definition's quality, its direction too)
+        new = new.replace("target: 2.0", "target: 2.0\n  direction: min").replace("\n  direction: max", "", 1)
+        text = text.replace("  direction: max\ndata:", "data:", 1)
+    (benchmarks_copy / f"{name}.yaml").write_text(text)
+    _edit(benchmarks_copy / f"{name}.yaml", old, new)
+    with pytest.raises(UserError) as e:
+        registry.load(name, tiny=tiny, directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+@pytest.mark.parametrize("name", registry.names(registry.SHIPPED_DIR))
+def test_each_family_says_the_metric_its_objective_evaluates(name: str, tiny: bool) -> None:
+    from mlbench.models import family
+
+    if tiny and not registry.has_tiny(name, registry.SHIPPED_DIR):
+        pytest.skip(f"{name} has no tiny variant")
+    b = registry.load(name, tiny=tiny, directory=registry.SHIPPED_DIR)
+    assert family(b.model.family).objective(b).metric == family(b.model.family).metric == b.quality.metric

@@ -36,6 +36,9 @@ class Family:
     # megatron-core's layer spec for an attention backend ("te", "sdpa", "local"), before mlbench's norm changes.
     layer_spec: Callable[[ModelSpec, str], Any]
     objective: Callable[[Benchmark], Any]  # the training objective: batches, forward, loss, eval metric
+    # The metric its objective evaluates (the objective's `metric`), which a file's quality.metric must name: the
+    # run compares that value with quality.target.
+    metric: str
     # `mlbench convert-checkpoint`: the helper module converting the family's reference checkpoint, or None.
     converter: Callable[[ModelSpec], str | None] = lambda m: None
     # Parameters active per token where that differs from the total (mixture of experts); None otherwise.

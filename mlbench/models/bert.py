@@ -108,6 +108,7 @@ FAMILY = Family(
     build_model=build_model,
     layer_spec=layer_spec,
     objective=objective,
+    metric="masked_lm_accuracy",
     # The MLPerf reference checkpoint (TF, in its PyTorch form) maps onto the post-LN model only.
     converter=lambda m: "mlbench.train.checkpoint.convert_bert" if m.norm_position == "post" else None,
 )

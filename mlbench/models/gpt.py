@@ -50,5 +50,6 @@ FAMILY = Family(
     build_model=build_model,
     layer_spec=layer_spec,
     objective=objective,
+    metric="log_perplexity",
     sdpa_attention=True,
 )

@@ -131,6 +131,7 @@ FAMILY = Family(
     build_model=gpt.build_model,
     layer_spec=layer_spec,
     objective=gpt.objective,
+    metric="log_perplexity",
     active_param_count=active_params,
     config=config,
     check=check,
