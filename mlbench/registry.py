@@ -150,14 +150,14 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     tiny_override = data.pop("tiny", None)
     # The full definition is validated even for a tiny run: the tiny variant inherits every value it does not
     # override, so a malformed file is malformed for both.
-    full = build(Benchmark, data | {"path": str(path)}, where=path.name)
+    full = build(Benchmark, data, where=path.name, fixed={"variant": "full", "path": str(path)})
     _validate(full)
     if not tiny:
         return full
     if not isinstance(tiny_override, dict):
         raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
-    merged = deep_merge(data, tiny_override) | {"variant": "tiny", "path": str(path)}
-    bench = build(Benchmark, merged, where=f"{path.name} (tiny)")
+    merged = deep_merge(data, tiny_override)
+    bench = build(Benchmark, merged, where=f"{path.name} (tiny)", fixed={"variant": "tiny", "path": str(path)})
     _validate(bench)
     return bench
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import math
 import operator
@@ -605,22 +606,35 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unhandled type {tp!r}")
 
 
-def build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass `cls` from a mapping, naming any unknown, missing or ill-typed key."""
+def build(cls: type, data: Any, where: str, fixed: dict[str, Any] | None = None) -> Any:
+    """Build dataclass `cls` from a mapping, naming any unknown, missing or ill-typed key. FIXED: fields the caller
+    sets, which the mapping may not give (a benchmark file's `path` and `variant`, where it was found and which of
+    its sections was read: a file's `variant: tiny` made its full definition a tiny one)."""
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping, got {_shown(data)}")
+    fixed = fixed or {}
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in fixed}
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise UserError(f"{where}: unknown key {_shown(unknown[0])} (known: {', '.join(fields)})")
-    kwargs = {}
+        raise UserError(f"{where}: unknown key {_shown(unknown[0])}{_close_key(unknown[0], fields)} "
+                        f"(known: {', '.join(fields)})")
+    kwargs = dict(fixed)
     for name, f in fields.items():
         if name in data:
             kwargs[name] = _check_value(f"{where}.{name}", data[name], hints[name])
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise UserError(f"{where}: missing required key {name!r}")
     return cls(**kwargs)
+
+
+def _close_key(key: object, known: typing.Iterable[str]) -> str:
+    """'; did you mean K?' for the known key K a mistyped KEY is closest to ('num_layer', 'Num_Layers'), else ''."""
+    if not isinstance(key, str):
+        return ""
+    lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(key.lower().replace("-", "_"), lower, n=1, cutoff=0.75)
+    return f"; did you mean {lower[close[0]]!r}?" if close else ""
 
 
 __all__ = ["Benchmark", "build", "check_decay", "check_expressions", "check_schedule", "deep_merge", "evaluate",

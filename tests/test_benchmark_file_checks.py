@@ -529,3 +529,28 @@ def test_each_family_says_the_metric_its_objective_evaluates(name: str, tiny: bo
         pytest.skip(f"{name} has no tiny variant")
     b = registry.load(name, tiny=tiny, directory=registry.SHIPPED_DIR)
     assert family(b.model.family).objective(b).metric == family(b.model.family).metric == b.quality.metric
+
+
+@pytest.mark.parametrize(("old", "new", "tiny", "said"), [
+    ("  num_layers: 96", "  num_layer: 96", False,
+     "gpt3.yaml.model: unknown key 'num_layer'; did you mean 'num_layers'? (known: family, num_layers,"),
+    ("\nquality:\n", "\nQuality:\n", False, "gpt3.yaml: unknown key 'Quality'; did you mean 'quality'? (known: name,"),
+    ("\ntiny:\n", "\ntiny:\n  optimiser: {lr: 1.0e-3}\n", True,
+     "gpt3.yaml (tiny): unknown key 'optimiser'; did you mean 'optimizer'? (known: name,"),
+    ("  num_layers: 96", "  num_layers: 96\n  flux_capacitor: 1", False,
+     "gpt3.yaml.model: unknown key 'flux_capacitor' (known: family, num_layers,"),
+    # where the file was found and which section was read are mlbench's to say, not keys of the file: `variant:
+    # tiny` made the full definition a tiny one (refused as 'a tiny variant must say how its target was chosen'),
+    # and `path:` was listed as a known key and silently replaced
+    ("\nmodel:\n", "\nvariant: tiny\nmodel:\n", False, "gpt3.yaml: unknown key 'variant' (known: name, title, size,"),
+    ("\nmodel:\n", "\npath: /elsewhere/gpt3.yaml\nmodel:\n", False, "gpt3.yaml: unknown key 'path' (known: name,"),
+    ("\ntiny:\n", "\ntiny:\n  variant: full\n", True, "gpt3.yaml (tiny): unknown key 'variant' (known: name,"),
+], ids=["typo", "case", "tiny-typo", "nothing-close", "variant", "path", "tiny-variant"])
+def test_an_unknown_key_is_refused_naming_the_close_known_one(benchmarks_copy: Path, old: str, new: str, tiny: bool,
+                                                               said: str) -> None:
+    _edit(benchmarks_copy / "gpt3.yaml", old, new)
+    with pytest.raises(UserError) as e:
+        registry.load("gpt3", tiny=tiny, directory=benchmarks_copy)
+    message = str(e.value)
+    assert "\n" not in message and said in message, message
+    assert "variant" not in message.partition("(known:")[2] and "path" not in message.partition("(known:")[2]
