@@ -635,8 +635,8 @@ def _benchmark(req: RunRequest) -> Benchmark:
 def _check_data(bench: Benchmark, req: RunRequest) -> None:
     from mlbench.train import data
 
-    data.check(bench, req.layout.nodes, dry_run=req.dry_run,
-               overridden=req.data_path is not None or req.eval_data_path is not None)
+    given = {key for key, flag in (("path", req.data_path), ("eval_path", req.eval_data_path)) if flag is not None}
+    data.check(bench, req.layout.nodes, dry_run=req.dry_run, given=given)
 
 
 def _checkpoint_given(bench: Benchmark, req: RunRequest) -> None:

@@ -154,8 +154,9 @@ def test_a_shared_index_cache_that_is_no_folder_is_refused_before_launch(definit
     prefix = _copy(corpus["train"], tmp_path / "train")
     (tmp_path / "mlbench_index_cache").write_text("")
     with pytest.raises(UserError, match=f"in {tmp_path}/mlbench_index_cache, but something other than a folder"):
-        data_lib.check(_bench(definitions, prefix, corpus["eval"]), 2, dry_run=False, overridden=True)
-    data_lib.check(_bench(definitions, prefix, corpus["eval"]), 1, dry_run=False, overridden=True)  # one node: unused
+        data_lib.check(_bench(definitions, prefix, corpus["eval"]), 2, dry_run=False, given={"path", "eval_path"})
+    # one node: unused
+    data_lib.check(_bench(definitions, prefix, corpus["eval"]), 1, dry_run=False, given={"path", "eval_path"})
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -484,3 +485,18 @@ def test_the_dtype_codes_are_megatrons() -> None:
     from mlbench.train.data.indexed import DTYPES
 
     assert {d.value: getattr(np, d.name) for d in DType} == DTYPES
+
+
+@pytest.mark.parametrize("given", [(), ("path",), ("path", "eval_path")])
+def test_a_missing_prefix_is_named_by_what_gave_it(definitions: Path, corpus: dict, tmp_path: Path,
+                                                   given: tuple[str, ...]) -> None:
+    """A prefix the benchmark file names (data.path, data.eval_path) was reported as '--data-path: ... not found',
+    a flag the user had not passed; the flag is named where it gave the prefix, the file's key elsewhere."""
+    bench = _bench(definitions, tmp_path / "nowhere")
+    said = "--data-path" if "path" in given else "gpt3.yaml: data.path"
+    with pytest.raises(UserError, match=f"^{said}: {tmp_path}/nowhere.bin and {tmp_path}/nowhere.idx not found"):
+        data_lib.check(bench, 1, dry_run=False, given=given)
+    bench = _bench(definitions, corpus["train"], tmp_path / "no_eval")
+    said = "--eval-data-path" if "eval_path" in given else "gpt3.yaml: data.eval_path"
+    with pytest.raises(UserError, match=f"^{said}: {tmp_path}/no_eval.bin and {tmp_path}/no_eval.idx not found"):
+        data_lib.check(bench, 1, dry_run=False, given=given)

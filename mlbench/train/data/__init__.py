@@ -13,6 +13,7 @@ launch.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,15 +65,26 @@ def cache_dir(bench: Benchmark, plan: RunPlan) -> Path:
     return Path(parse_blend(bench.data.path)[0][0]).parent / "mlbench_index_cache"
 
 
-def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> None:
-    """Refuse, before launch, a run whose data cannot be served. `overridden`: --data-path or --eval-data-path."""
+_FLAGS = {"path": "--data-path", "eval_path": "--eval-data-path"}
+
+
+def named(bench: Benchmark, key: str, given: Collection[str]) -> str:
+    """What set data.KEY, as an error names it: its flag where GIVEN (the keys the flags set) holds KEY, else the
+    benchmark file's key (a prefix the file names was reported as '--data-path: ... not found', a flag the user
+    never passed)."""
+    return _FLAGS[key] if key in given else f"{bench.where}: data.{key}"
+
+
+def check(bench: Benchmark, nodes: int, *, dry_run: bool, given: Collection[str] = ()) -> None:
+    """Refuse, before launch, a run whose data cannot be served. `given`: the data keys the flags set ('path' for
+    --data-path, 'eval_path' for --eval-data-path); the others are the benchmark file's."""
     d = bench.data
     takes = family(bench.model.family).data_sources
     if d.source not in takes:
         raise UserError(f"{bench.name}: the {bench.model.family} family's objective reads data.source "
                         f"{' or '.join(takes)}, not {d.source}")
     if d.source == "markov":
-        if overridden:
+        if given:
             raise UserError(f"--data-path / --eval-data-path apply to the indexed source; {bench.name}"
                             f"{' (tiny)' if bench.variant == 'tiny' else ''} trains on the synthetic Markov source")
         return
@@ -82,17 +94,18 @@ def check(bench: Benchmark, nodes: int, *, dry_run: bool, overridden: bool) -> N
         from mlbench.train.data.bert_records import check_files, files
 
         found = []
-        for flag, spec in (("--data-path", d.path), ("--eval-data-path", d.eval_path)):
+        for key, spec in (("path", d.path), ("eval_path", d.eval_path)):
             if not spec.strip():
-                raise UserError(f"{bench.name} trains on MLPerf's pre-masked TFRecord samples but no {flag} is "
-                                f"given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
-            found.append(files(spec, flag))
-        check_files(*found, bench.eval.samples)  # their records, cheaply: what the run would find mid-run
+                raise UserError(f"{bench.name} trains on MLPerf's pre-masked TFRecord samples but no {_FLAGS[key]} "
+                                f"is given: pass the training shards (a folder or glob) and the eval file (eval_10k)")
+            found.append(files(spec, named(bench, key, given)))
+        # their records, cheaply: what the run would find mid-run
+        check_files(*found, bench.eval.samples, (named(bench, "path", given), named(bench, "eval_path", given)))
         return
-    _check_indexed(bench, nodes)
+    _check_indexed(bench, nodes, given)
 
 
-def _check_indexed(bench: Benchmark, nodes: int) -> None:
+def _check_indexed(bench: Benchmark, nodes: int, given: Collection[str]) -> None:
     d = bench.data
     if not d.path.strip():
         readme = next((s for s in bench.sources if s.endswith("README.md")), "")
@@ -101,15 +114,15 @@ def _check_indexed(bench: Benchmark, nodes: int) -> None:
                         + (f"; MLPerf's preprocessing is described in {readme}" if readme else ""))
     train = parse_blend(d.path)[0]
     evals = parse_blend(d.eval_path) if d.eval_path.strip() else None
-    train_lengths = [read_index(p, "--data-path") for p in train]
-    eval_lengths = [read_index(p, "--eval-data-path") for p in evals[0]] if evals else []
+    train_lengths = [read_index(p, named(bench, "path", given)) for p in train]
+    eval_lengths = [read_index(p, named(bench, "eval_path", given)) for p in evals[0]] if evals else []
     if len(train) > 1 and not evals:
         raise UserError("a blend of training prefixes needs a held-out eval set: pass --eval-data-path PREFIX")
     # What indexed_source would find at run time, after run_start: too few tokens to hold out, or to evaluate on
     if not evals:
-        holdout_split(train[0], train_lengths[0], holdout_tokens(bench))
+        holdout_split(train[0], train_lengths[0], holdout_tokens(bench), named(bench, "path", given))
     elif shortfall := eval_shortfall(bench, evals, eval_lengths):
-        raise UserError(f"--eval-data-path: {shortfall}")
+        raise UserError(f"{named(bench, 'eval_path', given)}: {shortfall}")
     if nodes > 1:
         _check_shared_cache(Path(train[0]).parent)
 

@@ -68,22 +68,24 @@ def files(spec: str, flag: str) -> list[str]:
     return sorted(set(found))
 
 
-def check_files(train: list[str], eval_: list[str], eval_samples: int) -> None:
+def check_files(train: list[str], eval_: list[str], eval_samples: int,
+                named: tuple[str, str] = ("--data-path", "--eval-data-path")) -> None:
     """Before launch, cheaply: each training shard's first record (its length and both CRCs: a file that is no
     TFRecord at all, and training files that hold no sample, were found only mid-run), and the eval files' records,
-    counted by their length fields (an eval set short of EVAL_SAMPLES was found at the first eval)."""
+    counted by their length fields (an eval set short of EVAL_SAMPLES was found at the first eval). NAMED: what gave
+    the training and the eval files (a flag, or the benchmark file's key), for the errors."""
     held = 0
     for path in train:
-        held += _guarded("--data-path", path, lambda p: next((1 for _ in records(p)), 0))  # its first record
+        held += _guarded(named[0], path, lambda p: next((1 for _ in records(p)), 0))  # its first record
     if not held:
-        raise UserError(f"--data-path: the training files hold no samples: {', '.join(train[:3])}"
+        raise UserError(f"{named[0]}: the training files hold no samples: {', '.join(train[:3])}"
                         f"{', ...' if len(train) > 3 else ''}")
     held = 0
     for path in eval_:
-        held += _guarded("--eval-data-path", path, partial(count_records, limit=eval_samples - held))
+        held += _guarded(named[1], path, partial(count_records, limit=eval_samples - held))
         if held >= eval_samples:
             return
-    raise UserError(f"--eval-data-path {' '.join(eval_[:3])}{' ...' if len(eval_) > 3 else ''}: {held} records; "
+    raise UserError(f"{named[1]} {' '.join(eval_[:3])}{' ...' if len(eval_) > 3 else ''}: {held} records; "
                     f"the run evaluates on {eval_samples} (eval.samples): give the whole eval set (MLPerf's eval_10k)")
 
 

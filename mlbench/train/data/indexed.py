@@ -267,13 +267,14 @@ def holdout_tokens(bench: Benchmark) -> int:
     return bench.eval.samples * bench.model.seq_length + 1
 
 
-def holdout_split(prefix: str, lengths: np.ndarray, tokens_needed: int) -> str:
+def holdout_split(prefix: str, lengths: np.ndarray, tokens_needed: int, named: str = "--data-path") -> str:
     """megatron's split string for one prefix: the last documents holding `tokens_needed` tokens are the
-    validation split, the rest is training (split by whole documents, as megatron splits)."""
+    validation split, the rest is training (split by whole documents, as megatron splits). NAMED: what gave the
+    prefix, for the error."""
     n = len(lengths)
     k = int(np.searchsorted(np.cumsum(lengths[::-1], dtype=np.int64), tokens_needed)) + 1
     if k >= n:
-        raise UserError(f"--data-path: {prefix}.idx indexes {n} documents, {tokens(lengths)} tokens: too few to "
+        raise UserError(f"{named}: {prefix}.idx indexes {n} documents, {tokens(lengths)} tokens: too few to "
                         f"hold out {tokens_needed} eval tokens and still train; pass --eval-data-path, or more data")
     return f"{n - k},{k},0"
 
