@@ -157,9 +157,21 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     if not isinstance(tiny_override, dict):
         raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
     merged = deep_merge(data, tiny_override)
+    _same_family(path, data["model"], merged["model"])
     bench = build(Benchmark, merged, where=f"{path.name} (tiny)", fixed={"variant": "tiny", "path": str(path)})
     _validate(bench)
     return bench
+
+
+def _same_family(path: Path, full: dict, tiny: object) -> None:
+    """The tiny variant's model family is the full definition's (FULL built already: a mapping; a TINY model that
+    is none fails when built)."""
+    if not isinstance(tiny, dict):
+        return
+    small, big = tiny.get("family"), full["family"]
+    if small != big:
+        raise UserError(f"{path.name} (tiny): model.family is {small!r}, the full definition's {big!r}; a tiny "
+                        f"variant is the same architecture with smaller numbers: leave model.family out of it")
 
 
 def _validate(b: Benchmark) -> None:
@@ -211,6 +223,10 @@ def _validate(b: Benchmark) -> None:
     why = family(m.family).check(m)  # what the family needs of a definition (mlbench.models)
     if why is not None:
         raise UserError(f"{where}: {why}")
+    takes = family(m.family).data_sources
+    if b.data.source not in takes:  # (was found only when a full run began, naming no file)
+        raise UserError(f"{where}: data.source is {b.data.source!r}, which a {m.family} model's objective "
+                        f"(model.family) does not read; it reads {' or '.join(takes)}")
     if b.optimizer.lr is None and b.optimizer.base_at(b.train.global_batch_size) is None:
         raise UserError(f"{where}: optimizer.lr is not given and optimizer.lr_table has no learning rate at the "
                         f"file's global batch ({b.train.global_batch_size}); give optimizer.lr, or a table entry at "

@@ -554,3 +554,22 @@ def test_an_unknown_key_is_refused_naming_the_close_known_one(benchmarks_copy: P
     message = str(e.value)
     assert "\n" not in message and said in message, message
     assert "variant" not in message.partition("(known:")[2] and "path" not in message.partition("(known:")[2]
+
+
+@pytest.mark.parametrize(("old", "new", "tiny", "said"), [
+    # list and show accepted it, --dry-run and a tiny run too; only a full run was refused, naming no file
+    ("  source: indexed", "  source: tfrecord", False,
+     "gpt3.yaml: data.source is 'tfrecord', which a gpt model's objective (model.family) does not read; it reads "
+     "markov or indexed"),
+    # a tiny variant of another architecture: `run --tiny` tested a model the benchmark is not
+    ("  model: {num_layers: 2,", "  model: {family: moe, num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, "
+                                 "num_layers: 2,", True,
+     "gpt3.yaml (tiny): model.family is 'moe', the full definition's 'gpt'; a tiny variant is the same architecture "
+     "with smaller numbers: leave model.family out of it"),
+], ids=["source-the-family-does-not-read", "tiny-of-another-family"])
+def test_a_definition_that_contradicts_itself_is_refused_on_load(benchmarks_copy: Path, old: str, new: str,
+                                                                 tiny: bool, said: str) -> None:
+    _edit(benchmarks_copy / "gpt3.yaml", old, new)
+    with pytest.raises(UserError) as e:
+        registry.load("gpt3", tiny=tiny, directory=benchmarks_copy)
+    assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
