@@ -89,8 +89,14 @@ def _text(path: Path) -> str:
     file, read as `logfile.load_json` reads a JSON input: without waiting, and no more than the limit and a byte."""
     from mlbench.logfile import read_capped
 
-    return read_capped(path, MAX_BENCHMARK_BYTES, "a benchmark file",
-                       "; the built-in ones are under 20 KB").decode("utf-8")
+    raw = read_capped(path, MAX_BENCHMARK_BYTES, "a benchmark file", "; the built-in ones are under 20 KB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # (said as 'can't decode byte 0xe9 in position 1160', no line)
+        utf16 = " (a UTF-16 file?)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path}: not UTF-8 at line {line}{utf16}: byte "
+                        f"0x{raw[e.start]:02x}; save the benchmark file as UTF-8") from None
 
 
 def _read(path: Path) -> dict:

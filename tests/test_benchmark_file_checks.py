@@ -213,7 +213,7 @@ def test_show_json_values_match_the_sources(cli) -> None:
 
 def test_unreadable_benchmark_file(benchmarks_copy: Path) -> None:
     (benchmarks_copy / "gpt3.yaml").write_bytes(b"name: gpt3\ntitle: \xff\xfe\n")
-    with pytest.raises(UserError, match=r"gpt3.yaml: cannot read the benchmark file"):
+    with pytest.raises(UserError, match=r"gpt3.yaml: not UTF-8 at line 2: byte 0xff; save the benchmark file as UTF-8"):
         registry.load("gpt3", directory=benchmarks_copy)
 
 
@@ -573,3 +573,21 @@ def test_a_definition_that_contradicts_itself_is_refused_on_load(benchmarks_copy
     with pytest.raises(UserError) as e:
         registry.load("gpt3", tiny=tiny, directory=benchmarks_copy)
     assert "\n" not in str(e.value) and said in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(("encode", "said"), [
+    (lambda t: t.replace("title: GPT-3", "title: GPT-3 \xe9", 1).encode("latin-1"),
+     "gpt3.yaml: not UTF-8 at line {line}: byte 0xe9; save the benchmark file as UTF-8"),
+    (lambda t: t.encode("utf-16"), "gpt3.yaml: not UTF-8 at line 1 (a UTF-16 file?): byte 0xff; save the benchmark "
+                                   "file as UTF-8"),
+], ids=["latin-1", "utf-16"])
+def test_a_benchmark_file_not_in_utf8_is_named_by_its_line(benchmarks_copy: Path, encode, said: str) -> None:
+    """Said before as 'cannot read the benchmark file ('utf-8' codec can't decode byte 0xe9 in position 1160:
+    invalid continuation byte)': a byte offset, no line."""
+    f = benchmarks_copy / "gpt3.yaml"
+    text = f.read_text()
+    f.write_bytes(encode(text))
+    with pytest.raises(UserError) as e:
+        registry.load("gpt3", directory=benchmarks_copy)
+    line = text[:text.index("title: GPT-3")].count("\n") + 1
+    assert "\n" not in str(e.value) and str(e.value).endswith(said.format(line=line)), str(e.value)
