@@ -53,8 +53,12 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
         moments = "Adam moments but no megatron-core optimizer metadata: the run starts with fresh moments"
     else:
         moments = "no Adam moments: the run starts with fresh moments"
+    summed = r.get("checksummed_bytes")
+    checksums = (f"; every file's bytes match the checksums it was saved with ({summed / 1e6:,.1f} MB)"
+                 if summed is not None else
+                 "; no checksums (not saved by mlbench): its bytes are not verified, only its structure")
     console.print(f"checkpoint {plan.init_checkpoint}: all {r['tensors']} model tensors present with the model's "
-                  f"shapes{names}{padding}; {moments}", highlight=False, soft_wrap=True)
+                  f"shapes{names}{padding}; {moments}{checksums}", highlight=False, soft_wrap=True)
 
 
 def _log_to_run_start(bench: Benchmark, layout: Layout, seed: int, system: str, folder: str) -> Path:

@@ -50,6 +50,11 @@ def test_saved_checkpoint_is_complete_and_recorded(llama_checkpoint) -> None:
     assert record["saved_checkpoint"]["seconds"] > 0
     assert not list(ckpt.parent.glob(".*partial*")), "staging folder left behind"
     assert record["steps"][0]["loss"] > 3.0  # from random weights: about ln(vocab)
+    from mlbench.train.checkpoint import integrity  # every file's checksum saved with it
+
+    saved = json.loads((ckpt / integrity.MANIFEST).read_text())["files"]
+    assert sorted(saved) == sorted(p.name for p in ckpt.iterdir() if p.name != integrity.MANIFEST)
+    assert integrity.verify(ckpt) == sum(f["bytes"] for f in saved.values())
 
 
 def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoint, tmp_path: Path, cli) -> None:
@@ -190,10 +195,14 @@ def test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_with_the_reason(llam
                                                                               quick_env: dict) -> None:
     """Bytes garbled in a data file (its size intact) pass every check and fail in torch's reader with a
     CheckpointException, which is no Exception: the rank died outside its abort handler, with a traceback, and
-    the log had no run_stop."""
+    the log had no run_stop. (A checkpoint without mlbench's checksums, as the reference checkpoints are: with
+    them, the check before launch refuses it.)"""
+    from mlbench.train.checkpoint import integrity
+
     ckpt, _ = llama_checkpoint
 
     def garble(c: Path) -> None:
+        (c / integrity.MANIFEST).unlink()
         from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -515,3 +524,74 @@ def test_an_index_that_leaves_part_of_a_tensor_out_is_refused_before_launch(tmp_
     with pytest.raises(CheckpointError, match=r"a chunk of w lies outside its shape \(offsets \[0, 0\], sizes "
                                               r"\[3, 3\], tensor \[2, 3\]\)"):
         store._check_data_files(_hostile(tmp_path / "beyond", marker, "beyond"))
+
+
+def _flip_finite(c: Path) -> str:
+    """One bit of the middle of the largest tensor's record flipped (bit 0 of a float's byte: still a finite
+    number): the index, the sizes and the byte records intact. Returns the data file's name."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    index = FileSystemReader(str(c)).read_metadata()
+    big = max((info for i, info in index.storage_data.items()
+               if isinstance(index.state_dict_metadata[i.fqn], TensorStorageMetadata)), key=lambda s: s.length)
+    with open(c / big.relative_path, "r+b") as f:
+        f.seek(big.offset + big.length // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 1]))
+    return big.relative_path
+
+
+def test_a_checkpoint_whose_bytes_changed_is_refused_before_launch(llama_checkpoint, tmp_path: Path, cli) -> None:
+    """Bytes flipped inside a tensor (finite values, every structure intact) loaded silently and the run trained
+    from them, exit 0: the checksums saved with the checkpoint are verified before launch, one line, exit 2."""
+    from mlbench.train.checkpoint import integrity
+
+    ckpt, _ = llama_checkpoint
+    flipped: list[str] = []
+    bad = _damaged(ckpt, tmp_path / "flipped", lambda c: flipped.append(_flip_finite(c)))
+    proc = _run(tmp_path / "results", "llama31_405b", "--init-checkpoint", str(bad), via=cli)
+    _assert_refused(proc, f"--init-checkpoint {bad}: {flipped[0]}: its bytes differ from those saved (CRC32-C",
+                    "a damaged checkpoint, or a file replaced by another checkpoint's")
+    assert not (tmp_path / "results").exists()
+    # its checksums cut short; a file added; none at all (a reference checkpoint's case: loads, said unverified)
+    cut = _damaged(ckpt, tmp_path / "cut", lambda c: os.truncate(c / integrity.MANIFEST, 40))
+    with pytest.raises(integrity.CheckpointError, match=rf"{integrity.MANIFEST} cannot be read \(JSONDecodeError"):
+        integrity.verify(cut)
+    extra = _damaged(ckpt, tmp_path / "extra", lambda c: shutil.copy(c / flipped[0], c / "__9_0.distcp"))
+    with pytest.raises(integrity.CheckpointError, match=r"__9_0.distcp was not saved with the checkpoint"):
+        integrity.verify(extra)
+    bare = _damaged(ckpt, tmp_path / "bare", lambda c: (c / integrity.MANIFEST).unlink())
+    ok = _run(tmp_path / "r2", "llama31_405b", "--dry-run", "--init-checkpoint", str(bare), via=cli)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "no checksums (not saved by mlbench): its bytes are not verified" in " ".join(ok.stdout.split())
+
+
+def test_checksums_name_the_file_whose_bytes_size_or_presence_differ(tmp_path: Path) -> None:
+    """The manifest against the folder: a file of the same size from elsewhere (another checkpoint's shard of the
+    same shape), cut short, missing; and a folder that changes under a reader (a stat an entry, no byte read)."""
+    from mlbench.train.checkpoint import integrity
+
+    c = tmp_path / "c"
+    c.mkdir()
+    for name, data in (("metadata.json", b"{}"), ("__0_0.distcp", b"a" * 1000), ("__1_0.distcp", b"b" * 1000)):
+        (c / name).write_bytes(data)
+    integrity.write(c, integrity.sums(c, ["__0_0.distcp"]))
+    assert integrity.verify(c) == 2002
+    before = integrity.stamp(c)
+    assert integrity.changed(c, before) is None
+    (c / "other").write_bytes(b"a" * 999 + b"c")
+    os.replace(c / "other", c / "__1_0.distcp")  # same size, other bytes
+    assert integrity.changed(c, before) == "__1_0.distcp"
+    with pytest.raises(integrity.CheckpointError, match=r"__1_0.distcp: its bytes differ from those saved"):
+        integrity.verify(c)
+    os.truncate(c / "__1_0.distcp", 10)
+    with pytest.raises(integrity.CheckpointError, match=r"__1_0.distcp is 10 bytes; it was saved with 1,000"):
+        integrity.verify(c)
+    (c / "__1_0.distcp").unlink()
+    with pytest.raises(integrity.CheckpointError, match=r"__1_0.distcp is missing; the checkpoint was saved with it"):
+        integrity.verify(c)
+    (c / integrity.MANIFEST).write_text('{"algorithm": "crc32c", "files": {"../x": {"bytes": 1, "crc32c": "0"}}}')
+    with pytest.raises(integrity.CheckpointError, match=r"is not the manifest mlbench writes"):
+        integrity.verify(c)

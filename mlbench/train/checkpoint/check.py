@@ -2,7 +2,8 @@
 describes, at full size, without building it: megatron-core builds the model on the meta device (no memory;
 GPT-3 175B in about a second) in a one-process group, and `checkpoint.match` compares names and global shapes.
 Prints one JSON line; exits 2 with the reason on stderr when the checkpoint does not fit (`mlbench run --dry-run`
-runs this before writing anything)."""
+runs this before writing anything, as does a real run before launch). Last, every file's bytes against the
+checksums mlbench saved with it (integrity.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from mlbench.run_plan import RunPlan
 from mlbench.train import checkpoint, one_process_world
+from mlbench.train.checkpoint import integrity
 
 
 @contextlib.contextmanager
@@ -46,7 +48,9 @@ def check(plan: RunPlan) -> dict:
     model = meta_model(m)
     state = model.sharded_state_dict()
     found = checkpoint.match(plan.init_checkpoint, state, m.vocab_size, plan.benchmark.train.checkpoint_names)
-    return {"tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
+    verified = integrity.verify(plan.init_checkpoint)  # last: the checks above name a structural fault better
+    return {"checksummed_bytes": verified,
+            "tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "vocab_padding_resized": found.resized,
             "optimizer_moments": checkpoint.moments_stored(found),
             "optimizer_chained": any(k.startswith("chained_") for k in found.stored),

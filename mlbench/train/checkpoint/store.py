@@ -18,6 +18,7 @@ import errno
 import math
 import os
 import queue
+import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from mlbench import owners
-from mlbench.train.checkpoint import folder, unpickle
+from mlbench.train.checkpoint import folder, integrity, unpickle
 from mlbench.train.checkpoint.folder import CheckpointError, check_readable, load_error, refused_global
 
 MLBENCH_KEY = "mlbench"  # common (non-tensor) entry: what saved the checkpoint, from which benchmark and step
@@ -327,6 +328,7 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
+    before = integrity.stamp(path)  # (the check before launch verified its bytes; here, that they stay)
     state = model_state(model)
     found = match(path, state, vocab_size, names)
     stored = found.stored
@@ -397,6 +399,10 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
         # refresh them from the loaded weights, or the first step would write the random ones back.
         optimizer.reload_model_params()
     _check_finite(path, model, members if with_optimizer else [])
+    if (name := integrity.changed(path, before)) is not None:
+        raise CheckpointError(f"--init-checkpoint {path}: {name} changed while the run read it (written, replaced, "
+                              f"added or removed): a checkpoint being saved or copied into; start from it once it "
+                              f"is complete")
     return {"path": str(path), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(found.keys),
             "vocab_padding_resized": found.resized, "saved_by": common.get(MLBENCH_KEY)}
@@ -499,7 +505,35 @@ def save(path: str | Path, model: list, optimizer, info: dict, what: str = "--sa
     strategy = FullyParallelSaveStrategyWrapper(save_strategy())  # tensors replicated across DP are written once
     dist_checkpointing.save(state, str(staging), sharded_strategy=strategy, content_metadata=OPTIMIZER_METADATA)
     dist.barrier()
+    _write_checksums(staging, dest, what)
     _on_rank0(publish)
+
+
+def _write_checksums(staging: Path, dest: Path, what: str) -> None:
+    """The checksums of the saved files (integrity.MANIFEST), verified before a run starts from it: each rank sums
+    the data files it wrote (torch's writer names them __<rank>_<i>.distcp), rank 0 the rest and writes them."""
+    try:
+        mine = integrity.sums(staging, sorted(f.name for f in staging.glob(f"__{dist.get_rank()}_*.distcp")))
+        error = ""
+    except OSError as e:
+        mine, error = {}, e.strerror or str(e)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, error))
+
+    def write() -> None:
+        known: dict = {}
+        try:
+            for sums, err in gathered:
+                if err:
+                    raise OSError(err)
+                known.update(sums)
+            integrity.write(staging, known)
+        except OSError as e:  # (disk full): a checkpoint without its checksums is not published
+            shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(f"{what} {dest}: its checksums could not be written ({e.strerror or e}); nothing "
+                                  f"saved") from None
+
+    _on_rank0(write)
 
 
 def begin_save(dest: Path, what: str = "--save-checkpoint") -> Path:
