@@ -148,6 +148,42 @@ def test_an_index_cache_a_killed_run_left_is_built_again(definitions: Path, corp
     np.testing.assert_array_equal(batch(), first)
 
 
+@pytest.mark.parametrize("damage", ["zeroed", "zeroed-after-header", "unstamped", "data-rewritten"])
+def test_an_index_cache_damaged_in_place_is_built_again_with_a_note(definitions: Path, corpus: dict, tmp_path: Path,
+                                                                    damage: str, capfd) -> None:
+    """A cache file zeroed in place (same size: a crash, a full disk) opened as an array and was used silently,
+    every training sample the same; so was a cache of data rewritten since under the same path. Each cache is
+    stamped with its files' CRC32-C and the data's size and mtime: one that does not hold is built again, said."""
+    bench = _bench(definitions, corpus["train"], corpus["eval"])
+    cache = tmp_path / "cache"
+
+    def batch() -> np.ndarray:
+        src = data_lib.indexed_source(bench, seed=7, global_batch=GBS, steps=STEPS, cache=cache)
+        return src.train_batch(3, np.random.default_rng(0))
+
+    first = batch()
+    capfd.readouterr()
+    shuffle = next(cache.glob("*-train-shuffle_index.npy"))
+    key = shuffle.name.split("-", 1)[0]
+    if damage == "zeroed":
+        shuffle.write_bytes(bytes(shuffle.stat().st_size))
+    elif damage == "zeroed-after-header":  # np.load still opens it
+        raw = shuffle.read_bytes()
+        shuffle.write_bytes(raw[:128] + bytes(len(raw) - 128))
+    elif damage == "unstamped":  # a run killed after megatron built it, before the stamp
+        (cache / f"{key}-mlbench.json").unlink()
+    else:
+        bin_file = Path(f"{corpus['train']}.bin")
+        os.utime(bin_file, ns=(bin_file.stat().st_atime_ns, bin_file.stat().st_mtime_ns + 10**9))
+    np.testing.assert_array_equal(batch(), first)
+    err = capfd.readouterr().err
+    why = {"zeroed": "is not what was built", "zeroed-after-header": "is not what was built",
+           "unstamped": "has no mlbench stamp", "data-rewritten": "changed since it was built"}[damage]
+    assert f"index cache {cache}/{key}-*: " in err and why in err and "built again" in err, err
+    batch()  # rebuilt and stamped: a hit, nothing said
+    assert "built again" not in capfd.readouterr().err
+
+
 def test_a_shared_index_cache_that_is_no_folder_is_refused_before_launch(definitions: Path, corpus: dict,
                                                                          tmp_path: Path) -> None:
     """Rank 0 found it mid-run (FileExistsError from makedirs), naming nothing."""

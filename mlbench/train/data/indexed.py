@@ -5,12 +5,15 @@ checks read `parse_blend` and `read_index` (numpy only)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import math
 import os
 import re
 import stat
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -299,24 +302,89 @@ def eval_shortfall(bench: Benchmark, blend: Blend, lengths: list[np.ndarray]) ->
             f"evaluates on {bench.eval.samples} (eval.samples): give a larger eval set")
 
 
+_STAMP = "mlbench.json"  # a cache's stamp: {hash}-mlbench.json beside megatron's {hash}-<kind>-... files
+
+
+def _groups(cache: Path) -> dict[str, list[Path]]:
+    """The cache's files by megatron's hash (the prefix before the first '-'), stamps included."""
+    groups: dict[str, list[Path]] = {}
+    for f in sorted(cache.iterdir()):
+        if f.is_file() and "-" in f.name:
+            groups.setdefault(f.name.split("-", 1)[0], []).append(f)
+    return groups
+
+
+def _source_stamps(sources: list[str]) -> dict[str, list[int]]:
+    """(size, mtime_ns) of each dataset file the cache was built from: data rewritten in place under the same
+    path gives the same megatron hash, and a cache of the old data."""
+    out = {}
+    for f in sources:
+        with contextlib.suppress(OSError):
+            st = os.stat(f)
+            out[f] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _cache_fault(files: list[Path]) -> str | None:
+    """Why a cache group cannot be used (its stamp absent, unreadable, or not what its files or sources are now),
+    or None."""
+    from mlbench.train.checkpoint import integrity
+
+    stamp = next((f for f in files if f.name.endswith(f"-{_STAMP}")), None)
+    if stamp is None:
+        return "has no mlbench stamp (a run killed while it built it, or an older mlbench's)"
+    try:
+        saved = json.loads(stamp.read_text())
+        want, sources = saved["files"], saved["sources"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its stamp {stamp.name} cannot be read ({type(e).__name__})"
+    have = {f.name: f for f in files if f is not stamp}
+    if sorted(have) != sorted(want):
+        return f"holds {sorted(have)}, built as {sorted(want)}"
+    for name, f in have.items():
+        if integrity.sums(f.parent, [name])[name] != want[name]:
+            return f"{name} is not what was built (cut short, zeroed or rewritten)"
+    for src, st in sources.items():
+        if _source_stamps([src]).get(src) != st:
+            return f"{src} changed since it was built"
+    return None
+
+
 def _drop_broken_cache(cache: Path) -> None:
-    """Remove the index caches megatron would fail on (rank 0 alone, before it builds; the other ranks read the
-    cache only after it): megatron takes a cache whose four files are there as a hit, but writes them in place, so
-    a run killed while it wrote left a file cut short (or empty), and every later run across nodes with the same
-    data aborted reading it ('mmap length is greater than file size', naming no file). Dropping the cache's files
-    (all that share its hash) makes megatron build it again."""
+    """Remove the index caches megatron would misread (rank 0 alone, before it builds; the other ranks read the
+    cache only after it). megatron takes a cache whose files are there as a hit, and writes them in place: a run
+    killed while it wrote left a file cut short (every later run across nodes aborted: 'mmap length is greater
+    than file size', naming no file), and a file zeroed in place (a crash, a full disk) was used silently, every
+    sample the same. Each cache is stamped (`_stamp_cache`) with its files' CRC32-C and the data's size and
+    mtime; one whose stamp is absent or does not hold is dropped (all files that share its hash), with a note,
+    and megatron builds it again."""
     import torch.distributed as dist
 
     if (dist.is_initialized() and dist.get_rank() != 0) or not cache.is_dir():
         return
-    for npy in cache.glob("*.npy"):
-        try:
-            np.load(npy, mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            continue  # its cache dropped already
-        except (OSError, ValueError, EOFError):
-            for f in cache.glob(f"{npy.name.split('-', 1)[0]}-*"):
+    for key, files in _groups(cache).items():
+        if (fault := _cache_fault(files)) is not None:
+            print(f"index cache {cache}/{key}-*: {fault}: built again", file=sys.stderr, flush=True)
+            for f in files:
                 f.unlink(missing_ok=True)
+
+
+def _stamp_cache(cache: Path, sources: list[str]) -> None:
+    """Stamps each cache megatron has just built (rank 0, once the builds are done): its files' sizes and
+    CRC32-C, and the size and mtime of the data it was built from."""
+    import torch.distributed as dist
+
+    from mlbench.train.checkpoint import integrity
+
+    if (dist.is_initialized() and dist.get_rank() != 0) or not cache.is_dir():
+        return
+    for key, files in _groups(cache).items():
+        if any(f.name.endswith(f"-{_STAMP}") for f in files):
+            continue
+        stamp = {"files": integrity.sums(cache, [f.name for f in files]), "sources": _source_stamps(sources)}
+        tmp = cache / f".{key}-{_STAMP}.tmp"
+        tmp.write_text(json.dumps(stamp))
+        os.replace(tmp, cache / f"{key}-{_STAMP}")
 
 
 # ---- the indexed source ---------------------------------------------------------------------------------
@@ -374,6 +442,8 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
     # The data seed, not the run's: every run evaluates on the same set. Kept whole, the split is one epoch
     # (size None): a size would make megatron wrap into a second epoch to fill the partial sequence.
     eval_ = build(d.seed, 1, None if keep_partial else n_eval)
+    _stamp_cache(cache, [f"{p}.{ext}" for blend in (train_blend, eval_blend) if blend for p in blend[0]
+                         for ext in ("bin", "idx")])
     for ds, n, what in ((train, n_train, "training"), (eval_, n_eval, "eval")):
         if ds is None or len(ds) < n:
             raise ValueError(f"the {what} data provides {0 if ds is None else len(ds)} sequences of {seq}; "
