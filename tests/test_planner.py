@@ -283,7 +283,7 @@ def test_plan_search_keeps_the_expert_parallel_size_given(cli) -> None:
     (("--device", "h100", "--nproc-per-node", "8", "--recompute-layers", "0"), "--recompute-layers must be at least 1"),
     (("--device", "h100", "--nproc-per-node", "8", "--recompute-layers", "2"), "it needs --recompute full"),
     (("--device", "h100", "--nodes", "8", "--nproc-per-node", "7"),
-     "3960 break a layout rule, 0 break the closed rules, 0 do not fit); the commonest reason: layout does not"),
+     "1890 break a layout rule, 0 break the closed rules, 0 do not fit); the commonest reason: layout does not"),
 ])
 def test_plan_bad_input_is_one_line_and_exit_2(args, message, cli) -> None:
     p = cli("plan", "gpt3", *args)
@@ -363,6 +363,19 @@ def test_a_search_over_more_devices_than_any_batch_can_feed_says_so(cli) -> None
     divisibility among thousands, where no global batch the search tries gives every data-parallel rank a sample."""
     p = cli("plan", "llama31_8b", "--device", "h100", "--nodes", "100000", "--nproc-per-node", "8")
     out = " ".join(p.stdout.split())
-    assert p.returncode == 2 and "800000 devices split at most 1600 ways by model parallelism leave at least 500 " \
+    assert p.returncode == 2 and "800000 devices split at most 256 ways by model parallelism leave at least 3125 " \
         "data-parallel ranks, more than the largest global batch tried (128, a sample a rank at least): use fewer " \
         "devices" in out, out
+
+
+@pytest.mark.parametrize("nodes, most, fewest", [("100000", "32 ways", 3125), ("3125", "1 way", 3125)])
+def test_a_search_whose_batches_cannot_divide_over_the_data_parallel_ranks_says_so(cli, nodes, most, fewest) -> None:
+    """100,000 H100s for gpt3: 'the commonest reason: 96 layers must divide by pp x vp = 5 x 1', a pp the search
+    need not have tried, where the limit is the batch: at least 3125 data-parallel ranks (5^5 of the devices no
+    model split takes), and no batch tried is a multiple of it."""
+    p = cli("plan", "gpt3", "--device", "h100", "--nodes", nodes)
+    out = " ".join(p.stdout.split())
+    assert p.returncode == 2 and "must divide by pp x vp" not in out, out
+    assert f"{nodes} devices split at most {most} by model parallelism leave at least {fewest} data-parallel ranks, " \
+        "and no global batch tried (1536, 2048, 3072, 4096, 6144, 8192) is a multiple of the data-parallel size x " \
+        "the micro-batch of any layout" in out, out

@@ -99,7 +99,9 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None,
     out = []
     for tp in tps:
         for pp in pps:
-            vps = [v for v in (1, 2, 3, 4, 6, 8, 12) if pp > 1 or v == 1]
+            # (a pp x vp that cannot split the layers, with or without the embedding and loss counted, was tried all
+            # the same: at 100000 devices its 'layers must divide by pp x vp' hid the real limit, the batch)
+            vps = [v for v in _VPS if (pp > 1 or v == 1) and _splits_layers(m.num_layers, pp * v)]
             for vp in vps:
                 for cp in (1, 2, 4, 8):
                     if world % (tp * pp * cp):
@@ -107,6 +109,19 @@ def candidates(bench: Benchmark, world: int, device: Device, gbs: int | None,
                     for mbs in sorted({1, 2, 4, bench.train.micro_batch_size}):
                         out += [Candidate(tp, pp, vp, cp, mbs, b, ep) for b in batches for ep in eps]
     return out
+
+
+_VPS = (1, 2, 3, 4, 6, 8, 12)  # virtual stages per rank tried
+
+
+def _splits_layers(layers: int, stages: int) -> bool:
+    """Whether LAYERS (plus the embedding and the loss, where counted) split evenly over STAGES (pp x vp)."""
+    return any((layers + extra) % stages == 0 for extra in (0, 1, 2))
+
+
+def _fmt_batches(batches: set[int]) -> str:
+    shown = sorted(batches)
+    return ", ".join(map(str, shown[:6])) + (", ..." if len(shown) > 6 else "")
 
 
 def _batches(bench: Benchmark) -> list[int]:
@@ -127,9 +142,12 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
     rejected_batches: dict[int, str | None] = {}
     reasons: dict[str, int] = {}  # why candidates break the layout rules, and how many
     most_split, largest_batch = 1, 0  # the most model-parallel ranks and the largest global batch tried
+    batch_divides, batches_tried = False, set()  # whether any candidate's batch divides over its data-parallel ranks
     for c in candidates(bench, world, device, gbs, ep):
         counts["candidates"] += 1
         most_split, largest_batch = max(most_split, c.tp * c.pp * c.cp), max(largest_batch, c.gbs)
+        batch_divides |= c.gbs % (world // (c.tp * c.pp * c.cp) * c.mbs) == 0
+        batches_tried.add(c.gbs)
         try:
             layout = resolve(c.tp, c.pp, c.vp, c.cp, c.mbs, c.gbs, c.ep)
         except UserError as e:
@@ -156,10 +174,17 @@ def search(bench: Benchmark, device: Device, nodes: int, nproc_per_node: int, gb
         why = next((f"; at global batch {b} the closed rules reject {w}" for b, w in rejected_batches.items() if w), "")
         if reasons and counts["invalid"] == counts["candidates"]:
             why = f"; the commonest reason: {max(reasons, key=reasons.get)}"
-            if (fewest := -(-world // most_split)) > largest_batch:  # no batch has a sample a data-parallel rank
+            fewest = -(-world // most_split)
+            if fewest > largest_batch:  # no batch has a sample a data-parallel rank
                 why = (f": {world} devices split at most {most_split} ways by model parallelism leave at least "
                        f"{fewest} data-parallel ranks, more than the largest global batch tried ({largest_batch}, "
                        f"a sample a rank at least): use fewer devices")
+            elif not batch_divides:  # (said as the commonest reason a pp that cannot split the layers gave)
+                ways = f"{most_split} way{'s' * (most_split > 1)}"
+                why = (f": {world} devices split at most {ways} by model parallelism leave at least {fewest} "
+                       f"data-parallel ranks, and no global batch tried ({_fmt_batches(batches_tried)}) is a multiple "
+                       f"of the data-parallel size x the micro-batch of any layout: use a device count whose "
+                       f"data-parallel size divides the batch, or pass --global-batch-size")
         raise UserError(f"no layout of {bench.name} on {nodes} x {nproc_per_node} {device.name} passes the layout "
                         f"rules{', the closed rules' if closed_rules_ok else ''} and fits in memory "
                         f"({counts['candidates']} tried: {counts['invalid']} break a layout rule, "
