@@ -96,7 +96,9 @@ def result_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Pat
     check_name("--system", system)
     check_name("the benchmark", benchmark)
     folder = Path(root) / system / benchmark
-    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    # deepest first; the run's own folders (logs/, .slurm/) only where this run made them: a user's empty logs/ was
+    # removed at the end of a run
+    created = [p for p in (folder / ".slurm", folder / "logs", folder, *folder.parents) if not os.path.lexists(p)]
     try:  # from the first folder made on: whatever ends this (a stop signal too) removes what is left empty
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -131,7 +133,7 @@ def _check_links(folder: Path) -> None:
 
 
 def _remove_empty(folder: Path, created: list[Path]) -> None:
-    for p in [folder / ".slurm", folder / "logs", *created]:  # deepest first
+    for p in created:  # deepest first
         with contextlib.suppress(OSError):
             p.rmdir()  # only if empty
 

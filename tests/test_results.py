@@ -244,6 +244,21 @@ def test_a_refused_run_leaves_no_empty_folders(tmp_path: Path) -> None:
     assert [p.name for p in root.iterdir()] == ["sys"] and not list((root / "sys").iterdir())
 
 
+def test_a_users_empty_logs_and_slurm_folders_are_left_where_a_run_made_its_own_go(tmp_path: Path) -> None:
+    """An empty logs/ or .slurm/ the user made in the benchmark folder was removed at the end of a run: mlbench
+    removes only the empty folders it made."""
+    mine = tmp_path / "sys" / "gpt3"
+    (mine / "logs").mkdir(parents=True)
+    (mine / ".slurm").mkdir()
+    with results.result_folder(tmp_path, "sys", "gpt3"):
+        pass
+    assert (mine / "logs").is_dir() and (mine / ".slurm").is_dir()
+    (mine / "logs").rmdir()
+    with results.result_folder(tmp_path, "sys", "gpt3") as folder:
+        (folder / "logs").mkdir()  # the run's own, left empty
+    assert not (mine / "logs").exists() and (mine / ".slurm").is_dir()
+
+
 def test_an_unwritable_results_folder_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="is not writable"), results.result_folder(tmp_path / "file", "s", "b"):
