@@ -36,7 +36,6 @@ from mlbench.logfile import (
     holds_token,
     load_json,
     text,
-    tree_glob,
     why_not_a_file,
 )
 
@@ -462,7 +461,7 @@ def targets(path: Path, ruleset: str | None, rules: str) -> list[Target]:
     if (why := given_path_problem(path)) is not None:
         raise UserError(printable(why))
     unlisted: list[tuple[Path, str]] = []
-    files = [path] if not path.is_dir() else tree_glob(path, "result_*.txt", unlisted)
+    files = [path] if not path.is_dir() else _result_logs(path, unlisted)
     if not files and unlisted:  # (it said 'no result_*.txt files here' of a folder of them it could not list)
         raise UserError(printable(f"{unlisted[0][0]}: cannot be listed ({unlisted[0][1]}); a folder of result logs "
                                   f"must be readable by the user running mlbench"))
@@ -555,10 +554,23 @@ def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -
     return False if failed else None if unchecked else True
 
 
+def _result_logs(path: Path, unlisted: list[tuple[Path, str]]) -> list[Path]:
+    """The result_*.txt under the folder PATH that score reads too (none in a hidden folder: analysis.logs)."""
+    from mlbench.analysis.logs import result_logs  # (analysis reads logs; imported where a folder is checked)
+
+    return result_logs(path, unlisted)[0]
+
+
 def _unpublished_notes(path: Path) -> list[str]:
-    """The runs under the folder PATH whose mlbench died before it published them (analysis.logs says which)."""
+    """The runs under the folder PATH whose mlbench died before it published them, the result logs in hidden folders
+    passed over, and those named otherwise than mlbench names a result (analysis.logs says which, as score does)."""
     if not path.is_dir():
         return []
-    from mlbench.analysis.logs import unpublished_notes  # (analysis reads logs; imported where a folder is checked)
+    from mlbench.analysis.logs import name_notes, result_logs, unpublished_notes
 
-    return unpublished_notes(path)
+    found, hidden = result_logs(path, [])
+    by_folder: dict[Path, list[Path]] = {}
+    for f in found:
+        by_folder.setdefault(f.parent, []).append(f)
+    names = [f"{printable(d)}: {n}" if d != path else n for d, fs in sorted(by_folder.items()) for n in name_notes(fs)]
+    return [*hidden, *names, *unpublished_notes(path)]

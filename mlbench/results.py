@@ -307,9 +307,35 @@ def _in_use(staging: Path) -> bool:
     return False
 
 
-def _taken(folder: Path, i: int) -> bool:
-    return any(p.exists() or p.is_symlink() for p in (folder / f"result_{i}.txt", folder / f"result_{i}.json",
-                                                      folder / "logs" / f"result_{i}"))
+# A result's name: result_<i>.txt and its record result_<i>.json, <i> a number (mlbench writes it without leading
+# zeros). A name of the pattern written otherwise (result_007.txt, by hand) still holds its number: a run never
+# claims 7 beside it, and analysis, which reads every result_*.txt as the official summarizer does, says it.
+_NUMBERED = re.compile(r"result_([0-9]{1,18})\.(txt|json)")
+
+
+def index_of(name: str) -> int | None:
+    """The index a result or record file's NAME holds (7 for result_7.txt and result_007.json); None for others."""
+    m = _NUMBERED.fullmatch(name)
+    return int(m[1]) if m else None
+
+
+def canonical(name: str) -> bool:
+    """Whether NAME is a result or record name as mlbench writes it (result_7.txt, not result_007.txt)."""
+    i = index_of(name)
+    return i is not None and name in (f"result_{i}.txt", f"result_{i}.json")
+
+
+def _held_by_hand(folder: Path) -> set[int]:
+    """The indices held by result or record names mlbench does not write (result_007.txt holds 7): the next run
+    wrote result_7.txt beside result_007.txt, two files of one index."""
+    with contextlib.suppress(OSError):
+        return {i for n in os.listdir(folder) if (i := index_of(n)) is not None and not canonical(n)}
+    return set()
+
+
+def _taken(folder: Path, i: int, held: set[int] = frozenset()) -> bool:
+    return i in held or any(p.exists() or p.is_symlink() for p in (
+        folder / f"result_{i}.txt", folder / f"result_{i}.json", folder / "logs" / f"result_{i}"))
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -344,9 +370,9 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
     try:
         with open(log, "rb+") as f:
             os.fsync(f.fileno())  # on disk before it is a result
-        i = 0
+        i, held = 0, _held_by_hand(folder)
         while True:
-            if _taken(folder, i):
+            if _taken(folder, i, held):
                 i += 1
                 continue
             staged = staging / f"result_{i}.json"

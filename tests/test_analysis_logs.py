@@ -297,3 +297,58 @@ def test_a_run_record_without_its_log_is_said_left_out_by_score_and_check(tmp_pa
     (d / "result_1.txt").unlink()  # none left to read: the refusal names them
     with pytest.raises(UserError, match=r"no result_\*\.txt files here.*3 run record\(s\) without their log"):
         find_sets(tmp_path)
+
+
+@pytest.mark.parametrize("hidden", [".old/llama31_8b", "llama31_8b/.staging-1-2-h@3-x", ".trash"])
+def test_result_logs_in_a_hidden_folder_are_passed_over_with_a_note_by_score_and_check(tmp_path, hidden):
+    """R/.old/llama31_8b/result_0.txt (runs put aside) or a staging folder's copy was scored, compared and checked
+    as a set of R; a hidden folder holds no published result: passed over, said. Given itself, it is read."""
+    from mlbench.compliance import _unpublished_notes, targets
+
+    root = tmp_path / "R"
+    _our_set(root, "sysA", 8, 1.0, 16)
+    aside = root / "sysA" / hidden
+    aside.mkdir(parents=True)
+    (aside / "result_0.txt").write_text(tiny_log(step_s=3.0))
+    sets = find_sets(root)
+    assert [s.folder for s in sets] == [(root / "sysA" / "llama31_8b").resolve()]
+    top = root / "sysA" / hidden.split("/")[0] if hidden.startswith(".") else aside
+    note = f"{top}: 1 result_*.txt in a hidden folder, not read"
+    assert any(n.startswith(note) for n in sets[0].left_out_notes), sets[0].left_out_notes
+    assert all(".old" not in str(t.path) and ".staging" not in str(t.path) and ".trash" not in str(t.path)
+               for t in targets(root, None, "auto"))
+    assert any(n.startswith(note) for n in _unpublished_notes(root))  # check says it too
+    assert [f.name for s in find_sets(aside) for f in s.files] == ["result_0.txt"]  # given, it is read
+    for f in (root / "sysA" / "llama31_8b").glob("result_*"):
+        f.unlink()
+    with pytest.raises(UserError, match="no result_.*hidden folder, not read"):  # nothing else there: said why
+        find_sets(root)
+
+
+def test_a_result_name_with_leading_zeros_holds_its_index_for_run_score_and_check(tmp_path):
+    """result_007.txt beside result_7.txt: the next run claimed index 7 beside result_007 (two logs of one index),
+    and score and check read both without a word. The rule (mlbench.results.index_of): a result_<digits> name holds
+    its number; a run claims no index one holds; analysis reads every result_*.txt (as the official summarizer does)
+    and says a name mlbench does not write, and the other log of its index."""
+    from mlbench import results
+    from mlbench.compliance import _unpublished_notes
+
+    d = _our_set(tmp_path, "sysA", 8, 1.0, 16, n=1)
+    (d / "result_007.txt").write_text(tiny_log(step_s=2.0))
+    (d / "result_007.json").write_text(json.dumps({"devices": 8}))
+    staging = results.stage(d)
+    (staging / "mlperf.log").write_text(tiny_log())
+    for i in range(1, 7):
+        (d / "logs" / f"result_{i}").mkdir(parents=True)  # indices 1 to 6 held: the next free one is 8, not 7
+    assert results.publish(d, staging, {"status": "success"}).name == "result_8.txt"
+    (d / "result_7.txt").write_text(tiny_log(step_s=2.5))
+    (d / "result_7.json").write_text(json.dumps({"devices": 8}))
+    said = ("result_007.txt: not a result name mlbench writes (result_<i>.txt, <i> a number without leading zeros): "
+            "read as another run, as the official summarizer reads every result_*.txt; result_7.txt holds index 7 "
+            "too: two logs of one index")
+    s = find_sets(tmp_path)[0]
+    assert [f.name for f in s.files] == ["result_0.txt", "result_007.txt", "result_7.txt", "result_8.txt"]
+    assert said in s.left_out_notes, s.left_out_notes
+    assert f"{d}: {said}" in _unpublished_notes(tmp_path)  # check says it too
+    assert results.index_of("result_007.json") == 7 and not results.canonical("result_007.txt")
+    assert results.canonical("result_0.txt") and results.index_of("result_x.txt") is None

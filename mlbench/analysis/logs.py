@@ -716,7 +716,8 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
     folders: dict[Path, list[Path]] = {}
     others: dict[Path, list[str]] = {}  # result_*.txt that are no file to read (a pipe, a folder, a dead link)
     unlisted: list[tuple[Path, str]] = []
-    for f in tree_glob(path, RESULT_GLOB, unlisted):
+    found, hidden = result_logs(path, unlisted)
+    for f in found:
         if (why := why_not_a_file(f)) is None:
             _check_readable(f)
             folders.setdefault(f.parent, []).append(f)
@@ -730,16 +731,60 @@ def find_sets(path: Path, steps: bool = True) -> list[ResultSet]:
         first = next((f"; {printable(d / notes[0])}" for d, notes in sorted(others.items())), "")
         # a folder of one killed run, PATH itself or a benchmark folder under it (`score results/`): said, not
         # published
-        dead = "".join(f"; {n}" for n in unpublished_notes(path))
+        dead = "".join(f"; {n}" for n in [*hidden, *unpublished_notes(path)])
         raise UserError(f"{printable(path)}: no result_*.txt files here (expected a benchmark folder of result_*.txt "
                         f"or a submission tree ORG/results/<system>/<benchmark>/){first}{dead}")
     # a benchmark folder under PATH that holds only runs not published yet (their mlbench killed): no set of its
     # own to say it in, so said with the first set's notes, naming the folder (it was not said at all)
     stray = [n for d in _holding_staging(path) if d not in folders for n in _unpublished(d, named=True)]
-    stray += _unlisted_notes(unlisted)
+    stray += _unlisted_notes(unlisted) + hidden
     first = min(folders)
-    return [_make_set(d, _natural(fs), steps, others.get(d, []) + (stray if d == first else []))
+    return [_make_set(d, _natural(fs), steps, others.get(d, []), name_notes(fs) + (stray if d == first else []))
             for d, fs in sorted(folders.items())]
+
+
+def result_logs(path: Path, unlisted: list[tuple[Path, str]]) -> tuple[list[Path], list[str]]:
+    """The result_*.txt under the folder PATH that analysis reads (`score`, `compare`, `scaling` and `check` alike),
+    and a note for each hidden folder under PATH whose result_*.txt it passes over: a hidden folder holds no
+    published result (a run's staging folder, a set put aside as .old): R/.old/gpt3 was scored as a set of R.
+    PATH itself, hidden or not, is read: given, it is meant."""
+    kept: list[Path] = []
+    hidden: dict[Path, int] = {}
+    for f in tree_glob(path, RESULT_GLOB, unlisted):
+        parts = f.relative_to(path).parts[:-1]
+        first = next((n for n, part in enumerate(parts) if part.startswith(".")), None)
+        if first is None:
+            kept.append(f)
+        else:
+            top = path.joinpath(*parts[:first + 1])
+            hidden[top] = hidden.get(top, 0) + 1
+    notes = [printable(f"{d}: {n} result_*.txt in a hidden folder, not read (a hidden folder holds no published "
+                       f"result: a run's staging folder, or runs put aside); pass that folder itself to read them")
+             for d, n in sorted(hidden.items())]
+    return kept, notes
+
+
+def name_notes(files: list[Path]) -> list[str]:
+    """A note for each result log of one folder named otherwise than mlbench names a result (result_007.txt, not
+    result_7.txt): read all the same, as the official summarizer reads every result_*.txt, and said, with the other
+    file of its index where there is one (mlbench.results.index_of: a run claims no index such a name holds)."""
+    from mlbench import results
+
+    by_index: dict[int, list[str]] = {}
+    for f in files:
+        if (i := results.index_of(f.name)) is not None:
+            by_index.setdefault(i, []).append(f.name)
+    notes = []
+    for f in files:
+        if results.canonical(f.name):
+            continue
+        i = results.index_of(f.name)
+        same = [n for n in by_index.get(i, []) if n != f.name] if i is not None else []
+        also = f"; {', '.join(same)} holds index {i} too: two logs of one index" if same else ""
+        notes.append(printable(f"{f.name}: not a result name mlbench writes (result_<i>.txt, <i> a number without "
+                               f"leading zeros): read as another run, as the official summarizer reads every "
+                               f"result_*.txt{also}"))
+    return notes
 
 
 def _unlisted_notes(unlisted: list[tuple[Path, str]]) -> list[str]:
@@ -806,8 +851,10 @@ def _unpublished(folder: Path, named: bool = False) -> list[str]:
     return said
 
 
-def _make_set(folder: Path, files: list[Path], steps: bool = True, others: list[str] = ()) -> ResultSet:
-    """The set of FILES in FOLDER; OTHERS: what was left out of it already, said in its notes."""
+def _make_set(folder: Path, files: list[Path], steps: bool = True, others: list[str] = (),
+              notes: list[str] = ()) -> ResultSet:
+    """The set of FILES in FOLDER; OTHERS: its result_*.txt that are no file to read, said in its notes, as NOTES
+    are."""
     folder = folder.resolve()
     # mlbench publishes a run's record before its log: in a folder of its runs, a log without a record beside it
     # (or with one that cannot be read) was not published by it (left by hand, or a copy), and would be scored as a
@@ -823,7 +870,7 @@ def _make_set(folder: Path, files: list[Path], steps: bool = True, others: list[
     else:
         left_out = [f"{f.name}: read as a log without a run record: {wrong[f]}" for f in files if wrong[f]]
     files = recorded or files
-    left_out += [*others, *_unpublished(folder)]
+    left_out += [*others, *notes, *_unpublished(folder)]
     system = folder.parent.name
     org_root = None
     # ORG/results/<system>/<benchmark>/result_*.txt
