@@ -81,6 +81,23 @@ def test_json_output_shape():
     assert d["benchmark"] == "gpt3" and d["ruleset"] == "4.1.0"
     assert {"file", "status", "ttt_min", "compliant"} <= set(d["runs"][0])
     assert d["score_min"] == pytest.approx(50.628104, abs=1e-4)
+    # the set's batch and the summarizer's RCP column, as its detailed table gives them (GBS was missing)
+    assert d["global_batch"] == 2048 and d["rcp_status"] == "Pass"
+
+
+def test_the_json_rcp_status_is_the_summarizers_column_and_none_where_it_gives_none() -> None:
+    """score --json gave 'Skipped' for an open set and 'Fail: RCP checker failed: ...' where the checker stops, where
+    the summarizer's detailed table has no RCP value (it runs the check in the closed division alone, and catches
+    what the checker raises); its values are Pass, Fail, Interp. Fail, Missing, No RCP and Unknown state."""
+    from mlbench.analysis.score import RcpResult, SetScore, official_rcp
+
+    assert [official_rcp(True, "RCP found"), official_rcp(False, "RCP found"), official_rcp(False, "RCP Interpolation"),
+            official_rcp(False, "Missing RCP, please update RCP for BS = 96"),
+            official_rcp(False, "Cannot find any RCPs"), official_rcp(False, "Could not detect global_batch_size")] \
+        == ["Pass", "Fail", "Interp. Fail", "Missing", "No RCP", "Unknown state"]
+    s = SetScore("gpt3", "4.1.0", "f", "l", "s", "open", None, "unknown", [], 3, None,
+                 RcpResult("Skipped", "no RCP check for division 'open'", 1.0, None), 1.0, None, None)
+    assert s.to_json()["rcp_status"] is None and s.to_json()["rcp"]["status"] == "Skipped"
 
 
 def _copy_google(tmp_path: Path, scaling: bool = True) -> Path:
@@ -363,6 +380,8 @@ def test_the_rcp_verdict_follows_the_folders_order_as_the_official_checkers_does
         assert official == ("Pass" if first else "KeyError"), official  # KeyError 'epoch_num', in either place)
     [s] = score_path(folder, "5.1.0", jobs=1)
     said = " ".join(s.notes)
+    # the summarizer's RCP column: none where its checker stops (it catches the exception)
+    assert s.to_json()["rcp_status"] == {"Pass": "Pass", "Fail": "Fail"}.get(official), (s.rcp, official)
     if key == "global_batch_size":
         assert s.rcp.status == ("Pass" if first else "Fail: RCP checker failed: KeyError: None"), s.rcp
         assert f"{name}: no global_batch_size logged; the official RCP checker reads the set in the folder's order (" \

@@ -249,6 +249,7 @@ def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -
     doc = json.loads(out)
     assert code == 0 and len(doc) == 2 and "None" not in out, out
     assert doc[1]["rcp"]["message"] == "no RCP check (the logs state no submission_division)", doc[1]
+    assert doc[1]["rcp_status"] is None  # (the summarizer checks RCP in the closed division alone)
 
 
 def test_a_report_of_many_sets_stays_readable_and_names_are_not_maths(tmp_path, mlbench) -> None:
@@ -718,7 +719,7 @@ def test_the_rcp_checker_is_not_run_on_a_line_it_could_not_read_in_time(tmp_path
 
     monkeypatch.setattr(mlperf_tools, "rcp_check_files", ran)
     notes: list[str] = []
-    ok, msg, factor = score.rcp_check([f], "llama31_8b", "5.1.0", notes)
+    ok, msg, factor, _ = score.rcp_check([f], "llama31_8b", "5.1.0", notes)
     assert not ok and factor == 1.0 and msg.startswith("RCP checker not run, as it could not read result_0.txt in "
                                                        "time: line 128 is 1,000,"), msg
 

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from mlbench import compliance, mlperf_tools
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets, holds_no_log, passed_over
@@ -53,6 +54,17 @@ class RcpResult:
     message: str
     factor_computed: float
     scaling_json: float | None
+    # The official summarizer's RCP column for the set ('Pass', 'Fail', 'Interp. Fail', 'Missing', 'No RCP',
+    # 'Unknown state'); None where it computes none: a division not closed, a checker that stops on a file, a tiny
+    # set (no reference), or a check not run here.
+    official: str | None = None
+
+
+class RcpCheck(NamedTuple):
+    ok: bool
+    message: str
+    factor: float
+    official: str | None  # the summarizer's RCP column (`official_rcp`), before any correction made here
 
 
 @dataclass
@@ -73,10 +85,14 @@ class SetScore:
     score_min: float | None
     official_score_min: float | None
     notes: list[str] = field(default_factory=list)
+    # the set's global batch: the one its runs of its benchmark log (None where none does, or they differ), as the
+    # official summarizer's GBS column
+    global_batch: int | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["rcp_status"] = self.rcp.status
+        # the official summarizer's RCP column (null where it gives none); `rcp.status` is the verdict here
+        d["rcp_status"] = self.rcp.official
         return d
 
 
@@ -89,22 +105,24 @@ def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,
     return [(v.ok, [" ".join(m.split())[:300] for m in v.messages]) for v in got]
 
 
-def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str]) -> tuple[bool, str, float]:
+def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str]) -> RcpCheck:
     """The official RCP check on exactly FILES (copied into a temp folder, so nothing is written beside them).
     Not run where a file's long lines would keep it past the checker's limit: it runs in this process, without
     one (a 3.5 MB line kept `score` busy for hours)."""
     for f in files:
         if (why := compliance.tools_cannot_read(f)) is not None:
-            return False, f"RCP checker not run, as it could not read {f.name} in time: {why}", 1.0
+            return RcpCheck(False, f"RCP checker not run, as it could not read {f.name} in time: {why}", 1.0, None)
     with tempfile.TemporaryDirectory(prefix="mlbench-rcp-") as td:
         try:
             ok, msg, factor, per_file = mlperf_tools.rcp_check_files(files, ruleset, Path(td))
         except mlperf_tools.ToolsChanged:
             raise
         except Exception as e:  # the RCP checker on input it does not expect (it validates nothing)
-            return False, f"RCP checker failed{_stopped_on(files, ruleset)}: {type(e).__name__}: {e}", 1.0
+            return RcpCheck(False, f"RCP checker failed{_stopped_on(files, ruleset)}: {type(e).__name__}: {e}", 1.0,
+                            None)  # (the summarizer catches it and gives no RCP column)
     # Trap: a non-converged run is marked 1e9; gpt3 counts tokens (~1.2e9), so the marker sorts as the fastest
     # run. Redo the comparison with the marker as +inf (the slowest), same references.
+    official = official_rcp(ok, msg)
     failed = [i for i, (conv, *_rest) in enumerate(per_file) if not conv]
     real = [e for conv, e, _ in per_file if conv]
     if len(failed) == 1 and real and min(real) > 1e9 and msg != "Could not detect global_batch_size":
@@ -112,38 +130,39 @@ def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str])
         try:
             ok2, msg2, f2 = mlperf_tools.Rcp(benchmark, ruleset).dispatch(per_file[0][2], epochs)
         except ValueError:
-            return ok, msg, factor
+            return RcpCheck(ok, msg, factor, official)
         notes.append(
             f"{files[failed[0]].name} did not converge: the official RCP checker marks it 1e9 samples, "
             f"below {benchmark}'s real counts (~{min(real):.3g} tokens), so it sorts as the fastest run "
             f"(official: {'Pass' if ok else 'Fail'}, factor {factor:.4f}); here it sorts as the slowest "
             f"({'Pass' if ok2 else 'Fail'}, factor {f2:.4f}).")
-        return ok2, msg2, f2
-    return ok, msg, factor
+        return RcpCheck(ok2, msg2, f2, official)
+    return RcpCheck(ok, msg, factor, official)
 
 
-def _left_out_of_rcp(left: list[RunLog], every: list[Path], ruleset: str) -> str:
+def _left_out_of_rcp(left: list[RunLog], every: list[Path], ruleset: str) -> tuple[str, str | None]:
     """The note for runs LEFT out of the set's RCP check (naming no benchmark, or another's), with what the official
     RCP checker makes of EVERY result file of the folder, as the summarizer runs it: in the folder's own order, since
-    a file naming no benchmark is passed over where it comes first and stops the checker elsewhere (KeyError: None)."""
+    a file naming no benchmark is passed over where it comes first and stops the checker elsewhere (KeyError: None).
+    With the summarizer's RCP column for the folder (`official_rcp`; None where the checker stops, or was not run)."""
     nameless = [r.name for r in left if r.benchmark is None]
     foreign = [f"{r.name} ({r.benchmark})" for r in left if r.benchmark is not None]
     what = "; ".join([*([f"{', '.join(nameless)}: no submission_benchmark read"] if nameless else []),
                       *([f"{', '.join(foreign)}: another benchmark's log"] if foreign else [])])
     every = mlperf_tools.listing_order(every)
-    official = "is not run here (a file it could not read in time)"
+    official, column = "is not run here (a file it could not read in time)", None
     if all(compliance.tools_cannot_read(f) is None for f in every):
         with tempfile.TemporaryDirectory(prefix="mlbench-rcp-") as td:
             try:
                 ok, msg, factor, _ = mlperf_tools.rcp_check_files(every, ruleset, Path(td))
-                official = f"gives {_rcp_status(ok, msg)} ({msg}, factor {factor:.4f})"
+                official, column = f"gives {_rcp_status(ok, msg)} ({msg}, factor {factor:.4f})", official_rcp(ok, msg)
             except mlperf_tools.ToolsChanged:
                 raise
             except Exception as e:  # (as in rcp_check: it validates nothing)
                 official = f"stops on such a file ({type(e).__name__}: {e}) and the summarizer gives no RCP verdict " \
                            f"for the set"
     return (f"{what}, so left out of the RCP check here; the official RCP checker, reading every result_*.txt of "
-            f"the folder in its order ({', '.join(f.name for f in every)}), {official}")
+            f"the folder in its order ({', '.join(f.name for f in every)}), {official}"), column
 
 
 def _stopped_on(files: list[Path], ruleset: str) -> str:
@@ -155,6 +174,15 @@ def _stopped_on(files: list[Path], ruleset: str) -> str:
         except Exception:  # (as above: whatever the reader raises)
             return f" on {f.name}"
     return ""
+
+
+def official_rcp(ok: bool, msg: str) -> str:
+    """The RCP column result_summarizer writes for a set the RCP checker gave (OK, MSG)
+    (_compute_strong_scaling_scores)."""
+    if ok:
+        return "Pass"
+    known = {"RCP found": "Fail", "RCP Interpolation": "Interp. Fail", "Cannot find any RCPs": "No RCP"}
+    return known.get(msg, "Missing" if "Missing" in msg else "Unknown state")
 
 
 def _rcp_status(ok: bool, msg: str) -> str:
@@ -294,6 +322,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         source = "the systems json" if (rs.system_desc or {}).get("division") == division else "the first run"
         notes.append(f"the runs log different submission_division values ({each}): judged as {division}, from "
                      f"{source}")
+    batches = {r.gbs for r, _ in same if r.benchmark in (benchmark, None)}
     if (each := _differ([r for r, _ in same if r.benchmark in (benchmark, None)], lambda r: r.gbs)) is not None:
         notes.append(f"the runs log different global_batch_size values ({each}): a set is one batch (the RCP "
                      f"checker compares it with the RCP at one, and fails a set of several)")
@@ -324,7 +353,7 @@ def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = N
         division=division, devices=n_dev, devices_from=dev_from, runs=scored,
         required_runs=mlperf_tools.required_runs(benchmark),
         olympic_min=olympic, rcp=rcp, rcp_factor=factor, score_min=score, official_score_min=official,
-        notes=notes)
+        notes=notes, global_batch=next(iter(batches)) if len(batches) == 1 else None)
 
 
 def _rcp_verdict(rs: ResultSet, same: list[tuple[RunLog, RunScore]], benchmark: str | None, ruleset: str,
@@ -337,15 +366,18 @@ def _rcp_verdict(rs: ResultSet, same: list[tuple[RunLog, RunScore]], benchmark: 
         rcp = RcpResult("Skipped", "tiny runs have no reference convergence points", 1.0, scaling_json)
     elif division == "closed" and benchmark:
         files = mlperf_tools.listing_order([r.path for r, _ in same if r.benchmark == benchmark])
-        if left := [r for r, _ in same if r.benchmark != benchmark]:
-            notes.append(_left_out_of_rcp(left, [r.path for r, _ in same], ruleset))
+        left = [r for r, _ in same if r.benchmark != benchmark]
+        if left:
+            note, every_file = _left_out_of_rcp(left, [r.path for r, _ in same], ruleset)
+            notes.append(note)
         if batchless := [f.name for f in files if f.name in {r.name for r, _ in same if r.gbs is None}]:
             notes.append(f"{', '.join(batchless)}: no global_batch_size logged; the official RCP checker reads the "
                          f"set in the folder's order ({', '.join(f.name for f in files)}) and passes over such a file "
                          f"only where it comes first (elsewhere: KeyError: None), so its verdict, and this one, hangs "
                          f"on that order")
-        ok, msg, computed = rcp_check(files, benchmark, ruleset, notes)
-        rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json)
+        ok, msg, computed, official = rcp_check(files, benchmark, ruleset, notes)
+        # (the summarizer's column is its checker's on every file of the folder, these left out or not)
+        rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json, every_file if left else official)
     else:
         ok, computed = False, 1.0
         why = f"for division {division!r}" if division else "(the logs state no submission_division)"
