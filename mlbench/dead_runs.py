@@ -91,7 +91,8 @@ def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
-    return results.publish(folder, staging, rec | {"exit_code": None}), note + unread  # nobody saw it exit
+    return (results.publish(folder, staging, rec | {"exit_code": None, "launcher_exit_code": None}),  # nobody saw it
+            note + unread)
 
 
 def _own_files(staging: Path) -> None:

@@ -83,6 +83,19 @@ def time_to_train(log: Path) -> float | None:
     return log_time_to_train(log)
 
 
+def exit_code(outcome: Outcome) -> int:
+    """The run's exit code in the record, the same for the same end whatever launched it: 0 where the launcher exited
+    0, 128 + the signal where a stop signal ended it (as a set stopped by one ends), else 1. The launcher's own code
+    differs by launcher (kept as launcher_exit_code): a one-process run's rank exits 3 for a crash and 1 for a target
+    not reached, 6 stopped, while mlbench's agent, torchrun and srun exit 1 for any failed rank."""
+    if outcome.exit_code == 0:
+        return 0
+    if outcome.signal:
+        with contextlib.suppress(KeyError):
+            return 128 + signal.Signals[outcome.signal].value
+    return 1
+
+
 def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, verdict, ttt: float | None,
            env: dict, device: str = "") -> dict:
     steps = [e for e in outcome.events if e.get("event") == "step"]
@@ -93,7 +106,8 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "variant": bench.variant,
         "status": outcome.status,
         "reason": outcome.reason,
-        "exit_code": outcome.exit_code,
+        "exit_code": exit_code(outcome),
+        "launcher_exit_code": outcome.exit_code,
         "seed": plan.seed,
         "time_to_train_s": ttt,
         "quality": {"metric": bench.quality.metric, "target": bench.quality.target,

@@ -1366,3 +1366,20 @@ def test_the_final_read_of_a_jobs_output_ends_at_what_it_held(tmp_path: Path, mo
     shown = io.StringIO()
     slurm.JobOutput(out, Console(file=shown, width=300), drop_progress=False).show(last=True)
     assert shown.getvalue().startswith("x" * 10) and len(shown.getvalue()) <= 14, shown.getvalue()
+
+
+@pytest.mark.parametrize("ended", ["target reached", "aborted", "crashed", "stopped by SIGINT", "stopped by SIGTERM"])
+def test_the_records_exit_code_is_the_same_for_the_same_end_whatever_launched_it(ended: str) -> None:
+    """The record's exit_code was the launcher's own: a one-process run's rank exits 3 for a crash (mlbench's agent,
+    torchrun and srun: 1) and 6 when stopped (the agent: 128 + the signal). Now one code for one end; the launcher's
+    kept as launcher_exit_code."""
+    from mlbench.launch.supervise import Outcome
+    from mlbench.runner import exit_code
+
+    # each launcher's own exit status for that end: the rank itself (one process), mlbench's agent, torchrun, srun
+    codes = {"target reached": (0, 0, 0, 0), "aborted": (1, 1, 1, 1), "crashed": (3, 1, 1, 1),
+             "stopped by SIGINT": (6, 130, 1, 1), "stopped by SIGTERM": (6, 143, 1, 1)}[ended]
+    sig = ended.rpartition(" ")[2] if ended.startswith("stopped") else ""
+    status = "success" if ended == "target reached" else "aborted"
+    said = {exit_code(Outcome(status=status, exit_code=c, signal=sig)) for c in codes}
+    assert said == {{"target reached": 0, "stopped by SIGINT": 130, "stopped by SIGTERM": 143}.get(ended, 1)}, said
