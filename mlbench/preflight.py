@@ -974,6 +974,10 @@ class MemoryDevice:
     capacity: float  # bytes
     ranks: int = 1
     process_bytes: int = 0
+    # the layer specs the ranks build (train.model.config.attention_backend): a GPU here without Transformer
+    # Engine runs sdpa, where BERT and gpt_oss keep megatron's local attention and its s x s probabilities; None:
+    # a GPU elsewhere, planned with the published stack's (te)
+    attention: str | None = None
 
 
 def memory_device(req: RunRequest, here: DeviceFacts | None, cpu: MemoryDevice | None) -> MemoryDevice | None:
@@ -991,13 +995,19 @@ def memory_device(req: RunRequest, here: DeviceFacts | None, cpu: MemoryDevice |
         if req.device.lower() not in gpus:  # (devices.get's message offers cpu, which a run refuses)
             raise UserError(f"unknown device {shown(req.device)}; --device names a GPU: one of {', '.join(gpus)}")
         d = devices.get(req.device)
-        return MemoryDevice(d.name, d.memory_bytes)
+        return MemoryDevice(d.name, d.memory_bytes, attention=gpu_attention_here() if here and here.gpu else None)
     if here is None:
         return None
     if here.gpu:
         d = devices.find(here.name)
-        return MemoryDevice(d.name, d.memory_bytes) if d else None
+        return MemoryDevice(d.name, d.memory_bytes, attention=gpu_attention_here()) if d else None
     return cpu
+
+
+def gpu_attention_here() -> str:
+    """The layer specs a rank on this machine's GPU builds (train.model.config.attention_backend), told without
+    importing torch: Transformer Engine's where it is installed, else local specs with PyTorch's fused attention."""
+    return "te" if _importable("transformer_engine") else "sdpa"
 
 
 # What a rank process holds on a CPU beyond its model's memory plan: its private pages (Private_Clean + Private_Dirty
@@ -1033,13 +1043,13 @@ def check_memory(bench: Benchmark, layout: Layout, device: MemoryDevice | None, 
         return
     from mlbench.planner.memory import THIS_CPU, estimate
 
-    plans: dict[bool, MemoryPlan] = {}
+    plans: dict[tuple[bool, str | None], MemoryPlan] = {}
 
     def fits(d: MemoryDevice) -> None:
-        on_cpu = d.name == THIS_CPU
-        if on_cpu not in plans:
-            plans[on_cpu] = estimate(bench, layout, on_cpu=on_cpu)
-        _check_fits(bench, plans[on_cpu], d)
+        kernels = (d.name == THIS_CPU, d.attention)
+        if kernels not in plans:
+            plans[kernels] = estimate(bench, layout, on_cpu=kernels[0], attention=d.attention)
+        _check_fits(bench, plans[kernels], d)
 
     if cpu_here is not None and cpu_here != device:
         real_run(lambda: fits(cpu_here))
@@ -1083,7 +1093,7 @@ def check_gpus_free(bench: Benchmark, layout: Layout) -> None:
     gpus = gpus_here.taken(layout.nproc_per_node)
     if not gpus:
         return
-    need = estimate(bench, layout, on_cpu=False).total_bytes
+    need = estimate(bench, layout, on_cpu=False, attention=gpu_attention_here()).total_bytes
     for gpu in gpus:
         if gpu.free_bytes >= need:
             continue

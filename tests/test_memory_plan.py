@@ -150,6 +150,32 @@ def test_a_gpus_plan_holds_its_allowance_whatever_the_precision(tmp_path: Path, 
     check_memory(registry.load("gpt3", tiny=True), tiny_layout, MemoryDevice(THIS_CPU, 2**30))  # 1 GiB: it fits
 
 
+def test_a_gpu_here_without_transformer_engine_is_planned_with_the_kernels_its_ranks_run(monkeypatch) -> None:
+    """A run on this machine's GPU without Transformer Engine builds local specs (sdpa), where BERT and gpt_oss keep
+    megatron's local attention and its s x s probabilities (measured on an H100 and an H200, docs/gpu.md); the
+    check before launch planned Transformer Engine's kernels, so full BERT at --mbs 88 passed an H100 that its
+    ranks' 95 GiB would not fit. Now a GPU here is planned with the specs its ranks build; a GPU elsewhere (a
+    --device with no GPU here, a dry run) with the published stack's. (A stand-in for the GPU: none here.)"""
+    from mlbench import preflight
+    from mlbench.errors import UserError
+    from mlbench.preflight import DeviceFacts, MemoryDevice, check_memory
+
+    bench = registry.load("bert")
+    layout = dataclasses.replace(resolve(bench, 1, 1, 1, 1, 1, 1, 88, 88))
+    h100 = devices.get("h100")
+    check_memory(bench, layout, MemoryDevice(h100.name, h100.memory_bytes))  # te: 57 GiB, it fits
+    with pytest.raises(UserError, match=r"bert at this layout needs 9\d\.\d GiB .* the largest term is activations"):
+        check_memory(bench, layout, MemoryDevice(h100.name, h100.memory_bytes, attention="sdpa"))
+    monkeypatch.setattr(preflight, "_importable", lambda module: False)
+    here = DeviceFacts(name="NVIDIA H100 80GB HBM3", gpu=True, fp8=True, count=1)
+    req = preflight.RunRequest(name="bert")
+    assert preflight.memory_device(req, here, None).attention == "sdpa"
+    assert preflight.memory_device(dataclasses.replace(req, device="h100"), here, None).attention == "sdpa"
+    assert preflight.memory_device(dataclasses.replace(req, device="h100"), None, None).attention is None
+    monkeypatch.setattr(preflight, "_importable", lambda module: True)
+    assert preflight.memory_device(req, here, None).attention == "te"
+
+
 def test_the_asymmetric_split_at_any_layout(tmp_path: Path, cli) -> None:
     """448 GPUs at TP4 x PP8 x VP8 x CP2 (DGX B200's llama layout) has no reference layout: 126 layers do not divide
     by 64, but 126 + embedding + loss do, with --asymmetric-pipeline-split."""
