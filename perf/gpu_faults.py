@@ -5,10 +5,13 @@ NCCL take part, so each is tried once there with the GPU-sized llama of perf/gpu
 
 1. too_big: a micro-batch whose memory plan exceeds the GPU: refused before launch (exit 2, naming the GPU and
    its memory), nothing written under the results folder.
-2. oom: the plan fits the card, but another process holds most of it, so the rank meets a real CUDA out-of-memory
-   error: the run must end aborted (exit 1) with the allocator's words in its reason, published as aborted.
-3. sigterm: SIGTERM to `mlbench run` mid-training: aborted, "stopped by SIGTERM", no process left on the GPU.
-4. kill9: SIGKILL to `mlbench run` mid-training: the ranks die with it (parent-death signal), the GPU is freed.
+2. busy: another process holds all but 6 GB of the card before the run starts: refused before launch (exit 2,
+   naming the GPU, its free memory and the process that holds it), nothing written.
+3. oom: another process takes all but 1 GB of the card once the run has started (after its check), so the rank
+   meets a real CUDA out-of-memory error: the run must end aborted (exit 1) with the allocator's words in its
+   reason, published as aborted.
+4. sigterm: SIGTERM to `mlbench run` mid-training: aborted, "stopped by SIGTERM", no process left on the GPU.
+5. kill9: SIGKILL to `mlbench run` mid-training: the ranks die with it (parent-death signal), the GPU is freed.
 
 Each case prints one line and goes into OUT/faults.json with what was seen (exit code, status, reason, the GPU's
 processes and memory afterwards).
@@ -22,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -53,7 +57,7 @@ def wait_gpu_free(timeout: float = 30) -> tuple[list[str], float]:
 
 def record(results: Path, system: str) -> dict:
     rec = gpu_check.newest_record(results / system / "llama31_8b")
-    return {k: (rec or {}).get(k) for k in ("status", "reason", "exit_code")}
+    return {k: (rec or {}).get(k) for k in ("status", "reason", "exit_code", "launcher_exit_code")}
 
 
 def long_benchmarks(folder: Path) -> None:
@@ -123,31 +127,64 @@ def main(out: Path) -> int:
                 found[name] = {"error": repr(e)}
         print(f"{name}: {json.dumps(found[name])[:600]}", flush=True)
 
-    def too_big() -> dict:
-        p = subprocess.run([*run, "--system", "too_big", "--micro-batch-size", "64", "--global-batch-size", "64"],
-                           env=env, capture_output=True, text=True, timeout=120)
-        return {"exit_code": p.returncode, "stderr": p.stderr.strip().splitlines()[-2:],
-                "written": sorted(str(q.relative_to(out)) for q in (results / "too_big").rglob("*"))
-                if (results / "too_big").exists() else []}
+    def refused(system: str, *flags: str) -> dict:
+        p = subprocess.run([*run, "--system", system, *flags], env=env, capture_output=True, text=True, timeout=120)
+        return {"exit_code": p.returncode, "said": (p.stdout + p.stderr).strip().splitlines()[-2:],
+                "written": sorted(str(q.relative_to(out)) for q in (results / system).rglob("*"))
+                if (results / system).exists() else []}
+
+    def hog(leave_bytes: float) -> tuple[subprocess.Popen, Callable[[], None]]:
+        """Another process, its CUDA context made; calling the function returned makes it take all of the card's
+        free memory but LEAVE_BYTES (at once: CUDA's start-up, seconds, is behind it)."""
+        h = subprocess.Popen([sys.executable, "-c", "import sys, time, torch\ntorch.cuda.init(); torch.zeros(1, "
+                              "device='cuda')\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+                              "free, _ = torch.cuda.mem_get_info()\n"
+                              f"x = torch.empty(int(free - {leave_bytes}), dtype=torch.uint8, device='cuda')\n"
+                              "print('held', flush=True)\ntime.sleep(600)"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        h.stdout.readline()
+
+        def take() -> None:
+            h.stdin.write("go\n")
+            h.stdin.flush()
+            h.stdout.readline()
+
+        return h, take
+
+    def busy() -> dict:
+        h, take = hog(6e9)
+        take()
+        try:
+            return refused("busy")
+        finally:
+            h.kill()
+            h.wait()
 
     def oom() -> dict:
-        # another process takes all but 6 GB of the card: the model's 18 GB of states cannot be allocated
-        hog = subprocess.Popen([sys.executable, "-c", "import torch, time\nfree, _ = torch.cuda.mem_get_info()\n"
-                                "x = torch.empty(int(free - 6e9), dtype=torch.uint8, device='cuda')\n"
-                                "print('held', flush=True)\ntime.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        # the run starts on a free card; once its model is built, another process takes all but 1 GB: the
+        # optimizer's 12 GB of state and the activations cannot be allocated
+        h, take = hog(1e9)
+        since = log.stat().st_size if log.exists() else 0
+        p = start([*run, "--system", "oom"], env, log)
+        t0 = time.monotonic()
+        while "training on" not in log.read_text(errors="replace")[since:] and time.monotonic() - t0 < 120:
+            time.sleep(0.1)
+        take()
         try:
-            hog.stdout.readline()
-            since = log.stat().st_size if log.exists() else 0
-            p = start([*run, "--system", "oom"], env, log)
-            rc = p.wait(timeout=150)
+            try:
+                rc = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # the run had its memory before the other process took the rest
+                p.send_signal(signal.SIGTERM)
+                rc = f"no out-of-memory error in 60 s; stopped: {p.wait(timeout=60)}"
             tail = log.read_text(errors="replace")[since:].strip().splitlines()[-3:]
         finally:
-            hog.kill()
-            hog.wait()
+            h.kill()
+            h.wait()
         left, _ = wait_gpu_free()
         return {"exit_code": rc, "record": record(results, "oom"), "last_lines": tail, "gpu_left": left}
 
-    case("too_big", too_big)
+    case("too_big", lambda: refused("too_big", "--micro-batch-size", "64", "--global-batch-size", "64"))
+    case("busy", busy)
     case("oom", oom)
     case("sigterm", lambda: stop_case(signal.SIGTERM, run, env, log, results, "sigterm"))
     case("kill9", lambda: stop_case(signal.SIGKILL, run, env, log, results, "kill9"))
