@@ -44,16 +44,32 @@ def for_run(bench: Benchmark, layout: Layout, checked_device: str, rank0_device:
                 "reason": f"{type(e).__name__}: {e}"[:300]}
     out = {"device": r["device"], "step_time_s": r["step_time_s"], "time_to_train_min": r["time_to_train_min"],
            "step_terms_s": r["step_terms_s"], "tokens_per_s_per_device": r["tokens_per_s_per_device"]}
-    if note := software_note(rank0_device):
+    if note := "; ".join(n for n in (software_note(rank0_device), launch_note(rank0_device, r["step_time_s"])) if n):
         out["note"] = note
     return out
 
 
 def software_note(rank0: dict | None) -> str:
     """What the prediction does not model for a GPU run: the planner's efficiencies are fitted on published runs,
-    all on Transformer Engine; mlbench's path without it measured slower than predicted (docs/gpu.md)."""
+    all on Transformer Engine; mlbench's path without it measured slower than predicted (docs/gpu.md: 1.02B llama,
+    bf16, on an H100 0.950-1.227 s against 0.602-0.798 predicted; on an H200 0.902 and 1.198 s against 0.521
+    and 0.692)."""
     if not rank0 or rank0.get("type") != "cuda" or rank0.get("attention") == "te":
         return ""
     return (f"predicted for a Transformer Engine stack, as the published runs it is fitted on; this run trained "
             f"without it ({rank0.get('attention')} attention, torch norms and Adam): on one H100 that path measured "
-            f"1.8-2.3x the predicted step time (docs/gpu.md)")
+            f"1.5-1.7x the predicted step time, on one H200 1.7x (docs/gpu.md)")
+
+
+# Below this a GPU's step is set by the host that queues its kernels, not by the kernels: the tiny variants were
+# predicted 0.03-0.04 ms a step and measured 28-56 ms on an H200 (22-56 ms on an H100), eager PyTorch launching
+# each of a step's thousands of kernels from Python (docs/gpu.md).
+LAUNCH_BOUND_S = 0.005
+
+
+def launch_note(rank0: dict | None, step_time_s: float | None) -> str:
+    """Where a GPU run's predicted step is too short for its kernels, not its host, to set it."""
+    if not rank0 or rank0.get("type") != "cuda" or step_time_s is None or step_time_s >= LAUNCH_BOUND_S:
+        return ""
+    return (f"a step predicted at {step_time_s * 1e3:.2g} ms is launch-bound on a GPU: the host's queuing of "
+            f"kernels, which the planner does not model, sets it (tiny variants measured 28-56 ms a step on one H200)")
