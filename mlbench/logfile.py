@@ -350,13 +350,18 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_I
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def file_kind(mode: int) -> str:
+    """What a file of st_mode MODE that is not a regular one is, in words: the one wording every message that refuses
+    such a file uses ("a named pipe, not a regular file")."""
+    return next((name for test, name in _KINDS if test(mode)), "something else")
+
+
 def _not_input_file(path: Path | str, st: os.stat_result, limit: int = MAX_JSON_BYTES,
                     what: str = "a JSON input file", note: str = "") -> OSError | None:
     """Why a file with stat ST cannot be read as WHAT of at most LIMIT bytes (an OSError whose strerror says it),
     or None."""
     if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "something else")
-        return OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+        return OSError(errno.EINVAL, f"{file_kind(st.st_mode)}, not a regular file", str(path))
     if st.st_size > limit:
         return OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the {limit >> 20} MiB {what} may hold{note}",
                        str(path))

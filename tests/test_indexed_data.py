@@ -410,7 +410,7 @@ DAMAGED = {
     "idx-30-bytes": (_truncate(".idx", 30), "is 30 bytes, shorter than a megatron index's 34-byte header", ".idx"),
     "idx-arrays-cut": (_truncate(".idx", 100), "truncated?", ".idx"),
     "bin-folder": (_replace_bin(Path.mkdir), "is a folder, not a file", ".bin"),
-    "bin-fifo": (_replace_bin(os.mkfifo), "is a FIFO, not a regular file", ".bin"),
+    "bin-fifo": (_replace_bin(os.mkfifo), "is a named pipe, not a regular file", ".bin"),
     "bin-link-loop": (_replace_bin(_loop), "is a symbolic link loop", ".bin"),
     # An index whose header lies: each passed, and megatron failed mid-run naming no file ('offset must be
     # non-negative', a bare AssertionError, 'cannot mmap an empty file') or trained on the wrong tokens.

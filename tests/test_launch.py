@@ -1323,7 +1323,7 @@ def test_a_jobs_output_that_cannot_be_read_as_text_is_no_crash(tmp_path: Path, w
 
 
 @pytest.mark.parametrize(("kind", "said"), [("link", "a symbolic link, not a regular file"),
-                                            ("fifo", "a FIFO, not a regular file")])
+                                            ("fifo", "a named pipe, not a regular file")])
 def test_a_jobs_output_that_is_not_a_regular_file_is_not_read(tmp_path: Path, kind: str, said: str) -> None:
     """job.out replaced by a link to /dev/zero made the follower's final read loop for ever; a FIFO in its place
     blocked its open. Each is said once now, and the output no longer looked at (the job followed by its state)."""

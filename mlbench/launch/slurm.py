@@ -34,6 +34,7 @@ from mlbench.launch import lifeline
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
 from mlbench.launch.supervise import STOP_SIGNALS, EventTail
 from mlbench.layout import Layout
+from mlbench.logfile import file_kind
 from mlbench.progress import Progress, is_progress_line
 from mlbench.runner import RunOptions
 from mlbench.spec import Benchmark
@@ -566,7 +567,7 @@ class JobOutput:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                self._say(f"{_file_kind(st.st_mode)}, not a regular file")
+                self._say(f"{file_kind(st.st_mode)}, not a regular file")
                 self.stopped = True
                 return b"", 0
             data = os.pread(fd, count, self.pos)
@@ -597,13 +598,6 @@ _ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPEND
                      "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD"})
 _UNDER_WAY = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"})  # what sbatch --wait waits through
 END_WAIT_S = 120.0  # for the job to end after sbatch returned: the driver stops its run and publishes it
-
-
-def _file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, in words."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((word for test, word in kinds if test(mode)), "a special file")
 
 
 def _ended_state(job_id: str, console: Console, limit_s: float = END_WAIT_S) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 from mlbench.ascii_numbers import is_ascii_float
 from mlbench.errors import UserError
+from mlbench.logfile import file_kind
 from mlbench.spec import Benchmark
 from mlbench.train.data.source import ALL, PAD, TokenSource
 
@@ -254,8 +255,7 @@ def _file_problem(path: str) -> str:
     if stat.S_ISDIR(mode):
         return "is a folder, not a file"
     if not stat.S_ISREG(mode):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-        return f"is {kind}, not a regular file"
+        return f"is {file_kind(mode)}, not a regular file"
     if not os.access(path, os.R_OK):
         return "cannot be read by this user"
     return ""
