@@ -751,6 +751,43 @@ def test_the_followers_stop_is_marked_for_the_driver(tmp_path: Path, monkeypatch
     assert (tmp_path / "scancel").read_text() == "--signal=TERM --batch 5\n"
 
 
+_STEPD = "slurmstepd-node1: error: *** JOB 5 ON node1 CANCELLED AT 2026-11-28T06:33:41 ***\n"
+
+
+def test_slurms_cancelled_line_after_the_users_stop_is_not_shown(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C to `mlbench run --launcher slurm`: slurmstepd's 'JOB 5 ON node1 CANCELLED AT ...' (its line as the
+    batch step is signalled) came in the job's output beside mlbench's own stop lines, and the end line said
+    'FAILED, exit code 143:0' (the driver's exit on the SIGTERM passed to it). One account now: mlbench's lines, the
+    run's reason, and the end line says the job was stopped at the user's signal. The same line where no stop was
+    the user's (someone's scancel) is shown: it then says why."""
+    import io
+
+    from rich.console import Console
+
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=5 JobState=FAILED Reason=NonZeroExitCode ExitCode=143:0")
+    bin_dir, job = tmp_path / "bin", tmp_path / "job"
+    job.mkdir()
+    (job / "job.out").write_text("training on cpu\n")
+    sent = tmp_path / "sent"
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {sent} ] || {{ touch {sent}; kill -INT $PPID; }}\n")
+    # slurmstepd's line as the batch step gets the follower's SIGTERM; then the driver's own account of the run
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\nprintf '%s' '{_STEPD}' >> {job}/job.out\n"
+                                     f"echo '  reason: received SIGINT' >> {job}/job.out\n")
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    said, stops = io.StringIO(), []
+    slurm.follow(subprocess.Popen(["sleep", "1.5"]), "5", job / "job.out", Console(file=said, width=300),
+                 stops=stops)
+    assert stops == ["SIGINT"] and "CANCELLED" not in said.getvalue(), said.getvalue()
+    assert "training on cpu\n" in said.getvalue() and "  reason: received SIGINT\n" in said.getvalue()
+    assert said.getvalue().endswith("SLURM job 5: FAILED, exit code 143:0: stopped at mlbench run's SIGINT\n"), \
+        said.getvalue()
+    (tmp_path / "other.out").write_text("x\n" + _STEPD)
+    shown = io.StringIO()
+    slurm.JobOutput(tmp_path / "other.out", Console(file=shown, width=300), drop_progress=False).show(last=True)
+    assert shown.getvalue() == "x\n" + _STEPD
+
+
 @pytest.mark.parametrize("scancel", ["fails", "missing"])
 def test_a_stop_that_scancel_cannot_deliver_is_said_and_the_job_followed(tmp_path: Path, monkeypatch,
                                                                          scancel: str) -> None:

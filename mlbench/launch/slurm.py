@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -468,7 +468,8 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
     said = stopper.said
     previous = {s: signal.signal(s, stopper.on_signal) for s in STOP_SIGNALS}
     shown, said_orphan = "", False
-    output = JobOutput(out, console, drop_progress=runs is not None)  # the panel shows what progress lines say
+    # (the panel shows what progress lines say)
+    output = JobOutput(out, console, drop_progress=runs is not None, user_stopped=lambda: bool(stopper.cancels))
     try:
         state: list[str] = []
         while proc.poll() is None or (len(state) == 3 and state[0] in _UNDER_WAY):
@@ -516,6 +517,8 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
     output.show(last=True)
     # sbatch's own exit code said nothing of a job SLURM ended ("sbatch exit code 0" for one at its time limit)
     ended = state or f"ended (sbatch exit code {proc.returncode})"
+    if stopper.cancels and state:  # the user's stop: SLURM's state ("FAILED": the driver's exit code for it) and why
+        ended = f"{state.split(': ')[0]}: stopped at mlbench run's {stopper.cancels[0]}"
     console.print(f"SLURM job {job_id}: {ended}", highlight=False)
     return proc.returncode, state or f"sbatch exit code {proc.returncode}"
 
@@ -528,10 +531,13 @@ class JobOutput:
     regular file is read: a link to /dev/zero in its place made the final read loop for ever, and a FIFO blocked its
     open (each said once, then the output is no longer looked at)."""
 
-    def __init__(self, path: Path, console: Console, drop_progress: bool):
+    def __init__(self, path: Path, console: Console, drop_progress: bool,
+                 user_stopped: Callable[[], bool] = lambda: False):
         self.path, self.console, self.drop_progress = path, console, drop_progress
+        self.user_stopped = user_stopped  # whether mlbench run's user has stopped the job (the follower's scancel)
         self.pos = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.partial = ""  # a line cut by a read's end, shown with its end: a line is judged whole
         self.failed = False
         self.stopped = False  # not a regular file: not looked at again
 
@@ -586,11 +592,27 @@ class JobOutput:
                                          f"its state"), highlight=False, soft_wrap=True)
 
     def _show(self, data: bytes, final: bool) -> None:
-        chunk = self.decoder.decode(data, final=final)
-        if self.drop_progress:
-            chunk = "".join(ln for ln in chunk.splitlines(keepends=True) if not is_progress_line(ln))
+        chunk = self.partial + self.decoder.decode(data, final=final)
+        whole = chunk.rfind("\n") + 1
+        if final or len(chunk) - whole > self.CHUNK:  # (a "line" longer than a chunk is shown as it comes)
+            self.partial = ""
+        else:
+            chunk, self.partial = chunk[:whole], chunk[whole:]
+        hide_cancel = self.user_stopped()
+        if self.drop_progress or hide_cancel:
+            chunk = "".join(ln for ln in chunk.splitlines(keepends=True)
+                            if not (self.drop_progress and is_progress_line(ln)
+                                    or hide_cancel and _STEPD_CANCELLED.match(ln)))
         if chunk:
             self.console.out(chunk, end="", highlight=False)
+
+
+# slurmstepd's line in the job's output as the batch step is signalled or the job cancelled: after the user's own
+# stop (the follower's scancel) it said "CANCELLED" of a job whose run was being stopped, logged aborted and
+# published, beside mlbench's own stop lines; it is not shown then (SLURM's time limit or a node's failure, "...
+# CANCELLED AT <time> DUE TO TIME LIMIT", and a cancel by someone else are shown: they say why)
+_STEPD_CANCELLED = re.compile(r"slurmstepd(?:-[^:\s]*)?: error: \*\*\* (?:JOB|STEP) [0-9.]+ ON \S+ CANCELLED AT \S+ "
+                              r"\*\*\*\s*$")
 
 
 # States of a job that has not ended (its processes may still run: COMPLETING waits for them)
