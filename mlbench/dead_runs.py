@@ -33,6 +33,18 @@ from mlbench.run_plan import RunPlan
 from mlbench.train.checkpoint import folder as checkpoint_folder
 
 
+@dataclasses.dataclass(frozen=True)
+class Death:
+    """What the publisher knows of a dead run's supervisor, for the run's reason: who it was, how it died, and who
+    publishes the run. A SLURM job's follower knows more than a later command does: the job's driver died as the
+    job ended, and how SLURM ended it (its node failed: it was said as 'killed, or its session lost', 'by a later
+    mlbench command')."""
+
+    who: str = "mlbench"
+    how: str = "killed, or its session lost"
+    by: str = "a later mlbench command"
+
+
 def publish(folder: Path, console: Console) -> list[Path]:
     """Publishes every dead run of `folder`; returns the results placed."""
     placed = []
@@ -44,7 +56,7 @@ def publish(folder: Path, console: Console) -> list[Path]:
     return placed
 
 
-def publish_ended(folder: Path, staging: Path, console: Console) -> list[Path]:
+def publish_ended(folder: Path, staging: Path, console: Console, death: Death = Death()) -> list[Path]:
     """Publishes STAGING, a staging folder of `folder` whose run's processes are all known to have ended, its owner of
     this host or another (a SLURM job's driver, on the job's first node, once SLURM has ended the job: `publish`
     leaves another host's runs alone, and a driver killed mid-run left its run unpublished for good); returns the
@@ -53,13 +65,13 @@ def publish_ended(folder: Path, staging: Path, console: Console) -> list[Path]:
                                                                                                         staging):
         return []
     with results.taken(staging) as mine:
-        return _publish(folder, staging, results.owner_tag(staging), console) if mine else []
+        return _publish(folder, staging, results.owner_tag(staging), console, death) if mine else []
 
 
-def _publish(folder: Path, staging: Path, owner: str, console: Console) -> list[Path]:
+def _publish(folder: Path, staging: Path, owner: str, console: Console, death: Death = Death()) -> list[Path]:
     """The dead run in STAGING published ([its result]), or set aside, said in one line ([])."""
     try:
-        path, note = _publish_one(folder, staging, owner)
+        path, note = _publish_one(folder, staging, owner, death)
     except Exception as e:  # a full disk, or whatever a dead run left (a foreign, garbled or linked file)
         if not os.path.lexists(staging):  # another command published it meanwhile (it said so): nothing to say
             return []
@@ -77,7 +89,7 @@ def _publish(folder: Path, staging: Path, owner: str, console: Console) -> list[
     return [path]
 
 
-def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
+def _publish_one(folder: Path, staging: Path, owner: str, death: Death) -> tuple[Path, str]:
     """The run published: its result, and what became of it as the line that announces it says ("a run ...")."""
     _own_files(staging)
     log = staging / "mlperf.log"
@@ -87,7 +99,7 @@ def _publish_one(folder: Path, staging: Path, owner: str) -> tuple[Path, str]:
     plan, unread = _plan(staging, folder)
     events = _events(staging / "events.jsonl")
     _remove_partial_saves(plan, events)
-    outcome, note = _outcome(log, plan, events, owner.split("-", 1)[0], begun)
+    outcome, note = _outcome(log, plan, events, owner.split("-", 1)[0], begun, death)
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
@@ -118,15 +130,16 @@ def _remove_partial_saves(plan: RunPlan, events: list[dict]) -> None:
                 checkpoint_folder.remove_dead_partials(Path(dest))
 
 
-def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool = True) -> tuple[Outcome, str]:
+def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool = True,
+             death: Death = Death()) -> tuple[Outcome, str]:
     """How the dead run ended, as its log says (its run_stop, or none: then it is closed as aborted here; a log
     not BEGUN is begun from the plan first, as the supervisor begins the log of a rank that died importing)."""
-    at = f"by a later mlbench command at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
+    at = f"by {death.by} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
     status, logged_reason = _run_stop(log) if begun else (None, "")
     # Its mlbench lived to the end but could not publish it (runner._not_published: no inode left even to set it
     # aside, often after its log could not be closed either)
     if (why := _not_published(events) or results.not_published_reason(log.parent)) is not None:
-        said = f"mlbench (pid {pid}) could not publish the run when it ended ({why}); published {at}"
+        said = f"{death.who} (pid {pid}) could not publish the run when it ended ({why}); published {at}"
         if status is None:  # it could not close the log: closed here, as aborted with that reason
             mlperf_log.finalize_aborted(log, said, plan, begin=not begun)
             return (Outcome(status="aborted", exit_code=-1, reason=said, events=events),
@@ -137,15 +150,15 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
             outcome = dataclasses.replace(outcome, reason=f"{logged_reason}; {said}" if logged_reason else said)
         return outcome, f"its mlbench could not publish when it ended ({why}; its log: run_stop {status})"
     if status == "success":  # it reached its target; mlbench died after it, before publishing: the status stands
-        after = f"mlbench (pid {pid}) died after the run ended (run_stop success), before it published the run; " \
+        after = f"{death.who} (pid {pid}) died after the run ended (run_stop success), before it published the run; " \
                 f"published {at}"
         saving = any(e.get("event") == "checkpoint_saving" for e in events)
         saved = any(e.get("event") in ("checkpoint_saved", "checkpoint_failed") for e in events)
-        unsaved = f"mlbench (pid {pid}) died while the checkpoint was saved" if saving and not saved else ""
+        unsaved = f"{death.who} (pid {pid}) died while the checkpoint was saved" if saving and not saved else ""
         return (Outcome(status="success", exit_code=-1, events=events, error_after_run_stop=after,
                         checkpoint_error=unsaved),
                 "whose mlbench process had died after the run ended (its log: run_stop success)")
-    died = f"mlbench (pid {pid}) died before the run ended (killed, or its session lost); published as aborted {at}"
+    died = f"{death.who} (pid {pid}) died before the run ended ({death.how}); published as aborted {at}"
     if status is None:
         mlperf_log.finalize_aborted(log, died, plan, begin=not begun)
         reason = died
@@ -154,7 +167,7 @@ def _outcome(log: Path, plan: RunPlan, events: list[dict], pid: str, begun: bool
     else:
         reason = f"{logged_reason}; {died}" if logged_reason else died  # rank 0 had closed it: its reason first
     return Outcome(status="aborted", exit_code=-1, reason=reason, events=events), \
-        "whose mlbench process had died as aborted"
+        ("whose mlbench process had died" if death == Death() else f"{death.who} left as it died") + " as aborted"
 
 
 def _not_published(events: list[dict]) -> str | None:

@@ -955,8 +955,12 @@ def test_the_run_a_killed_slurm_driver_left_is_published_once_the_job_ended(tmp_
     """kill -9 of the job's driver (the batch step; the OOM killer) mid-run: SLURM ended the job, and its run was left
     unpublished in its staging folder, 'the job ended (FAILED, exit code 0:9) without recording a run' said (on the
     real cluster). Its owner being of the job's node, not this host, no later run here would publish it either. The
-    follower publishes it as aborted once the job has ended."""
+    follower publishes it as aborted once the job has ended. The driver's node lost (rank 0's: its slurmd and the
+    job's processes on it killed, on the real cluster) ends the job NODE_FAIL: the run's reason said 'mlbench (pid N)
+    died before the run ended (killed, or its session lost); published as aborted by a later mlbench command'. It
+    names the driver's node and how the job ended now, and who published it."""
     import io
+    import re
 
     from rich.console import Console
     from test_hostile_run_side import _dead_run
@@ -965,6 +969,7 @@ def test_the_run_a_killed_slurm_driver_left_is_published_once_the_job_ended(tmp_
 
     folder, staging = _dead_run(tmp_path, monkeypatch, run_stop=None)
     monkeypatch.setattr(owners, "gone", lambda tag: False)  # the driver's host is another: not known to be gone
+    _fake_scontrol(tmp_path, monkeypatch, "JobId=7 JobState=NODE_FAIL Reason=NodeDown BatchHost=node1 ExitCode=0:0")
     job_dir = folder / ".slurm" / "job"
     job_dir.mkdir(parents=True)
     (job_dir / slurm.CURRENT_RUN).write_text(f"{staging}\n")
@@ -972,12 +977,18 @@ def test_the_run_a_killed_slurm_driver_left_is_published_once_the_job_ended(tmp_
     assert slurm.left_run(job_dir, "RUNNING, exit code 0:0", Console(file=io.StringIO())) == []  # not ended yet
     said = io.StringIO()
     launcher = slurm.SlurmLauncher.__new__(slurm.SlurmLauncher)
+    ended = "NODE_FAIL, exit code 0:0: a node failed and SLURM stopped it"
     launcher.console, launcher.job_dir, launcher.job_id, launcher.code, launcher.ended, launcher.stops = \
-        Console(file=said, width=400), job_dir, "7", 9, "FAILED, exit code 0:9", []
+        Console(file=said, width=400), job_dir, "7", 0, ended, []
     assert launcher.collect() == 1
     record = json.loads((folder / "result_0.json").read_text())
-    assert record["status"] == "aborted" and "died before the run ended" in record["reason"], record["reason"]
-    assert f"aborted {folder / 'result_0.txt'} (mlbench (pid " in said.getvalue(), said.getvalue()
+    reason = re.fullmatch(r"the SLURM job's driver on node1 \(pid [0-9]+\) died before the run ended \(the job ended "
+                          r"NODE_FAIL, exit code 0:0: a node failed and SLURM stopped it\); published as aborted by "
+                          r"mlbench run, following the job, at [-0-9: ]+", record["reason"])
+    assert record["status"] == "aborted" and reason, record["reason"]
+    assert f"aborted {folder / 'result_0.txt'} ({record['reason']})" in said.getvalue(), said.getvalue()
+    assert f"published a run the SLURM job's driver on node1 left as it died as aborted: {folder / 'result_0.txt'}" \
+        in said.getvalue(), said.getvalue()
     assert not staging.exists() and "without recording a run" not in said.getvalue()
 
 

@@ -315,7 +315,7 @@ class SlurmLauncher:
     def collect(self) -> int:
         console, job_dir = self.console, self.job_dir
         runs, error = job_runs(job_dir, self.job_id)
-        runs += left_run(job_dir, self.ended, console)
+        runs += left_run(job_dir, self.ended, console, self.job_id)
         if error:
             console.print(Text.assemble(("error:", "red"), f" {error}"), highlight=False, soft_wrap=True)
             return 1
@@ -357,11 +357,13 @@ def job_runs(job_dir: Path, job_id: str) -> tuple[list[dict], str]:
     return runs, ""
 
 
-def left_run(job_dir: Path, ended: str, console: Console) -> list[dict]:
-    """The run the job's driver was training as it died (killed, out of memory: SLURM then ends the job), published
-    as a dead run's is (dead_runs) once the job has ended (none of its processes lives): its staging folder, named in
-    CURRENT_RUN, was left unpublished ('the job ended (FAILED, exit code 0:9) without recording a run'), and no later
-    run published it but one on the driver's own node. [] where the driver left none."""
+def left_run(job_dir: Path, ended: str, console: Console, job_id: str = "") -> list[dict]:
+    """The run the job's driver was training as it died (killed, out of memory, its node lost: SLURM then ends the
+    job), published as a dead run's is (dead_runs) once the job has ended (none of its processes lives): its staging
+    folder, named in CURRENT_RUN, was left unpublished ('the job ended (FAILED, exit code 0:9) without recording a
+    run'), and no later run published it but one on the driver's own node. Its reason says how the job ended and the
+    driver's node (its node lost was 'mlbench (pid N) died before the run ended (killed, or its session lost);
+    published as aborted by a later mlbench command'). [] where the driver left none."""
     from mlbench import dead_runs
     from mlbench.results import STAGING
 
@@ -373,8 +375,11 @@ def left_run(job_dir: Path, ended: str, console: Console) -> list[dict]:
         return []
     if not staging.name.startswith(STAGING):
         return []
+    host = job_fields(job_id, timeout=10).get("BatchHost", "") if job_id else ""
+    death = dead_runs.Death(who=f"the SLURM job's driver{' on ' + host if host else ''}",
+                            how=f"the job ended {ended}", by="mlbench run, following the job,")
     runs = []
-    for path in dead_runs.publish_ended(job_dir.parent.parent, staging, console):
+    for path in dead_runs.publish_ended(job_dir.parent.parent, staging, console, death):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             r = json.loads(path.with_suffix(".json").read_text())
             runs.append({"result": str(path), "status": str(r["status"]), "reason": str(r.get("reason") or "")})
