@@ -282,7 +282,8 @@ class RunSet:
             # torchrun's nodes, a SLURM job whose driver runs on its first node); its supervisor owns the log.
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,
                                 hang_timeout=opts.hang_timeout, on_events=progress.on_events,
-                                plan=plan, owns_log=opts.node_rank == 0)
+                                plan=plan, owns_log=opts.node_rank == 0,
+                                say=lambda line: console.print(Text(printable(line)), highlight=False, soft_wrap=True))
         if opts.node_rank != 0:  # node 0 publishes the run; this one keeps its rank logs
             logs = results.keep_node_logs(folder, staging, opts.node_rank)
             status = "success" if outcome.exit_code == 0 else "aborted"

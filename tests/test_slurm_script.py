@@ -3,6 +3,7 @@ renders in test_slurm_run.py (mlbench's own runs, with a results path that needs
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -241,3 +242,41 @@ def test_a_run_srun_could_not_start_says_sruns_words(tmp_path: Path) -> None:
         "send/recv operation (see the run's launcher.log)")
     (tmp_path / "ranks" / "node0" / "mlbench_ab12" / "attempt_0").mkdir(parents=True)  # ranks ran: theirs to tell
     assert supervise._exit_reason(cmd, 1) == "launcher exited with code 1 (a rank failed; see the rank logs)"
+
+
+@pytest.mark.parametrize("fails", [1, 3])
+def test_a_launch_srun_could_not_start_is_tried_again(tmp_path: Path, monkeypatch, fails: int) -> None:
+    """srun's step not launched (a node briefly not answering: 'Task launch ... failed on node node2: Communication
+    connection failure'): the run ended there, aborted and published as a failed run, though no rank had started
+    and nothing trained (on the real cluster: result_0 aborted, the set went on to its next seed). Such a launch is
+    no run: it is tried again (3 tries, said each time in srun's words); where every try fails, the run is aborted
+    with srun's words."""
+    import dataclasses
+
+    from mlbench import registry
+    from mlbench.launch import supervise
+    from mlbench.launch.slurm import SlurmOptions
+    from mlbench.launch.slurm_job import run_commands
+    from mlbench.layout import resolve
+    from mlbench.runner import RunOptions
+
+    monkeypatch.setattr(supervise, "RELAUNCH_S", 0.1)
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench, 2, 1, None, None, None, None, None, None)
+    cmd = run_commands(bench.name, layout, RunOptions(results=tmp_path, system="s"), SlurmOptions(), tmp_path)(
+        tmp_path / "plan.json", tmp_path, 0, {})
+    tries = tmp_path / "tries"
+    srun = (f"echo x >> {tries}; [ $(wc -l < {tries}) -gt {fails} ] && exit 0; "
+            "echo 'srun: error: Task launch for StepId=3.0 failed on node node2: Communication connection failure'; "
+            "echo 'srun: error: Application launch failed: Communication connection failure'; exit 1")
+    said: list[str] = []
+    outcome = supervise.supervise(dataclasses.replace(cmd, argv=["bash", "-c", srun], env=dict(os.environ)),
+                                  log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl",
+                                  say=said.append)
+    words = ("srun could not start the run on the job's nodes: Task launch for StepId=3.0 failed on node node2: "
+             "Communication connection failure (see the run's launcher.log)")
+    assert said == [f"{words}; no rank had started, so no run: launching it again in 0.1 s (try {n} of 3)"
+                    for n in range(2, min(fails, 2) + 2)]
+    assert tries.read_text().count("x") == min(fails + 1, 3)
+    assert (outcome.reason == words) == (fails == 3), outcome.reason  # (else: the fake's second try logs nothing)
+    assert (tmp_path / "launcher.log").read_text().count("srun: error: Task launch") == min(fails, 3)

@@ -99,6 +99,8 @@ def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: Slur
                        rendezvous=JobRendezvous(f"{os.environ.get('MASTER_ADDR', '')}:{port}", opts.rdzv_timeout,
                                                 staging / "ranks", layout.nodes),
                        rank_failure=lambda out: rank_failure(out, staging / "ranks", layout.nproc_per_node),
+                       # srun's step not launched (a node briefly not answering): no run, launched again
+                       not_launched=lambda out: srun_failure(out, staging / "ranks"),
                        # why SLURM stopped the run (its time limit, a node's failure), not "received SIGTERM"
                        outside=lambda signal_name: why_stopped(os.environ.get("SLURM_JOB_ID", ""), job_dir, slurm,
                                                                signal_name))

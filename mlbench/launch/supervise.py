@@ -121,6 +121,11 @@ class Command:
     # node's failure, SLURM's warning before the limit), given the stop signal received ("" where none came and the
     # launcher ended non-zero: its end may reach it first): said in place of "received SIGTERM"; "" where it cannot
     outside: Callable[[str], str] | None = None
+    # where the launcher may fail to start the run at all (srun's step not launched: a node briefly not answering, the
+    # controller restarting): from its output, why no rank started, in the launcher's own words ("" where a rank
+    # started, or it said no such error). Such a launch is no run (nothing trained, nothing logged): it is tried
+    # again, LAUNCH_TRIES times at most, RELAUNCH_S apart. A command that has it has no `ended`.
+    not_launched: Callable[[str], str] | None = None
 
 
 class EventTail:
@@ -253,11 +258,11 @@ def _exit_reason(cmd: Command, code: int, output: bool = True, otherwise: str = 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Timeout)): (.+)$")
 
 
-def _tail(output: Path) -> str:
-    """The end of a command's output (64 KiB); "" if it cannot be read."""
+def _tail(output: Path, since: int = 0) -> str:
+    """The end of a command's output (64 KiB, from byte SINCE on); "" if it cannot be read."""
     try:
         with open(output, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            f.seek(max(since, f.seek(0, os.SEEK_END) - 65536))
             return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
@@ -370,6 +375,10 @@ def _removed(folder: Path) -> bool:
     return False
 
 
+LAUNCH_TRIES = 3  # launches of a run that started no rank (Command.not_launched), the first included
+RELAUNCH_S = 5.0  # between two of them: a node that did not answer may again
+
+
 def supervise(
     cmd: Command,
     *,
@@ -381,9 +390,46 @@ def supervise(
     poll_s: float = 0.2,
     plan: RunPlan | None = None,
     owns_log: bool = False,
+    say: Callable[[str], None] = print,
 ) -> Outcome:
     """Run `argv` and return how the run ended; the MLPerf log is complete afterwards. PLAN: the run's; OWNS_LOG:
-    this supervisor's rank 0 writes the log (one node), so a log the rank never began is begun for it."""
+    this supervisor's rank 0 writes the log (one node), so a log the rank never began is begun for it. A launch that
+    started no rank (Command.not_launched: srun's words) is tried again, said through SAY: a transient srun failure
+    ended the run (aborted, published) though nothing had trained."""
+    for attempt in range(1, LAUNCH_TRIES + 1):
+        ended = _supervise_once(cmd, log_path, events_path, hang_timeout, init_timeout, on_events, poll_s, plan,
+                                owns_log, relaunch=attempt < LAUNCH_TRIES)
+        if isinstance(ended, Outcome):
+            return ended
+        say(f"{ended}; no rank had started, so no run: launching it again in {RELAUNCH_S:g} s (try {attempt + 1} "
+            f"of {LAUNCH_TRIES})")
+        if stop := _pause(RELAUNCH_S):
+            reason = f"{_signalled(cmd, stop)} before the run was launched again (after: {ended})"
+            return Outcome(status="aborted", exit_code=128 + signal.Signals[stop].value, reason=reason,
+                           log_error=_LogEnd(log_path, plan, owns_log).complete(reason), signal=stop)
+    raise AssertionError("the last try is always judged")
+
+
+def _pause(seconds: float) -> str:
+    """Waits SECONDS; the name of a stop signal that came meanwhile (the wait then ends), or ""."""
+    received: list[str] = []
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signal.Signals(signum).name))
+                for s in STOP_SIGNALS}
+    try:
+        deadline = time.monotonic() + seconds
+        while not received and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return received[0] if received else ""
+
+
+def _supervise_once(cmd: Command, log_path: Path, events_path: Path, hang_timeout: float, init_timeout: float,
+                    on_events: Callable[[list[dict]], None] | None, poll_s: float, plan: RunPlan | None,
+                    owns_log: bool, relaunch: bool) -> Outcome | str:
+    """One launch of the run, supervised (supervise); RELAUNCH: a launch that started no rank returns why
+    (Command.not_launched's words) instead of its judged Outcome."""
     tail = EventTail(events_path)
     received: list[str] = []
 
@@ -392,6 +438,9 @@ def supervise(
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     before = set(_descendants(os.getpid()))
+    since = 0  # where this try's output begins: each try appends to it
+    with contextlib.suppress(OSError):
+        since = cmd.stdout.stat().st_size
     try:
         proc = _start(cmd)
     except OSError as e:  # a full disk (its output files), a missing program: the run never started
@@ -439,6 +488,9 @@ def supervise(
     by_signal = by_signal or bool(received) and not reason
     if not judged and proc.returncode != 0 and cmd.outside:  # its allocation ended (SLURM's time limit) first
         judged = cmd.outside("")
+    retry = relaunch and cmd.not_launched and not judged and proc.returncode != 0 and not tail.events
+    if retry and (not_launched := cmd.not_launched(_tail(cmd.stdout, since))):
+        return not_launched
     try:
         return _judge(cmd, proc.returncode, tail.events, judged, received[0] if received else "",
                       _LogEnd(log_path, plan, owns_log), lost, by_signal)
