@@ -280,3 +280,22 @@ def test_a_launch_srun_could_not_start_is_tried_again(tmp_path: Path, monkeypatc
     assert tries.read_text().count("x") == min(fails + 1, 3)
     assert (outcome.reason == words) == (fails == 3), outcome.reason  # (else: the fake's second try logs nothing)
     assert (tmp_path / "launcher.log").read_text().count("srun: error: Task launch") == min(fails, 3)
+
+
+def test_a_stop_between_two_launches_ends_the_run_without_another(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM while the driver waits to launch a run again (after srun could not start it): the run is aborted with
+    the signal, and not launched again."""
+    import signal
+
+    from mlbench.launch import supervise
+
+    monkeypatch.setattr(supervise, "RELAUNCH_S", 60.0)
+    srun = f"echo x >> {tmp_path}/tries; echo 'srun: error: Unable to contact slurm controller'; exit 1"
+    cmd = supervise.Command(["bash", "-c", srun], dict(os.environ), stdout=tmp_path / "launcher.log",
+                            not_launched=lambda out: "srun could not start it" if "srun: error" in out else "")
+    outcome = supervise.supervise(cmd, log_path=tmp_path / "mlperf.log",
+                                  events_path=tmp_path / "events.jsonl",
+                                  say=lambda line: os.kill(os.getpid(), signal.SIGTERM))
+    assert (outcome.status, outcome.signal, outcome.reason) == (
+        "aborted", "SIGTERM", "received SIGTERM before the run was launched again (after: srun could not start it)")
+    assert (tmp_path / "tries").read_text() == "x\n"

@@ -396,33 +396,28 @@ def supervise(
     this supervisor's rank 0 writes the log (one node), so a log the rank never began is begun for it. A launch that
     started no rank (Command.not_launched: srun's words) is tried again, said through SAY: a transient srun failure
     ended the run (aborted, published) though nothing had trained."""
-    for attempt in range(1, LAUNCH_TRIES + 1):
-        ended = _supervise_once(cmd, log_path, events_path, hang_timeout, init_timeout, on_events, poll_s, plan,
-                                owns_log, relaunch=attempt < LAUNCH_TRIES)
-        if isinstance(ended, Outcome):
-            return ended
-        say(f"{ended}; no rank had started, so no run: launching it again in {RELAUNCH_S:g} s (try {attempt + 1} "
-            f"of {LAUNCH_TRIES})")
-        if stop := _pause(RELAUNCH_S):
-            reason = f"{_signalled(cmd, stop)} before the run was launched again (after: {ended})"
-            return Outcome(status="aborted", exit_code=128 + signal.Signals[stop].value, reason=reason,
-                           log_error=_LogEnd(log_path, plan, owns_log).complete(reason), signal=stop)
-    raise AssertionError("the last try is always judged")
-
-
-def _pause(seconds: float) -> str:
-    """Waits SECONDS; the name of a stop signal that came meanwhile (the wait then ends), or ""."""
-    received: list[str] = []
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signal.Signals(signum).name))
+    between: list[str] = []  # a stop signal that came between two tries (each try has a handler of its own)
+    previous = {s: signal.signal(s, lambda signum, frame: between.append(signal.Signals(signum).name))
                 for s in STOP_SIGNALS}
     try:
-        deadline = time.monotonic() + seconds
-        while not received and time.monotonic() < deadline:
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        for attempt in range(1, LAUNCH_TRIES + 1):
+            ended = _supervise_once(cmd, log_path, events_path, hang_timeout, init_timeout, on_events, poll_s, plan,
+                                    owns_log, relaunch=attempt < LAUNCH_TRIES)
+            if isinstance(ended, Outcome):
+                return ended
+            say(f"{ended}; no rank had started, so no run: launching it again in {RELAUNCH_S:g} s (try "
+                f"{attempt + 1} of {LAUNCH_TRIES})")
+            deadline = time.monotonic() + RELAUNCH_S
+            while not between and time.monotonic() < deadline:
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            if between:
+                reason = f"{_signalled(cmd, between[0])} before the run was launched again (after: {ended})"
+                return Outcome(status="aborted", exit_code=128 + signal.Signals[between[0]].value, reason=reason,
+                               log_error=_LogEnd(log_path, plan, owns_log).complete(reason), signal=between[0])
+        raise AssertionError("the last try is always judged")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return received[0] if received else ""
 
 
 def _supervise_once(cmd: Command, log_path: Path, events_path: Path, hang_timeout: float, init_timeout: float,
