@@ -6,6 +6,7 @@ node names do not resolve. Skips, with the reason, where SLURM cannot run (not r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -215,3 +216,67 @@ def test_a_node_that_fails_is_the_runs_reason_not_the_sigterm(cluster: SlurmClus
     job_id = out.split("submitted SLURM job ")[1].split(";")[0]
     assert f"SLURM job {job_id}: NODE_FAIL, exit code " in out and ": a node failed and SLURM stopped it\n" in out, out
     assert "sbatch exit code" not in out, out
+
+
+def _node_processes(cluster: SlurmCluster, node: str) -> list[int]:
+    """What a lost host NODE takes with it: its slurmd, its slurmstepds (they keep its log and spool open) and the
+    job's processes there (the driver, srun, torchrun, the ranks: SLURMD_NODENAME in their environment)."""
+    pids = [cluster.procs[f"slurmd-{node}"].pid]
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            job_here = f"SLURMD_NODENAME={node}".encode() in (proc / "environ").read_bytes().split(b"\0")
+            if job_here or (proc / "comm").read_text().strip() == "slurmstepd" and node in _open_files(proc):
+                pids.append(int(proc.name))
+    return pids
+
+
+def _open_files(proc: Path) -> str:
+    """The paths PROC has open, one a line."""
+    paths = []
+    for fd in (proc / "fd").iterdir():
+        with contextlib.suppress(OSError):
+            paths.append(str(fd.readlink()))
+    return "\n".join(paths)
+
+
+def test_the_drivers_node_lost_mid_run_is_the_runs_reason(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Rank 0's node, where the job's driver runs, lost mid-run (its slurmd, slurmstepds and the job's processes
+    there killed at once): SLURM ends the job NODE_FAIL; the run the driver left was published with 'mlbench (pid
+    N) died before the run ended (killed, or its session lost); published as aborted by a later mlbench command'.
+    Its reason names the driver's node and the job's end now, and nothing of the job runs on."""
+    import os
+    import signal
+
+    root = tmp_path / "results"
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
+                             "--launcher", "slurm", "--master-addr", "127.0.0.1", "--time", "00:08:00",
+                             "--results", str(root), "--system", "ci", "--seed", "7"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**cluster.env, "COLUMNS": "400"})
+    try:
+        deadline = time.monotonic() + 180
+        while not any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no training step"
+            time.sleep(0.2)
+        for pid in _node_processes(cluster, "node1"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        cluster.procs["slurmd-node1"].wait()
+        cluster._spawn("slurmd-node1", ["slurmd", "-D", "-N", "node1", "-f", str(cluster.conf)],
+                       cluster.root / "log" / "slurmd-node1.again.out")  # for the module's next test
+        cluster.run(["scontrol", "update", "nodename=node1", "state=resume"], check=False)
+        cluster._wait_idle()
+    assert proc.returncode == 1, out + cluster.logs()
+    folder = result_dir(root, "gpt3")
+    record = json.loads((folder / "result_0.json").read_text())
+    assert record["status"] == "aborted" and record["reason"].startswith(
+        "the SLURM job's driver on node1 (pid ") and "died before the run ended (the job ended NODE_FAIL, exit code " \
+        "0:0: a node failed and SLURM stopped it); published as aborted by mlbench run, following the job, at " \
+        in record["reason"], record["reason"] + out
+    stops = [e for e in mllog(folder / "result_0.txt") if e["key"] == "run_stop"]
+    assert [(s["metadata"]["status"], s["metadata"]["reason"]) for s in stops] == [("aborted", record["reason"])]
+    assert f"aborted {folder / 'result_0.txt'} ({record['reason']})" in out, out
+    assert not _torchrun_node_ranks("--rdzv-conf=timeout=600"), "a node's torchrun runs on"
