@@ -156,7 +156,7 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     tiny_override = data.pop("tiny", None)
     # The full definition is validated even for a tiny run: the tiny variant inherits every value it does not
     # override, so a malformed file is malformed for both.
-    full = build(Benchmark, data, where=path.name, fixed={"variant": "full", "path": str(path)})
+    full = build(Benchmark, data, where=path.name, fixed={"variant": "full", "path": str(path)}, also=("tiny",))
     _validate(full)
     if not tiny:
         return full

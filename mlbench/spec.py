@@ -606,10 +606,11 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unhandled type {tp!r}")
 
 
-def build(cls: type, data: Any, where: str, fixed: dict[str, Any] | None = None) -> Any:
+def build(cls: type, data: Any, where: str, fixed: dict[str, Any] | None = None, also: tuple[str, ...] = ()) -> Any:
     """Build dataclass `cls` from a mapping, naming any unknown, missing or ill-typed key. FIXED: fields the caller
     sets, which the mapping may not give (a benchmark file's `path` and `variant`, where it was found and which of
-    its sections was read: a file's `variant: tiny` made its full definition a tiny one)."""
+    its sections was read: a file's `variant: tiny` made its full definition a tiny one). ALSO: keys the caller
+    took out of the mapping itself (a benchmark file's `tiny`), known to the hint for a mistyped one ('tinyy')."""
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping, got {_shown(data)}")
     fixed = fixed or {}
@@ -617,8 +618,9 @@ def build(cls: type, data: Any, where: str, fixed: dict[str, Any] | None = None)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in fixed}
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise UserError(f"{where}: unknown key {_shown(unknown[0])}{_close_key(unknown[0], fields)} "
-                        f"(known: {', '.join(fields)})")
+        known = [*fields, *also]
+        raise UserError(f"{where}: unknown key {_shown(unknown[0])}{_close_key(unknown[0], known)} "
+                        f"(known: {', '.join(known)})")
     kwargs = dict(fixed)
     for name, f in fields.items():
         if name in data:

@@ -545,7 +545,9 @@ def test_each_family_says_the_metric_its_objective_evaluates(name: str, tiny: bo
     ("\nmodel:\n", "\nvariant: tiny\nmodel:\n", False, "gpt3.yaml: unknown key 'variant' (known: name, title, size,"),
     ("\nmodel:\n", "\npath: /elsewhere/gpt3.yaml\nmodel:\n", False, "gpt3.yaml: unknown key 'path' (known: name,"),
     ("\ntiny:\n", "\ntiny:\n  variant: full\n", True, "gpt3.yaml (tiny): unknown key 'variant' (known: name,"),
-], ids=["typo", "case", "tiny-typo", "nothing-close", "variant", "path", "tiny-variant"])
+    # the tiny section's own key, mistyped: the full definition read it as a stranger, offering nothing
+    ("\ntiny:\n", "\ntinyy:\n", False, "gpt3.yaml: unknown key 'tinyy'; did you mean 'tiny'? (known: name,"),
+], ids=["typo", "case", "tiny-typo", "nothing-close", "variant", "path", "tiny-variant", "tiny-itself"])
 def test_an_unknown_key_is_refused_naming_the_close_known_one(benchmarks_copy: Path, old: str, new: str, tiny: bool,
                                                                said: str) -> None:
     _edit(benchmarks_copy / "gpt3.yaml", old, new)
