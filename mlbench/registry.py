@@ -180,14 +180,21 @@ def _same_family(path: Path, full: dict, tiny: object) -> None:
                         f"variant is the same architecture with smaller numbers: leave model.family out of it")
 
 
+# Dimensions below which a model predicts nothing (was listed, shown and planned as a benchmark): one token is
+# always the next one, and a sequence of one token gives no position a token before it to predict from.
+_LEAST = {"vocab_size": (2, " (with one token there is nothing to predict)"),
+          "seq_length": (2, " (with one token a sequence has no context to predict from)")}
+
+
 def _validate(b: Benchmark) -> None:
     m = b.model
     where = b.where
     _validate_text(b, where)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
                 "seq_length"):
-        if getattr(m, key) <= 0:
-            raise UserError(f"{where}: model.{key} must be positive, got {getattr(m, key)}")
+        least, why = _LEAST.get(key, (1, ""))
+        if getattr(m, key) < least:
+            raise UserError(f"{where}: model.{key} is {getattr(m, key)}; it must be at least {least}{why}")
     for f in dataclasses.fields(m):  # every size at most MAX_MODEL_SIZE: what a model has, not what hangs a loop
         value = getattr(m, f.name)
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MODEL_SIZE:

@@ -63,10 +63,15 @@ def _edit(f: Path, old: str, new: str) -> None:
     # a key twice in one mapping: YAML's last-one-wins would override the value a user edits (was accepted)
     ("gpt3", "train:\n  global_batch_size: 1536", "train:\n  global_batch_size: 3072\n  global_batch_size: 1536",
      ["gpt3.yaml: not valid YAML at line", "key 'global_batch_size' given twice"]),
+    # a model that predicts nothing (listed, shown and planned before)
+    ("gpt3", "  vocab_size: 51200", "  vocab_size: 1",
+     ["gpt3.yaml: model.vocab_size is 1; it must be at least 2 (with one token there is nothing to predict)"]),
+    ("gpt3", "  seq_length: 2048", "  seq_length: 1", ["gpt3.yaml: model.seq_length is 1; it must be at least 2"]),
+    ("bert", "  seq_length: 512", "  seq_length: 0", ["bert.yaml: model.seq_length is 0; it must be at least 2"]),
 ], ids=["div-zero-at-own-batch", "power-tower", "power-of-batch", "mod-zero-at-batch-1", "unknown-name",
         "negative-steps", "zero-interval", "complex", "infinite", "negative-perplexity", "wrong-direction",
         "accuracy-above-1", "negative-accuracy", "huge-size", "beta-above-1", "negative-eps", "6000-digits",
-        "alias-bomb", "duplicate-key"])
+        "alias-bomb", "duplicate-key", "vocab-one", "seq-one", "seq-zero"])
 def test_bad_benchmark_file_is_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                needles: list[str]) -> None:
     _edit(benchmarks_copy / f"{name}.yaml", old, new)
