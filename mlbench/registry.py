@@ -263,6 +263,17 @@ def _validate(b: Benchmark) -> None:
 
 
 _PROSE = ("notes", "note")  # text of paragraphs, where a line break is text; every other string is one line
+# The longest text of each kind, in characters: `list` and `show` print it whole (a 900,000-character title filled
+# the terminal). The built-in files' longest: a title of 98, a line of 209 (a source), prose of 529 (a note).
+_LONGEST = {
+    "title": (200, "a title is one row of `mlbench list`"),
+    "line": (1000, "a value of one line"),
+    "prose": (5000, "a few paragraphs"),
+    "data.description": (5000, "a few sentences"),
+    # a blend names many prefixes (megatron's --data-path "W1 PREFIX1 W2 PREFIX2 ..."), each up to PATH_MAX
+    # (data.path, like the benchmark's own path, is not read here)
+    "data.eval_path": (1 << 16, "a blend of indexed prefixes"),
+}
 
 
 def _validate_text(obj: object, where: str, key: str = "") -> None:
@@ -278,12 +289,16 @@ def _validate_text(obj: object, where: str, key: str = "") -> None:
     elif isinstance(obj, dict):
         for k, v in obj.items():
             _validate_text(v, where, f"{key}.{k}")
-    elif isinstance(obj, str) and not obj.isprintable():
+    elif isinstance(obj, str):
         prose = key.rsplit(".", 1)[-1] in _PROSE
-        bad = next((c for c in obj if not c.isprintable() and not (prose and c == "\n")), None)
+        bad = None if obj.isprintable() else \
+            next((c for c in obj if not c.isprintable() and not (prose and c == "\n")), None)
         if bad is not None:
             raise UserError(f"{where}: {key} holds {repr(bad)[1:-1]}, a character that is not printable; "
                             + ("text here is one line" if bad == "\n" else "remove it"))
+        most, what = _LONGEST.get(key) or (_LONGEST["prose"] if prose else _LONGEST["line"])
+        if len(obj) > most:
+            raise UserError(f"{where}: {key} is {len(obj):,} characters long; at most {most:,} ({what})")
 
 
 # Values with a range of their own: what torch's optimizers, megatron-core and the sources accept, refused at load

@@ -340,11 +340,18 @@ _TITLE = "title: GPT-3 175B (MLPerf Training LLM pretraining, C4, from the 4000-
                                                            "not printable; remove it"),
     ("gpt3", _TITLE, 'title: "GPT-3\\n175B"', "gpt3.yaml: title holds \\n, a character that is not "
                                                           "printable; text here is one line"),
+    # `list` and `show` printed them whole: a 900,000-character title filled the terminal
+    ("gpt3", _TITLE, "title: " + "x" * 900_000, "gpt3.yaml: title is 900,000 characters long; at most 200 (a title "
+                                                "is one row of `mlbench list`)"),
+    ("gpt3", "notes: >-\n", "notes: >-\n  " + "y" * 900_000 + "\n",
+     "gpt3.yaml: notes is 900,"),
+    ("gpt3", "sources:\n", "sources:\n  - " + "z" * 5000 + "\n", "gpt3.yaml: sources[0] is 5,000 characters long; "
+                                                                 "at most 1,000 (a value of one line)"),
 ], ids=["unknown-ruleset", "ruleset-without-gpt3", "unknown-benchmark", "lamb-weight-decay-overflow", "huge-eps",
         "eps-below-float32", "huge-rotary-base", "fractional-rotary-base", "negative-init-std", "huge-lr-in-table",
         "negative-warmup-in-table", "size-unit", "zero-published-params", "file-batch-past-the-bound",
         "layout-batch-past-the-bound", "layout-tp-past-the-bound", "negative-devices", "min-lr-above-lr",
-        "escape-in-title", "newline-in-title"])
+        "escape-in-title", "newline-in-title", "huge-title", "huge-notes", "huge-source"])
 def test_values_a_run_died_of_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                   said: str) -> None:
     _edit(benchmarks_copy / f"{name}.yaml", old, new)
