@@ -620,15 +620,12 @@ def unsearchable(path: Path | str) -> Path:
 
 def _benchmark(req: RunRequest) -> Benchmark:
     """The benchmark, with --data-path / --eval-data-path in it (so the plan and the run record carry them)."""
-    from mlbench.train.data import absolute_blend
+    from mlbench.train.data.paths import absolute
 
-    bench = registry.load(req.name, tiny=req.tiny)
+    bench = registry.load(req.name, tiny=req.tiny)  # (the file's own paths made absolute there)
     given = {"path": ("--data-path", req.data_path), "eval_path": ("--eval-data-path", req.eval_data_path)}
-    # Made absolute, so the record says which data was used: indexed prefixes (a blend's weights kept), and BERT's
-    # folder, glob or file
-    overrides = {k: absolute_blend(v, flag) if bench.data.source == "indexed" else
-                 os.path.abspath(os.path.expanduser(v)) if v.strip() else v
-                 for k, (flag, v) in given.items() if v is not None}
+    # Made absolute, so the record says which data was used; relative to the working folder, where the flag was given
+    overrides = {k: absolute(bench.data.source, v, flag) for k, (flag, v) in given.items() if v is not None}
     return dataclasses.replace(bench, data=dataclasses.replace(bench.data, **overrides)) if overrides else bench
 
 

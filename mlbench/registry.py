@@ -159,14 +159,27 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     full = build(Benchmark, data, where=path.name, fixed={"variant": "full", "path": str(path)}, also=("tiny",))
     _validate(full)
     if not tiny:
-        return full
+        return _absolute_data(full, path)
     if not isinstance(tiny_override, dict):
         raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
     merged = deep_merge(data, tiny_override)
     _same_family(path, data["model"], merged["model"])
     bench = build(Benchmark, merged, where=f"{path.name} (tiny)", fixed={"variant": "tiny", "path": str(path)})
     _validate(bench)
-    return bench
+    return _absolute_data(bench, path)
+
+
+def _absolute_data(b: Benchmark, path: Path) -> Benchmark:
+    """B with its data paths absolute, a relative one read from the folder of PATH, its file (it was read from the
+    working folder, and kept relative in the run record: the data a run used depended on where it was started)."""
+    if not (b.data.path.strip() or b.data.eval_path.strip()):
+        return b  # (the built-in files: the paths come from flags; and numpy stays unimported for `list`)
+    from mlbench.train.data.paths import absolute
+
+    base = str(path.absolute().parent)
+    found = {k: absolute(b.data.source, getattr(b.data, k), f"{b.where}: data.{k}", base)
+             for k in ("path", "eval_path")}
+    return dataclasses.replace(b, data=dataclasses.replace(b.data, **found))
 
 
 def _same_family(path: Path, full: dict, tiny: object) -> None:

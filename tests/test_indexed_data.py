@@ -515,6 +515,25 @@ def test_a_relative_prefix_is_recorded_absolute(definitions: Path, corpus: dict,
     assert data.path == f"0.5 {corpus['train']} 0.5 {corpus['eval']}" and data.eval_path == str(corpus["eval"])
 
 
+def test_a_relative_path_in_the_file_is_read_from_the_files_folder(definitions: Path, corpus: dict, monkeypatch,
+                                                                  capsys, tmp_path: Path) -> None:
+    """A benchmark file's relative data.path was read from the working folder (the data a run used depended on
+    where it was started), and kept relative in the run record; it is the file's folder's, made absolute."""
+    own = tmp_path / "own"
+    own.mkdir()
+    data = yaml.safe_load((definitions / "gpt3.yaml").read_text())
+    train, held_out = (os.path.relpath(corpus[k], own) for k in ("train", "eval"))
+    data["data"] |= {"path": f"0.5 {train} 0.5 {held_out}", "eval_path": held_out}
+    (own / "gpt3.yaml").write_text(yaml.safe_dump(data))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, launched = _run_cli(["--results", str(tmp_path / "results")], own, monkeypatch, capsys)
+    assert code == 0, out
+    d = launched["bench"].data
+    assert d.path == f"0.5 {corpus['train']} 0.5 {corpus['eval']}" and d.eval_path == str(corpus["eval"])
+
+
 def test_the_dtype_codes_are_megatrons() -> None:
     from megatron.core.datasets.indexed_dataset import DType
 

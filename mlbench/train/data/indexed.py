@@ -115,31 +115,32 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def absolute_blend(spec: str, flag: str) -> str:
-    """`spec` with every prefix absolute, weights kept: the run record then says which data was used, wherever
-    the run was started from. A prefix holding a space, which the blend syntax would split, is refused."""
+def absolute_blend(spec: str, flag: str, base: str = "") -> str:
+    """`spec` with every prefix absolute, a relative one read from folder BASE (default: the working folder),
+    weights kept: the run record then says which data was used, wherever the run was started from. A prefix
+    holding a space, which the blend syntax would split, is refused."""
     if not spec.strip():
         return spec  # no data path: `check` says what to pass
     parts = spec.split()
-    spaced = _spaced_prefix(spec)
+    spaced = _spaced_prefix(spec, base)
     if spaced:
         plain = spaced.isprintable()  # spaces alone; a newline or tab is shown escaped, on the one line
         raise UserError(f"{flag} {spec!r}: {spaced if plain else repr(spaced)} is a dataset prefix holding "
                         f"{'a space' if plain else 'white space'}, but a blend's prefixes "
                         f"and weights are separated by white space; link or move the data to a path without it")
     prefixes, weights = parse_blend(spec)
-    absolute = [os.path.abspath(p) for p in prefixes]
+    absolute = [os.path.abspath(os.path.join(base, p)) for p in prefixes]
     if weights is None:
         return " ".join(absolute)
     parts[1::2] = absolute  # the weights as the user wrote them
     return " ".join(parts)
 
 
-def _spaced_prefix(spec: str, longest: int = 8) -> str | None:
+def _spaced_prefix(spec: str, base: str = "", longest: int = 8) -> str | None:
     """Consecutive parts of SPEC that, joined by the white space between them in SPEC (a space, a tab, a
-    newline), name an existing prefix no part names on its own."""
+    newline), name an existing prefix (a relative one in folder BASE) no part names on its own."""
     def exists(prefix: str) -> bool:
-        return any(os.path.lexists(f"{prefix}{ext}") for ext in (".bin", ".idx"))
+        return any(os.path.lexists(os.path.join(base, f"{prefix}{ext}")) for ext in (".bin", ".idx"))
 
     spans = [m.span() for m in re.finditer(r"\S+", spec)]
     for i, (start, end) in enumerate(spans):
