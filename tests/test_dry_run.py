@@ -151,3 +151,27 @@ def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_
     # and a command a real run takes says nothing
     proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "d"))
     assert proc.returncode == 0 and "a real run of this command" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(("name", "old", "new", "said"), [
+    ("gpt3", "    target: 1.04", "    target: 0.5",
+     "gpt3.yaml (tiny): quality.target 0.5 is at or below 0.8881, the Markov source's entropy rate (vocabulary 128, "
+     "data.branching 4, data.concentration 0.5, data.seed 1234): the lowest expected eval log perplexity any model "
+     "has, so every run would train its whole budget and abort; give a target above it"),
+    ("bert", "    target: 0.616", "    target: 0.95",
+     "bert.yaml (tiny): quality.target 0.95 is at or above 0.9205, a bound of any model's expected masked-token "
+     "accuracy on the Markov source (vocabulary 31,"),
+], ids=["perplexity-below-the-entropy-rate", "accuracy-above-the-bound"])
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
+def test_a_tiny_target_the_source_does_not_allow_is_refused_before_launch(benchmarks_copy: Path, tmp_path: Path, cli,
+                                                                         name: str, old: str, new: str, said: str,
+                                                                         dry: bool) -> None:
+    """It was accepted: every run trained its whole budget, then aborted as 'quality target not reached'."""
+    f = benchmarks_copy / f"{name}.yaml"
+    assert old in f.read_text()
+    f.write_text(f.read_text().replace(old, new, 1))
+    results = tmp_path / "results"
+    proc = cli("run", name, "--tiny", *(["--dry-run"] if dry else []), "--results", results,
+               env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
+    assert proc.returncode == 2 and said in " ".join(proc.stdout.split()), proc.stdout + proc.stderr
+    assert not results.exists()

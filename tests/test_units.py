@@ -31,6 +31,15 @@ def test_masked_lm_floor_is_below_one_and_above_chance() -> None:
     assert 1 / 64 < acc < 1.0
 
 
+def test_masked_lm_bound_is_the_accuracy_with_every_neighbour_seen() -> None:
+    """The cheap bound a target is checked against before launch: above the masked-token floor at any masking,
+    and that floor itself where almost no neighbour is masked."""
+    src = MarkovSource(31, branching=4, concentration=1.0, seed=1234)
+    bound = src.masked_lm_accuracy_bound(32)
+    assert src.masked_lm_best_accuracy(32, 0.3, n=300) < bound
+    assert src.masked_lm_best_accuracy(32, 0.01, n=3000) == pytest.approx(bound, abs=0.01)
+
+
 @pytest.mark.parametrize(("name", "margin"), [("gpt3", 0.15), ("llama31_405b", 0.15), ("bert", -0.2)])
 def test_tiny_targets_are_the_floor_and_the_stated_margin(name: str, margin: float) -> None:
     """Each tiny target is the source's best achievable value plus the margin its note states."""

@@ -29,7 +29,7 @@ from mlbench.train.data.indexed import (
     parse_blend,
     read_index,
 )
-from mlbench.train.data.source import PAD, MarkovTokens, TokenSource, markov_source
+from mlbench.train.data.source import PAD, MarkovTokens, TokenSource, best_value, markov_source
 
 if TYPE_CHECKING:
     from mlbench.run_plan import RunPlan
@@ -87,6 +87,7 @@ def check(bench: Benchmark, nodes: int, *, dry_run: bool, given: Collection[str]
         if given:
             raise UserError(f"--data-path / --eval-data-path apply to the indexed source; {bench.name}"
                             f"{' (tiny)' if bench.variant == 'tiny' else ''} trains on the synthetic Markov source")
+        _check_reachable(bench)
         return
     if dry_run:
         return
@@ -103,6 +104,28 @@ def check(bench: Benchmark, nodes: int, *, dry_run: bool, given: Collection[str]
         check_files(*found, bench.eval.samples, (named(bench, "path", given), named(bench, "eval_path", given)))
         return
     _check_indexed(bench, nodes, given)
+
+
+def _check_reachable(bench: Benchmark) -> None:
+    """A quality target the Markov source lets a model reach: one past the source's best value (a tiny `target:
+    0.5` where the entropy rate is 0.888) was accepted, and every run trained its whole budget, then aborted.
+    Here, before launch, not when the file is loaded: the best value takes seconds at a large vocabulary."""
+    q, d = bench.quality, bench.data
+    source = markov_source(bench)
+    best = best_value(source, q.metric, bench.model.seq_length)
+    if bench.converged(best) and best != q.target:
+        return
+    chain = (f"vocabulary {source.vocab_size}, data.branching {d.branching}, data.concentration "
+             f"{d.concentration:g}, data.seed {d.seed}")
+    if q.metric == "log_perplexity":
+        said = (f"at or below {best:.4f}, the Markov source's entropy rate ({chain}): the lowest expected eval log "
+                f"perplexity any model has")
+    else:
+        said = (f"at or above {best:.4f}, a bound of any model's expected masked-token accuracy on the Markov source "
+                f"({chain}; sequences of {bench.model.seq_length}, with every masked token's neighbours seen)")
+    better = "above" if q.direction == "min" else "below"
+    raise UserError(f"{bench.where}: quality.target {q.target:g} is {said}, so every run would train its whole budget "
+                    f"and abort; give a target {better} it (quality.note says how the target was chosen)")
 
 
 def _check_indexed(bench: Benchmark, nodes: int, given: Collection[str]) -> None:

@@ -67,6 +67,24 @@ class MarkovSource:
             out[:, t] = np.minimum((cdf < u[:, t, None]).sum(axis=1), self.vocab_size - 1)
         return out
 
+    def masked_lm_accuracy_bound(self, length: int) -> float:
+        """An upper bound on any predictor's expected masked-token accuracy over sequences of `length` tokens,
+        exact and cheap at any vocabulary: the Bayes-optimal accuracy where both neighbours of every masked token
+        are seen (a first-order chain says nothing more), which is at least what `masked_lm_best_accuracy`
+        estimates with the neighbours masked too. The first token has no left neighbour, the last no right one."""
+        p, pi = self.transition, self.stationary
+        if length < 2:
+            return float(pi.max())
+        # inside: sum over (a, b) of pi_a max_k P[a, k] P[k, b], over the few successors k of each a (a weight
+        # a tiny concentration rounded to 0 is none)
+        inside = 0.0
+        for a, row in enumerate(p):
+            k = np.flatnonzero(row)
+            inside += pi[a] * (row[k][:, None] * p[k]).max(axis=0).sum()
+        joint = pi[:, None] * p  # P(x_t = a, x_t+1 = b)
+        first, last = joint.max(axis=0).sum(), joint.max(axis=1).sum()
+        return float(((length - 2) * inside + first + last) / length)
+
     def masked_lm_best_accuracy(self, length: int, mask_prob: float, n: int = 2000, seed: int = 0) -> float:
         """Accuracy of the Bayes-optimal masked-token predictor, estimated on `n` sampled sequences.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -61,3 +62,13 @@ def markov_source(bench: Benchmark) -> MarkovSource:
     keeps one id for [MASK])."""
     d, m = bench.data, bench.model
     return MarkovSource(family(m.family).markov_vocab(m), d.branching, d.concentration, d.seed)
+
+
+@functools.lru_cache(maxsize=16)
+def best_value(markov: MarkovSource, metric: str, seq_length: int) -> float:
+    """The best expected eval value of METRIC any model has on the source, over sequences of SEQ_LENGTH: its
+    entropy rate for log perplexity (exact), an upper bound of masked-token accuracy (MarkovSource.
+    masked_lm_accuracy_bound). Cached: at the largest vocabulary (4,096) the chain's stationary law takes seconds."""
+    if metric == "log_perplexity":
+        return markov.entropy_rate
+    return markov.masked_lm_accuracy_bound(seq_length)
