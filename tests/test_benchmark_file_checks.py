@@ -411,8 +411,7 @@ def test_a_schedule_that_cannot_run_as_written_is_refused_on_load(benchmarks_cop
      "gpt3.yaml (tiny): data.branching is 100000: the Markov source picks that many distinct successors for each of "
      "its 128 tokens (model.vocab_size); at most 128"),
     ("gpt3", "vocab_size: 128, seq", "vocab_size: 1, seq",
-     "gpt3.yaml (tiny): model.vocab_size is 1: the Markov source (data.source: markov) needs at least 2 tokens: with "
-     "one there is nothing to predict"),
+     "gpt3.yaml (tiny): model.vocab_size is 1; it must be at least 2 (with one token there is nothing to predict)"),
     ("bert", "vocab_size: 32,", "vocab_size: 2,", "bert.yaml (tiny): model.vocab_size is 2: the Markov source "
                                                   "(data.source: markov) needs at least 2 tokens (model.vocab_size 2 "
                                                   "less the one kept for [MASK])"),
