@@ -190,6 +190,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     if req.save_checkpoint:
         check_save_path_length(req.save_checkpoint, layout.world_size, req.launcher)
     check_results_folder(req.results_root, system, bench.name)
+    _check_target(bench)
     slurm_opts = _slurm_options(req, bench, layout)
     # absolute from here on: the working folder may be removed while the run trains (its results elsewhere, `--results
     # ../r`), and the checker, run in a folder of its own, then could not find the log ('could not run: No such
@@ -634,6 +635,12 @@ def _check_data(bench: Benchmark, req: RunRequest) -> None:
 
     given = {key for key, flag in (("path", req.data_path), ("eval_path", req.eval_data_path)) if flag is not None}
     data.check(bench, req.layout.nodes, dry_run=req.dry_run, given=given)
+
+
+def _check_target(bench: Benchmark) -> None:
+    from mlbench.train import data
+
+    data.check_target(bench)  # (seconds at a large synthetic vocabulary: after the cheap checks)
 
 
 def _checkpoint_given(bench: Benchmark, req: RunRequest) -> None:
