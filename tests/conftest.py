@@ -94,12 +94,14 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
     mlbench() does."""
 
     def run(*args: object, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        # imported before the environment is set: a first import under a test's MLBENCH_BENCHMARKS kept its folder
+        # as the registry's default for every later test of the process (tests/test_list_show.py alone failed)
+        from mlbench import registry
+
         with monkeypatch.context() as m:
             for key, value in {"COLUMNS": "200", **(env or {})}.items():
                 m.setenv(key, value) if value is not None else m.delenv(key, raising=False)
             if env and "MLBENCH_BENCHMARKS" in env:  # read as the registry is imported, so set as it would be
-                from mlbench import registry
-
                 m.setattr(registry, "BENCHMARKS_DIR", Path(env["MLBENCH_BENCHMARKS"] or registry.SHIPPED_DIR))
             if cwd is not None:
                 m.chdir(cwd)
