@@ -12,6 +12,8 @@ NCCL take part, so each is tried once there with the GPU-sized llama of perf/gpu
    reason, published as aborted.
 4. sigterm: SIGTERM to `mlbench run` mid-training: aborted, "stopped by SIGTERM", no process left on the GPU.
 5. kill9: SIGKILL to `mlbench run` mid-training: the ranks die with it (parent-death signal), the GPU is freed.
+6. checkpoint: tiny gpt3 saves a checkpoint from the GPU (CUDA tensors through torch.distributed.checkpoint and
+   mlbench's checksums), a second run starts from it, and a copy with one byte flipped is refused before launch.
 
 Each case prints one line and goes into OUT/faults.json with what was seen (exit code, status, reason, the GPU's
 processes and memory afterwards).
@@ -104,6 +106,33 @@ def stop_case(sig: int, run: list[str], env: dict, log: Path, results: Path, sys
             "record": record(results, system), "last_lines": tail}
 
 
+def checkpoint(out: Path, results: Path) -> dict:
+    """Save from the GPU, start from it, and refuse a damaged copy (the shipped tiny gpt3, fp32)."""
+    import shutil
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MLBENCH_BENCHMARKS", None)
+    saved, damaged = out / "ckpt", out / "ckpt_damaged"
+    base = [*CLI, "run", "gpt3", "--tiny", "--results", str(results)]
+
+    def run(*flags: str) -> dict:
+        p = subprocess.run([*base, *flags], env=env, capture_output=True, text=True, timeout=150)
+        return {"exit_code": p.returncode, "said": [ln for ln in (p.stdout + p.stderr).strip().splitlines()
+                                                      if "Warning" not in ln and "warnings.warn" not in ln][-3:]}
+
+    found = {"save": run("--seed", "1", "--system", "ckpt_save", "--save-checkpoint", str(saved))}
+    found["files"] = sorted(f.name for f in saved.iterdir()) if saved.is_dir() else []
+    found["load"] = run("--seed", "2", "--system", "ckpt_load", "--init-checkpoint", str(saved))
+    if saved.is_dir():
+        shutil.copytree(saved, damaged)
+        shard = sorted(damaged.glob("*.distcp"))[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+        found["damaged"] = run("--seed", "3", "--system", "ckpt_damaged", "--init-checkpoint", str(damaged))
+    return found
+
+
 def main(out: Path) -> int:
     import torch
 
@@ -188,6 +217,7 @@ def main(out: Path) -> int:
     case("oom", oom)
     case("sigterm", lambda: stop_case(signal.SIGTERM, run, env, log, results, "sigterm"))
     case("kill9", lambda: stop_case(signal.SIGKILL, run, env, log, results, "kill9"))
+    case("checkpoint", lambda: checkpoint(out, results))
     (out / "faults.json").write_text(json.dumps(found, indent=1))
     return 0
 
