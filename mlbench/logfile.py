@@ -223,7 +223,8 @@ class _Layout:
         for c, (w, size) in enumerate(zip(width.tolist(), sizes, strict=True)):
             part = numbers[to:to + len(i) * size].reshape(-1, size)
             part[:, :w] = _strings(data, w)[end[:, c] - w].view(np.uint8).reshape(-1, w)
-            part[:, :w][np.arange(w) < w - length[:, c, None]] = 0x20
+            if (length[:, c] < w).any():  # (mostly none: a column's numbers are of one length in a block)
+                part[:, :w][np.arange(w) < w - length[:, c, None]] = 0x20
             if ints[c]:
                 part[:, w:w + 2] = (0x2E, 0x30)
             part[:, -1] = 0x2C
@@ -546,16 +547,16 @@ class LogReader:
             count, src, todo, rows = self._sort(data, pos, cut, keys)
             take = self.take
             done, learn, one_by_one = 0, None, 0  # rows handed over; the first record taken one by one, how many
+            # The rows of the lines before a line read one by one are handed over before a record of the taker's
+            # key, so in order; not before every other line (an eval line every few steps made thousands of calls)
             for i, s, e, d, k, stop in zip(*(x.tolist() for x in todo), strict=True):
-                if k > done:  # the lines before this one read in a batch: their rows first, in order
-                    take.rows(rows[done:k])
-                    done = k
                 if d:  # a wanted record in the standard form: parsed here, so a taker sees it without an Event
                     record = _parse(src[s + _TOKEN_LEN:e])
-                    if take is not None and type(record) is dict and record.get("key") == take.key \
-                            and take.record(record, n + i + 1):
-                        learn, one_by_one = learn or (s, e), one_by_one + 1
-                        continue
+                    if take is not None and type(record) is dict and record.get("key") == take.key:
+                        done = _hand(take, rows, done, k)
+                        if take.record(record, n + i + 1):
+                            learn, one_by_one = learn or (s, e), one_by_one + 1
+                            continue
                     event = _as_event(record, n + i + 1)
                     if event is None:  # the rule reads it: broken, or a record cut off by another after a second
                         event = self._line(src[s:e], n + i + 1)  # token (the rule takes the last, as the checker)
@@ -564,13 +565,15 @@ class LogReader:
                 if event is None:
                     continue
                 if event.key in keys:
+                    if take is not None and event.key == take.key:
+                        done = _hand(take, rows, done, k)
                     yield event
                 if self.keys is not keys:  # narrowed: the rest of the block sorted again
+                    _hand(take, rows, done, k)
                     n, pos = n + i + 1, stop + 1
                     break
             else:
-                if done < len(rows):
-                    take.rows(rows[done:])
+                _hand(take, rows, done, len(rows))
                 n, pos = n + count, cut
             self._dense = 2 * len(rows) > count
             if learn is not None and take.fields and take.rows and one_by_one > len(rows):  # (another) layout
@@ -664,6 +667,13 @@ class LogReader:
             return [f"truncated: the last line ({last}) is cut off"]
         shown = ", ".join(map(str, self.broken[:5])) + (" ..." if self.n_broken > 5 else "")
         return [f"{self.n_broken} line(s) with broken JSON skipped (line {shown})"]
+
+
+def _hand(take: Take | None, rows: np.ndarray, done: int, upto: int) -> int:
+    """Hands TAKE the batch rows done..UPTO not handed yet; returns UPTO."""
+    if upto > done:
+        take.rows(rows[done:upto])
+    return max(done, upto)
 
 
 def _last_line_end(data: bytes, whole: bool) -> int:

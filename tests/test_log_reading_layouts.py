@@ -207,3 +207,44 @@ def test_twenty_digits_in_a_row_are_read_exactly():
     assert logfile._parse(b'{"v": -1234567890123456789012345}')["v"] == -1234567890123456789012345
     assert logfile._parse(b'{"v": 1234567890123456789, "w": "0123456789 0123456789"}') == {
         "v": 1234567890123456789, "w": "0123456789 0123456789"}
+
+
+def test_batch_rows_are_handed_over_once_a_block_between_other_lines(tmp_path, monkeypatch):
+    """A log with every kind of line among its per-step lines (block and eval lines every 3 steps, per-step lines of
+    another layout, garbled, cut off, escaped, rank-prefixed, with odd numbers): the same RunLog and step times as
+    reading every line one by one, and the rows of a block handed over in one call unless a per-step record read
+    one by one comes between them (a call before every eval or block line made thousands of calls)."""
+    monkeypatch.setattr(logfile, "_BLOCK", 60000)
+    f = tmp_path / "result_0.txt"
+    rnd = random.Random(7)
+    lines = [_record(1, k, v, {"file": "a.py", "lineno": 1}) for k, v in
+             [("submission_benchmark", "llama31_8b"), ("global_batch_size", 16), ("max_sequence_length", 8192)]]
+    lines.append(_record(1000, "run_start", None, {"file": "a.py", "lineno": 1}))
+    t, odd = 1000, 0
+    for step in range(1, 3000):
+        t += rnd.randint(500, 1500)
+        value = {"train_step_time": round(rnd.uniform(0.1, 2), rnd.randint(1, 3)), "tokens_per_s": 1e5,
+                 "tflops_per_device": 400.0}
+        line = _record(t, "tracked_stats", value, {"file": "/workspace/x.py", "step": step})
+        if step % 97 == 0:  # read one by one: another layout, an odd number, garbled, escaped, prefixed
+            odd += 1
+            line = rnd.choice([_record(t, "tracked_stats", dict(reversed(value.items())), {"step": step}),
+                               line.replace(f'"step": {step}', f'"step": {rnd.choice(_NUMBERS)}'),
+                               line[:rnd.randrange(len(line))], "0: " + line,
+                               line.replace("train_step_time", "train_\\u0073tep_time")])
+        lines.append(line)
+        if step % 3 == 0:
+            md = {"file": "a.py", "lineno": 1, "samples_count": step * 16}
+            lines += [_record(t, "block_stop", None, md), _record(t + 1, "eval_accuracy", 4 - step / 1e4, md),
+                      _record(t + 3, "block_start", None, {**md, "epoch_count": 48})]
+    lines.append(_record(t + 5, "run_stop", None, {"file": "a.py", "lineno": 1, "status": "success"}))
+    f.write_text("\n".join(lines) + "\n")
+    calls = []
+    add_rows = step_times.Tracked.add_rows
+    monkeypatch.setattr(step_times.Tracked, "add_rows", lambda self, rows: (calls.append(len(rows)),
+                                                                           add_rows(self, rows)))
+    got, want, batched, _ = _both(f, monkeypatch)
+    assert got == want
+    assert batched > 2500 and want[0]["problems"]
+    blocks = -(-f.stat().st_size // 60000)
+    assert len(calls) <= blocks + odd, (len(calls), blocks, odd)  # (before: one a block or eval line, ~1000)
