@@ -261,6 +261,8 @@ class RunSet:
         """0 where every run reached its target; 128 + the signal where a stop signal ended the set (as a shell
         reports a process it stopped, and as every other command ends on one), its runs published first; else 1."""
         stop = next((r.stopped_by for r in self.results if r.stopped_by), None) or next(iter(self.held), None)
+        if len(self.seeds) > 1:
+            self.console.print(set_summary(self.results, len(self.seeds), stop), highlight=False, soft_wrap=True)
         if stop:
             return 128 + signal.Signals[stop].value
         complete = len(self.results) == len(self.seeds)
@@ -339,6 +341,27 @@ class RunSet:
                                          f"{', ' + outcome.reason if outcome.reason else ''})"),
                            highlight=False, soft_wrap=True)
         return RunResult(self.folder, "aborted", None, None, False, why, published=False, stopped_by=outcome.signal)
+
+
+def set_summary(done: list[RunResult], planned: int, stop: str | None) -> Text:
+    """The set's last line: how many of its PLANNED runs reached their target, did not (their results named), were
+    not published and were not started (and why: the stop signal, or a run that could not be published)."""
+    reached = [r for r in done if r.published and r.status == "success"]
+    failed = [r for r in done if r.published and r.status != "success"]
+    lost = [r for r in done if not r.published]
+    left = planned - len(done)
+    after = sum(not r.ok for r in reached)  # a checkpoint not saved, a failure or a stop after run_stop
+    parts = [Text(f"{len(reached)} reached the target" + (f" ({after} with an error after it)" if after else ""),
+                  "green" if len(reached) == planned and not after else "")]
+    if failed:
+        names = ", ".join(printable(r.path.name) for r in failed[:5]) + (", ..." if len(failed) > 5 else "")
+        parts.append(Text(f"{len(failed)} did not ({names})", "red"))
+    if lost:
+        parts.append(Text(f"{len(lost)} not published", "red"))
+    if left:
+        parts.append(Text(f"{left} not started ({stop or 'the set stopped after a run that could not be published'})",
+                          "yellow"))
+    return Text.assemble(f"set of {planned} runs: ", *sum(([p, ", "] for p in parts), [])[:-1])
 
 
 def compliance_verdict(log: Path, bench: Benchmark) -> compliance.Verdict:

@@ -606,7 +606,38 @@ def test_a_set_that_stops_on_a_run_not_published_says_the_runs_not_started(tmp_p
     run_set.supervise()
     assert run_set.collect() == 1 and len(run_set.results) == 1
     said = console.file.getvalue()
-    assert said == "the run could not be published: the set stops here; 2 more run(s) not started\n", said
+    assert said == "the run could not be published: the set stops here; 2 more run(s) not started\nset of 3 runs: " \
+        "0 reached the target, 1 not published, 2 not started (the set stopped after a run that could not be " \
+        "published)\n", said
+
+
+def test_a_set_ends_with_a_line_counting_its_runs(tmp_path: Path, monkeypatch) -> None:
+    """--runs 4: run 1 reached its target, run 2 did not, run 3 was stopped by Ctrl-C. The set ended on run 3's own
+    line, nothing saying how the set went (how many reached the target, which did not, how many were not started)."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import registry, runner
+    from mlbench.layout import resolve
+
+    bench = registry.load("gpt3", tiny=True)
+    console = Console(file=io.StringIO(), width=1 << 20)
+    opts = runner.RunOptions(results=tmp_path, system="ci", runs=4, seed=1)
+    run_set = runner.RunSet(bench, resolve(bench), opts, console, runner.local_commands(resolve(bench), opts))
+    run_set.folder, run_set.seeds = tmp_path, [1, 2, 3, 4]
+    ends = iter([("success", ""), ("aborted", ""), ("aborted", "SIGINT")])
+
+    def run(i: int, seed: int, env: dict) -> runner.RunResult:
+        status, stop = next(ends)
+        return runner.RunResult(tmp_path / f"result_{i}.txt", status, 1.0, 1.0, True, "", stopped_by=stop)
+
+    monkeypatch.setattr(run_set, "_run", run)
+    run_set.supervise()
+    assert run_set.collect() == 130
+    said = console.file.getvalue().splitlines()
+    assert said[-1] == "set of 4 runs: 1 reached the target, 2 did not (result_1.txt, result_2.txt), 1 not started " \
+        "(SIGINT)", said
 
 
 def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:
