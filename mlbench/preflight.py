@@ -191,6 +191,8 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
         check_save_path_length(req.save_checkpoint, layout.world_size, req.launcher)
     check_results_folder(req.results_root, system, bench.name)
     _check_target(bench)
+    if req.seed is not None and req.node_rank == 0:  # (another node's folder holds its rank logs, no results)
+        real_run(lambda: check_seeds_free(Path(req.results_root) / system / bench.name, req.seed, req.runs))
     slurm_opts = _slurm_options(req, bench, layout)
     # absolute from here on: the working folder may be removed while the run trains (its results elsewhere, `--results
     # ../r`), and the checker, run in a folder of its own, then could not find the log ('could not run: No such
@@ -476,6 +478,22 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
         raise UserError(f"results folder {folder}: {logs}{link} is on another filesystem, and a run moves its rank "
                         f"logs into it by a rename, which cannot cross filesystems; make it a folder on the results "
                         f"folder's filesystem, or pass --results DIR elsewhere")
+
+
+def check_seeds_free(folder: Path, first: int, runs: int) -> None:
+    """The set's seeds (FIRST, FIRST + 1, ...) are none the folder's results logged: a second `--seed 5` set into one
+    folder repeated the first set's runs seed for seed, and the folder became a set the package checker rejects."""
+    used = results.seeds_used(folder)
+    clash = sorted(s for s in used if first <= s < first + runs)
+    if not clash:
+        return
+    mine = f"seeds {first} to {first + runs - 1}" if runs > 1 else f"seed {first}"
+    after = max(used) + 1
+    free = f"--seed {after} (past every seed the folder holds), " if after + runs - 1 <= SEED_MAX else ""
+    raise UserError(f"--seed {first}: this set's {mine} would repeat seed {clash[0]} of {used[clash[0]]} in {folder}"
+                    f"{f' (and {len(clash) - 1} more)' if len(clash) > 1 else ''}; a set's runs each need their own "
+                    f"seed (MLPerf's package checker rejects a repeated one): give {free}no --seed (a random one), or "
+                    f"--results DIR elsewhere")
 
 
 # What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's

@@ -338,6 +338,41 @@ def _taken(folder: Path, i: int, held: set[int] = frozenset()) -> bool:
         folder / f"result_{i}.txt", folder / f"result_{i}.json", folder / "logs" / f"result_{i}"))
 
 
+# The most of a log read for its seed: rank 0 logs it before run_start, in the first few KB.
+_SEED_BYTES = 1 << 20
+
+
+def logged_seed(log: Path) -> int | None:
+    """The seed LOG states (its first `seed` record before run_start, as an integer), or None: no seed there, not a
+    regular file (a FIFO would block the read), or unreadable."""
+    from mlbench import logfile  # here: numpy and orjson, which the CLI's start-up need not import
+
+    with contextlib.suppress(OSError):
+        if not log.is_file():
+            return None
+        read = 0
+        with open(log, "rb") as f:
+            for n, line in enumerate(f, 1):
+                read += len(line)
+                event = logfile.whole_record(line.rstrip(b"\n"), n)
+                if event is not None and event.key == "seed":
+                    return event.value if type(event.value) is int else None
+                if read > _SEED_BYTES or event is not None and event.key == "run_start":
+                    break
+    return None
+
+
+def seeds_used(folder: Path) -> dict[int, str]:
+    """Each seed the result logs in FOLDER state, and the first log (by name) that states it: a set's runs must each
+    have their own (MLPerf's package checker rejects a set in which two runs log one seed from one line)."""
+    used: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for log in sorted(folder.glob("result_*.txt")):
+            if (seed := logged_seed(log)) is not None:
+                used.setdefault(seed, log.name)
+    return used
+
+
 def _write_synced(path: Path, text: str) -> None:
     with open(path, "x") as f:
         f.write(text)

@@ -10,7 +10,7 @@ import secrets
 import shlex
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,10 +72,13 @@ def default_system() -> str:
     return socket.gethostname().split(".")[0] or "local"
 
 
-def seeds(first: int | None, runs: int) -> list[int]:
-    """Distinct seeds, as MLPerf requires: first, first+1, ... or fresh random ones."""
-    base = first if first is not None else secrets.randbelow(2**31 - runs)
-    return [base + i for i in range(runs)]
+def seeds(first: int | None, runs: int, used: Collection[int] = ()) -> list[int]:
+    """Distinct seeds, as MLPerf requires: first, first+1, ... or fresh random ones, none of them USED (the seeds of
+    the results already in the folder: preflight refuses a given --seed that repeats one)."""
+    while True:
+        base = first if first is not None else secrets.randbelow(2**31 - runs)
+        if first is not None or not any(base <= s < base + runs for s in used):
+            return [base + i for i in range(runs)]
 
 
 def time_to_train(log: Path) -> float | None:
@@ -219,7 +222,8 @@ class RunSet:
         self.folder = folder
         if self.opts.save_checkpoint:  # what a save killed with its run (kill -9) left beside the destination
             checkpoint_folder.remove_dead_partials(Path(self.opts.save_checkpoint))
-        self.seeds = seeds(self.opts.seed, self.opts.runs)
+        self.seeds = seeds(self.opts.seed, self.opts.runs, results.seeds_used(folder) if self.opts.seed is None and
+                           self.opts.node_rank == 0 else ())
         self.env_info = environment.collect(ROOT)
 
     def start(self) -> None:

@@ -374,3 +374,25 @@ def test_a_benchmark_files_number_in_unicode_digits_is_no_number(tmp_path: Path,
     f.write_text(f.read_text().replace("  beta1: 0.9 ", '  beta1: "\u0660.\u0669" ', 1))
     proc = cli("show", "gpt3", env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     _assert_clean_error(proc, "optimizer.beta1: expected a number, got '\u0660.\u0669'")
+
+
+def test_a_second_set_with_the_seeds_of_the_first_is_refused(tmp_path: Path, cli, monkeypatch) -> None:
+    """`run --seed 5 --runs 3` twice into one folder: the second set ran seeds 5, 6, 7 again (result_3 to result_5
+    the first three run again, step for step), and the folder became a set MLPerf's package checker rejects. It is
+    refused now, the first free seed offered; a random first seed keeps clear of the folder's seeds."""
+    from mlbench import runner
+
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    for i, seed in enumerate((5, 6, 7)):
+        (folder / f"result_{i}.txt").write_text(
+            ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "seed", "value": '
+            f'{seed}, "metadata": {{"file": "x.py", "lineno": 1}}}}\n')
+    before = sorted(folder.iterdir())
+    proc = cli("run", "gpt3", "--tiny", "--seed", "6", "--runs", "3", "--results", str(tmp_path), "--system", "ci")
+    _assert_clean_error(proc, "--seed 6: this set's seeds 6 to 8 would repeat seed 6 of result_1.txt",
+                        "(and 1 more)", "give --seed 8 (past every seed the folder holds)")
+    assert sorted(folder.iterdir()) == before
+    draws = iter([4, 7, 100])  # random first seeds: 4 and 5, 7 and 8 would repeat one; 100 and 101 are free
+    monkeypatch.setattr(runner.secrets, "randbelow", lambda n: next(draws))
+    assert runner.seeds(None, 2, {5, 6, 7}) == [100, 101]
