@@ -178,6 +178,11 @@ def local_commands(layout: Layout, opts: RunOptions) -> CommandFor:
     return command_for
 
 
+class NotStaged(UserError):
+    """A run's staging folder or plan could not be written (a full disk): the input's fault before the set's first
+    run (exit 2, nothing written); after it, the set stops there, its runs so far published (exit 1)."""
+
+
 def _staged_plan(folder: Path, plan_for: Callable[[Path], RunPlan]) -> tuple[Path, RunPlan]:
     """A staging folder holding the run's plan; a folder that cannot take it (a full disk) refuses the run."""
     staging = None
@@ -188,7 +193,7 @@ def _staged_plan(folder: Path, plan_for: Callable[[Path], RunPlan]) -> tuple[Pat
     except OSError as e:
         if staging:
             results.discard(staging)
-        raise UserError(f"results folder {folder}: cannot write a run's files ({e.strerror or e}); free space or "
+        raise NotStaged(f"results folder {folder}: cannot write a run's files ({e.strerror or e}); free space or "
                         f"pass --results DIR elsewhere") from None
     return staging, plan
 
@@ -214,6 +219,7 @@ class RunSet:
         self.announce = announce
         self.results: list[RunResult] = []
         self.held: list[str] = []  # stop signals held while a run was checked and published (supervise)
+        self.cut_short = ""  # why the set stopped before its last run, where no stop signal did (_not_started)
 
     def describe(self, folder: Path) -> list[tuple[str, str]]:
         return [("each run starts", shlex.join(self.command_for(Path("PLAN.json"), Path("STAGING"), 0, {}).argv))]
@@ -240,7 +246,14 @@ class RunSet:
                 if received:  # between runs: the last one is published, this one is not started
                     self._not_started(received[0], len(self.seeds) - i)
                     break
-                result = self._run(i, seed, env)
+                try:
+                    result = self._run(i, seed, env)
+                except NotStaged as e:
+                    if not self.results:  # nothing of the set written: refused, as before launch
+                        raise
+                    self.console.print(Text(str(e), "red"), highlight=False, soft_wrap=True)
+                    self._not_started("the next run's files could not be written", len(self.seeds) - i)
+                    break
                 self.results.append(result)
                 if not result.published:  # (the next run's files would not fit either): said, as for a signal
                     self._not_started("the run could not be published", len(self.seeds) - i - 1)
@@ -259,6 +272,7 @@ class RunSet:
     def _not_started(self, why: str, left: int) -> None:
         """WHY (a stop signal's name, or a few words) the set ends with LEFT runs not started, said where any are."""
         if left:
+            self.cut_short = why
             self.console.print(f"{why}: the set stops here; {left} more run(s) not started", highlight=False)
 
     def collect(self) -> int:
@@ -266,7 +280,8 @@ class RunSet:
         reports a process it stopped, and as every other command ends on one), its runs published first; else 1."""
         stop = next((r.stopped_by for r in self.results if r.stopped_by), None) or next(iter(self.held), None)
         if len(self.seeds) > 1:
-            self.console.print(set_summary(self.results, len(self.seeds), stop), highlight=False, soft_wrap=True)
+            self.console.print(set_summary(self.results, len(self.seeds), stop or self.cut_short), highlight=False,
+                               soft_wrap=True)
         if stop:
             return 128 + signal.Signals[stop].value
         complete = len(self.results) == len(self.seeds)
@@ -347,9 +362,9 @@ class RunSet:
         return RunResult(self.folder, "aborted", None, None, False, why, published=False, stopped_by=outcome.signal)
 
 
-def set_summary(done: list[RunResult], planned: int, stop: str | None) -> Text:
+def set_summary(done: list[RunResult], planned: int, stop: str) -> Text:
     """The set's last line: how many of its PLANNED runs reached their target, did not (their results named), were
-    not published and were not started (and why: the stop signal, or a run that could not be published)."""
+    not published and were not started (and why, STOP: the stop signal, or what cut the set short)."""
     reached = [r for r in done if r.published and r.status == "success"]
     failed = [r for r in done if r.published and r.status != "success"]
     lost = [r for r in done if not r.published]
@@ -363,8 +378,7 @@ def set_summary(done: list[RunResult], planned: int, stop: str | None) -> Text:
     if lost:
         parts.append(Text(f"{len(lost)} not published", "red"))
     if left:
-        parts.append(Text(f"{left} not started ({stop or 'the set stopped after a run that could not be published'})",
-                          "yellow"))
+        parts.append(Text(f"{left} not started" + (f" ({stop})" if stop else ""), "yellow"))
     return Text.assemble(f"set of {planned} runs: ", *sum(([p, ", "] for p in parts), [])[:-1])
 
 

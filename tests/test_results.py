@@ -607,8 +607,7 @@ def test_a_set_that_stops_on_a_run_not_published_says_the_runs_not_started(tmp_p
     assert run_set.collect() == 1 and len(run_set.results) == 1
     said = console.file.getvalue()
     assert said == "the run could not be published: the set stops here; 2 more run(s) not started\nset of 3 runs: " \
-        "0 reached the target, 1 not published, 2 not started (the set stopped after a run that could not be " \
-        "published)\n", said
+        "0 reached the target, 1 not published, 2 not started (the run could not be published)\n", said
 
 
 def test_a_set_ends_with_a_line_counting_its_runs(tmp_path: Path, monkeypatch) -> None:
@@ -697,3 +696,43 @@ def test_a_results_folder_removed_as_a_run_stages_is_made_again(tmp_path: Path) 
     folder = tmp_path / "ci" / "gpt3"
     staging = results.stage(folder)  # (as the other command's clean-up left it: gone)
     assert staging.parent == folder and staging.is_dir()
+
+
+def test_a_set_whose_next_run_cannot_be_staged_stops_with_exit_1(tmp_path: Path, monkeypatch) -> None:
+    """--runs 3 on a disk that fills after run 1 was published: run 2's staging folder could not be made, and the
+    set ended as bad input (a UserError out of the set: exit 2, run 1 published, no word of runs 2 and 3). Now the
+    set stops there as for a run not published (exit 1), the reason said; before its first run it is still
+    refused (exit 2, nothing of it written)."""
+    import errno
+    import io
+
+    from rich.console import Console
+
+    from mlbench import registry, runner
+    from mlbench.layout import resolve
+
+    def full(folder: Path) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results, "stage", full)
+    bench = registry.load("gpt3", tiny=True)
+    for done in (1, 0):
+        console = Console(file=io.StringIO(), width=1 << 20)
+        opts = runner.RunOptions(results=tmp_path, system="ci", runs=3, seed=1)
+        run_set = runner.RunSet(bench, resolve(bench), opts, console, runner.local_commands(resolve(bench), opts))
+        run_set.folder, run_set.seeds = tmp_path, [1, 2, 3]
+        real = run_set._run
+        monkeypatch.setattr(run_set, "_run", lambda i, seed, env, real=real, done=done: runner.RunResult(
+            tmp_path / "result_0.txt", "success", 1.0, 1.0, True, "") if i < done else real(i, seed, env))
+        if not done:
+            with pytest.raises(runner.NotStaged, match="cannot write a run's files"):
+                run_set.supervise()
+            continue
+        run_set.supervise()
+        assert run_set.collect() == 1
+        said = console.file.getvalue().splitlines()
+        assert said == [f"results folder {tmp_path}: cannot write a run's files (No space left on device); free space "
+                        "or pass --results DIR elsewhere",
+                        "the next run's files could not be written: the set stops here; 2 more run(s) not started",
+                        "set of 3 runs: 1 reached the target, 2 not started (the next run's files could not be "
+                        "written)"], said
