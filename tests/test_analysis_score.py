@@ -149,6 +149,24 @@ def test_too_few_runs_gives_no_score(tmp_path):
 
 
 @needs_shared
+def test_a_fourth_run_repeating_a_seed_is_said_too_many_and_a_repeated_seed(tmp_path):
+    """A second `mlbench run --seed S` set into a folder: 4 runs of gpt3, two of one seed, scored without a word,
+    where MLPerf's package checker rejects the folder twice (a count not exactly 3; a seed stated twice from one
+    line). Both are said now; the pristine set says neither."""
+    d = _copy_google(tmp_path)
+    assert not any(n.startswith(("seed ", "too many")) for n in score_set(find_sets(d)[0], ruleset="4.1.0").notes)
+    first = (d / "result_0.txt").read_text()
+    (d / "result_3.txt").write_text(first.replace('"key": "run_stop", "value": null, "metadata": {',
+                                                  '"key": "run_stop", "value": null, "metadata": {"again": 1, ', 1))
+    notes = score_set(find_sets(d)[0], ruleset="4.1.0").notes
+    assert "too many runs: 4 where gpt3 takes exactly 3; MLPerf's package checker rejects the folder ('Incorrect " \
+           "number of files'), and the olympic mean here, as the official summarizer's, is over all 4" in notes, notes
+    assert "seed 7356 is stated by 2 runs (result_0.txt, result_3.txt) from one line: MLPerf's package checker " \
+           "rejects a set whose runs repeat a seed; each run needs its own" in notes, notes
+    assert not any("byte for byte" in n for n in notes), notes  # (another run, not the same log)
+
+
+@needs_shared
 def test_mixed_benchmarks_and_broken_file_still_report_the_rest(tmp_path):
     d = _copy_google(tmp_path)
     bert = SHARED / "training_results_v5.0/NVIDIA/results/tyche_ngpu8_ngc25.04_pytorch/bert/result_0.txt"

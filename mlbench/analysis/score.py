@@ -219,6 +219,20 @@ def duplicate_notes(files: list[Path]) -> list[str]:
     return notes
 
 
+def seed_notes(runs: list[RunLog]) -> list[str]:
+    """Runs of the set that state one seed from one line of one file: MLPerf's package checker rejects the set
+    ('already logs the same seed on the same line'), as the official summarizer scores it; said for each seed."""
+    first: dict[tuple[object, object, int], str] = {}
+    repeats: dict[tuple[object, object, int], list[str]] = {}
+    for r in runs:
+        for key in dict.fromkeys(r.seeds):
+            if first.setdefault(key, r.name) != r.name:
+                repeats.setdefault(key, [first[key]]).append(r.name)
+    return [f"seed {key[2]} is stated by {len(names)} runs ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}) "
+            f"from one line: MLPerf's package checker rejects a set whose runs repeat a seed; each run needs its own"
+            for key, names in repeats.items()]
+
+
 def _scaling_json(rs: ResultSet, notes: list[str]) -> tuple[float | None, bool]:
     """(scaling.json's factor or None, whether the file is usable). One that is there but no regular file (a pipe
     would block the summarizer's read, /dev/zero fill the memory) or too large is not usable, and said."""
@@ -280,7 +294,7 @@ def _judging_ruleset(rs: ResultSet, ruleset: str | None, benchmark: str | None, 
 def score_set(rs: ResultSet, ruleset: str | None = None, devices: int | None = None,
               jobs: int | None = None) -> SetScore:
     runs = rs.runs
-    notes: list[str] = [*rs.left_out, *duplicate_notes(rs.files)]
+    notes: list[str] = [*rs.left_out, *duplicate_notes(rs.files), *seed_notes(runs)]
     benchmark = _benchmark(rs, notes)
     with_rules = mlperf_tools.rulesets_with(benchmark)
     ruleset, from_definition = _judging_ruleset(rs, ruleset, benchmark, with_rules, notes)
@@ -416,6 +430,10 @@ def _olympic(same: list[RunScore], benchmark: str | None, notes: list[str]) -> f
     if dropped > max_dropped:
         notes.append(f"{dropped} runs failed or did not converge (at most {max_dropped} may be dropped): no score")
         return None
+    if required is not None and len(same) > required:  # (the summarizer's olympic mean takes them all)
+        notes.append(f"too many runs: {len(same)} where {benchmark} takes exactly {required}; MLPerf's package "
+                     f"checker rejects the folder ('Incorrect number of files'), and the olympic mean here, as the "
+                     f"official summarizer's, is over all {len(same)}")
     return mlperf_tools.olympic_average(times, dropped, max_dropped)
 
 
