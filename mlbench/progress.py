@@ -18,9 +18,12 @@ def is_progress_line(line: str) -> bool:
 
 
 class Progress:
-    def __init__(self, title: str, console: Console | None = None):
+    def __init__(self, title: str, console: Console | None = None, announce: bool = False):
+        """ANNOUNCE: without a terminal, the title is printed first (a run of a set: which run, which seed; the
+        live panel shows it on a terminal)."""
         self.console = console or terminal.console()
         self.title = title
+        self.announce = announce
         self.state: dict = {}
         self.started = time.monotonic()
         self._live: Live | None = None
@@ -29,6 +32,8 @@ class Progress:
         if self.console.is_terminal:
             self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()
+        elif self.announce:
+            self.console.print(self.title, highlight=False, soft_wrap=True)
         return self
 
     def __exit__(self, *exc) -> None:

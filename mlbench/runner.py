@@ -298,7 +298,7 @@ class RunSet:
             with contextlib.suppress(OSError):  # only a display follows it
                 self.announce.write_text(f"{staging}\n")
         label = f"{bench.name}{' (tiny)' if bench.variant == 'tiny' else ''} run {i + 1}/{opts.runs}, seed {seed}"
-        with Progress(label, console) as progress:
+        with Progress(label, console, announce=len(self.seeds) > 1) as progress:
             # Node 0 hosts global rank 0, which writes the log (every launcher's rendezvous is static: one node,
             # torchrun's nodes, a SLURM job whose driver runs on its first node); its supervisor owns the log.
             outcome = supervise(cmd, log_path=plan.log_path, events_path=plan.events_path,

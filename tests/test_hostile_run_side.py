@@ -35,6 +35,23 @@ def test_a_console_prints_nothing_and_fails_nothing_without_a_stdout(monkeypatch
     console.file.flush()
 
 
+def test_a_run_of_a_set_is_named_without_a_terminal() -> None:
+    """`mlbench run --runs 3 | tee log` (CI, a SLURM output file): the runs' lines followed one another with
+    nothing saying which run or seed each block was (the live panel's title, on a terminal only). A run of a set
+    now begins with its title line; a set of one run prints none (its one block is the run)."""
+    import io
+
+    from rich.console import Console
+
+    plain = "training on cpu x (fp32, local attention)"
+    for announce, first in ((True, "gpt3 (tiny) run 2/3, seed 6"), (False, plain)):
+        console = Console(file=io.StringIO(), width=1 << 20)
+        with Progress("gpt3 (tiny) run 2/3, seed 6", console, announce=announce) as progress:
+            progress.on_events([{**_START, "device": {"type": "cpu", "name": "x", "precision": "fp32",
+                                                      "attention": "local"}}])
+        assert console.file.getvalue().splitlines()[0] == first, console.file.getvalue()
+
+
 def test_a_save_stopped_by_another_ranks_failure_is_not_shown_as_its_own_reason() -> None:
     """kill -9 of rank 1 while the checkpoint was saved: the live line said 'checkpoint NOT saved to X: Aborted:
     signal SIGTERM' (rank 0's words, stopped by its launcher), and the summary below it 'rank 1 killed by SIGKILL'."""
