@@ -83,13 +83,13 @@ def test_nothing_is_written_into_the_checkpoint_a_run_starts_from(llama_checkpoi
 def test_start_from_checkpoint_in_another_layout_gives_the_same_numbers(llama_checkpoint, tmp_path: Path,
                                                                         quick_env: dict) -> None:
     ckpt, saved = llama_checkpoint
-    root = tmp_path / "results"
-    for flags in ([], ["--nproc-per-node", "2", "--tp", "2"]):
+    roots = [tmp_path / "tp1", tmp_path / "tp2"]  # one seed twice: two folders (a set's runs need their own seeds)
+    for root, flags in zip(roots, ([], ["--nproc-per-node", "2", "--tp", "2"]), strict=True):
         proc = _run(root, "llama31_405b", "--init-checkpoint", str(ckpt), *flags, env=quick_env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         out = " ".join(proc.stdout.split())
         assert "started from checkpoint" in out and "with its optimizer state" in out
-    one, two = _records(root, "llama31_405b")
+    [one], [two] = (_records(root, "llama31_405b") for root in roots)
     for rec in (one, two):
         loaded = rec["init_checkpoint"]
         assert loaded["path"] == str(ckpt) and loaded["optimizer_state"] is True
