@@ -335,6 +335,11 @@ _TITLE = "title: GPT-3 175B (MLPerf Training LLM pretraining, C4, from the 4000-
     ("gpt3", "min_lr: max(2e-6, 3e-6 * min(1, max(0, global_batch_size - 3599)))", "min_lr: 1.0",
      "gpt3.yaml: optimizer.min_lr is 1.0 at global_batch_size = 1536, above optimizer.lr 2e-05: the schedule "
      "decays from lr down to min_lr"),
+    # data.path was skipped with the file's own path (field `path`): list and the run record printed the ESC raw
+    ("gpt3", '  path: ""  # user supplied', '  path: "/data/a\\eb"  # user supplied',
+     "gpt3.yaml: data.path holds \\x1b, a character that is not printable; remove it"),
+    ("gpt3", '  path: ""  # user supplied', '  path: "/data/c4\\n"  # user supplied',
+     "gpt3.yaml: data.path holds \\n, a character that is not printable; text here is one line"),
     # `list` printed these raw: ESC reached the terminal, a newline split the row in two
     ("gpt3", _TITLE, 'title: "GPT-3 \\e[31m175B"', "gpt3.yaml: title holds \\x1b, a character that is "
                                                            "not printable; remove it"),
@@ -351,7 +356,8 @@ _TITLE = "title: GPT-3 175B (MLPerf Training LLM pretraining, C4, from the 4000-
         "eps-below-float32", "huge-rotary-base", "fractional-rotary-base", "negative-init-std", "huge-lr-in-table",
         "negative-warmup-in-table", "size-unit", "zero-published-params", "file-batch-past-the-bound",
         "layout-batch-past-the-bound", "layout-tp-past-the-bound", "negative-devices", "min-lr-above-lr",
-        "escape-in-title", "newline-in-title", "huge-title", "huge-notes", "huge-source"])
+        "escape-in-data-path", "newline-in-data-path", "escape-in-title", "newline-in-title", "huge-title",
+        "huge-notes", "huge-source"])
 def test_values_a_run_died_of_are_refused_on_load(benchmarks_copy: Path, name: str, old: str, new: str,
                                                   said: str) -> None:
     _edit(benchmarks_copy / f"{name}.yaml", old, new)
