@@ -632,6 +632,9 @@ _SCONTROL = {
                   "TimeLimit=00:01:00 EndTime=2026-11-28T04:08:38 NodeList=node[1-2] BatchHost=node1",
     "node failure": "JobId=4 JobName=mlbench-gpt3 JobState=COMPLETING Reason=NodeDown ExitCode=0:0 "
                     "TimeLimit=00:08:00 EndTime=2026-11-28T04:05:14 NodeList=node1 BatchHost=node1",
+    # as seen on a one-host cluster (SLURM 22.05) by the batch step's SIGTERM trap, after someone's `scancel 1`
+    "cancelled": "JobId=1 JobName=mlbench-gpt3 JobState=COMPLETING Reason=None ExitCode=0:0 RunTime=00:00:01 "
+                 "TimeLimit=00:01:00 EndTime=2026-11-28T07:01:34 NodeList=node1 BatchHost=node1",
     "running": "JobId=5 JobName=mlbench-gpt3 JobState=RUNNING Reason=None ExitCode=0:0 TimeLimit=02:00:00 "
                "EndTime={end} NodeList=node[1-2] BatchHost=node1",
 }
@@ -647,6 +650,30 @@ def _fake_scontrol(tmp_path: Path, monkeypatch, shown: str) -> None:
         f'  exit 0\nfi\ncat {tmp_path / "shown"}\n')
     (bin_dir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("sacct", ["no accounting", "by uid 0", "by an unknown uid", "the user's own stop"])
+def test_a_job_cancelled_from_outside_says_so(tmp_path: Path, monkeypatch, sacct: str) -> None:
+    """Someone's `scancel 1` (not mlbench run's Ctrl-C) had the run recorded "received SIGTERM": the job, COMPLETING
+    with no reason of SLURM's as its steps got the signal, was not recognised. Now the reason says it was cancelled
+    from outside, and by whom where SLURM's accounting says (sacct's 'CANCELLED by UID', with slurmdbd); with
+    srun's end first (no signal) too. mlbench run's own stop (STOP_REQUESTED) stays the user's."""
+    _fake_scontrol(tmp_path, monkeypatch, _SCONTROL["cancelled"])
+    said = {"no accounting": "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1",
+            "by uid 0": "echo 'CANCELLED by 0'", "by an unknown uid": "echo 'CANCELLED by 4000000000'",
+            "the user's own stop": "echo 'CANCELLED by 0'"}[sacct]
+    (tmp_path / "bin" / "sacct").write_text(f"#!/bin/sh\n{said}\n")
+    (tmp_path / "bin" / "sacct").chmod(0o755)
+    if sacct == "the user's own stop":  # (a second Ctrl-C cancels the job outright: COMPLETING as well)
+        (tmp_path / slurm.STOP_REQUESTED).write_text("SIGINT\n")
+        assert slurm.why_stopped("1", tmp_path, slurm.SlurmOptions(), "SIGTERM") == \
+            "received SIGINT (mlbench run's, passed to the job's driver as SIGTERM)"
+        assert slurm.why_stopped("1", tmp_path, slurm.SlurmOptions(), "") == ""
+        return
+    by = {"no accounting": "", "by uid 0": " by root (uid 0)", "by an unknown uid": " by uid 4000000000"}[sacct]
+    for signal_name in ("SIGTERM", ""):
+        assert slurm.why_stopped("1", tmp_path, slurm.SlurmOptions(), signal_name) == \
+            f"the SLURM job was cancelled from outside mlbench run (scancel{by}): SLURM stopped it"
 
 
 @pytest.mark.parametrize("case", ["time limit", "node failure", "warning", "the user's stop", "far from the limit"])

@@ -5,6 +5,7 @@ own runs on it: test_slurm_run.py; the sbatch renderer: test_slurm_script.py."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,12 +83,21 @@ def test_too_many_nodes_test_only_precheck(tmp_path: Path) -> None:
 @pytest.mark.slurm
 @needs_slurm
 def test_scancel_leaves_cancelled(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Someone's scancel: the job ends CANCELLED, and its batch step, as it gets the SIGTERM, sees what the driver's
+    reasoning (launch.slurm.why_stopped) needs to say so: the run was recorded "received SIGTERM" before."""
+    (tmp_path / "why.py").write_text("import os, sys\nfrom pathlib import Path\n"
+                                     "from mlbench.launch.slurm import SlurmOptions, why_stopped\n"
+                                     "print(why_stopped(os.environ['SLURM_JOB_ID'], Path(sys.argv[1]), "
+                                     "SlurmOptions(), 'SIGTERM'))\n")
+    trap = f"trap '{sys.executable} {tmp_path}/why.py {tmp_path} > {tmp_path}/reason; exit 143' TERM"
     r = cluster.run(["sbatch", "--parsable", "--nodes=2", "--time=00:01:00", f"--output={tmp_path}/%j.out",
-                     "--wrap", "srun sleep 60"])  # fmt: skip
+                     "--wrap", f"{trap}; srun sleep 60 & wait"])  # fmt: skip
     job_id = r.stdout.strip()
     _wait_state(cluster, job_id, {"RUNNING"})
     cluster.run(["scancel", job_id])
     assert _wait_state(cluster, job_id, {"CANCELLED"}) == "CANCELLED"
+    assert (tmp_path / "reason").read_text() == \
+        "the SLURM job was cancelled from outside mlbench run (scancel): SLURM stopped it\n"
     # The jobcomp text file (no slurmdbd) records it too; sacct --completion reads that.
     deadline = time.monotonic() + 10
     rows: list[str] = []

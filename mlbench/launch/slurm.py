@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import json
 import os
+import pwd
 import re
 import select
 import shlex
@@ -725,9 +726,9 @@ def lost_nodes(allocated: str, remaining: str) -> str:
 
 def why_stopped(job_id: str, job_dir: Path, opts: SlurmOptions, signal_name: str) -> str:
     """Why SLURM stopped the job's run (the driver's Command.outside), asked of slurmctld when the batch step's stop
-    signal SIGNAL_NAME comes ("": srun ended first): the job's time limit, a node's failure, or (a SIGTERM the
-    follower did not send: STOP_REQUESTED) SLURM's warning before the limit; "" where SLURM did not. Each was
-    "received SIGTERM", the cause said only by SLURM's line in the job's output."""
+    signal SIGNAL_NAME comes ("": srun ended first): the job's time limit, a node's failure, a cancel from outside
+    (someone's scancel), or (a SIGTERM the follower did not send: STOP_REQUESTED) SLURM's warning before the limit;
+    "" where SLURM did not. Each was "received SIGTERM", the cause said only by SLURM's line in the job's output."""
     if not job_id:
         return ""
     fields = job_fields(job_id, timeout=10)  # (the job's processes are killed KillWait s after its end)
@@ -735,11 +736,37 @@ def why_stopped(job_id: str, job_dir: Path, opts: SlurmOptions, signal_name: str
     down = lost_nodes(os.environ.get("SLURM_JOB_NODELIST", ""), fields.get("NodeList", "")) if failed else ""
     if ended := stopped_by_slurm(fields, down):
         return ended
+    if signal_name == "SIGTERM" and (requested := users_stop(job_dir)):
+        return requested
+    if not (job_dir / STOP_REQUESTED).exists() and (outside := cancelled(job_id, fields)):
+        return outside  # (a SIGTERM, or srun's end first: scancel signals every step)
     if signal_name != "SIGTERM":
         return ""
-    if requested := users_stop(job_dir):
-        return requested
     return time_limit_warning(fields, time.time()) if warns(opts) else ""
+
+
+def cancelled(job_id: str, fields: dict[str, str]) -> str:
+    """The run's reason where someone cancelled the job (scancel, not mlbench run's stop: the caller checks
+    STOP_REQUESTED), from its `scontrol show job` FIELDS as its steps get the SIGTERM: ending (COMPLETING, or
+    CANCELLED once ended) with no reason of SLURM's own (TimeLimit, NodeDown: stopped_by_slurm's). The job's batch
+    step is this driver, still running: the job is not ending of itself. "" otherwise. It was "received SIGTERM"."""
+    if fields.get("JobState") not in ("COMPLETING", "CANCELLED") or fields.get("Reason", "None") != "None":
+        return ""
+    by = f" by {who}" if (who := cancelled_by(job_id)) else ""
+    return f"the SLURM job was cancelled from outside mlbench run (scancel{by}): SLURM stopped it"
+
+
+def cancelled_by(job_id: str) -> str:
+    """'USER (uid N)' where SLURM's accounting says who cancelled the job (sacct's State 'CANCELLED by N', with
+    slurmdbd); "" where it does not say (no accounting database: jobcomp's state has no user) or does not answer."""
+    with contextlib.suppress(UserError, subprocess.TimeoutExpired):  # (briefly: KillWait s until SIGKILL)
+        out = _slurm("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State", timeout=5)
+        if out.returncode == 0 and (m := re.search(r"\bCANCELLED by (\d{1,10})\b", out.stdout)):
+            uid = int(m.group(1))
+            with contextlib.suppress(KeyError):
+                return f"{printable(pwd.getpwuid(uid).pw_name)} (uid {uid})"
+            return f"uid {uid}"
+    return ""
 
 
 def users_stop(job_dir: Path) -> str:
