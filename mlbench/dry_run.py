@@ -31,9 +31,10 @@ def layout_table(bench: Benchmark, layout: Layout) -> Table:
     return t
 
 
-def check_checkpoint(plan: RunPlan, console: Console) -> None:
+def check_checkpoint(plan: RunPlan, console: Console) -> dict[str, list[int]]:
     """The --init-checkpoint against the full-size model (built on the meta device in a subprocess: it needs a
-    process group); a checkpoint that does not fit is bad input, reported before anything is written."""
+    process group); a checkpoint that does not fit is bad input, reported before anything is written. Returns its
+    files as checked (integrity.file_stamps), for the run plan."""
     with tempfile.TemporaryDirectory(prefix="mlbench-ckpt-check-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan.save(plan_path)
@@ -59,6 +60,7 @@ def check_checkpoint(plan: RunPlan, console: Console) -> None:
                  "; no checksums (not saved by mlbench): its bytes are not verified, only its structure")
     console.print(f"checkpoint {plan.init_checkpoint}: all {r['tensors']} model tensors present with the model's "
                   f"shapes{names}{padding}; {moments}{checksums}", highlight=False, soft_wrap=True)
+    return r.get("file_stamps") or {}
 
 
 def _log_to_run_start(bench: Benchmark, layout: Layout, seed: int, system: str, folder: str) -> Path:

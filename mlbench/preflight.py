@@ -744,7 +744,8 @@ def check_new_folder(what: str, path: Path) -> None:
 def check_checkpoint_fits(bench: Benchmark, layout: Layout, opts: RunOptions, console: Console | None) -> None:
     """The --init-checkpoint against the model this run builds (names and shapes, in a helper process that
     builds it on the meta device), before launch: a checkpoint that does not fit is bad input, not a run that
-    dies after its log is published."""
+    dies after its log is published. Its files as checked go into OPTS, for the ranks (each loads those or
+    refuses: a checkpoint changed between the check and the load was loaded unchecked)."""
     from rich.console import Console as RichConsole
 
     from mlbench.dry_run import check_checkpoint
@@ -752,7 +753,7 @@ def check_checkpoint_fits(bench: Benchmark, layout: Layout, opts: RunOptions, co
 
     plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=0, run_dir="", system=opts.system, dry_run=True,
                    init_checkpoint=opts.init_checkpoint)
-    check_checkpoint(plan, console or RichConsole(quiet=True))
+    opts.init_checkpoint_stamps = check_checkpoint(plan, console or RichConsole(quiet=True))
 
 
 def check_closed_rules(bench: Benchmark, layout: Layout, system: str) -> None:

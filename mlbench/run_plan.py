@@ -26,6 +26,8 @@ class RunPlan:
     dry_run: bool = False  # log up to run_start with every hyperparameter, build nothing heavy
     env: dict = field(default_factory=dict)
     init_checkpoint: str = ""  # a megatron-core distributed checkpoint to start from
+    # each file of it as the check before launch read it, {name: [size, mtime_ns, inode]}: a rank loads those files
+    init_checkpoint_stamps: dict = field(default_factory=dict)
     save_checkpoint: str = ""  # where to save one when the run stops ("" for nowhere)
     # Each node's first rank writes this node's progress events too: where every node has a plan and a supervisor
     # of its own (the torchrun launcher). Nodes that share one plan (SLURM's, one supervisor) leave them to rank 0.

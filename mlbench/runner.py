@@ -11,7 +11,7 @@ import shlex
 import signal
 import socket
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -44,6 +44,8 @@ class RunOptions:
     rdzv_timeout: float = 600.0  # the torchrun launcher: how long node 0 waits for the other nodes
     threads: int = 1  # CPU threads per rank
     init_checkpoint: str = ""  # megatron-core distributed checkpoint every run starts from
+    # its files as the check before launch read them (integrity.file_stamps): each rank loads those or refuses
+    init_checkpoint_stamps: dict = field(default_factory=dict)
     save_checkpoint: str = ""  # where the (single) run saves its final state
     device: str = ""  # the device the memory plan was checked against ("" for none)
 
@@ -291,7 +293,8 @@ class RunSet:
         bench, layout, opts, folder, console = self.bench, self.layout, self.opts, self.folder, self.console
         staging, plan = _staged_plan(folder, lambda d: RunPlan(
             benchmark=bench, layout=layout.as_dict(), seed=seed, run_dir=str(d), system=opts.system,
-            init_checkpoint=opts.init_checkpoint, save_checkpoint=opts.save_checkpoint,
+            init_checkpoint=opts.init_checkpoint, init_checkpoint_stamps=opts.init_checkpoint_stamps,
+            save_checkpoint=opts.save_checkpoint,
             events_every_node=opts.rdzv_endpoint is not None))
         cmd = self.command_for(staging / "plan.json", staging, i, env)
         if self.announce:

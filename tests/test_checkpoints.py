@@ -595,3 +595,61 @@ def test_checksums_name_the_file_whose_bytes_size_or_presence_differ(tmp_path: P
     (c / integrity.MANIFEST).write_text('{"algorithm": "crc32c", "files": {"../x": {"bytes": 1, "crc32c": "0"}}}')
     with pytest.raises(integrity.CheckpointError, match=r"is not the manifest mlbench writes"):
         integrity.verify(c)
+
+
+def test_a_checkpoint_changed_between_the_check_and_the_load_is_refused_by_the_rank(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """A checkpoint changed after the check before launch read it (a save or copy into it going on, a shard
+    replaced by another of the same size) was loaded unchecked: the ranks compared it only with itself as they read
+    it. The check's files (size, mtime, inode: a stat a file, no byte read again) now go into the run plan, and each
+    rank refuses files that are not those, naming the first."""
+    from mlbench import preflight
+    from mlbench.layout import resolve
+    from mlbench.registry import load
+    from mlbench.run_plan import RunPlan
+    from mlbench.runner import RunOptions
+    from mlbench.train import cpu_compat
+    from mlbench.train.checkpoint import integrity
+
+    c = tmp_path / "c"
+    (c / "zarr.weight").mkdir(parents=True)
+    for name, data in (("metadata.json", b"{}"), ("__0_0.distcp", b"a" * 1000), ("zarr.weight/0.0", b"z" * 10)):
+        (c / name).write_bytes(data)
+    integrity.write(c)
+    checked = integrity.file_stamps(c)
+    assert sorted(checked) == sorted(["__0_0.distcp", integrity.MANIFEST, "metadata.json", "zarr.weight/0.0"])
+    assert integrity.changed_since_check(c, checked) is None
+    (c / "other").write_bytes(b"b" * 1000)
+    os.replace(c / "other", c / "__0_0.distcp")  # same size, another file
+    assert integrity.changed_since_check(c, checked) == "__0_0.distcp replaced (1,000 bytes, was 1,000)"
+    stale = checked
+    checked = integrity.file_stamps(c)
+    with open(c / "zarr.weight" / "0.0", "ab") as f:  # a chunk in a folder, rewritten in place
+        f.write(b"z")
+    assert integrity.changed_since_check(c, checked) == "zarr.weight/0.0 rewritten (11 bytes, was 10)"
+    checked = integrity.file_stamps(c)
+    (c / "__1_0.distcp").write_bytes(b"c")
+    assert integrity.changed_since_check(c, checked) == "__1_0.distcp added"
+    (c / "__1_0.distcp").unlink()
+    (c / "metadata.json").unlink()
+    assert integrity.changed_since_check(c, checked) == "metadata.json removed"
+
+    cpu_compat.enable()  # before megatron-core's import here
+    from mlbench.train.checkpoint import CheckpointError, store
+
+    with pytest.raises(CheckpointError, match=r"^--init-checkpoint .*/c: __0_0.distcp replaced \(1,000 bytes, was "
+                                              r"1,000\) since the check before launch: a checkpoint being saved or "
+                                              r"copied into; start the run again once it is complete$"):
+        store.load(c, [], None, 2, checked=stale)  # (before the rank reads anything)
+
+    # carried: the check's stamps into the run's options (a SLURM job's spec takes them whole), then its plan
+    monkeypatch.setattr("mlbench.dry_run.check_checkpoint", lambda plan, console: checked)
+    bench = load("llama31_405b", tiny=True)
+    layout = resolve(bench)
+    opts = RunOptions(results=tmp_path, system="s", init_checkpoint=str(c))
+    preflight.check_checkpoint_fits(bench, layout, opts, None)
+    assert opts.init_checkpoint_stamps == checked
+    plan = RunPlan(benchmark=bench, layout=layout.as_dict(), seed=1, run_dir="", system="s",
+                   init_checkpoint=str(c), init_checkpoint_stamps=opts.init_checkpoint_stamps)
+    plan.save(tmp_path / "plan.json")
+    assert RunPlan.load(tmp_path / "plan.json").init_checkpoint_stamps == checked

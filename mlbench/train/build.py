@@ -182,7 +182,7 @@ def build(plan: RunPlan, device: Device) -> Parts:
     loaded = None
     if plan.init_checkpoint:  # untimed: MLPerf loads the starting checkpoint before run_start
         loaded = checkpoint.load(plan.init_checkpoint, model, optimizer, bench.model.vocab_size,
-                                 bench.train.checkpoint_names)
+                                 bench.train.checkpoint_names, checked=plan.init_checkpoint_stamps)
     return Parts(model=model, optimizer=optimizer, scheduler=scheduler, config=config,
                  objective=family(bench.model.family).objective(bench), source=build_source(bench, plan),
                  loaded=loaded)

@@ -44,12 +44,16 @@ def meta_model(m):
 
 def check(plan: RunPlan) -> dict:
     one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
+    stamps = integrity.file_stamps(plan.init_checkpoint)  # what is checked: carried to the ranks in the run plan
     m = plan.benchmark.model
     model = meta_model(m)
     state = model.sharded_state_dict()
     found = checkpoint.match(plan.init_checkpoint, state, m.vocab_size, plan.benchmark.train.checkpoint_names)
     verified = integrity.verify(plan.init_checkpoint)  # last: the checks above name a structural fault better
-    return {"checksummed_bytes": verified,
+    if (changed := integrity.changed_since_check(plan.init_checkpoint, stamps)) is not None:
+        raise checkpoint.CheckpointError(f"--init-checkpoint {plan.init_checkpoint}: {changed} while it was checked: "
+                                         f"a checkpoint being saved or copied into; start from it once it is complete")
+    return {"checksummed_bytes": verified, "file_stamps": stamps,
             "tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "vocab_padding_resized": found.resized,
             "optimizer_moments": checkpoint.moments_stored(found),

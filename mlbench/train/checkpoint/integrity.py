@@ -144,3 +144,31 @@ def changed(path: str | Path, before: dict[str, tuple[int, int, int]]) -> str | 
         if before.get(name) != after.get(name):
             return name
     return None
+
+
+def file_stamps(path: str | Path) -> dict[str, list[int]]:
+    """Every file's [size, mtime_ns, inode] below PATH, relative names (the manifest's too): what the check before
+    launch read, carried in the run plan so that each rank tells, by a stat a file and no byte read, that the files
+    it loads are the ones checked (`changed_since_check`). A list, as JSON gives it back."""
+    folder = Path(path)
+    out = {}
+    for name in [*_files(folder), *([MANIFEST] if has_manifest(folder) else [])]:
+        s = (folder / name).stat()
+        out[name] = [s.st_size, s.st_mtime_ns, s.st_ino]
+    return out
+
+
+def changed_since_check(path: str | Path, checked: dict[str, list[int]]) -> str | None:
+    """The first file of PATH added, removed, rewritten or replaced since CHECKED (`file_stamps` when the check
+    before launch read it), said as a run's reason; None where every file is the one checked."""
+    try:
+        now = file_stamps(path)
+    except OSError as e:  # (a file removed as it was listed)
+        return f"{getattr(e, 'filename', None) or path}: {e.strerror or e}"
+    for name in sorted(set(checked) | set(now)):
+        was, got = checked.get(name), now.get(name)
+        if was != got:
+            what = ("added" if was is None else "removed" if got is None else
+                    f"{'rewritten' if got[2] == was[2] else 'replaced'} ({got[0]:,} bytes, was {was[0]:,})")
+            return f"{name} {what}"
+    return None

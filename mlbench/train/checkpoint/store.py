@@ -322,13 +322,17 @@ def common_state(path: str | Path) -> dict:
 
 
 def load(path: str | Path, model: list, optimizer, vocab_size: int,
-         names: dict[str, tuple[str, ...]] | None = None) -> dict:
+         names: dict[str, tuple[str, ...]] | None = None, checked: dict[str, list[int]] | None = None) -> dict:
     """Loads the model (and optimizer state when the checkpoint has it) from `path`, after `match`; returns
-    what was loaded."""
+    what was loaded. CHECKED: its files as the check before launch read them (integrity.file_stamps, from the run
+    plan): files changed since (a checkpoint saved or copied into between the check and the load) are refused."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     before = integrity.stamp(path)  # (the check before launch verified its bytes; here, that they stay)
+    if checked and (changed := integrity.changed_since_check(path, checked)) is not None:
+        raise CheckpointError(f"--init-checkpoint {path}: {changed} since the check before launch: a checkpoint "
+                              f"being saved or copied into; start the run again once it is complete")
     state = model_state(model)
     found = match(path, state, vocab_size, names)
     stored = found.stored
