@@ -9,7 +9,20 @@ STAMP    := $(VENV)/.installed
 TORCH    ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install run test test-fast lint system-deps clean
+.PHONY: help install run test test-fast lint system-deps clean FORCE
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make run        create .venv (first time), install, run \`mlbench run gpt3 --tiny\`"
+	@echo "make test       create .venv, install, install SLURM and chromium (as root), run the whole test suite"
+	@echo "make test-fast  the tests that neither train nor need SLURM"
+	@echo "make lint       ruff"
+	@echo "make install    create .venv and install (PYTHON=python3.x picks the Python, 3.11 or newer)"
+	@echo "make clean      remove .venv and build files"
+
+# A target that does not exist (a typo): one line, exit 2.
+.DEFAULT:
+	$(error no target '$@' in $(CURDIR)/Makefile; `make help` lists them)
 
 # Bytecode: pip would compile every module it installs (10k, torch's mostly; 25 s of the install); instead the
 # install's last step imports what a run, a rank, the official tools and the tests import, which writes bytecode
@@ -31,14 +44,36 @@ WARM_TOOLS := import matplotlib.pyplot, pandas, scipy.stats, scipy.optimize, \
   mlperf_logging.compliance_checker.mlp_compliance, mlperf_logging.rcp_checker.rcp_checker, \
   mlperf_logging.result_summarizer.result_summarizer, pytest, xdist, execnet, websocket
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# A .venv that no longer works is made again from nothing, rather than failing later with "bad interpreter" or
+# running another clone's code: its Python gone (uninstalled, upgraded away, a half-made venv), or the clone moved
+# or copied (pip's scripts name the venv they were installed in: its pip's first line must name this one, as real
+# paths, so a .venv that is a link to another is fine). One interpreter start a make (20 ms).
+VENV_CHECK := import os, re, sys; b = os.path.realpath(os.path.join(sys.prefix, 'bin')); \
+  h = open(os.path.join(b, 'pip'), 'rb').read(600); \
+  m = re.match(rb'\#!/bin/sh\n.{0,4}exec. .([^\x22]+)|\#!(/\S+)\n', h); p = m and (m[1] or m[2]).decode(); \
+  sys.exit(not p or os.path.realpath(os.path.dirname(p)) != b)
+VENV_BROKEN := $(if $(wildcard $(VENV)),$(shell "$(PY)" -c "$(VENV_CHECK)" >/dev/null 2>&1 || echo yes))
+# The Python that makes the venv: said in one line where it cannot run or is too old, before anything is made
+# (Python 2 can read the check too).
+PYTHON_FIX := make $(or $(MAKECMDGOALS),install) PYTHON=python3.11 (or the path of a Python 3.11 or newer)
+PYTHON_CHECK := import sys; v = sys.version_info; v < (3, 11) and \
+  sys.exit('make: %s is Python %d.%d; mlbench needs 3.11 or newer: $(PYTHON_FIX)' % (sys.executable, v[0], v[1]))
+
+$(STAMP): pyproject.toml $(if $(VENV_BROKEN),FORCE)
+	@"$(PYTHON)" -c "" >/dev/null 2>&1 || { echo "make: cannot run '$(PYTHON)' (not installed?): \
+	$(PYTHON_FIX)" >&2; exit 2; }
+	@"$(PYTHON)" -c "$(PYTHON_CHECK)"
+	$(if $(VENV_BROKEN),@echo "make: $(VENV) no longer works here (its Python is gone, or the clone was moved or \
+	copied); making it again" >&2)
+	"$(PYTHON)" -m venv $(if $(VENV_BROKEN),--clear) $(VENV)
 	$(PY) -m pip install -q --no-compile $(TORCH_INDEX) "$(TORCH)"
 	$(PY) -m pip install -q --no-compile -e '.[dev]'
 	$(PY) -W ignore -c "$(WARM_TRAIN)" & train=$$!; $(PY) -W ignore -c "$(WARM_TOOLS)" && wait $$train
 	touch $@
 
 install: $(STAMP)
+
+FORCE:
 
 run: install
 	$(VENV)/bin/mlbench run gpt3 --tiny
@@ -63,7 +98,9 @@ system-deps:
 # --dist loadfile keeps each file in one worker, so the runs of a set stay together and a file's SLURM cluster
 # tests run one after another.
 # The Python install and the Debian packages go side by side (pip and dpkg each keep one core busy).
-test:
+# With another goal beside it (make -j2 run test), test waits for this make's install: the sub-make would make the
+# venv a second time, at once, in the same folder.
+test: $(if $(filter-out test,$(MAKECMDGOALS)),install)
 	$(MAKE) -j2 --no-print-directory install system-deps
 	$(VENV)/bin/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 

@@ -42,3 +42,75 @@ def test_wheel_builds_without_warnings_and_with_its_data(tmp_path: Path) -> None
     for data in ("mlbench/rules/smoke.yaml", "mlbench/planner/devices.yaml"):
         assert data in names, data
     assert not [n for n in names if n.startswith(("tests/", "perf/", "benchmarks/"))]
+
+
+# The Makefile's two commands on a fresh or a damaged checkout, read with `make -n` in a copy (nothing installed).
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
+
+
+def _checkout(tmp_path: Path, name: str = "clone") -> Path:
+    root = tmp_path / name
+    root.mkdir()
+    for f in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / f, root / f)
+    return root
+
+
+def _venv(root: Path, pip_names: str) -> None:
+    """A venv (no pip: 50 ms) whose bin/pip script names `pip_names` as its interpreter, as pip writes it."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True, timeout=60)
+    sh = f"#!/bin/sh\n'''exec' \"{pip_names}\" \"$0\" \"$@\"\n' '''\n"  # pip's form for a path with a space
+    first = sh if " " in pip_names else f"#!{pip_names}\n"
+    (root / ".venv/bin/pip").write_text(first + "import sys\n")
+    (root / ".venv/.installed").touch()
+
+
+def _make(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=root, capture_output=True, text=True,
+                          timeout=60)
+
+
+@needs_make
+@pytest.mark.parametrize("name", ["clone", "a b ü"])
+def test_make_keeps_a_venv_that_works_here(tmp_path: Path, name: str) -> None:
+    root = _checkout(tmp_path, name)
+    _venv(root, str(root / ".venv/bin/python"))
+    proc = _make(root, "-n", "run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [".venv/bin/mlbench run gpt3 --tiny"]
+
+
+@needs_make
+def test_make_remakes_a_venv_moved_or_without_its_python(tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    _venv(root, str(tmp_path / "old place/.venv/bin/python"))  # the clone was moved: its scripts name the old path
+    out = _make(root, "-n", "run").stdout
+    assert "no longer works here" in out and "-m venv --clear .venv" in out, out
+    _venv(root, str(root / ".venv/bin/python"))
+    for python in (root / ".venv/bin").glob("python*"):  # the Python it was made with is gone
+        python.unlink()
+        python.symlink_to(tmp_path / "uninstalled/python3")
+    out = _make(root, "-n", "run").stdout
+    assert "-m venv --clear .venv" in out, out
+
+
+@needs_make
+def test_make_says_in_one_line_what_is_wrong(tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    proc = _make(root, "install", "PYTHON=/no/python3.11")
+    assert proc.returncode == 2 and not (root / ".venv").exists()
+    assert proc.stderr.splitlines()[0] == ("make: cannot run '/no/python3.11' (not installed?): make install "
+                                           "PYTHON=python3.11 (or the path of a Python 3.11 or newer)")
+    proc = _make(root, "tset")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no target 'tset'" in proc.stderr
+    assert "make help" in proc.stderr
+    proc = _make(root)  # no goal: what the targets are, nothing installed
+    assert proc.returncode == 0 and "make run" in proc.stdout and not (root / ".venv").exists()
+
+
+@needs_make
+def test_make_test_beside_another_goal_waits_for_one_install(tmp_path: Path) -> None:
+    # make -j2 run test: the sub-make of `test` would install into the same .venv at the same time as `run`'s.
+    root = _checkout(tmp_path)
+    db = _make(root, "-n", "-p", "run", "test").stdout
+    assert "\ntest: install\n" in db
