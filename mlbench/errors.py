@@ -145,6 +145,20 @@ class OutputFailed(UserError):
     exit_code = 1
 
 
+class IncompleteInstall(UserError):
+    """A package mlbench needs is not importable (removed, or half installed): one line naming it and how to install
+    again, exit code 1 (a failure of the system, not bad input)."""
+
+    exit_code = 1
+
+
+def missing_package(module: str, needed_by: str = "mlbench") -> str:
+    """What to say where MODULE (a top-level module name) cannot be imported."""
+    return (f"this Python environment lacks the module '{module}', which {needed_by} imports (a package removed or "
+            f"half installed); install mlbench's dependencies again: `make clean install` in its checkout, or "
+            f"`pip install -e .`")
+
+
 class ProductStream:
     """The stream a command's product goes to (a score, a table, a JSON document): `terminal.STDOUT` (sys.stdout as
     it is at each write; a reader that left, `| head`, ends it quietly, and stdout is then held on /dev/null), but

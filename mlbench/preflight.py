@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from mlbench import rcp_schedule, registry, results, spec
 from mlbench.cli_numbers import shown
-from mlbench.errors import UserError, printable, unprintable
+from mlbench.errors import IncompleteInstall, UserError, missing_package, printable, unprintable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -173,6 +173,7 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     local = None if req.launcher == "slurm" or (req.dry_run and req.launcher == "local" and layout.nodes > 1) \
         else local_device()
     if local is not None:
+        real_run(check_training_stack)
         real_run(lambda: _device_here(bench, layout, req, local))
     here = None if req.dry_run else local
     rdzv = req.rdzv_endpoint if req.launcher == "torchrun" else None
@@ -897,6 +898,22 @@ def check_without_transformer_engine(bench: Benchmark, layout: Layout, te: bool)
     if layout.features.sequence_parallel and bench.model.family == "bert":
         raise UserError(f"sequence parallel for {bench.name} (BERT) needs Transformer Engine's norms, not installed "
                         "here: use --no-sequence-parallel")
+
+
+# What every rank imports, by module and the package that brings it: checked where ranks train here, before launch.
+TRAINING_STACK = {"torch": "torch", "megatron.core": "megatron-core"}
+
+
+def check_training_stack() -> None:
+    """A rank without them failed at start, and the run was published aborted ('ModuleNotFoundError: No module
+    named 'megatron'')."""
+    for module, package in TRAINING_STACK.items():
+        try:
+            found = _importable(module)
+        except ImportError:  # megatron.core's parent missing
+            found = False
+        if not found:
+            raise IncompleteInstall(missing_package(module, f"every rank (package {package})"))
 
 
 def _importable(module: str) -> bool:

@@ -728,3 +728,42 @@ def test_a_gpu_that_another_process_holds_is_refused_before_launch(cli, tmp_path
     assert [g.index for g in gpus_here.taken(1)] == [0]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc")  # a MIG instance: its memory is not told, not checked
     assert gpus_here.taken(1) is None
+
+
+def test_a_missing_training_package_is_refused_before_launch(cli, tmp_path: Path, monkeypatch) -> None:
+    """With megatron-core removed from the environment (or half installed), `make run` launched the rank, which died
+    at its import, and published an aborted result ('ModuleNotFoundError: No module named 'megatron''). Now: one
+    line naming the package and how to install again, exit 1 (the system's fault), nothing written; a dry run
+    says it."""
+    real = preflight._importable
+    monkeypatch.setattr(preflight, "_importable", lambda m: m != "megatron.core" and real(m))
+    refused = tmp_path / "refused"
+    r = cli("run", "gpt3", "--tiny", "--results", str(refused))
+    line = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 1 and "lacks the module 'megatron.core'" in line and "make clean install" in line, line
+    assert not refused.exists()
+    d = cli("run", "gpt3", "--tiny", "--results", str(tmp_path / "dry"), "--dry-run")
+    assert d.returncode == 0 and "would be refused: this Python environment lacks" in " ".join(d.stdout.split())
+
+
+def test_a_missing_dependency_of_the_cli_is_one_line_not_a_traceback(monkeypatch, capsys) -> None:
+    """`mlbench list` with pyyaml removed ended in a traceback ('ModuleNotFoundError: No module named 'yaml''),
+    as did any command importing a package that was gone. The entry point says it in one line, exit 1; a module of
+    mlbench's own that is missing is a bug, and stays a traceback."""
+    import mlbench.__main__ as entry
+    import mlbench.cli
+
+    def missing(name: str):
+        def fail() -> None:
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+        return fail
+
+    monkeypatch.setattr(mlbench.cli, "main", missing("yaml"))
+    with pytest.raises(SystemExit) as e:
+        entry.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1
+    assert err.startswith("mlbench: this Python environment lacks the module 'yaml'") and "make clean install" in err
+    monkeypatch.setattr(mlbench.cli, "main", missing("mlbench.nothing"))
+    with pytest.raises(ModuleNotFoundError):
+        entry.main()
