@@ -40,7 +40,7 @@ WARM_TRAIN := from mlbench.train import cpu_compat; cpu_compat.import_megatron_w
   mlbench.planner.cpu, torch.distributed.tensor, torch.distributed.run, torch._dynamo, \
   megatron.core.models.bert.bert_model, megatron.core.datasets.gpt_dataset, megatron.core.dist_checkpointing, \
   megatron.core.optimizer
-WARM_TOOLS := import matplotlib.pyplot, pandas, scipy.stats, scipy.optimize, \
+WARM_TOOLS := import mlbench.analysis.report, pandas, scipy.stats, scipy.optimize, \
   mlperf_logging.compliance_checker.mlp_compliance, mlperf_logging.rcp_checker.rcp_checker, \
   mlperf_logging.result_summarizer.result_summarizer, pytest, xdist, execnet, websocket
 

@@ -492,3 +492,17 @@ def test_an_html_report_over_a_markdown_one_drops_its_plots(work: Path, cli) -> 
     assert compare_here(cli, work, "--md", "out/r.md").returncode == 0
     assert compare_here(cli, work, "--md", "out/r.x", "--html", "out/r.md").returncode == 0
     assert sorted(os.listdir(files)) == ["convergence.png", "step_times.png"]
+
+
+def test_reports_import_quietly_where_home_cannot_be_written(tmp_path: Path) -> None:
+    """With HOME (and XDG_CACHE_HOME) a file, not a folder, every `compare` and `scaling` began with matplotlib's
+    two-line warning ('mkdir -p failed for path ...', 'Matplotlib created a temporary cache directory ...'). Now
+    nothing is said; matplotlib keeps its cache in a temporary folder."""
+    home = tmp_path / "home"
+    home.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME")}
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, "-c", "import mlbench.analysis.report"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / "c"), "PYTHONPATH": root})
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

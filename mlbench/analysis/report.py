@@ -9,6 +9,7 @@ import fnmatch
 import functools
 import html
 import io
+import logging
 import os
 import re
 import shutil
@@ -18,11 +19,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
 
-matplotlib.use("Agg")  # no display: reports are written on headless machines
-# Names are text: a folder named 'x$^{$' was parsed as maths (a traceback out of matplotlib's mathtext)
-matplotlib.rcParams["text.parse_math"] = False
+def _quiet_matplotlib_import() -> None:
+    """matplotlib imported without its two-line warning where HOME (or XDG_CONFIG_HOME, XDG_CACHE_HOME) cannot be
+    written ('mkdir -p failed for path ...', 'Matplotlib created a temporary cache directory ...'), which every
+    `compare` and `scaling` printed there: it then keeps its font cache in a temporary folder (0.2 s a process)."""
+    log = logging.getLogger("matplotlib")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display: reports are written on headless machines
+        # Names are text: a folder named 'x$^{$' was parsed as maths (a traceback out of matplotlib's mathtext)
+        matplotlib.rcParams["text.parse_math"] = False
+        import matplotlib.pyplot  # noqa: F401
+    finally:
+        log.setLevel(level)
+
+
+_quiet_matplotlib_import()
+import matplotlib  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mlbench import terminal  # noqa: E402
