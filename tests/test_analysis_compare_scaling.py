@@ -75,6 +75,7 @@ def test_scaling_refuses_a_configuration_given_twice():
         build_scaling([EOS, n64])
 
 
+@needs_shared
 def test_compare_refuses_an_entry_given_twice():
     """The same set twice (or inside another PATH), the same run file or published row twice, was compared with
     itself: 'no differences'. A run beside the set that holds it is a comparison, and stays one."""

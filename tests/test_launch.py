@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -59,7 +60,8 @@ def test_a_one_process_run_starts_the_rank_without_torchrun(tmp_path: Path) -> N
 def test_the_dry_run_shows_the_command_a_run_starts(tmp_path: Path, cli) -> None:
     one = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path), "--system", "s")
     assert one.returncode == 0, one.stdout + one.stderr
-    assert f"each run starts: {sys.executable} -m mlbench.train PLAN.json" in one.stdout
+    # as a shell reads it: a checkout at a path with a space has its interpreter quoted
+    assert f"each run starts: {shlex.join([sys.executable, '-m', 'mlbench.train', 'PLAN.json'])}" in one.stdout
     two = cli("run", "gpt3", "--tiny", "--dry-run", "--nproc-per-node", "2", "--results", str(tmp_path),
                   "--system", "s")
     assert "-m mlbench.launch.local_ranks --nproc-per-node=2" in two.stdout
@@ -124,8 +126,8 @@ def test_a_rank_dies_with_its_launcher(sig: int) -> None:
     """A launcher (here a shell) starts a rank that arms its lifeline; SIGKILL of the launcher ends the rank at
     once: by the parent-death signal, or (0: no signal, as off Linux) by the check of its parent."""
     rank_code = RANK.replace("SIG", str(int(sig)))
-    launcher = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{rank_code}' & wait"], stdout=subprocess.PIPE,
-                                text=True)
+    launcher = subprocess.Popen(["bash", "-c", f"{shlex.quote(sys.executable)} -c '{rank_code}' & wait"],
+                                stdout=subprocess.PIPE, text=True)
     assert launcher.stdout.readline().strip() == "armed"
     rank = int(subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()[0])
     launcher.kill()
