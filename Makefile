@@ -110,7 +110,7 @@ test-fast: install
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not slurm"
 
 lint: install
-	$(VENV)/bin/ruff check mlbench tests
+	$(VENV)/bin/ruff check mlbench tests perf
 
 clean:
 	rm -rf $(VENV) build *.egg-info
