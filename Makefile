@@ -97,11 +97,12 @@ system-deps:
 # CPU-bound: about 600 s of CPU in it then). A fourth worker gains nothing: 334 s against 325-339 s at three.
 # --dist loadfile keeps each file in one worker, so the runs of a set stay together and a file's SLURM cluster
 # tests run one after another.
-# The Python install and the Debian packages go side by side (pip and dpkg each keep one core busy).
+# The Python install and the Debian packages go side by side (pip and dpkg each keep one core busy); under make -j
+# the sub-make shares its parent's jobs (a -j2 of its own made make warn 'resetting jobserver mode').
 # With another goal beside it (make -j2 run test), test waits for this make's install: the sub-make would make the
 # venv a second time, at once, in the same folder.
 test: $(if $(filter-out test,$(MAKECMDGOALS)),install)
-	$(MAKE) -j2 --no-print-directory install system-deps
+	$(MAKE) $(if $(filter -j%,$(MAKEFLAGS)),,-j2) --no-print-directory install system-deps
 	$(VENV)/bin/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: everything but the tests that train a model or need SLURM (marked slow / slurm), which

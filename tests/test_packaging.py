@@ -116,3 +116,6 @@ def test_make_test_beside_another_goal_waits_for_one_install(tmp_path: Path) -> 
     root = _checkout(tmp_path)
     db = _make(root, "-n", "-p", "run", "test").stdout
     assert "\ntest: install\n" in db
+    # make -j2 test: the sub-make shares the parent's jobs ('-j2 forced in submake: resetting jobserver mode')
+    parallel = _make(root, "-n", "-j2", "test")
+    assert "warning" not in parallel.stderr and "install system-deps" in parallel.stdout, parallel.stderr
