@@ -59,6 +59,14 @@ PYTHON_FIX := make $(or $(MAKECMDGOALS),install) PYTHON=python3.11 (or the path 
 PYTHON_CHECK := import sys; v = sys.version_info; v < (3, 11) and \
   sys.exit('make: %s is Python %d.%d; mlbench needs 3.11 or newer: $(PYTHON_FIX)' % (sys.executable, v[0], v[1]))
 
+# A checkout whose path is not ASCII ('~/Téléchargements/mlbench'): Python 3.11 reads the editable install's .pth,
+# which names it, in the locale's encoding even in UTF-8 mode, so under LC_ALL=C no Python of the venv could start
+# ('init_import_site ... UnicodeDecodeError'). The .pth then names it relative to site-packages ('../../../..').
+PTH_RELATIVE := import glob, os, site; d = site.getsitepackages()[0]; \
+  [t.isascii() or open(p, 'w', encoding='utf-8').write(os.path.relpath(t, d) + '\n') \
+   for p in glob.glob(os.path.join(d, '__editable__.mlbench_ttt-*.pth')) \
+   if (t := open(p, encoding='utf-8').read().strip())]
+
 $(STAMP): pyproject.toml $(if $(VENV_BROKEN),FORCE)
 	@"$(PYTHON)" -c "" >/dev/null 2>&1 || { echo "make: cannot run '$(PYTHON)' (not installed?): \
 	$(PYTHON_FIX)" >&2; exit 2; }
@@ -68,6 +76,7 @@ $(STAMP): pyproject.toml $(if $(VENV_BROKEN),FORCE)
 	"$(PYTHON)" -m venv $(if $(VENV_BROKEN),--clear) $(VENV)
 	$(PY) -m pip install -q --no-compile $(TORCH_INDEX) "$(TORCH)"
 	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -c "$(PTH_RELATIVE)"
 	$(PY) -W ignore -c "$(WARM_TRAIN)" & train=$$!; $(PY) -W ignore -c "$(WARM_TOOLS)" && wait $$train
 	touch $@
 

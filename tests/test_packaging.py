@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -119,3 +120,24 @@ def test_make_test_beside_another_goal_waits_for_one_install(tmp_path: Path) -> 
     # make -j2 test: the sub-make shares the parent's jobs ('-j2 forced in submake: resetting jobserver mode')
     parallel = _make(root, "-n", "-j2", "test")
     assert "warning" not in parallel.stderr and "install system-deps" in parallel.stdout, parallel.stderr
+
+
+@needs_make
+def test_a_non_ascii_checkout_starts_under_an_ascii_locale(tmp_path: Path) -> None:
+    """A clone at a path that is not ASCII: Python 3.11 reads the editable install's .pth (which named the clone)
+    in the locale's encoding, so under LC_ALL=C no Python of its .venv could start ('init_import_site ...
+    UnicodeDecodeError'); make install now writes the .pth relative to site-packages."""
+    root = _checkout(tmp_path, "Téléchargements")
+    _venv(root, str(root / ".venv/bin/python"))
+    (root / "here_mod.py").write_text("")
+    site = subprocess.run([str(root / ".venv/bin/python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pth = Path(site) / "__editable__.mlbench_ttt-0.1.0.pth"
+    pth.write_text(f"{root}\n", encoding="utf-8")  # as setuptools writes it
+    db = _make(root, "-p", "-n", "help").stdout
+    code = next(line.split(" := ", 1)[1] for line in db.splitlines() if line.startswith("PTH_RELATIVE := "))
+    subprocess.run([str(root / ".venv/bin/python"), "-c", code], check=True, timeout=60)
+    assert pth.read_text() == "../../../..\n"
+    proc = subprocess.run([str(root / ".venv/bin/python"), "-c", "import here_mod"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PATH": os.environ["PATH"], "LC_ALL": "C"})
+    assert proc.returncode == 0, proc.stderr
