@@ -50,7 +50,7 @@ WARM_TOOLS := import mlbench.analysis.report, pandas, scipy.stats, scipy.optimiz
 # paths, so a .venv that is a link to another is fine). One interpreter start a make (20 ms).
 VENV_CHECK := import os, re, sys; b = os.path.realpath(os.path.join(sys.prefix, 'bin')); \
   h = open(os.path.join(b, 'pip'), 'rb').read(600); \
-  m = re.match(rb'\#!/bin/sh\n.{0,4}exec. .([^\x22]+)|\#!(/\S+)\n', h); p = m and (m[1] or m[2]).decode(); \
+  m = re.match(rb'\#!/bin/sh\n.{0,4}exec. .([^\x22]+)|\#!(/\S+)\n', h); p = m and os.fsdecode(m[1] or m[2]); \
   sys.exit(not p or os.path.realpath(os.path.dirname(p)) != b)
 VENV_BROKEN := $(if $(wildcard $(VENV)),$(shell "$(PY)" -c "$(VENV_CHECK)" >/dev/null 2>&1 || echo yes))
 # The Python that makes the venv: said in one line where it cannot run or is too old, before anything is made

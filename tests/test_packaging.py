@@ -66,9 +66,9 @@ def _venv(root: Path, pip_names: str) -> None:
     (root / ".venv/.installed").touch()
 
 
-def _make(root: Path, *args: str) -> subprocess.CompletedProcess:
+def _make(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "--no-print-directory", *args], cwd=root, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env={**os.environ, **(env or {})})
 
 
 @needs_make
@@ -79,6 +79,10 @@ def test_make_keeps_a_venv_that_works_here(tmp_path: Path, name: str) -> None:
     proc = _make(root, "-n", "run")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [".venv/bin/mlbench run gpt3 --tiny"]
+    # under an ASCII locale too: the check read pip's first line as UTF-8, and the path it named could not be
+    # encoded there, so every make remade the venv
+    ascii_locale = _make(root, "-n", "run", env={"LC_ALL": "POSIX", "PYTHONUTF8": "0"})
+    assert ascii_locale.stdout.splitlines() == [".venv/bin/mlbench run gpt3 --tiny"], ascii_locale.stdout
     # make lint holds the code to the project's bar: perf/ too (it was left out)
     assert _make(root, "-n", "lint").stdout.splitlines() == [".venv/bin/ruff check mlbench tests perf"]
 
