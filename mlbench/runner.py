@@ -10,6 +10,7 @@ import secrets
 import shlex
 import signal
 import socket
+import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,9 +203,14 @@ def _staged_plan(folder: Path, plan_for: Callable[[Path], RunPlan]) -> tuple[Pat
 
 def rank_env(threads: int) -> dict[str, str]:
     """The ranks' environment: this one, with --threads for torch's threads and for numpy's OpenBLAS (which would
-    otherwise start one a core in every rank)."""
+    otherwise start one a core in every rank). Where file names are not read as UTF-8 (LC_ALL=POSIX PYTHONUTF8=0),
+    the ranks are in Python's UTF-8 mode: torch's import encodes its own path as UTF-8, and from a checkout at a
+    non-ASCII path every rank died at it ('surrogates not allowed')."""
     n = str(threads)
-    return dict(os.environ, MLBENCH_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, MLBENCH_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, PYTHONWARNINGS="ignore")
+    if sys.getfilesystemencoding().lower().replace("-", "") != "utf8":
+        env["PYTHONUTF8"] = "1"
+    return env
 
 
 class RunSet:

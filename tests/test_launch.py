@@ -1135,6 +1135,19 @@ def test_numpy_starts_no_blas_threads_in_mlbench_processes_unless_asked() -> Non
     assert ranks["OPENBLAS_NUM_THREADS"] == ranks["OMP_NUM_THREADS"] == ranks["MLBENCH_THREADS"] == "3"
 
 
+def test_ranks_read_file_names_as_utf8_where_the_cli_does_not(monkeypatch) -> None:
+    """`LC_ALL=POSIX PYTHONUTF8=0 make run` in a clone at '/tmp/a b ü': the rank died importing torch, which encodes
+    its own path as UTF-8 ('surrogates not allowed'), and the run was published aborted. Where this process does not
+    read file names as UTF-8, the ranks run in Python's UTF-8 mode; elsewhere the environment is left as it is."""
+    from mlbench.runner import rank_env
+
+    monkeypatch.delenv("PYTHONUTF8", raising=False)
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "ascii")
+    assert rank_env(1)["PYTHONUTF8"] == "1"
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "utf-8")
+    assert "PYTHONUTF8" not in rank_env(1)
+
+
 # A run that reaches its target at once: the rank's log written whole from its plan (no model: the runner's handling
 # of what follows the run is what is tested).
 _LOGS_A_SUCCESS = r"""
