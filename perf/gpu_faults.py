@@ -15,7 +15,8 @@ NCCL take part, so each is tried once there with the GPU-sized llama of perf/gpu
 6. checkpoint: tiny gpt3 saves a checkpoint from the GPU (CUDA tensors through torch.distributed.checkpoint and
    mlbench's checksums), a second run starts from it, and a copy with one byte flipped is refused before launch.
 
-Each case prints one line and goes into OUT/faults.json with what was seen (exit code, status, reason, the GPU's
+GPU_FAULTS_CASES (a comma-separated list of the names above) runs some of them. Each case prints one line and goes
+into OUT/faults.json with what was seen (exit code, status, reason, the GPU's
 processes and memory afterwards).
 """
 
@@ -146,7 +147,11 @@ def main(out: Path) -> int:
     run = [*CLI, "run", "llama31_8b", "--tiny", "--seed", "1", "--results", str(results), "--hang-timeout", "120"]
     found: dict = {"device": torch.cuda.get_device_name(), "gpu_apps_before": gpu_apps()}
 
+    chosen = os.environ.get("GPU_FAULTS_CASES")  # a comma-separated subset, for a short lease
+
     def case(name: str, fn) -> None:
+        if chosen and name not in chosen.split(","):
+            return
         if time.monotonic() - START > DEADLINE_S:
             found[name] = "skipped: deadline"
         else:
