@@ -183,6 +183,22 @@ def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path, flags: 
             "GPUs, as SLURM counts them" in proc.stdout, proc.stdout
 
 
+def _two_node_run_training(cluster: SlurmCluster, root: Path, seed: int) -> subprocess.Popen:
+    """`mlbench run gpt3 --tiny` over the cluster's two nodes, once its first training step is logged."""
+    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
+                             "--launcher", "slurm", "--master-addr", "127.0.0.1", "--time", "00:08:00",
+                             "--results", str(root), "--system", "ci", "--seed", str(seed)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**cluster.env, "COLUMNS": "400"})
+    deadline = time.monotonic() + 180
+    while not any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl")):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"no training step: {proc.communicate()[0]}{cluster.logs()}")
+        time.sleep(0.2)
+    return proc
+
+
 def test_a_node_that_fails_is_the_runs_reason_not_the_sigterm(cluster: SlurmCluster, tmp_path: Path) -> None:
     """SLURM ends a job whose node fails (NODE_FAIL), SIGTERM to each of its steps: the run was recorded "received
     SIGTERM" (the batch step's signal) in its log, record and summary line, SLURM's own line in the job's output
@@ -190,16 +206,8 @@ def test_a_node_that_fails_is_the_runs_reason_not_the_sigterm(cluster: SlurmClus
     slurmctld as the signal comes. A job at its time limit takes the same path (Reason=TimeLimit, in test_launch.py
     from this cluster's words: a real one costs a minute at least)."""
     root = tmp_path / "results"
-    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
-                             "--launcher", "slurm", "--master-addr", "127.0.0.1", "--time", "00:08:00",
-                             "--results", str(root), "--system", "ci", "--seed", "6"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**cluster.env, "COLUMNS": "400"})
+    proc = _two_node_run_training(cluster, root, seed=6)
     try:
-        deadline = time.monotonic() + 180
-        while not any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl")):
-            assert time.monotonic() < deadline and proc.poll() is None, "no training step"
-            time.sleep(0.2)
         cluster.run(["scontrol", "update", "nodename=node2", "state=down", "reason=mlbench-test"])
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -248,16 +256,8 @@ def test_the_drivers_node_lost_mid_run_is_the_runs_reason(cluster: SlurmCluster,
     import signal
 
     root = tmp_path / "results"
-    proc = subprocess.Popen([*MLBENCH, "run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1",
-                             "--launcher", "slurm", "--master-addr", "127.0.0.1", "--time", "00:08:00",
-                             "--results", str(root), "--system", "ci", "--seed", "7"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**cluster.env, "COLUMNS": "400"})
+    proc = _two_node_run_training(cluster, root, seed=7)
     try:
-        deadline = time.monotonic() + 180
-        while not any('"event": "step"' in f.read_text() for f in root.glob("ci/gpt3/.staging-*/events.jsonl")):
-            assert time.monotonic() < deadline and proc.poll() is None, "no training step"
-            time.sleep(0.2)
         for pid in _node_processes(cluster, "node1"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
