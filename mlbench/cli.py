@@ -82,7 +82,7 @@ def list_cmd() -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="The resolved definition as one JSON object: the benchmark file's sections with every expression "
                    "evaluated at its global batch, with params_total (params_active for mixture of experts) and "
-                   "flops_per_sample.")
+                   "flops_per_sample (its fields: docs/output.md).")
 def show(name: str, tiny: bool, as_json: bool) -> None:
     """A benchmark's definition, parameter count and model FLOPs."""
     from mlbench import flops
@@ -93,12 +93,12 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
     m, o = b.model, b.optimizer
     params = flops.param_count(m)
     if as_json:
-        import json
+        from mlbench import schema
 
         counts = {"params_total": params, "flops_per_sample": flops.flops_per_sample(m)}
         if m.num_experts:
             counts["params_active"] = flops.active_param_count(m)
-        terminal.STDOUT.write(json.dumps(resolved(b) | counts, indent=1, allow_nan=False) + "\n")
+        terminal.STDOUT.write(schema.dumps(schema.versioned(resolved(b) | counts)) + "\n")
         terminal.STDOUT.flush()
         return
     t = Table(title=f"{b.title}{' (tiny variant)' if tiny else ''}", show_header=False)

@@ -22,7 +22,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -31,9 +30,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from mlbench import owners, user_cache
+from mlbench import owners, schema, user_cache
 from mlbench.errors import UserError
 
 STAGING = ".staging-"
@@ -380,19 +378,6 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def strict_json(value: Any) -> Any:
-    """VALUE with every float that is not finite (NaN, infinity) as None, in dicts, lists and tuples at any depth:
-    json.dumps writes them as NaN and Infinity, which are not JSON, and a strict parser (jq, JavaScript's
-    JSON.parse, Go's encoding/json) rejects the whole record. A diverged run's steps hold a NaN loss."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [strict_json(v) for v in value]
-    return value
-
-
 def publish(folder: Path, staging: Path, record: dict) -> Path:
     """Moves a finished run from its staging folder into place under the next free index (free: no result,
     record or rank-log folder of that index, whatever a dead run left); returns the result's path. Raises
@@ -415,8 +400,7 @@ def publish(folder: Path, staging: Path, record: dict) -> Path:
             # never placed (its index is free): linked as it was, it was an empty or cut-short record
             with contextlib.suppress(FileNotFoundError):
                 staged.unlink()
-            _write_synced(staged, json.dumps(strict_json(record | {"result": f"result_{i}.txt", "index": i}),
-                                             indent=1, default=str, allow_nan=False) + "\n")
+            _write_synced(staged, schema.dumps(record | {"result": f"result_{i}.txt", "index": i}) + "\n")
             try:  # the record claims the index: exclusive, so two runs publishing at once take different ones
                 os.link(staged, folder / f"result_{i}.json")
             except FileExistsError:

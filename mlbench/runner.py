@@ -29,6 +29,7 @@ from mlbench.progress import Progress
 from mlbench.quality import operator
 from mlbench.registry import ROOT
 from mlbench.run_plan import RunPlan
+from mlbench.schema import versioned
 from mlbench.spec import Benchmark
 from mlbench.train.checkpoint import folder as checkpoint_folder
 
@@ -107,7 +108,7 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
     steps = [e for e in outcome.events if e.get("event") == "step"]
     evals = [e for e in outcome.events if e.get("event") == "eval"]
     start = next((e for e in outcome.events if e.get("event") == "start"), {})  # {} if no rank ever started
-    return {
+    return versioned({
         "benchmark": bench.name,
         "variant": bench.variant,
         "status": outcome.status,
@@ -115,7 +116,7 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "exit_code": exit_code(outcome),
         "launcher_exit_code": outcome.exit_code,
         "seed": plan.seed,
-        "time_to_train_s": ttt,
+        "time_to_train_min": None if ttt is None else ttt / 60,  # minutes, as score, compare and plan give it
         "quality": {"metric": bench.quality.metric, "target": bench.quality.target,
                     "direction": bench.quality.direction, "last": evals[-1]["value"] if evals else None,
                     # tokens the last eval scored: every eval sample's (all positions, or the masked ones)
@@ -142,10 +143,11 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         # the planner's step time and time-to-train for this layout on `device` (--device) or rank 0's device
         "prediction": prediction.for_run(bench, layout, device, start.get("device")),
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
-        "steps": [{k: e.get(k) for k in ("step", "loss", "step_time", "tokens_per_s", "tflops_per_device",
-                                          "mfu", "lr", "grad_norm")} for e in steps],
+        "steps": [{"step": e.get("step"), "loss": e.get("loss"), "step_time_s": e.get("step_time")}
+                  | {k: e.get(k) for k in ("tokens_per_s", "tflops_per_device", "mfu", "lr", "grad_norm")}
+                  for e in steps],
         "evals": [{k: e.get(k) for k in ("step", "samples", "value")} for e in evals],
-    }
+    })
 
 
 def _median(values: list[float]) -> float | None:

@@ -92,14 +92,14 @@ def newest_record(folder: Path) -> dict | None:
 
 
 def summarise(rec: dict) -> dict:
-    steps = [s["step_time"] for s in rec.get("steps", []) if s.get("step_time")]
+    steps = [s["step_time_s"] for s in rec.get("steps", []) if s.get("step_time_s")]
     # the first steps carry allocator warm-up and kernel selection
     steady = steps[3:] or steps
     mem = rec.get("memory") or {}
     est, meas = mem.get("estimated") or {}, mem.get("measured") or {}
     pred = rec.get("prediction") or {}
     out = {"status": rec.get("status"), "reason": rec.get("reason"), "device": (rec.get("environment") or {}).get(
-        "device"), "time_to_train_s": rec.get("time_to_train_s"), "steps": len(steps),
+        "device"), "time_to_train_min": rec.get("time_to_train_min"), "steps": len(steps),
         "step_time_median_s": statistics.median(steady) if steady else None, "mfu_median": rec.get("mfu"),
         "predicted_step_time_s": pred.get("step_time_s"), "prediction_reason": pred.get("reason"),
         "compliance_ok": (rec.get("compliance") or {}).get("ok"), "quality_last": (rec.get("quality") or {}).get(

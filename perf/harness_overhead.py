@@ -127,7 +127,7 @@ def harness(tmp: Path, i: int, name: str) -> dict:
     if not record.get("steps") or record.get("status") not in ("success", "aborted") or (
             proc.returncode != 0 and "target not reached" not in record.get("reason", "")):
         raise SystemExit(f"harness run failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return {"wall": wall, "step_times": [s["step_time"] for s in record["steps"]],
+    return {"wall": wall, "step_times": [s["step_time_s"] for s in record["steps"]],
             "eval_steps": [e["step"] for e in record["evals"]]}
 
 

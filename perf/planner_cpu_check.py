@@ -33,7 +33,7 @@ def measured(bench: str, nproc: int, tp: int, root: Path, system: str) -> tuple[
     if run.returncode != 0:
         raise SystemExit(f"mlbench run {bench} --tiny {' '.join(args)} failed: {run.stdout[-400:]}{run.stderr[-400:]}")
     record = json.loads(next((root / system / bench).glob("result_*.json")).read_text())
-    return statistics.median(s["step_time"] for s in record["steps"]), record["prediction"]["step_time_s"]
+    return statistics.median(s["step_time_s"] for s in record["steps"]), record["prediction"]["step_time_s"]
 
 
 def main() -> int:

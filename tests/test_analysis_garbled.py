@@ -129,7 +129,7 @@ def test_negative_time_to_train_is_not_a_success(tmp_path, capsys, monkeypatch):
     a, _b = _sets(tmp_path, text)
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
     run0 = _strict(out)[0]["runs"][0]
-    assert run0["status"] == "invalid" and run0["ttt_min"] is None and not run0["counted"], run0
+    assert run0["status"] == "invalid" and run0["time_to_train_min"] is None and not run0["counted"], run0
     assert any("run_stop is 1 s before run_start" in p for p in run0["problems"])
     from mlbench.logfile import log_time_to_train, time_to_train_s
 
@@ -161,7 +161,7 @@ def test_a_second_run_start_is_noted_and_the_last_before_run_stop_counts(tmp_pat
     a, _b = _sets(tmp_path, "".join(lines))
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
     run0 = _strict(out)[0]["runs"][0]
-    assert run0["ttt_min"] == pytest.approx(1.51 / 60), run0
+    assert run0["time_to_train_min"] == pytest.approx(1.51 / 60), run0
     assert ("2 run_start lines: time to train is from the last run_start before the first run_stop, as the official "
             "summarizer reads them") in run0["problems"]
 

@@ -228,7 +228,7 @@ def test_a_run_of_no_length_is_not_a_success(tmp_path, capsys, monkeypatch):
     assert time_to_train_s(5.0, 5.0) is None and logfile.log_time_to_train(a / "result_0.txt") is None
     code, out = mlbench(capsys, monkeypatch, "score", str(a), "--ruleset", RULESET, "--json")
     run0 = _strict(out)[0]["runs"][0]
-    assert run0["status"] == "invalid" and run0["ttt_min"] is None and not run0["counted"], run0
+    assert run0["status"] == "invalid" and run0["time_to_train_min"] is None and not run0["counted"], run0
     assert "run_stop is at the same time as run_start: no time to train, the run cannot count" in run0["problems"]
 
 

@@ -79,10 +79,10 @@ def test_json_output_shape():
     for k in ("benchmark", "ruleset", "runs", "olympic_min", "rcp_factor", "score_min"):
         assert k in d
     assert d["benchmark"] == "gpt3" and d["ruleset"] == "4.1.0"
-    assert {"file", "status", "ttt_min", "compliant"} <= set(d["runs"][0])
+    assert {"file", "status", "time_to_train_min", "compliant"} <= set(d["runs"][0])
     assert d["score_min"] == pytest.approx(50.628104, abs=1e-4)
     # the set's batch and the summarizer's RCP column, as its detailed table gives them (GBS was missing)
-    assert d["global_batch"] == 2048 and d["rcp_status"] == "Pass"
+    assert d["global_batch_size"] == 2048 and d["rcp_status"] == "Pass"
 
 
 def test_the_json_rcp_status_is_the_summarizers_column_and_none_where_it_gives_none() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlbench import flops, registry
+from mlbench import flops, registry, schema
 from mlbench.cli import cli
 from mlbench.errors import UserError
 from mlbench.preflight import LayoutRequest, resolve_layout
@@ -190,8 +190,8 @@ def test_show_json_is_the_resolved_definition(name: str) -> None:
         for key, value in data[section].items():  # no expression is left unevaluated
             assert not isinstance(value, str) or key not in ("lr", "min_lr", "warmup_steps", "decay_steps",
                                                             "max_steps", "interval_samples", "start_samples"), key
-    assert data == json.loads(json.dumps(resolved(bench) | {k: data[k] for k in data if k.startswith(("params_",
-                                                                                                       "flops_"))}))
+    assert data == json.loads(json.dumps({"schema_version": schema.SCHEMA_VERSION} | resolved(bench) | {
+        k: data[k] for k in data if k.startswith(("params_", "flops_"))}))
 
 
 def _show_json(*args: str) -> dict:

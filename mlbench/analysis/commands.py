@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import click
@@ -11,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mlbench import terminal
+from mlbench import schema, terminal
 from mlbench.analysis import MAX_DEVICES
 from mlbench.cli_numbers import misread, not_ascii
 from mlbench.cli_paths import FileParam, PathParam
@@ -21,27 +19,12 @@ from mlbench.errors import (
     document_on_stdout,
     printable,
     stops_on_signals,
-    undecodable_escaped,
 )
 
 
 def strict_json(doc: object) -> str:
-    """JSON any parser reads: non-finite numbers (which Python would write as NaN or Infinity) become null, and an
-    undecodable byte of a name (a lone surrogate, which strict parsers refuse: orjson 'invalid high surrogate') is
-    written as \\xNN, as the terminal shows it."""
-    def clean(v: object) -> object:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, str):
-            return undecodable_escaped(v)
-        if isinstance(v, dict):
-            return {clean(str(k)): clean(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return [clean(x) for x in v]
-        return v
-    return json.dumps(clean(doc), indent=2, default=str, allow_nan=False)
-
-
+    """JSON any parser reads (schema.dumps: no NaN or Infinity, a name's undecodable bytes as \\xNN)."""
+    return schema.dumps(doc, indent=2)
 
 
 class DeviceCount(click.IntRange):
@@ -83,7 +66,8 @@ def _fmt(v: object, nd: int = 4) -> str:
 @click.option("--devices", type=DeviceCount(), default=None,
               help="Device count, in place of what the systems json or our run record says (a note says where "
                    "they differ); needed where neither says.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document: a list, one object per set.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document: a list, one object per set (its fields: docs/output.md).")
 @stops_on_signals
 def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
     """Score a benchmark folder of result_*.txt, or every folder in a submission tree, like MLCommons."""

@@ -21,6 +21,7 @@ from mlbench import compliance, mlperf_tools
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets, holds_no_log, passed_over
 from mlbench.errors import UserError, printable
 from mlbench.logfile import check_json_file
+from mlbench.schema import versioned
 
 
 def infer_ruleset(folder: Path, benchmark: str | None) -> str:
@@ -90,10 +91,22 @@ class SetScore:
     global_batch: int | None = None
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        """The set as `score --json` gives it (docs/output.md): named as the run record and `plan` name the same
+        things (time to train in minutes as time_to_train_min, global_batch_size, runs_required)."""
+        d = _renamed(asdict(self), _SET_NAMES)
+        d["runs"] = [_renamed(r, _RUN_NAMES) for r in d["runs"]]
         # the official summarizer's RCP column (null where it gives none); `rcp.status` is the verdict here
         d["rcp_status"] = self.rcp.official
-        return d
+        return versioned(d)
+
+
+# score --json's names for fields named otherwise in the code (schema_version 1 used the code's names)
+_RUN_NAMES = {"ttt_min": "time_to_train_min", "global_batch": "global_batch_size"}
+_SET_NAMES = {"required_runs": "runs_required", "global_batch": "global_batch_size"}
+
+
+def _renamed(d: dict, names: dict[str, str]) -> dict:
+    return {names.get(k, k): v for k, v in d.items()}
 
 
 def _compliance_all(paths: list[str], ruleset: str, jobs: int | None,

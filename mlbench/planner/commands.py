@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mlbench import terminal
+from mlbench import schema, terminal
 from mlbench.cli_numbers import MAX_INT, misread, not_ascii, past_any_value, shown
 from mlbench.cli_options import layout_options
 from mlbench.errors import ProductStream, UserError, document_on_stdout, stops_on_signals
 from mlbench.preflight import LayoutRequest
+from mlbench.schema import versioned
 
 _LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "micro_batch_size")
 
@@ -57,7 +56,7 @@ class _NodeCounts(click.ParamType):
 @click.option("--device", "device_name", required=True,
               help="a100, h100_pcie, h100, h200, b200, gb200, gb300 (datasheet figures) or cpu (measured here).")
 @click.option("--tiny", is_flag=True, help="The tiny variant (with --device cpu: what `mlbench run --tiny` trains).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (its fields: docs/output.md).")
 @layout_options
 @stops_on_signals  # the CPU's measurement runs a probe: a stop ends it, and its scratch folder goes
 def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutRequest) -> None:
@@ -66,7 +65,7 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
     predicts a scaling curve."""
     if as_json:  # stdout carries the document alone: an error goes to stderr
         with document_on_stdout() as write:
-            write(json.dumps(_strict(_plan(name, device_name, tiny, layout)), allow_nan=False))
+            write(schema.dumps(versioned(_kind(_plan(name, device_name, tiny, layout))), indent=None))
         return
     out = _plan(name, device_name, tiny, layout)
     console = terminal.console(highlight=False, file=ProductStream())
@@ -76,6 +75,12 @@ def plan(name: str, device_name: str, tiny: bool, as_json: bool, layout: LayoutR
         _print_search(console, out)
     else:
         _print_one(console, out)
+
+
+def _kind(out: dict) -> dict:
+    """OUT with `kind` saying which of plan's three documents it is (docs/output.md), so a script need not tell
+    them apart by the keys they hold."""
+    return {"kind": "scaling" if "scaling" in out else "search" if "layouts" in out else "layout"} | out
 
 
 def _plan(name: str, device_name: str, tiny: bool, layout: LayoutRequest) -> dict:
@@ -174,17 +179,6 @@ def _closed_rules(bench):
         return "; ".join(compliance.summary(p) for p in problems) or None
 
     return check
-
-
-def _strict(v):
-    """JSON without NaN or infinity (strict JSON): such numbers become null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _strict(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_strict(x) for x in v]
-    return v
 
 
 def _features_text(ly: dict) -> str:
