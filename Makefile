@@ -16,7 +16,7 @@ help:
 	@echo "make run        create .venv (first time), install, run \`mlbench run gpt3 --tiny\`"
 	@echo "make test       create .venv, install, install SLURM and chromium (as root), run the whole test suite"
 	@echo "make test-fast  the tests that neither train nor need SLURM"
-	@echo "make lint       ruff"
+	@echo "make lint       ruff over mlbench, tests and perf"
 	@echo "make install    create .venv and install (PYTHON=python3.x picks the Python, 3.11 or newer)"
 	@echo "make clean      remove .venv and build files"
 
