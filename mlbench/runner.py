@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -65,6 +66,7 @@ class RunResult:
     stopped_by: str = ""  # a stop signal the run received (Ctrl-C, a closed terminal, preemption): the set ends
     error_after_run_stop: str = ""  # the run reached its target, then a rank failed or a signal came
     stopped_after_run_stop: bool = False  # error_after_run_stop is a stop signal alone, no failure
+    started: bool = True  # rank 0 reached run_start (its `start` event); False: it failed in the untimed set-up
 
     @property
     def ok(self) -> bool:  # what the command's exit code reports
@@ -219,8 +221,9 @@ class RunSet:
     """The local and torchrun launchers, and the driver inside a SLURM job: the runs one after another on this
     machine or node, each started with `command_for`, supervised, checked and published (the launcher contract
     of mlbench.launch). A set shares its devices, so each run starts once the one before it is published: start()
-    starts nothing ahead, supervise() starts and follows each in turn. It stops early only when a run cannot be
-    published (the disk is full, and the next run's would not fit either)."""
+    starts nothing ahead, supervise() starts and follows each in turn. It stops early when a run cannot be
+    published (the disk is full, and the next run's would not fit either), on a stop signal, and when two runs in a
+    row fail alike before run_start (failed_alike_before_start)."""
 
     def __init__(self, bench: Benchmark, layout: Layout, opts: RunOptions, console: Console,
                  command_for: CommandFor, announce: Path | None = None):
@@ -270,6 +273,9 @@ class RunSet:
                     break
                 if result.stopped_by:
                     self._not_started(result.stopped_by, len(self.seeds) - i - 1)
+                    break
+                if why := failed_alike_before_start(self.results):
+                    self._not_started(why, len(self.seeds) - i - 1)
                     break
             else:
                 if received and not self.results[-1].stopped_by:  # after the last run was published: said
@@ -322,7 +328,8 @@ class RunSet:
             said = outcome.reason if status == "aborted" and outcome.reason else \
                 f"launcher exited with code {outcome.exit_code}"
             console.print(f"node {opts.node_rank}: {said}; rank logs in {logs}", highlight=False, soft_wrap=True)
-            return RunResult(logs or folder, status, None, None, True, outcome.reason, stopped_by=outcome.signal)
+            return RunResult(logs or folder, status, None, None, True, outcome.reason, stopped_by=outcome.signal,
+                             started=_started(outcome))
         if outcome.checkpoint_error:
             checkpoint_folder.remove_dead_partials(Path(opts.save_checkpoint))
         try:
@@ -338,7 +345,7 @@ class RunSet:
         result = RunResult(path, outcome.status, ttt, rec["quality"]["last"], verdict.ok, outcome.reason,
                            outcome.checkpoint_error, stopped_by=outcome.signal,
                            error_after_run_stop=outcome.error_after_run_stop,
-                           stopped_after_run_stop=outcome.stopped_after_run_stop)
+                           stopped_after_run_stop=outcome.stopped_after_run_stop, started=_started(outcome))
         _summary(console, bench, result)
         return result
 
@@ -371,6 +378,29 @@ class RunSet:
                                          f"{', ' + outcome.reason if outcome.reason else ''})"),
                            highlight=False, soft_wrap=True)
         return RunResult(self.folder, "aborted", None, None, False, why, published=False, stopped_by=outcome.signal)
+
+
+def _started(outcome: Outcome) -> bool:
+    return any(e.get("event") == "start" for e in outcome.events)
+
+
+def failed_alike_before_start(done: list[RunResult]) -> str:
+    """Why the set stops after DONE's last run ("" where it goes on): it and the run before it both failed before
+    run_start, for the same reason (a data file removed, a broken install, a rendezvous no node joins). The untimed
+    set-up fails the same way for every run after them: a --runs 1000 set was 1000 runs published aborted. A run
+    that fails after run_start is the run's own failure, which MLPerf counts: the set goes on."""
+    if len(done) < 2:
+        return ""
+    last, before = done[-1], done[-2]
+    if any(r.started or r.status == "success" or r.stopped_by or not r.published or not r.reason
+           for r in (last, before)) or _alike(last.reason) != _alike(before.reason):
+        return ""
+    return f"runs {len(done) - 1} and {len(done)} failed the same way before run_start"
+
+
+def _alike(reason: str) -> str:
+    """A reason without its paths, which name each run's own folders (its staging folder, its rank logs)."""
+    return re.sub(r"\S*/\S*", "/", reason)
 
 
 def set_summary(done: list[RunResult], planned: int, stop: str) -> Text:

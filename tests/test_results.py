@@ -639,6 +639,74 @@ def test_a_set_ends_with_a_line_counting_its_runs(tmp_path: Path, monkeypatch) -
         "(SIGINT)", said
 
 
+_FAILS_AT_START = r"""
+import json, sys, time
+from mlbench.run_plan import RunPlan
+plan = RunPlan.load(sys.argv[1])
+if sys.argv[2] == "after":  # run_start reached: the run's own failure
+    with open(plan.events_path, "a") as f:
+        f.write(json.dumps({"event": "start", "time": time.time(), "budget": 8, "target": 1.0, "metric": "m",
+                            "direction": "min"}) + "\n")
+sys.stderr.write(f"FileNotFoundError: [Errno 2] No such file or directory: '{plan.run_dir}/gone.bin'\n")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_set_whose_runs_fail_alike_before_run_start_stops(tmp_path: Path, when: str) -> None:
+    """--runs 4 with the data file removed after run 1: every later run failed before run_start the same way, and
+    the set tried them all, each published aborted (1000 of them for --runs 1000). Two alike in a row now stop the
+    set, the rest counted as not started (exit 1); a failure after run_start is the run's own: the set goes on."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import rcp_schedule, registry, runner
+    from mlbench.launch.supervise import Command
+    from mlbench.layout import resolve
+
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench)
+    bench = rcp_schedule.for_run(bench, layout.global_batch_size)
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    console = Console(file=io.StringIO(), width=1 << 20)
+    opts = runner.RunOptions(results=tmp_path, system="ci", runs=4, seed=1)
+    run_set = runner.RunSet(bench, layout, opts, console, lambda plan, staging, i, env: Command(
+        [sys.executable, "-c", _FAILS_AT_START, str(plan), when], env, stdout=staging / "launcher.log"))
+    run_set.prepare(folder)
+    run_set.supervise()
+    assert run_set.collect() == 1
+    said = console.file.getvalue().splitlines()
+    if when == "after":
+        assert len(run_set.results) == 4 and said[-1].startswith("set of 4 runs: 0 reached the target, 4 did not"), said
+        return
+    assert len(run_set.results) == 2 and sorted(p.name for p in folder.glob("result_*.txt")) == ["result_0.txt",
+                                                                                                "result_1.txt"]
+    assert said[-2:] == ["runs 1 and 2 failed the same way before run_start: the set stops here; 2 more run(s) not "
+                         "started",
+                         "set of 4 runs: 0 reached the target, 2 did not (result_0.txt, result_1.txt), 2 not started "
+                         "(runs 1 and 2 failed the same way before run_start)"], said
+
+
+def test_a_set_goes_on_after_failures_before_run_start_that_differ() -> None:
+    """Only two failures alike in a row, both before run_start and neither stopped by a signal, stop a set: a
+    transient one (a port taken) followed by another reason, or one after run_start, lets it go on."""
+    from mlbench.runner import RunResult, failed_alike_before_start
+
+    def run(reason: str, started: bool = False, stop: str = "") -> RunResult:
+        return RunResult(Path("r.txt"), "aborted", None, None, False, reason, stopped_by=stop, started=started)
+
+    gone = "rank 0 exited with code 1: FileNotFoundError: '/r/.staging-{}/x' (see the rank logs: /r/.staging-{}/ranks)"
+    assert failed_alike_before_start([run(gone.format(1, 1)), run(gone.format(2, 2))]) == \
+        "runs 1 and 2 failed the same way before run_start"
+    assert not failed_alike_before_start([run(gone.format(1, 1))])
+    assert not failed_alike_before_start([run("EADDRINUSE: port 29500"), run(gone.format(2, 2))])
+    assert not failed_alike_before_start([run(gone), run(gone, started=True)])
+    assert not failed_alike_before_start([run(gone), run(gone, stop="SIGINT")])
+    assert not failed_alike_before_start([run(""), run("")])
+
+
 def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:
     """Node 1 of a torchrun run whose mlbench was killed (kill -9) left a staging folder with its rank logs and no
     MLPerf log (node 0 holds that): the next command in its folder deleted it without a word, the only account of
