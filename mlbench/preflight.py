@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlbench import rcp_schedule, registry, results, spec
+from mlbench import rcp_schedule, registry, results, seed_claims, spec
 from mlbench.cli_numbers import shown
 from mlbench.errors import IncompleteInstall, UserError, missing_package, printable, unprintable
 
@@ -482,19 +482,9 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
 
 
 def check_seeds_free(folder: Path, first: int, runs: int) -> None:
-    """The set's seeds (FIRST, FIRST + 1, ...) are none the folder's results logged: a second `--seed 5` set into one
-    folder repeated the first set's runs seed for seed, and the folder became a set the package checker rejects."""
-    used = results.seeds_used(folder)
-    clash = sorted(s for s in used if first <= s < first + runs)
-    if not clash:
-        return
-    mine = f"seeds {first} to {first + runs - 1}" if runs > 1 else f"seed {first}"
-    after = max(used) + 1
-    free = f"--seed {after} (past every seed the folder holds), " if after + runs - 1 <= SEED_MAX else ""
-    raise UserError(f"--seed {first}: this set's {mine} would repeat seed {clash[0]} of {used[clash[0]]} in {folder}"
-                    f"{f' (and {len(clash) - 1} more)' if len(clash) > 1 else ''}; a set's runs each need their own "
-                    f"seed (MLPerf's package checker rejects a repeated one): give {free}no --seed (a random one), or "
-                    f"--results DIR elsewhere")
+    """The set's seeds are none the folder holds (seed_claims: its results', its runs' not yet published, and those
+    a set in progress claimed), said before anything is written; the set claims them as it starts."""
+    seed_claims.check_free(folder, first, runs)
 
 
 # What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's

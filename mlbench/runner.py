@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from mlbench import compliance, environment, results
+from mlbench import compliance, environment, results, seed_claims
 from mlbench.errors import UserError, printable
 from mlbench.launch import local_ranks, torchrun
 from mlbench.launch.supervise import STOP_SIGNALS, Command, Outcome, supervise
@@ -241,8 +241,10 @@ class RunSet:
         self.folder = folder
         if self.opts.save_checkpoint:  # what a save killed with its run (kill -9) left beside the destination
             checkpoint_folder.remove_dead_partials(Path(self.opts.save_checkpoint))
-        self.seeds = seeds(self.opts.seed, self.opts.runs, results.seeds_used(folder) if self.opts.seed is None and
-                           self.opts.node_rank == 0 else ())
+        # node 0's seeds are the run's (every rank takes rank 0's): claimed in the folder, checked against its own
+        # under its lock, so that a set started at the same moment cannot take them too
+        self.seeds = seed_claims.claim(folder, self.opts.seed, self.opts.runs, seeds) if self.opts.node_rank == 0 \
+            else seeds(self.opts.seed, self.opts.runs)
         self.env_info = environment.collect(ROOT)
 
     def start(self) -> None:
@@ -282,6 +284,7 @@ class RunSet:
                     self.console.print(f"{received[0]} received after the last run was published: nothing was "
                                        f"left to stop", highlight=False)
         finally:
+            seed_claims.release(self.folder)  # its runs' seeds are in their logs now, those not started free again
             for s, handler in previous.items():
                 signal.signal(s, handler)
 

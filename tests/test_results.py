@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -705,6 +706,109 @@ def test_a_set_goes_on_after_failures_before_run_start_that_differ() -> None:
     assert not failed_alike_before_start([run(gone), run(gone, started=True)])
     assert not failed_alike_before_start([run(gone), run(gone, stop="SIGINT")])
     assert not failed_alike_before_start([run(""), run("")])
+
+
+def _prepare_set(folder: str, first: int | None, start, queue) -> None:
+    """A set of 3 runs prepared in FOLDER (what `mlbench run` does once preflight passed), once START is set."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import registry, runner
+    from mlbench.layout import resolve
+
+    bench = registry.load("gpt3", tiny=True)
+    opts = runner.RunOptions(results=Path(folder), system="ci", runs=3, seed=first)
+    run_set = runner.RunSet(bench, resolve(bench), opts, Console(file=io.StringIO()),
+                            runner.local_commands(resolve(bench), opts))
+    start.wait(30)
+    try:
+        run_set.prepare(Path(folder))
+        queue.put(run_set.seeds)
+        time.sleep(3)  # its set in progress, as the other prepares
+    except UserError as e:
+        queue.put(str(e))
+
+
+@pytest.mark.parametrize("first", [5, None], ids=["same-seed", "random-seeds"])
+def test_two_sets_started_at_once_never_share_a_seed(tmp_path: Path, monkeypatch, first: int | None) -> None:
+    """Two `run --seed 5 --runs 3` into one folder at the same moment both passed the seed check (preflight, before
+    either had logged a seed) and ran seeds 5, 6, 7 twice. A set now claims its seeds in the folder under its lock:
+    the second is refused, naming the set in progress; two random sets draw apart."""
+    from mlbench import environment, runner, seed_claims
+
+    monkeypatch.setattr(environment, "collect", lambda root: {})  # (pip's view of the install: not the point)
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    ctx = multiprocessing.get_context("fork")
+    start, queue = ctx.Event(), ctx.Queue()
+    if first is None:  # the worst draw: both sets draw the same first seed
+        draws = iter([7, 7, 1000])  # (each process draws from its own copy)
+        monkeypatch.setattr(runner.secrets, "randbelow", lambda n: next(draws))
+    procs = [ctx.Process(target=_prepare_set, args=(str(folder), first, start, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    start.set()
+    got = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(60)
+    claimed = [g for g in got if isinstance(g, list)]
+    if first is None:
+        assert len(claimed) == 2 and not set(claimed[0]) & set(claimed[1]), got
+    else:
+        assert claimed == [[5, 6, 7]], got
+        refusal = next(g for g in got if isinstance(g, str))
+        pids = {p.pid for p in procs}
+        assert any(refusal.startswith(f"--seed 5: this set's seeds 5 to 7 would repeat seed 5 of a set in progress "
+                                      f"(pid {pid}; its claim .seeds-{pid}-") for pid in pids), refusal
+        assert "give --seed 8 (past every seed the folder holds)" in refusal, refusal
+    assert not seed_claims.held(folder) and not list(folder.iterdir()), "a set's claim goes with its process"
+
+
+def test_a_set_in_progress_holds_all_its_seeds_and_lets_them_go_as_it_ends(tmp_path: Path, cli, monkeypatch) -> None:
+    """`run --seed 5 --runs 3` in progress, its first run logged: `run --seed 7` into the folder passed the check
+    (seed 7 not logged yet) and repeated run 3's seed. The set's claim covers its runs to come; once it has ended,
+    the seeds of runs it never started are free again."""
+    from mlbench import runner, seed_claims
+
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    assert seed_claims.claim(folder, 5, 3, runner.seeds) == [5, 6, 7]  # (this process: a live owner)
+    proc = cli("run", "gpt3", "--tiny", "--seed", "7", "--results", str(tmp_path), "--system", "ci")
+    assert proc.returncode == 2 and f"would repeat seed 7 of a set in progress (pid {os.getpid()}; its claim " \
+        ".seeds-" in proc.stdout and "to remove if that set is no longer running) in " in proc.stdout, proc.stdout
+    seed_claims.release(folder)
+    assert not seed_claims.held(folder) and not list(folder.iterdir())
+    dead = folder / f"{seed_claims.CLAIM}{_dead_tag()}-abcd"  # its set killed with -9: no claim any more
+    dead.write_text(json.dumps({"first": 5, "runs": 3}))
+    assert not seed_claims.held(folder) and not dead.exists()
+
+
+@pytest.mark.parametrize("logged", [True, False], ids=["its-log-began", "killed-before-its-log"])
+def test_a_killed_runs_seed_counts_before_it_is_published(tmp_path: Path, cli, logged: bool) -> None:
+    """`kill -9` of a run with --seed 5: its staging folder, not yet published (the next run publishes it), held
+    seed 5, but the seed check (before dead runs are published) read only published logs, and `run --seed 5` ran
+    it again. The seeds of runs in staging folders count: their log's, or their plan's before the log began."""
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    staging = folder / f"{results.STAGING}{_dead_tag()}-abcd"
+    staging.mkdir()
+    (staging / "plan.json").write_text(json.dumps({"seed": 5, "layout": {"nodes": 1}, "dry_run": False}))
+    if logged:
+        (staging / "mlperf.log").write_text(
+            ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "seed", "value": 5, '
+            '"metadata": {"file": "x.py", "lineno": 1}}\n')
+    proc = cli("run", "gpt3", "--tiny", "--seed", "4", "--runs", "2", "--results", str(tmp_path), "--system", "ci")
+    assert proc.returncode == 2 and f"--seed 4: this set's seeds 4 to 5 would repeat seed 5 of a run whose mlbench " \
+        f"died, not yet published ({staging.name}: the next run in the folder publishes it) in {folder}" in \
+        proc.stdout, proc.stdout
+    assert sorted(folder.iterdir()) == [staging]
+    # another node of a run, into a folder the nodes share: its plan holds that node's own draw, not the run's seed
+    (staging / "mlperf.log").unlink(missing_ok=True)
+    (staging / "plan.json").write_text(json.dumps({"seed": 5, "layout": {"nodes": 2}, "dry_run": False}))
+    from mlbench import seed_claims
+
+    assert not seed_claims.held(folder)
 
 
 def test_a_dead_nodes_rank_logs_are_kept_not_removed(tmp_path: Path) -> None:

@@ -1,0 +1,151 @@
+"""The seeds a results folder holds, and a set's claim on the seeds of its runs to come.
+
+Every run in a benchmark's folder needs a seed of its own (MLPerf's package checker rejects a set in which two runs
+log one). A folder holds: the seeds its published logs state; those of the runs in its staging folders (a run in
+progress, or one whose mlbench was killed, not yet published); and those a set in progress claimed for its runs
+(`.seeds-<owner tag>-XXXX`, removed as its set ends, ignored and removed once its owner is gone). A set checks the
+folder and writes its claim under the folder's lock (flock), so two sets started at once into one folder never both
+take a seed: the second is refused, or draws other ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+
+from mlbench import owners, results
+from mlbench.errors import UserError
+from mlbench.spec import SEED_MAX
+
+CLAIM = ".seeds-"
+# The most of a staged plan.json or a claim read for its seeds (a plan is a few KB; the folder may hold anything).
+_MAX_BYTES = 1 << 20
+_MAX_RUNS = 1000  # preflight.MAX_RUNS: no set claims more (a claim of 2**32 seeds, put there, is none)
+
+
+def held(folder: Path) -> dict[int, str]:
+    """Each seed FOLDER holds, and what holds it (the first published log by name, a run not yet published, a set
+    in progress), for the refusal to name."""
+    used = results.seeds_used(folder)
+    with contextlib.suppress(OSError):
+        for staging in sorted(folder.glob(f"{results.STAGING}*")):
+            if (seed := _staged_seed(staging)) is not None:
+                used.setdefault(seed, f"a run whose mlbench died, not yet published ({staging.name}: the next run "
+                                      f"in the folder publishes it)" if owners.gone(results.owner_tag(staging))
+                                else f"a run in progress ({staging.name})")
+        for claim in sorted(folder.glob(f"{CLAIM}*")):
+            first, runs = _claimed(claim)
+            for seed in range(first, first + runs):
+                used.setdefault(seed, f"a set in progress (pid {_owner(claim).split('-')[0]}; its claim {claim.name}, "
+                                      f"to remove if that set is no longer running)")
+    return used
+
+
+def check_free(folder: Path, first: int, runs: int, used: dict[int, str] | None = None) -> None:
+    """The set's seeds (FIRST, FIRST + 1, ...) are none FOLDER holds: a second `--seed 5` set into one folder
+    repeated the first set's runs seed for seed, and the folder became a set the package checker rejects."""
+    used = held(folder) if used is None else used
+    clash = sorted(s for s in used if first <= s < first + runs)
+    if not clash:
+        return
+    mine = f"seeds {first} to {first + runs - 1}" if runs > 1 else f"seed {first}"
+    after = max(used) + 1
+    free = f"--seed {after} (past every seed the folder holds), " if after + runs - 1 <= SEED_MAX else ""
+    raise UserError(f"--seed {first}: this set's {mine} would repeat seed {clash[0]} of {used[clash[0]]} in {folder}"
+                    f"{f' (and {len(clash) - 1} more)' if len(clash) > 1 else ''}; a set's runs each need their own "
+                    f"seed (MLPerf's package checker rejects a repeated one): give {free}no --seed (a random one), or "
+                    f"--results DIR elsewhere")
+
+
+def claim(folder: Path, first: int | None, runs: int,
+          choose: Callable[[int | None, int, Collection[int]], list[int]]) -> list[int]:
+    """The set's seeds, claimed in FOLDER: FIRST's (refused where the folder holds one of them) or, with FIRST None,
+    those CHOOSE draws clear of the folder's. Checked and claimed under the folder's lock; the claim holds until
+    `release` (or this process's end)."""
+    path = None
+    try:
+        with _locked(folder):
+            used = held(folder)
+            if first is not None:
+                check_free(folder, first, runs, used)
+            seeds = choose(first, runs, used)
+            fd, path = tempfile.mkstemp(prefix=f"{CLAIM}{owners.tag()}-", dir=folder)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"first": seeds[0], "runs": runs}) + "\n")
+    except OSError as e:  # a full disk: as a run's staging folder that cannot be made (runner.NotStaged)
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise UserError(f"results folder {folder}: cannot write a run's files ({e.strerror or e}); free space or pass "
+                        f"--results DIR elsewhere") from None
+    return seeds
+
+
+def release(folder: Path) -> None:
+    """This process's claims in FOLDER removed: its set has ended (its runs' seeds are in their logs now)."""
+    with contextlib.suppress(OSError):
+        for path in folder.glob(f"{CLAIM}{owners.tag()}-*"):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """FOLDER's lock, held while its seeds are read and a claim written (a moment); let go as the process ends,
+    however it ends. A filesystem without locks (ENOLCK) goes unlocked, as before there were any."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:  # removed meanwhile by a command refused at once, as it cleared its empty folders
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _owner(claim_path: Path) -> str:
+    return claim_path.name[len(CLAIM):].rpartition("-")[0]  # .seeds-<owner tag>-XXXX
+
+
+def _claimed(path: Path) -> tuple[int, int]:
+    """The seeds a claim holds (first, runs); (0, 0) for a dead owner's (removed), and for one that cannot be read
+    (one being written, or whatever was put there)."""
+    if owners.gone(_owner(path)):
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return 0, 0
+    data = _json(path)
+    first, runs = (data.get("first"), data.get("runs")) if isinstance(data, dict) else (None, None)
+    if type(first) is not int or type(runs) is not int or not 0 <= first <= SEED_MAX or not 0 < runs <= _MAX_RUNS:
+        return 0, 0
+    return first, runs
+
+
+def _staged_seed(staging: Path) -> int | None:
+    """The seed of the run in STAGING: its log's (only rank 0 writes one), or, before rank 0 logged it, its plan's
+    where the run is of one node (another node's plan holds the seed that node drew, not the run's: node 0's own
+    set, with the same --seed into a shared folder, was refused for it)."""
+    if (seed := results.logged_seed(staging / "mlperf.log")) is not None:
+        return seed
+    plan = _json(staging / "plan.json")
+    with contextlib.suppress(AttributeError, KeyError, TypeError):
+        if plan["layout"]["nodes"] == 1 and type(plan["seed"]) is int:
+            return plan["seed"]
+    return None
+
+
+def _json(path: Path) -> object:
+    """PATH's JSON (None where it is no regular file of at most _MAX_BYTES, or no JSON)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_BYTES:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
