@@ -13,11 +13,11 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from mlbench import registry, terminal
+from mlbench import registry, schema, terminal
 from mlbench.cli_numbers import FLOAT, INT
 from mlbench.cli_options import layout_options
 from mlbench.cli_paths import PathParam, path_limit
-from mlbench.errors import OutputFailed, Stopped, UserError, printable, stops_on_signals
+from mlbench.errors import OutputFailed, Stopped, UserError, document_on_stdout, printable, stops_on_signals
 from mlbench.preflight import LayoutRequest, check_new_folder, check_save_path_length
 from mlbench.quality import operator
 
@@ -262,14 +262,26 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
               "benchmark's own (from its definition).")
 @click.option("--rules", type=click.Choice(["auto", "smoke", "closed"]), default="auto", show_default=True,
               help="auto: smoke rules for tiny runs (per their record), the benchmark's closed rules otherwise.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document in place of the verdicts' lines (its fields: docs/output.md); the exit "
+                   "code is the same.")
 @stops_on_signals
-def check(path: Path, ruleset: str | None, rules: str) -> None:
+def check(path: Path, ruleset: str | None, rules: str, as_json: bool) -> None:
     """The official compliance checker's verdict on a result file or a folder of them. Exit 0: every file passed;
     1: some failed; 3: none failed, but the checker gave no verdict on some (killed from outside, twice)."""
     from mlbench import compliance
 
-    ok = compliance.check_paths(path, ruleset, rules, console)
-    sys.exit(0 if ok else 1 if ok is False else 3)
+    if as_json:  # stdout carries the document alone: an error goes to stderr, with no document
+        with document_on_stdout() as write:
+            checked, notes = compliance.judge_paths(path, ruleset, rules)
+            write(schema.dumps(compliance.checked_json(checked, notes), indent=2))
+    else:
+        sys.exit(_checked_exit(compliance.check_paths(path, ruleset, rules, console)))
+    sys.exit(_checked_exit(compliance.overall(checked)))
+
+
+def _checked_exit(ok: bool | None) -> int:
+    return 0 if ok else 1 if ok is False else 3
 
 
 # Commands of packages that may be absent from an installation (or not written yet): registered where present.

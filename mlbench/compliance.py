@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from mlbench import mlperf_tools, owners, registry, verdicts
+from mlbench import mlperf_tools, owners, registry, schema, verdicts
 from mlbench.errors import UserError, printable
 from mlbench.launch import lifeline
 from mlbench.logfile import (
@@ -530,14 +530,30 @@ def default_ruleset(path: Path, benchmark: str | None) -> str | None:
 
 
 def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -> bool | None:
-    """`mlbench check`: print each file's verdict; whether every file passed (True), some failed (False), or none
-    failed but the checker gave no verdict on some (None: killed from outside, twice; each such file says so).
-    A path and a checker's message (which quotes the log's line) are `printable`."""
+    """`mlbench check`: print each file's verdict; whether every file passed (`overall`)."""
+    checked, notes = judge_paths(path, ruleset, rules)
+    print_checked(console, checked, notes)
+    return overall(checked)
+
+
+def judge_paths(path: Path, ruleset: str | None, rules: str) -> tuple[list[tuple[Target, Verdict]], list[str]]:
+    """Each file under PATH with its verdict, and the notes on what was not checked (runs not
+    published yet, result logs in hidden folders or named otherwise)."""
     todo = targets(path, ruleset, rules)
-    failed = unchecked = False
-    for t, v in zip(todo, check_all([(t.path, t.ruleset, t.smoke) for t in todo]), strict=True):
-        failed |= v.ok is False
-        unchecked |= v.ok is None
+    verdicts_ = check_all([(t.path, t.ruleset, t.smoke) for t in todo])
+    return list(zip(todo, verdicts_, strict=True)), _unpublished_notes(path)
+
+
+def overall(checked: list[tuple[Target, Verdict]]) -> bool | None:
+    """Whether every file passed (True), some failed (False), or none failed but the checker gave no verdict on some
+    (None: killed from outside, twice; each such file says so)."""
+    oks = [v.ok for _, v in checked]
+    return False if False in oks else None if None in oks else True
+
+
+def print_checked(console: Console, checked: list[tuple[Target, Verdict]], notes: list[str]) -> None:
+    """Each file's verdict. A path and a checker's message (which quotes the log's line) are `printable`."""
+    for t, v in checked:
         mark = ("PASS", "green") if v.ok else ("FAIL", "red") if v.checked else ("NOT CHECKED", "yellow")
         console.print(Text.assemble(mark, f" {printable(t.path)} ({v.rules})"), highlight=False)
         if t.note:
@@ -549,9 +565,16 @@ def check_paths(path: Path, ruleset: str | None, rules: str, console: Console) -
             console.print(f"    note: a dry-run log (it ends at run_start), so the run's own events are missing; "
                           f"{'no hyperparameter line failed' if not hp else f'{len(hp)} lines failed their rules'}",
                           highlight=False)
-    for note in _unpublished_notes(path):  # not checked: not results yet (the next `mlbench run` publishes them)
+    for note in notes:  # not checked: not results yet (the next `mlbench run` publishes them)
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
-    return False if failed else None if unchecked else True
+
+
+def checked_json(checked: list[tuple[Target, Verdict]], notes: list[str]) -> dict:
+    """`check --json` (docs/output.md): the verdicts as the run record's `compliance` names them (ok, rules,
+    messages), each message whole."""
+    return schema.versioned({"ok": overall(checked), "files": [
+        {"file": str(t.path), "ok": v.ok, "rules": v.rules, "ruleset": t.ruleset, "dry_run": t.dry_run,
+         "note": t.note or None, "messages": list(v.messages)} for t, v in checked], "notes": notes})
 
 
 def _result_logs(path: Path, unlisted: list[tuple[Path, str]]) -> list[Path]:

@@ -213,3 +213,77 @@ def test_a_name_that_is_not_utf8_is_strict_json_in_every_document(cli, tmp_path:
 def test_huge_numbers_and_unicode_names_round_trip() -> None:
     big = {"samples": 10**30, "name": "système 🚀", "tiny": 5e-324}
     assert json.loads(schema.dumps(big)) == big == orjson.loads(schema.dumps(big)) | {"samples": 10**30}
+
+
+V51 = Path(__file__).resolve().parent / "data/mlperf-results/training_results_v5.1"
+AMD = V51 / "AMD/results/MI355X_EPYC_9575F_pytorch/llama31_8b"
+UF = V51 / "University-of-Florida/results/hpg.dgxb200x8.n32/llama31_8b"
+
+
+def _document(proc) -> dict:
+    """The one document a --json command wrote on stdout, nothing on stderr."""
+    assert proc.returncode == 0 and proc.stderr == "", proc.stdout + proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["schema_version"] == schema.SCHEMA_VERSION
+    return doc
+
+
+def test_compare_json_holds_the_fields_the_docs_list(cli) -> None:
+    """compare had only its tables: a script scraped them. Now --json: two scored sets (their RCP), and a set, a
+    run and a published row unscored; named as score and plan name the same things."""
+    scored = _document(cli("compare", AMD, UF, "--json"))
+    mixed = _document(cli("compare", AMD, UF / "result_1.txt", "published:nvidia-eos-gpt3-v3.1", "--no-score",
+                          "--json"))
+    amd, uf = scored["entries"]
+    assert amd["time_to_train_from"] == "score" and amd["rcp"]["status"] == "Pass" and amd["devices"] == 8
+    assert amd["global_batch_size"] == 32 and amd["time_to_train_min"] == pytest.approx(99.7085, abs=1e-3)
+    assert uf["step_times_from"] == "tracked_stats" and "global_batch_size" in scored["differing_hyperparameters"]
+    assert [e["kind"] for e in mixed["entries"]] == ["set", "run", "published"]
+    assert mixed["entries"][0]["rcp"] is None and mixed["entries"][2]["time_to_train_min"] == pytest.approx(3.92)
+    assert_agree("compare --json", [scored, mixed])
+
+
+def test_scaling_json_holds_the_fields_the_docs_list(cli, tmp_path: Path) -> None:
+    """scaling --json: AMD's set at 8 and (a copy) at 16 devices share a global batch (a per-step curve), and at 8
+    it shares a per-device batch with Florida's at 32 (a weak curve)."""
+    copy = tmp_path / "copy" / "AMD"
+    shutil.copytree(V51 / "AMD", copy)
+    doc = _document(cli("scaling", AMD, copy / AMD.relative_to(V51 / "AMD"), UF,
+                        "--devices", "8", "--devices", "16", "--devices", "32", "--json"))
+    assert [p["devices"] for p in doc["points"]] == [8, 16, 32] and doc["benchmark"] == "llama31_8b"
+    (step,), (weak,) = doc["strong_per_step"], doc["weak"]
+    assert step["global_batch_size"] == 32 and step["points"][0]["efficiency"] == 1.0
+    assert weak["per_device_batch_size"] == 4 and [p["devices"] for p in weak["points"]] == [8, 32]
+    strong = doc["strong_time_to_train"]["points"]
+    assert strong[2]["speedup"] == pytest.approx(99.3101 / 10.0044, abs=1e-3) and strong[2]["ideal_speedup"] == 4
+    assert_agree("scaling --json", [doc])
+
+
+def test_check_json_holds_the_fields_the_docs_list_and_exits_as_check(cli, tmp_path: Path) -> None:
+    """check --json: every verdict whole, and the exit code check gives (1: a file failed), the document
+    written."""
+    passed = _document(cli("check", AMD / "result_0.txt", "--json"))
+    assert passed["ok"] is True and passed["files"][0]["rules"] == "training 5.1.0 rules"
+    bad = tmp_path / "training_results_v5.1" / "result_0.txt"
+    bad.parent.mkdir()
+    bad.write_text("".join(ln for ln in (AMD / "result_0.txt").read_text().splitlines(True) if "run_stop" not in ln))
+    proc = cli("check", bad, "--json")
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    failed = orjson.loads(proc.stdout)
+    assert failed["ok"] is False and failed["files"][0]["ok"] is False
+    assert any("run_stop" in m for m in failed["files"][0]["messages"])
+    assert_agree("check --json", [passed, failed])
+
+
+def test_analysis_json_errors_go_to_stderr_and_reports_beside_it(cli, tmp_path: Path) -> None:
+    """As score --json: an error is one line on stderr, exit 2, no document. With --html the report is written
+    and its 'wrote' line goes to stderr, the document alone on stdout."""
+    for args in (("compare", AMD, tmp_path / "none"), ("scaling", AMD, tmp_path / "none"),
+                 ("check", tmp_path / "none")):
+        proc = cli(*args, "--json")
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    html = tmp_path / "s.html"
+    proc = cli("scaling", AMD, UF, "--json", "--html", html)
+    assert proc.returncode == 0 and proc.stderr == f"wrote {html}\n", proc.stderr
+    assert orjson.loads(proc.stdout)["benchmark"] == "llama31_8b" and html.stat().st_size > 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -125,11 +128,20 @@ def _print_set(console: Console, s) -> None:
               help="Write a Markdown report (plots beside it).")
 @click.option("--ruleset", default=None, help="Ruleset for the scores (default: inferred per set).")
 @click.option("--no-score", is_flag=True, help="Skip compliance/RCP scoring (faster; time-to-train still shown).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document in place of the tables (its fields: docs/output.md); with --html or "
+                   "--md the reports are written too, and what is said of them goes to stderr.")
 @stops_on_signals
 def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, ruleset: str | None,
-            no_score: bool) -> None:
+            no_score: bool, as_json: bool) -> None:
     """Compare two or more runs or sets side by side. A PATH may be published:<id> (a row of results/published)."""
-    from mlbench.analysis.compare import build_comparison, comparison_report, plots_note, print_comparison
+    from mlbench.analysis.compare import (
+        build_comparison,
+        comparison_json,
+        comparison_report,
+        plots_note,
+        print_comparison,
+    )
     from mlbench.analysis.report import check_outputs
 
     check_outputs(html_out, md_out)
@@ -137,11 +149,15 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
         raise UserError("a PATH is empty; give a path (a run, a set, or published:<id>)")
     if len(paths) < 2:
         raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
-    cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
-    print_comparison(_console(), cmp)
-    _write_reports(lambda: comparison_report(cmp), html_out, md_out)
-    if (html_out or md_out) and (note := plots_note(cmp)):  # as the report says it, above its plots
-        _console().print(Text.assemble(("note", "cyan"), f": {note}"), highlight=False)
+    with _product(as_json) as write:
+        cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
+        if write is None:
+            print_comparison(_console(), cmp)
+        said = _write_reports(lambda: comparison_report(cmp), html_out, md_out, as_json)
+        if (html_out or md_out) and (note := plots_note(cmp)):  # as the report says it, above its plots
+            said.print(Text.assemble(("note", "cyan"), f": {note}"), highlight=False)
+        if write is not None:  # after the reports: the notes their plots add are in it; a failed write, no document
+            write(strict_json(comparison_json(cmp)))
 
 
 @click.command("scaling")
@@ -153,12 +169,16 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
 @click.option("--devices", "devices", multiple=True, type=DeviceCount(),
               help="Device count per PATH, in order, in place of what the systems json or our run record says "
                    "(a note says where they differ); needed where neither says.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document in place of the tables (its fields: docs/output.md); with --html or "
+                   "--md the reports are written too, and what is said of them goes to stderr.")
 @stops_on_signals
-def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...]) -> None:
+def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None, devices: tuple[int, ...],
+            as_json: bool) -> None:
     """Strong and weak scaling efficiency of one benchmark at several device counts."""
     from mlbench.analysis.published import PREFIX as PUBLISHED
     from mlbench.analysis.report import check_outputs
-    from mlbench.analysis.scaling import build_scaling, print_scaling, scaling_report
+    from mlbench.analysis.scaling import build_scaling, print_scaling, scaling_json, scaling_report
 
     check_outputs(html_out, md_out)
     if row := next((p for p in paths if str(p).startswith(PUBLISHED) and not p.exists()), None):  # compare's form
@@ -167,19 +187,31 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
     if devices and len(devices) != len(paths):
         raise UserError(f"--devices given {len(devices)} time{'' if len(devices) == 1 else 's'} for {len(paths)} "
                         f"PATHs; give one per PATH or none")
-    sc = build_scaling(list(paths), list(devices) or None)
-    print_scaling(_console(), sc)
-    _write_reports(lambda: scaling_report(sc), html_out, md_out)
+    with _product(as_json) as write:
+        sc = build_scaling(list(paths), list(devices) or None)
+        if write is None:
+            print_scaling(_console(), sc)
+        _write_reports(lambda: scaling_report(sc), html_out, md_out, as_json)
+        if write is not None:
+            write(strict_json(scaling_json(sc)))
 
 
-def _write_reports(build, html_out: Path | None, md_out: Path | None) -> None:
-    """Build the report (plots take a while) only when one is asked for; write the two whole or not at all."""
+def _product(as_json: bool) -> contextlib.AbstractContextManager[Callable[[str], None] | None]:
+    """For --json, the function that writes the one document stdout carries (an error then goes to stderr with no
+    document, as `score --json`'s); None for the tables."""
+    return document_on_stdout() if as_json else contextlib.nullcontext(None)
+
+
+def _write_reports(build, html_out: Path | None, md_out: Path | None, as_json: bool = False) -> Console:
+    """Build the report (plots take a while) only when one is asked for; write the two whole or not at all. Returns
+    the console where what is said of them goes: stderr where stdout carries a --json document."""
     from mlbench.analysis.report import write_reports
 
+    console = terminal.console(file=sys.stderr) if as_json else _console()
     if not (html_out or md_out):
-        return
+        return console
     write_reports(build(), html_out, md_out)
-    console = _console()
     for out in (html_out, md_out):
         if out:
             console.print(printable(f"wrote {out}"), highlight=False, soft_wrap=True)
+    return console

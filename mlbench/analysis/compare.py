@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from mlbench.analysis.report import Report, line_looks, plot_label, plt  # pyplo
 from mlbench.analysis.score import SetScore, require_rules_for, score_set
 from mlbench.errors import UserError, printable
 from mlbench.logfile import MAX_TEXT, is_number
+from mlbench.schema import versioned
 
 # Layout keys shown first in the differences table (ours log them; NVIDIA logs some).
 LAYOUT = ("global_batch_size", "micro_batch_size", "tensor_parallelism", "pipeline_parallelism",
@@ -333,6 +334,41 @@ def print_comparison(console: Console, cmp: Comparison) -> None:
         console.print("hyperparameters and layout: no differences among the logged ones")
     for n in cmp.notes:
         console.print(Text.assemble(("note", "cyan"), f": {printable(n)}"), highlight=False)
+
+
+
+# --- compare --json (docs/output.md) --------------------------------------------------------------------------
+
+def comparison_json(cmp: Comparison) -> dict:
+    """The comparison as `compare --json` gives it: the side-by-side table's figures as numbers, named as the other
+    documents name them (time_to_train_min, step_time_s, global_batch_size, tokens_per_s_per_device, ...)."""
+    return versioned({"entries": [_entry_json(e) for e in cmp.entries],
+                      "differing_hyperparameters": list(cmp.differing_hyperparams()),
+                      "notes": list(cmp.notes)})
+
+
+def _entry_json(e: Entry) -> dict:
+    st, (predicted, predicted_on) = e.step_stats(), e.prediction()
+    score = e.score
+    return {
+        "label": e.label, "kind": e.kind, "benchmark": e.benchmark,
+        "path": str(e.where) if e.where is not None else None,
+        "run_count": len(e.runs), "devices": e.devices, "devices_from": e.devices_from or None,
+        "time_to_train_min": e.ttt_min, "time_to_train_from": e.ttt_kind,
+        "rcp": asdict(score.rcp) if score else None, "rcp_factor": score.rcp_factor if score else None,
+        "global_batch_size": e.gbs, "steps_to_converge": e.steps_to_converge,
+        "samples_to_converge": e.samples_to_converge,
+        "step_time_s": st["median"], "step_time_mean_s": st["mean"], "step_time_p90_s": st["p90"],
+        "step_time_p99_s": st["p99"], "step_time_jitter": st["jitter"],
+        "step_times_from": None if e.step_source == "-" else e.step_source,
+        "predicted_step_time_s": predicted, "predicted_on": predicted_on or None,
+        "predicted_over_measured": e.predicted_over_measured(),
+        "tokens_per_s_per_device": e.tokens_per_s_per_device(),
+        "samples_per_s_per_device": e.samples_per_s_per_device(),
+        "tflops_per_device": e.tflops_per_device(), "model_tflops_per_device": e.model_tflops_per_device(),
+        "mfu": e.mfu(), "hyperparameters": e.hyperparams(),
+        "source": e.published.source.strip() if e.published else None,
+    }
 
 
 # --- the report -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from mlbench import mlperf_tools
 from mlbench.analysis.logs import GivenOnce, ResultSet, find_sets, holds_no_log, passed_over, told_apart
 from mlbench.analysis.report import Report, line_looks, plot_label, plt
 from mlbench.errors import UserError, printable
+from mlbench.schema import versioned
 
 DEFINITIONS = [
     "Strong scaling, time to train: E = T_base x N_base / (T_n x N_n), T the olympic mean of the successful "
@@ -113,6 +114,12 @@ def _point(rs: ResultSet, devices: int | None, notes: list[str], label: str) -> 
     return Point(label, n, where, gbs, seq, ttt, len(times), step, source)
 
 
+def base_of(points: list[Point], figure: str) -> Point:
+    """The base of an efficiency among POINTS (smallest first): the first that has the FIGURE it is computed from,
+    else the first."""
+    return next((q for q in points if getattr(q, figure) is not None), points[0])
+
+
 def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scaling:
     notes: list[str] = []
     points: list[Point] = []
@@ -140,7 +147,7 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
     points.sort(key=lambda q: (q.devices, q.label))
     sc = Scaling(next(iter(benches)), points, notes=notes)
     # the base: the smallest configuration that has a figure (one whose runs all failed blanked every efficiency)
-    base = next((q for q in points if q.ttt_min is not None), points[0])
+    base = base_of(points, "ttt_min")
     if base is not points[0]:
         sc.notes.append(f"{points[0].label}: no successful run, so the time-to-train base is {base.label} "
                         f"({base.devices} devices)")
@@ -154,11 +161,11 @@ def build_scaling(paths: list[Path], devices: list[int] | None = None) -> Scalin
                 by_pdb[round(pdb, 9)].append(q)
     for g, qs in sorted(by_gbs.items()):
         if len(qs) > 1:
-            b = next((q for q in qs if q.step_s is not None), qs[0])
+            b = base_of(qs, "step_s")
             sc.strong_step[g] = [(q, efficiency(b.step_s, b.devices, q.step_s, q.devices)) for q in qs]
     for pdb, qs in sorted(by_pdb.items()):
         if len(qs) > 1:
-            b = next((q for q in qs if q.tokens_per_s_per_device is not None), qs[0])
+            b = base_of(qs, "tokens_per_s_per_device")
             sc.weak[pdb] = [(q, ratio(q.tokens_per_s_per_device, b.tokens_per_s_per_device)) for q in qs]
     if not sc.strong_step:
         sc.notes.append("no two configurations share a global batch: no per-step strong scaling")
@@ -211,6 +218,35 @@ def print_scaling(console: Console, sc: Scaling) -> None:
         console.print(f"  - {d}", highlight=False)
     for n in sc.notes:
         console.print(Text.assemble(("note", "cyan"), f": {printable(n)}"), highlight=False)
+
+
+def scaling_json(sc: Scaling) -> dict:
+    """The scaling as `scaling --json` gives it (docs/output.md): each configuration's figures and each
+    efficiency, named as the other documents name them. A base is the point each efficiency is computed against
+    (`base_of`)."""
+    def curve(rows: list[tuple[Point, float | None]], figure: str, name: str) -> dict:
+        return {"base": base_of([q for q, _ in rows], figure).label,
+                "points": [{"label": q.label, "devices": q.devices, name: getattr(q, figure), "efficiency": e}
+                           for q, e in rows]}
+
+    base = base_of(sc.points, "ttt_min")
+    strong = curve(sc.strong_ttt, "ttt_min", "time_to_train_min")
+    for point, (q, _) in zip(strong["points"], sc.strong_ttt, strict=True):
+        point |= {"speedup": ratio(base.ttt_min, q.ttt_min), "ideal_speedup": ratio(q.devices, base.devices)}
+    return versioned({
+        "benchmark": sc.benchmark,
+        "points": [{"label": q.label, "devices": q.devices, "devices_from": q.devices_from,
+                    "global_batch_size": q.gbs, "per_device_batch_size": q.per_device_batch,
+                    "seq_length": q.seq, "time_to_train_min": q.ttt_min, "successful_runs": q.ttt_runs,
+                    "step_time_s": q.step_s, "tokens_per_s_per_device": q.tokens_per_s_per_device,
+                    "step_times_from": None if q.step_source == "-" else q.step_source} for q in sc.points],
+        "strong_time_to_train": strong,
+        "strong_per_step": [{"global_batch_size": g} | curve(rows, "step_s", "step_time_s")
+                            for g, rows in sc.strong_step.items()],
+        "weak": [{"per_device_batch_size": pdb} | curve(rows, "tokens_per_s_per_device", "tokens_per_s_per_device")
+                 for pdb, rows in sc.weak.items()],
+        "notes": list(sc.notes),
+    })
 
 
 def efficiency_plot(sc: Scaling):
