@@ -834,6 +834,12 @@ def test_scaling_takes_a_sets_runs_as_score_does_and_its_base_is_a_configuration
     effs = dict((q.devices, e) for q, e in sc.strong_ttt)
     assert effs[4] is None and effs[8] == 1.0 and effs[256] is not None, effs
     assert any("no successful run, so the time-to-train base is" in n for n in sc.notes), sc.notes
+    # the text table names that base and its speed-ups from it (its title named the failed set, every speed-up "-")
+    from mlbench.analysis.scaling import tables
+
+    title, _, rows = next(t for t in tables(sc) if t[0].startswith("strong scaling, time to train"))
+    base = next(q for q in sc.points if q.devices == 8)
+    assert title.endswith(f"(base: {base.label})") and rows[1][2:4] == ["1.000", "1.000"], (title, rows)
     empty = tmp_path / "empty" / "llama31_8b"
     empty.mkdir(parents=True)
     (empty / "result_0.txt").write_text("")

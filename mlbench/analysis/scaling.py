@@ -187,13 +187,13 @@ def tables(sc: Scaling) -> list[tuple[str, list[str], list[list[str]]]]:
                 [[q.label, f"{q.devices} ({q.devices_from})", str(q.gbs or "-"), _f(q.per_device_batch, 4),
                   _f(q.ttt_min, 4) + f" ({q.ttt_runs} runs)", _f(q.step_s, 4), _f(q.tokens_per_s_per_device, 1),
                   q.step_source] for q in sc.points]))
-    b = sc.points[0]
+    b = base_of(sc.points, "ttt_min")  # (the efficiencies' base: the smallest with a time, not the smallest)
     out.append(("strong scaling, time to train (base: " + b.label + ")",
                 ["configuration", "devices", "speed-up T_base/T_n", "ideal N_n/N_base", "efficiency"],
                 [[q.label, str(q.devices), _f(ratio(b.ttt_min, q.ttt_min)), _f(ratio(q.devices, b.devices)), _f(e)]
                  for q, e in sc.strong_ttt]))
     for g, rows in sc.strong_step.items():
-        bb = rows[0][0]
+        bb = base_of([q for q, _ in rows], "step_s")
         out.append((f"strong scaling per step, global batch {g} (base: {bb.label})",
                     ["configuration", "devices", "median step (s)", "efficiency"],
                     [[q.label, str(q.devices), _f(q.step_s, 4), _f(e)] for q, e in rows]))
