@@ -97,9 +97,11 @@ def _publish_one(folder: Path, staging: Path, owner: str, death: Death) -> tuple
     if begun:
         _drop_cut_line(log)
     plan, unread = _plan(staging, folder)
-    events = _events(staging / "events.jsonl")
+    tail = _events(staging / "events.jsonl")
+    events = tail.events
     _remove_partial_saves(plan, events)
     outcome, note = _outcome(log, plan, events, owner.split("-", 1)[0], begun, death)
+    outcome.steps = tail.steps
     bench, layout = plan.benchmark, Layout.from_dict(plan.layout)
     verdict = runner.compliance_verdict(log, bench)
     rec = runner.record(bench, layout, plan, outcome, verdict, runner.time_to_train(log), {}, "")
@@ -272,13 +274,13 @@ def _drop_cut_line(log: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def _events(path: Path) -> list[dict]:
+def _events(path: Path) -> EventTail:
     """Rank 0's events as far as they were written, read as the supervisor reads them (a line the kill cut short,
-    without its newline, is left out); none where they cannot be read (a line nested too deep for the parser):
-    the record goes without them, its log says the rest."""
+    without its newline, is left out); none where they cannot be read: the record goes without them, its log says
+    the rest."""
     tail = EventTail(path)
     try:
-        tail.poll()
-    except (RecursionError, OSError, UnicodeDecodeError):
-        return []
-    return [e for e in tail.events if isinstance(e, dict)]
+        tail.read_all()
+    except OSError:
+        return EventTail(path)
+    return tail

@@ -130,15 +130,20 @@ def finalize_aborted(path: str | Path, reason: str, plan: RunPlan | None = None,
         if plan is None or not begin:
             return False
         write_preamble(plan, MLPerfLog(path)).close()
-    events = read(path)
-    keys = [e.get("key") for e in events]
+    # streamed, these keys alone: read whole (every record a dict), a long run's log took the supervisor to 260 MiB
+    # at 200,000 steps as it ended, run_stop written or not
+    keys, last_step = set(), None
+    for e in logfile.LogReader(path, keys=frozenset({C.RUN_STOP, C.TRAIN_SAMPLES, "tracked_stats"})):
+        keys.add(e.key)
+        if e.key == "tracked_stats":
+            last_step = e
     if C.RUN_STOP in keys:
         return False
     log = MLPerfLog(path)
     try:
         if C.TRAIN_SAMPLES not in keys:  # the last logged step's samples, in the unit rank 0 logs them in
-            steps = [e for e in events if e.get("key") == "tracked_stats"]
-            samples = steps[-1]["metadata"].get("samples_count", 0) if steps else 0
+            meta = last_step.metadata if last_step is not None and isinstance(last_step.metadata, dict) else {}
+            samples = meta.get("samples_count", 0) if logfile.is_number(meta.get("samples_count")) else 0
             log.event(C.TRAIN_SAMPLES, value=samples * (plan.benchmark.eval_unit_size if plan else 1))
         log.end(C.RUN_STOP, metadata={"status": C.ABORTED, "reason": reason})
     finally:

@@ -107,7 +107,6 @@ def exit_code(outcome: Outcome) -> int:
 
 def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, verdict, ttt: float | None,
            env: dict, device: str = "") -> dict:
-    steps = [e for e in outcome.events if e.get("event") == "step"]
     evals = [e for e in outcome.events if e.get("event") == "eval"]
     start = next((e for e in outcome.events if e.get("event") == "start"), {})  # {} if no rank ever started
     return versioned({
@@ -126,7 +125,7 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         "layout": layout.as_dict(),
         "devices": layout.world_size,
         # Median over steps; None where MFU is not defined (CPU) or the device's peak is unknown.
-        "mfu": _median([e["mfu"] for e in steps if e.get("mfu") is not None]),
+        "mfu": outcome.steps.median("mfu"),
         "mfu_note": start.get("mfu_note"),
         "config": dataclasses.asdict(bench),
         # The launcher's packages and host; the device as rank 0 found it (None if it never started).
@@ -145,15 +144,9 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         # the planner's step time and time-to-train for this layout on `device` (--device) or rank 0's device
         "prediction": prediction.for_run(bench, layout, device, start.get("device")),
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
-        "steps": [{"step": e.get("step"), "loss": e.get("loss"), "step_time_s": e.get("step_time")}
-                  | {k: e.get(k) for k in ("tokens_per_s", "tflops_per_device", "mfu", "lr", "grad_norm")}
-                  for e in steps],
+        "steps": outcome.steps,  # each step's fields (launch.events.Steps), written a row at a time (publish)
         "evals": [{k: e.get(k) for k in ("step", "samples", "value")} for e in evals],
     })
-
-
-def _median(values: list[float]) -> float | None:
-    return sorted(values)[len(values) // 2] if values else None
 
 
 # How one run is started: (plan file, staging folder, run index, environment) -> the command the supervisor runs.

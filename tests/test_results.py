@@ -908,3 +908,112 @@ def test_a_set_whose_next_run_cannot_be_staged_stops_with_exit_1(tmp_path: Path,
                         "the next run's files could not be written: the set stops here; 2 more run(s) not started",
                         "set of 3 runs: 1 reached the target, 2 not started (the next run's files could not be "
                         "written)"], said
+
+
+# ---- the bookkeeping of a long run (perf/long_run_bookkeeping.py: 100,000 steps, 500 evals) --------------------
+
+def _step_event(step: int) -> dict:
+    return {"event": "step", "time": 1.5, "step": step, "loss": 1.0 / step, "step_time": 0.25, "tokens_per_s": 4096,
+            "mfu": None, "tflops_per_device": 0.5, "lr": 1e-4, "grad_norm": 0.75}
+
+
+def test_the_supervisor_keeps_a_long_run_s_steps_as_numbers_and_reads_each_byte_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor kept every event rank 0 wrote as a dict until the run was published: 387 MiB at 100,000
+    steps (4 GB for llama31_8b's 1.2M-step budget). It keeps the steps as columns of numbers, every other event
+    whole, and each poll reads only what was appended since the last."""
+    from mlbench.launch import events as events_module
+
+    path = tmp_path / "events.jsonl"
+    read = [0]
+    real_open = open
+
+    class Counted:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read[0] += len(data)
+            return data
+    monkeypatch.setattr(events_module, "open", lambda *a, **k: Counted(real_open(*a, **k)), raising=False)
+    tail = events_module.EventTail(path)
+    with open(path, "w") as f:
+        f.write(json.dumps({"event": "start", "budget": 4000}) + "\n")
+        for step in range(1, 4001):
+            f.write(json.dumps(_step_event(step)) + "\n")
+            if step % 400 == 0:
+                f.write(json.dumps({"event": "eval", "step": step, "value": 2.0}) + "\n")
+                f.flush()
+                assert tail.poll()[-1] == {"event": "eval", "step": step, "value": 2.0}
+    assert read[0] == path.stat().st_size  # each byte read once, whatever the number of polls
+    assert [e["event"] for e in tail.events] == ["start"] + ["eval"] * 10  # no step event held as a dict
+    assert len(tail.steps) == 4000 and tail.seen == 4011
+    assert tail.steps[-1] == {k: v for k, v in _step_event(4000).items() if k not in ("event", "time")}
+    assert tail.steps.median("mfu") is None and tail.steps.median("loss") == 1.0 / 2000
+
+
+def test_a_poll_that_finds_a_long_run_s_events_reads_a_bounded_part_of_them(tmp_path: Path) -> None:
+    """A supervisor that polled after minutes (stopped, then continued) read and returned the whole file at once,
+    every event a dict; one poll now reads about POLL_BYTES, the next polls (drain, at the end) the rest."""
+    from mlbench.launch import events as events_module
+
+    path = tmp_path / "events.jsonl"
+    line = json.dumps(_step_event(1)) + "\n"
+    path.write_text(line * (3 * events_module.POLL_BYTES // len(line)))
+    tail = events_module.EventTail(path)
+    first = tail.poll()
+    assert 0 < len(first) * len(line) <= events_module.POLL_BYTES + (1 << 20)
+    assert sum(len(new) for new in tail.drain()) + len(first) == len(tail.steps) == path.stat().st_size // len(line)
+
+
+def test_a_long_run_s_log_is_closed_without_reading_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor completed every run's log by reading all of it as dicts (to find run_stop and the last
+    step's samples): 260 MiB at 200,000 steps as the run ended. It streams the three keys it needs."""
+    from mlbench import logfile, mlperf_log
+
+    log = tmp_path / "mlperf.log"
+    lines = [f':::MLLOG {{"namespace": "", "time_ms": {t}, "event_type": "POINT_IN_TIME", "key": "tracked_stats", '
+             f'"value": {{"reduced_train_loss": 2.5}}, "metadata": {{"step": {t}, "samples_count": {16 * t}}}}}'
+             for t in range(1, 3001)]
+    log.write_text("\n".join(lines) + "\n")
+    made = [0]
+    as_dict = logfile.Event.as_dict
+    monkeypatch.setattr(logfile.Event, "as_dict", lambda self: made.__setitem__(0, made[0] + 1) or as_dict(self))
+    assert mlperf_log.finalize_aborted(log, "hang: no progress for 300 s")
+    assert made[0] == 0
+    monkeypatch.undo()
+    tail = mlperf_log.read(log)[-2:]
+    assert [(e["key"], e["value"]) for e in tail] == [("train_samples", 48000), ("run_stop", None)]
+    assert not mlperf_log.finalize_aborted(log, "again")  # run_stop there: left alone
+
+
+def test_a_long_run_s_record_is_written_a_step_a_line(tmp_path: Path) -> None:
+    """The record was one json.dumps of every step as a dict, a line a field (21 MiB at 100,000 steps, and the
+    whole text in memory at once): its steps are written as they are read back, one line each."""
+    from mlbench.launch.events import EventTail
+
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(_step_event(s) | ({"loss": float("nan")} if s == 2 else {})) + "\n"
+                            for s in range(1, 1001)))
+    tail = EventTail(path)
+    tail.read_all()
+    record = {"status": "success", "mfu": None, "steps": tail.steps, "evals": [{"step": 1000, "value": 2.0}]}
+    pieces = list(results.record_text(record))
+    assert len(pieces) == 1000 + 2  # the head, a step a piece, the tail: never all of it at once
+    text = "".join(pieces)
+    back = json.loads(text)  # strict JSON: the NaN loss is null
+    assert back["steps"][1]["loss"] is None and back["steps"][999]["step"] == 1000 and back["evals"] == record["evals"]
+    assert back["steps"] == [{**s, "loss": None if s["step"] == 2 else s["loss"]} for s in tail.steps]
+    assert len(text.splitlines()) < 1000 + 20
+    empty = json.loads("".join(results.record_text(record | {"steps": []})))
+    assert empty["steps"] == [] and json.loads("".join(results.record_text({"a": 1}))) == {"a": 1}

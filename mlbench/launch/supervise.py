@@ -28,7 +28,6 @@ supervisor tells node 0's, Command.ended).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -41,6 +40,7 @@ from typing import Protocol
 
 from mlbench import results
 from mlbench.launch import lifeline, local_ranks
+from mlbench.launch.events import EventTail, Steps
 from mlbench.mlperf_log import finalize_aborted
 from mlbench.run_plan import RunPlan, stop_reason_path
 
@@ -65,7 +65,8 @@ class Outcome:
     status: str  # success | aborted
     exit_code: int
     reason: str = ""
-    events: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)  # rank 0's events but the steps (EventTail)
+    steps: Steps = field(default_factory=Steps)  # its steps' record fields
     checkpoint_error: str = ""  # a checkpoint save after run_stop failed (the run's own status stands)
     log_error: str = ""  # the log could not be completed (run_stop not written, e.g. a full disk)
     signal: str = ""  # the stop signal received (SIGINT: Ctrl-C), whatever the run's status: a set ends with it
@@ -126,34 +127,6 @@ class Command:
     # started, or it said no such error). Such a launch is no run (nothing trained, nothing logged): it is tried
     # again, LAUNCH_TRIES times at most, RELAUNCH_S apart. A command that has it has no `ended`.
     not_launched: Callable[[str], str] | None = None
-
-
-class EventTail:
-    """Reads new JSON lines from the events file as rank 0 appends them."""
-
-    def __init__(self, path: Path):
-        self.path, self._pos, self._buf = path, 0, ""
-        self.events: list[dict] = []
-
-    def poll(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path) as f:
-            f.seek(self._pos)
-            chunk = f.read()
-            self._pos = f.tell()
-        self._buf += chunk
-        *lines, self._buf = self._buf.split("\n")
-        new = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: not an event
-                continue
-            if isinstance(event, dict):  # what every reader of an event takes it to be
-                new.append(event)
-        self.events += new
-        return new
 
 
 def _descendants(pid: int) -> list[int]:
@@ -321,7 +294,8 @@ class _Seen:
     def __post_init__(self) -> None:
         self.formed = self.cmd.rendezvous is None
 
-    def saw(self, new: list[dict], events: list[dict]) -> None:
+    def saw(self, new: list[dict], events: int) -> None:
+        """NEW: the events just read; EVENTS: how many were read in all."""
         if new:
             self.last_progress = time.monotonic()
             self.stepping = self.stepping or any(e.get("event") == "step" for e in new)
@@ -459,7 +433,7 @@ def _supervise_once(cmd: Command, log_path: Path, events_path: Path, hang_timeou
             new = tail.poll()
             if new and on_events:
                 on_events(new)
-            seen.saw(new, tail.events)
+            seen.saw(new, tail.seen)
             if not reason and (reason := _signalled(cmd, received[0]) if received else seen.stop_reason(proc.pid)):
                 stopped_at, by_signal = time.time(), bool(received)
                 if not seen.told:
@@ -476,19 +450,21 @@ def _supervise_once(cmd: Command, log_path: Path, events_path: Path, hang_timeou
         # node 0 gone, whether or not the watch has told yet
         lost = seen.watch.check() if proc.returncode != 0 else ""
         seen.watch.close()
-    new = tail.poll()
-    if new and on_events:
-        on_events(new)
+    for new in tail.drain():
+        if on_events:
+            on_events(new)
     judged = reason or (_signalled(cmd, received[0]) if received else "")
     by_signal = by_signal or bool(received) and not reason
     if not judged and proc.returncode != 0 and cmd.outside:  # its allocation ended (SLURM's time limit) first
         judged = cmd.outside("")
-    retry = relaunch and cmd.not_launched and not judged and proc.returncode != 0 and not tail.events
+    retry = relaunch and cmd.not_launched and not judged and proc.returncode != 0 and not tail.seen
     if retry and (not_launched := cmd.not_launched(_tail(cmd.stdout, since))):
         return not_launched
     try:
-        return _judge(cmd, proc.returncode, tail.events, judged, received[0] if received else "",
-                      _LogEnd(log_path, plan, owns_log), lost, by_signal)
+        outcome = _judge(cmd, proc.returncode, tail.events, judged, received[0] if received else "",
+                         _LogEnd(log_path, plan, owns_log), lost, by_signal)
+        outcome.steps = tail.steps
+        return outcome
     finally:
         if cmd.ended:
             cmd.ended(_tail(cmd.stdout), "" if seen.followed else reason, stopped_at)
