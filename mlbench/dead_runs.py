@@ -265,13 +265,25 @@ def _why(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+_TAIL_BYTES = 1 << 16  # read back from a log's end this much at a time
+
+
 def _drop_cut_line(log: Path) -> None:
     """A line the kill cut short (no newline at its end) was never written whole: it goes, so the lines appended
     after it stay lines of their own."""
-    with open(log, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
+    with open(log, "rb+") as f:  # from its end: read whole, a long run's log was all in memory at once
+        end = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:
+            size = min(_TAIL_BYTES, pos)
+            f.seek(pos - size)
+            block = f.read(size)
+            if pos == end and block.endswith(b"\n"):
+                return
+            if (i := block.rfind(b"\n")) >= 0:
+                f.truncate(pos - size + i + 1)
+                return
+            pos -= size
+        f.truncate(0)
 
 
 def _events(path: Path) -> EventTail:

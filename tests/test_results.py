@@ -1017,3 +1017,29 @@ def test_a_long_run_s_record_is_written_a_step_a_line(tmp_path: Path) -> None:
     assert len(text.splitlines()) < 1000 + 20
     empty = json.loads("".join(results.record_text(record | {"steps": []})))
     assert empty["steps"] == [] and json.loads("".join(results.record_text({"a": 1}))) == {"a": 1}
+
+
+@pytest.mark.parametrize("tail", [b"", b':::MLLOG {"key": "cut', b"x" * 200_000])
+def test_a_dead_run_s_cut_line_is_dropped_from_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       tail: bytes) -> None:
+    """A dead run's log was read whole into memory to drop a line the kill cut short (36 MiB at 100,000 steps):
+    it is read back from its end, as far as its last newline."""
+    from mlbench import dead_runs
+
+    log = tmp_path / "mlperf.log"
+    whole = b"".join(b':::MLLOG {"key": "tracked_stats", "n": %d}\n' % i for i in range(20_000))
+    log.write_bytes(whole + tail)
+    read = [0]
+    real_open = open
+
+    def counted(*a, **k):
+        f = real_open(*a, **k)
+        real_read = f.read
+        f.read = lambda n=-1: read.__setitem__(0, read[0] + len(data := real_read(n))) or data
+        return f
+    monkeypatch.setattr(dead_runs, "open", counted, raising=False)
+    dead_runs._drop_cut_line(log)
+    assert log.read_bytes() == whole and read[0] <= len(tail) + (1 << 16)
+    log.write_bytes(b"no newline at all")
+    dead_runs._drop_cut_line(log)
+    assert log.read_bytes() == b""
