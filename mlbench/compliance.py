@@ -34,7 +34,7 @@ from mlbench.logfile import (
     LogReader,
     given_path_problem,
     holds_token,
-    load_json,
+    load_record,
     text,
     why_not_a_file,
 )
@@ -436,7 +436,7 @@ def _run_record(result_file: Path) -> tuple[dict, str]:
     if not rec.exists():
         return {}, ""
     try:
-        data = load_json(rec)
+        data = load_record(rec)
     except (OSError, ValueError) as e:
         return {}, f"{rec.name} cannot be read ({getattr(e, 'strerror', None) or str(e).splitlines()[0]})"
     return (data, "") if isinstance(data, dict) else ({}, f"{rec.name} is not a run record (a JSON object)")

@@ -357,10 +357,11 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "something else")
 
 
-def _not_input_file(path: Path | str, st: os.stat_result, limit: int = MAX_JSON_BYTES,
+def _not_input_file(path: Path | str, st: os.stat_result, limit: int | None = None,
                     what: str = "a JSON input file", note: str = "") -> OSError | None:
-    """Why a file with stat ST cannot be read as WHAT of at most LIMIT bytes (an OSError whose strerror says it),
-    or None."""
+    """Why a file with stat ST cannot be read as WHAT of at most LIMIT bytes (MAX_JSON_BYTES where None: an
+    OSError whose strerror says it), or None."""
+    limit = MAX_JSON_BYTES if limit is None else limit
     if not stat.S_ISREG(st.st_mode):
         return OSError(errno.EINVAL, f"{file_kind(st.st_mode)}, not a regular file", str(path))
     if st.st_size > limit:
@@ -445,11 +446,12 @@ def check_json_file(path: Path | str) -> None:
         raise why
 
 
-def read_capped(path: Path | str, limit: int = MAX_JSON_BYTES, what: str = "a JSON input file",
+def read_capped(path: Path | str, limit: int | None = None, what: str = "a JSON input file",
                 note: str = "") -> bytes:
     """PATH's bytes, where it is a regular file of at most LIMIT bytes (else an OSError naming why: WHAT may hold
     LIMIT, NOTE after it). Never blocks, never reads more than LIMIT and a byte: the file is opened without waiting
-    (a pipe put in its place is refused) and checked as opened."""
+    (a pipe put in its place is refused) and checked as opened. LIMIT: MAX_JSON_BYTES where None."""
+    limit = MAX_JSON_BYTES if limit is None else limit
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if (why := _not_input_file(path, os.fstat(fd), limit, what, note)) is not None:
@@ -771,6 +773,46 @@ def holds_token(path: Path | str) -> bool:
 def read(path: Path | str) -> list[dict]:
     """Every record of a (small) log as the dict it was logged as: for our own logs, which the run writes."""
     return [e.as_dict() for e in LogReader(Path(path))]
+
+
+_STEPS_OPEN = b' "steps": [\n'  # a record's per-step rows as results.record_text writes them: a row a line
+
+
+def load_record(path: Path | str) -> object:
+    """A run record parsed as `load_json` parses it; one over MAX_JSON_BYTES (a long run's: its per-step rows, about
+    190 bytes each, passed 64 MiB at about 345,000 steps, and its own run was then read as one without a record:
+    judged by the closed rules, its devices unknown) is read without those rows, "steps" as [], where mlbench wrote
+    them a row a line (results.record_text) and the rest holds no more than MAX_JSON_BYTES. No reader of a record
+    uses its steps."""
+    try:
+        return load_json(path)
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        over = e
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    kept, size, skipping = [], 0, False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise over
+        for line in f:
+            if skipping and line.startswith(b"  {"):
+                continue
+            if skipping:  # the rows end: ' ]' and what followed them on the line
+                if not line.startswith(b" ]"):
+                    raise over
+                line, skipping = b' "steps": []' + line[2:], False
+            elif line == _STEPS_OPEN:
+                skipping = True
+                continue
+            size += len(line)
+            if size > MAX_JSON_BYTES:
+                raise over
+            kept.append(line)
+    try:
+        return json.loads(b"".join(kept))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
 
 
 # --- fields, checked where read ---------------------------------------------------------------------------

@@ -1043,3 +1043,32 @@ def test_a_dead_run_s_cut_line_is_dropped_from_its_end(tmp_path: Path, monkeypat
     log.write_bytes(b"no newline at all")
     dead_runs._drop_cut_line(log)
     assert log.read_bytes() == b""
+
+
+def test_a_long_run_s_record_over_the_json_limit_is_still_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run record over logfile.MAX_JSON_BYTES (a long run's per-step rows: 64 MiB at about 345,000 steps) could
+    not be read: compare read its run as one without a record (judged by the closed rules), scaling stopped with
+    'device count unknown'. It is read without its rows, which no reader uses; a record that holds more than them,
+    or not in the row-a-line form, is still refused."""
+    from mlbench import logfile
+    from mlbench.analysis import logs
+    from mlbench.launch.events import EventTail
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(_step_event(s)) + "\n" for s in range(1, 2001)))
+    tail = EventTail(events)
+    tail.read_all()
+    record = {"variant": "tiny", "devices": 8, "steps": tail.steps, "quality": {"target": 3.3, "direction": "min"},
+              "result": "result_0.txt"}
+    path = tmp_path / "result_0.json"
+    path.write_text("".join(results.record_text(record)))
+    monkeypatch.setattr(logfile, "MAX_JSON_BYTES", 4096)  # the record is ~370 KB: over it
+    with pytest.raises(OSError, match="over the"):
+        logfile.load_json(path)
+    back = logs.run_record(tmp_path / "result_0.txt")
+    assert back == {**record, "steps": []}
+    assert logs._unusable(path) is None
+    path.write_text(json.dumps({**record, "steps": list(tail.steps)}, indent=1))  # a line a field: not skipped
+    assert logs.run_record(tmp_path / "result_0.txt") == {}
+    path.write_text("".join(results.record_text({**record, "note": "x" * 5000})))  # more than the rows
+    assert logs.run_record(tmp_path / "result_0.txt") == {}

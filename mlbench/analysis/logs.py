@@ -29,6 +29,7 @@ from mlbench.logfile import (
     given_path_problem,
     is_number,
     load_json,
+    load_record,
     metadata,
     number,
     shown,
@@ -638,7 +639,7 @@ def record_number(result_file: Path, key: str) -> float | None:
 def run_record(result_file: Path) -> dict:
     """Our sidecar result_<i>.json (optional; published logs have none)."""
     try:
-        d = load_json(Path(result_file).with_suffix(".json"))
+        d = load_record(Path(result_file).with_suffix(".json"))
     except (OSError, ValueError):
         return {}
     return d if isinstance(d, dict) else {}
@@ -656,7 +657,7 @@ def _unusable(record: Path) -> str | None:
     no name, a quality with no target to check). Read as absent, it would make its run one of unknown kind, judged
     by the closed rules."""
     try:
-        d = load_json(record)
+        d = load_record(record)
     except OSError as e:
         return f"its run record {record.name} cannot be read ({e.strerror or e})"
     except ValueError as e:
