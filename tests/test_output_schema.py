@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from mlbench import registry, runner, schema
+from mlbench import registry, results, runner, schema
 from mlbench.analysis.score import RcpResult, RunScore, SetScore
+from mlbench.launch.events import Steps
 from mlbench.launch.supervise import Outcome
 from mlbench.planner import devices
 from mlbench.planner import plan as planner
@@ -107,7 +108,7 @@ def assert_agree(section: str, docs: list[object]) -> None:
 
 
 def _record() -> dict:
-    """A run record as mlbench publishes it (runner.record, written by schema.dumps), from a run's events."""
+    """A run record as mlbench publishes it (runner.record, written by results.record_text), from a run's events."""
     bench = registry.load("gpt3", tiny=True)
     layout = resolve_layout(bench, LayoutRequest())
     device = {"type": "cpu", "name": "x86_64", "per_node": 1, "precision": "fp32", "attention": "local"}
@@ -130,9 +131,12 @@ def _record() -> dict:
     verdict = SimpleNamespace(ok=True, rules="smoke rules", messages=[])
     env = {"packages": {"torch": "2"}, "python": "3.11", "commit": None, "host": "h", "platform": "p",
            "slurm_job_id": None}
-    rec = runner.record(bench, layout, SimpleNamespace(seed=3), Outcome("success", 0, events=events), verdict,
-                        90.0, env, "")
-    return orjson.loads(schema.dumps(rec | {"result": "result_0.txt", "index": 0}))
+    steps = Steps()  # the supervisor keeps rank 0's steps apart, as columns (launch.events.EventTail)
+    for e in [e for e in events if e["event"] == "step"]:
+        steps.add(e)
+    outcome = Outcome("success", 0, events=[e for e in events if e["event"] != "step"], steps=steps)
+    rec = runner.record(bench, layout, SimpleNamespace(seed=3), outcome, verdict, 90.0, env, "")
+    return orjson.loads("".join(results.record_text(rec | {"result": "result_0.txt", "index": 0})))
 
 
 def test_the_run_record_holds_the_fields_the_docs_list() -> None:
