@@ -2,7 +2,7 @@
 
 Each round measures the CPU afresh (mlbench/planner/cpu.py's `measure`, what the cache holds), then runs
 `mlbench run BENCH --tiny` at 1 process, 2 processes (data parallel) and 2 processes at tensor parallel 2, and
-sets each run's median step time (from its record, `steps[].step_time`) beside the planner's prediction for the
+sets each run's median step time (from its record, `steps[].step_time_s`) beside the planner's prediction for the
 same layout from that round's measurement: on a machine shared with other work both sides then see the same load.
 Prints every round and the median error per layout over the rounds; also the prediction each run's record holds
 (from the cached measurement, as `mlbench run` makes it).
