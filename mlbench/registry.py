@@ -163,7 +163,7 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
     if not isinstance(tiny_override, dict):
         raise UserError(f"{path}: has no 'tiny' section, so {name} has no tiny variant")
     merged = deep_merge(data, tiny_override)
-    _same_family(path, data["model"], merged["model"])
+    _tiny_keeps(path, data, tiny_override)
     bench = build(Benchmark, merged, where=f"{path.name} (tiny)", fixed={"variant": "tiny", "path": str(path)})
     _validate(bench)
     return _absolute_data(bench, path)
@@ -182,15 +182,23 @@ def _absolute_data(b: Benchmark, path: Path) -> Benchmark:
     return dataclasses.replace(b, data=dataclasses.replace(b.data, **found))
 
 
-def _same_family(path: Path, full: dict, tiny: object) -> None:
-    """The tiny variant's model family is the full definition's (FULL built already: a mapping; a TINY model that
-    is none fails when built)."""
-    if not isinstance(tiny, dict):
-        return
-    small, big = tiny.get("family"), full["family"]
-    if small != big:
-        raise UserError(f"{path.name} (tiny): model.family is {small!r}, the full definition's {big!r}; a tiny "
-                        f"variant is the same architecture with smaller numbers: leave model.family out of it")
+# Keys a `tiny:` section may give only with the full definition's value: a tiny variant is the same benchmark (its
+# name names its results folder and record; `name: other` made the tiny runs another benchmark's) and the same
+# architecture with smaller numbers. docs/benchmark-keys.md marks them `same`.
+TINY_SAME = (("name", "the same benchmark (its file's name)"),
+             ("model.family", "the same architecture with smaller numbers"))
+
+
+def _tiny_keeps(path: Path, full: dict, tiny: dict) -> None:
+    """The TINY_SAME keys of the TINY section, where it gives them, equal to the FULL definition's (built already: its
+    sections are mappings; a tiny section that is none fails when built)."""
+    for key, why in TINY_SAME:
+        section, _, name = key.rpartition(".")
+        small, big = (tiny.get(section), full[section]) if section else (tiny, full)
+        if not isinstance(small, dict) or name not in small or small[name] == big[name]:
+            continue
+        raise UserError(f"{path.name} (tiny): {key} is {small[name]!r}, the full definition's {big[name]!r}; a tiny "
+                        f"variant is {why}: leave {key} out of it")
 
 
 # Dimensions below which a model predicts nothing (was listed, shown and planned as a benchmark): one token is

@@ -3,15 +3,18 @@ first uses it), and values a metric cannot take are refused, each with one line 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from mlbench import flops, registry, schema
+from mlbench import flops, registry, schema, spec
 from mlbench.cli import cli
 from mlbench.errors import UserError
 from mlbench.preflight import LayoutRequest, resolve_layout
@@ -585,7 +588,11 @@ def test_an_unknown_key_is_refused_naming_the_close_known_one(benchmarks_copy: P
                                  "num_layers: 2,", True,
      "gpt3.yaml (tiny): model.family is 'moe', the full definition's 'gpt'; a tiny variant is the same architecture "
      "with smaller numbers: leave model.family out of it"),
-], ids=["source-the-family-does-not-read", "tiny-of-another-family"])
+    # a tiny section naming another benchmark: its runs were published as that one's ('other' folder and record)
+    ("\ntiny:\n", "\ntiny:\n  name: other\n", True,
+     "gpt3.yaml (tiny): name is 'other', the full definition's 'gpt3'; a tiny variant is the same benchmark (its "
+     "file's name): leave name out of it"),
+], ids=["source-the-family-does-not-read", "tiny-of-another-family", "tiny-of-another-name"])
 def test_a_definition_that_contradicts_itself_is_refused_on_load(benchmarks_copy: Path, old: str, new: str,
                                                                  tiny: bool, said: str) -> None:
     _edit(benchmarks_copy / "gpt3.yaml", old, new)
@@ -610,3 +617,153 @@ def test_a_benchmark_file_not_in_utf8_is_named_by_its_line(benchmarks_copy: Path
         registry.load("gpt3", directory=benchmarks_copy)
     line = text[:text.index("title: GPT-3")].count("\n") + 1
     assert "\n" not in str(e.value) and str(e.value).endswith(said.format(line=line)), str(e.value)
+
+
+# ---- docs/benchmark-keys.md: the keys a file may hold, as the code reads them ---------------------------------
+
+KEYS_DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark-keys.md"
+_KEY_ROW = re.compile(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$")
+_NAMES = {int: "integer", float: "number", str: "string", bool: "true or false", type(None): "null"}
+
+
+def _documented_keys() -> dict[str, dict[str, dict[str, str]]]:
+    """docs/benchmark-keys.md's rows by section ('' the top level, 'layouts' a list element) and key: each row's
+    type, default, bounds and tiny cells."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    section = None
+    for line in KEYS_DOC.read_text().splitlines():
+        if line.startswith("## "):
+            m = re.fullmatch(r"## (?:Top level|`(\w+)`)", line)
+            assert m, f"a heading that names no section: {line!r}"
+            section = m[1] or ""
+            out[section] = {}
+        elif m := _KEY_ROW.match(line):
+            assert section is not None, f"a key row before any section: {line!r}"
+            assert m[1] not in out[section], f"{section}.{m[1]} documented twice"
+            out[section][m[1]] = dict(zip(("type", "unit", "default", "bounds", "tiny", "meaning"),
+                                          (c.strip() for c in m.groups()[1:]), strict=True))
+        else:
+            assert not line.startswith("| `"), f"a row the test cannot read: {line!r}"
+    return out
+
+
+def _file_sections() -> dict[str, type]:
+    """Each section of a benchmark file and the dataclass that reads it: the top level (Benchmark), each field of it
+    that is a dataclass, and a list of dataclasses (layouts) by its element."""
+    from mlbench.spec import Benchmark
+
+    hints = typing.get_type_hints(Benchmark)
+    out: dict[str, type] = {"": Benchmark}
+    for f in dataclasses.fields(Benchmark):
+        tp = hints[f.name]
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp
+        if dataclasses.is_dataclass(item):
+            out[f.name] = item
+    return out
+
+
+def _file_keys(cls: type) -> list[dataclasses.Field]:
+    """The keys a file gives of CLS: its fields, less the two registry.load sets (`variant`, `path`)."""
+    return [f for f in dataclasses.fields(cls) if not (cls.__name__ == "Benchmark" and f.name in ("variant", "path"))]
+
+
+def _type_text(tp: object) -> str:
+    """A field's type as docs/benchmark-keys.md writes it (a str beside a number: an expression)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(args)
+    if origin in (typing.Union, types.UnionType):
+        number = any(a in (int, float) for a in args)
+        arms = ["expression" if a is str and number else _type_text(a) for a in args]
+        return ", ".join(arms[:-1]) + " or " + arms[-1]
+    if origin is tuple:
+        return "list of " + ("strings" if args[0] is str else "mappings")
+    if origin is dict:
+        return f"mapping of {_type_text(args[0])} to {_type_text(args[1])}"
+    return "mapping" if dataclasses.is_dataclass(tp) else _NAMES[tp]
+
+
+def test_the_key_reference_lists_exactly_the_keys_a_file_may_hold() -> None:
+    """Every key the loader reads is in docs/benchmark-keys.md, in its section, with its type and default; and every
+    key there is one the loader reads: a new field without its row (or a row left after its field went) fails."""
+    doc, sections = _documented_keys(), _file_sections()
+    assert set(doc) == set(sections), f"sections: documented {sorted(doc)}, read {sorted(sections)}"
+    for section, cls in sections.items():
+        hints = typing.get_type_hints(cls)
+        keys = {f.name: f for f in _file_keys(cls)}
+        expected = set(keys) | ({"tiny"} if section == "" else set())
+        assert set(doc[section]) == expected, \
+            f"{section or 'top level'}: undocumented {sorted(expected - set(doc[section]))}, documented but not " \
+            f"read {sorted(set(doc[section]) - expected)}"
+        for name, f in keys.items():
+            row, where = doc[section][name], f"{section}.{name}".lstrip(".")
+            assert row["type"] == _type_text(hints[name]), f"{where}: type {row['type']!r}"
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                assert row["default"] == "required", f"{where}: required, documented {row['default']!r}"
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            cell = re.fullmatch(r"`(.*)`", row["default"])
+            assert cell, f"{where}: default {row['default']!r} is not a value in backticks"
+            written = registry.yaml.load(cell[1], Loader=registry._Loader)
+            if dataclasses.is_dataclass(default):  # a section left out: every key of it its default
+                assert written == {}, f"{where}: default {row['default']!r}"
+            else:
+                assert spec._check_value(where, written, hints[name]) == default, f"{where}: default {row['default']!r}"
+
+
+def test_the_key_reference_states_the_bounds_the_loader_checks() -> None:
+    """A key with a range of its own (registry._RANGES) or an expression's (spec: positive, whole) says so."""
+    doc = _documented_keys()
+    checked = set(registry._RANGES) | spec._POSITIVE | spec._WHOLE
+    for key in checked:
+        section, name = key.split(".")
+        assert doc[section][name]["bounds"] != "-", f"{key}: the loader bounds it; docs/benchmark-keys.md says '-'"
+
+
+def test_the_key_reference_says_which_keys_a_tiny_section_may_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each key's tiny column as the loader has it: 'yes' loads from the tiny section (the tiny variant's own value
+    given again), 'same' loads with the full definition's value and is refused with another, 'no' is refused."""
+    import copy
+
+    doc, sections = _documented_keys(), _file_sections()
+    same = {f"{section}.{name}".lstrip(".") for section, rows in doc.items() for name, row in rows.items()
+            if row["tiny"] == "same"}
+    assert same == {key for key, _ in registry.TINY_SAME}, f"documented 'same': {sorted(same)}"
+    full = registry._read(registry.SHIPPED_DIR / "gpt3.yaml")
+    tiny = dataclasses.asdict(registry.load("gpt3", tiny=True))
+    layout = {"devices": 1}  # a layouts element: the key given beside the one key it needs
+
+    def loads(override: dict) -> bool:
+        data = copy.deepcopy(full) | {"tiny": copy.deepcopy(full["tiny"])}
+        data["tiny"] = spec.deep_merge(data["tiny"], override)
+        monkeypatch.setattr(registry, "_read", lambda path: copy.deepcopy(data))
+        try:
+            registry.load("gpt3", tiny=True)
+        except UserError:
+            return False
+        return True
+
+    def given(section: str, name: str, value: object) -> dict:
+        if section == "":
+            return {name: value}
+        if section == "layouts":
+            return {"layouts": [layout | {name: value}]}
+        return {section: {name: value}}
+
+    for section, rows in doc.items():
+        for name, row in rows.items():
+            where = f"{section}.{name}".lstrip(".")
+            if section == "layouts":
+                own = dataclasses.asdict(spec.LayoutSpec(devices=1))[name]
+            else:  # (`tiny` itself: an empty one)
+                own = tiny.get(name, {}) if section == "" else tiny[section][name]
+            assert row["tiny"] in ("yes", "same", "no"), f"{where}: tiny {row['tiny']!r}"
+            if row["tiny"] == "no":
+                assert not loads(given(section, name, own)), f"{where}: documented 'no', but a tiny section takes it"
+                continue
+            assert loads(given(section, name, own)), f"{where}: documented {row['tiny']!r}, but refused in tiny"
+            hints = typing.get_type_hints(sections[section])
+            if row["tiny"] == "same":
+                other = next(c for c in typing.get_args(hints[name]) if c != own) \
+                    if typing.get_origin(hints[name]) is typing.Literal else f"{own}x"
+                assert not loads(given(section, name, other)), f"{where}: documented 'same', but {other!r} loads"
