@@ -151,7 +151,7 @@ def test_the_run_record_holds_the_fields_the_docs_list() -> None:
 
 
 def _score_doc() -> dict:
-    run = RunScore("result_0.txt", "success", 12.5, True, 1e6, 2048, "gpt3", True, [], [])
+    run = RunScore("result_0.txt", "success", 12.5, True, 1_000_000, 2048, "gpt3", True, [], [])
     return SetScore("gpt3", "4.1.0", "/r/gpt3", "s/gpt3", "s", "closed", 8, "run record", [run], 3, 12.5,
                     RcpResult("Pass", "RCP found", 1.0, None, "Pass"), 1.0, 12.5, 12.5, ["n"], 2048).to_json()
 
@@ -181,6 +181,24 @@ def test_plan_json_holds_the_fields_the_docs_list_and_says_its_kind(cli) -> None
     assert cpu.returncode == 0, cpu.stderr
     docs.append(orjson.loads(cpu.stdout))
     assert_agree("plan --json", docs)
+
+
+def test_plan_json_gives_the_time_to_train_once(cli) -> None:
+    """plan --json gave time_to_train_min twice: at the top and inside time_to_train (schema_version 3 keeps the
+    top one, the name every document uses)."""
+    doc = orjson.loads(cli("plan", "gpt3", "--device", "h100", "--nproc-per-node", "8", "--nodes", "64", "--tp",
+                           "8", "--pp", "8", "--json").stdout)
+    assert doc["time_to_train_min"] > 0 and doc["time_to_train"]["steps"] > 0
+    assert "time_to_train_min" not in doc["time_to_train"]
+
+
+def test_score_json_gives_samples_to_converge_as_a_count(cli) -> None:
+    """score --json wrote a run's samples_to_converge as a float (172000.0), though it is a count."""
+    proc = cli("score", AMD, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = orjson.loads(proc.stdout)[0]
+    counts = [r["samples_to_converge"] for r in doc["runs"]]
+    assert counts[0] == 172000 and all(type(c) is int for c in counts), counts
 
 
 def test_show_json_holds_the_fields_the_docs_list(cli) -> None:

@@ -153,12 +153,16 @@ class RunLog:
                 for c, v, t in self.eval_points]
 
     @property
-    def samples_to_converge(self) -> float | None:
-        """Samples at the last eval before a successful run_stop (the RCP checker's convergence point)."""
+    def samples_to_converge(self) -> int | float | None:
+        """Samples at the last eval before a successful run_stop (the RCP checker's convergence point): a count,
+        so an int (a float only where the counter is not whole: epochs)."""
         if self.status != "success":
             return None
         before = [c for c, _, t in self.eval_points if t <= self.run_stop_ms]
-        return before[-1] * self.samples_per_count if before else None
+        if not before:
+            return None
+        samples = before[-1] * self.samples_per_count
+        return int(samples) if samples.is_integer() else samples
 
     @property
     def steps_to_converge(self) -> float | None:

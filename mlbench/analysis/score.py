@@ -41,7 +41,7 @@ class RunScore:
     status: str
     ttt_min: float | None
     compliant: bool | None  # None: not checked (the checker gave no verdict: compliance.Verdict)
-    samples_to_converge: float | None
+    samples_to_converge: int | float | None  # a count (logs.LogFile.samples_to_converge)
     global_batch: int | None
     benchmark: str | None
     counted: bool = False

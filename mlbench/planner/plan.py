@@ -37,6 +37,7 @@ def evaluate(bench: Benchmark, layout: Layout, device: Device) -> dict:
     gbs = layout.global_batch_size
     model_flops = flops.flops_per_sample(m) * gbs / step / layout.world_size
     ttt = time_to_train.predict(bench, gbs, step) if bench.variant == "full" else None
+    minutes = ttt.pop("time_to_train_min") if ttt else None  # once, at the top, as every document gives it
     mem = memory_plan(bench, layout, device)
     total = mem["total_bytes"] if mem else None
     return {
@@ -48,7 +49,7 @@ def evaluate(bench: Benchmark, layout: Layout, device: Device) -> dict:
         "mfu": None if measured else model_flops / device.peak_flops(layout.precision),
         "mfu_basis": "not defined on CPU (no datasheet peak)" if measured else
         f"dense {layout.precision} peak, {device.peak_flops(layout.precision) / 1e12:g} TFLOP/s",
-        "time_to_train_min": ttt["time_to_train_min"] if ttt else None,
+        "time_to_train_min": minutes,
         "time_to_train": ttt,
         "memory": mem, "device_memory_bytes": device.memory_bytes,
         "fits": (total <= device.memory_bytes) if total is not None else None,
