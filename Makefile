@@ -59,6 +59,31 @@ PYTHON_FIX := make $(or $(MAKECMDGOALS),install) PYTHON=python3.11 (or the path 
 PYTHON_CHECK := import sys; v = sys.version_info; v < (3, 11) and \
   sys.exit('make: %s is Python %d.%d; mlbench needs 3.11 or newer: $(PYTHON_FIX)' % (sys.executable, v[0], v[1]))
 
+# The goals that use the venv, unless `clean` is among them (it removes it first): what the notes below are for.
+USES_VENV := $(if $(filter clean,$(MAKECMDGOALS)),,$(filter install run test test-fast lint,$(MAKECMDGOALS)))
+
+# A .venv that is not a folder (a file of that name): one line, exit 2, before venv fails on it ('File exists')
+# and make adds its own error.
+ifneq ($(and $(USES_VENV),$(wildcard $(VENV)),$(shell [ -d "$(VENV)" ] || echo no)),)
+$(error $(VENV) is not a folder (a file of that name?): remove it, or name another with VENV=<folder>)
+endif
+
+# PYTHON named (on the command line or in the environment) where a working .venv exists, made by another Python:
+# the venv is kept, as before, but said in one line, with how to change it (the top make alone: not its sub-make).
+# Compared by their interpreters' real paths, which PYTHON itself reports (a pyenv shim is no interpreter).
+WHICH_PYTHON = import os, sys; print(sys.version.split()[0], os.path.realpath(sys.$(1)))
+PYTHON_NAMED := $(and $(USES_VENV),$(filter command line environment,$(origin PYTHON)),$(filter 0,$(MAKELEVEL)),\
+  $(wildcard $(VENV)),$(if $(VENV_BROKEN),,yes))
+ifneq ($(PYTHON_NAMED),)
+VENV_USES := $(shell "$(PY)" -c "$(call WHICH_PYTHON,_base_executable)" 2>/dev/null)
+PYTHON_IS := $(shell "$(PYTHON)" -c "$(call WHICH_PYTHON,executable)" 2>/dev/null)
+ifneq ($(wordlist 2,99,$(VENV_USES)),$(wordlist 2,99,$(PYTHON_IS)))
+$(shell echo "make: $(VENV) uses Python $(word 1,$(VENV_USES)) ($(wordlist 2,99,$(VENV_USES))), not PYTHON=$(PYTHON) \
+  $(if $(PYTHON_IS),(Python $(word 1,$(PYTHON_IS)): $(wordlist 2,99,$(PYTHON_IS))); keeping it: make clean \
+  $(USES_VENV) PYTHON=$(PYTHON) makes it again with that one,(which cannot run): keeping it)" >&2)
+endif
+endif
+
 # A checkout whose path is not ASCII ('~/Téléchargements/mlbench'): Python 3.11 reads the editable install's .pth,
 # which names it, in the locale's encoding even in UTF-8 mode, so under LC_ALL=C no Python of the venv could start
 # ('init_import_site ... UnicodeDecodeError'). The .pth then names it relative to site-packages ('../../../..').

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -113,6 +114,37 @@ def test_make_says_in_one_line_what_is_wrong(tmp_path: Path) -> None:
     assert "make help" in proc.stderr
     proc = _make(root)  # no goal: what the targets are, nothing installed
     assert proc.returncode == 0 and "make run" in proc.stdout and not (root / ".venv").exists()
+
+
+@needs_make
+def test_make_says_which_python_a_kept_venv_uses(tmp_path: Path) -> None:
+    """make run PYTHON=<another Python> beside a .venv made by the first kept the old venv without a word; now it
+    says so in one line, with how to change it, and goes on."""
+    root = _checkout(tmp_path)
+    _venv(root, str(root / ".venv/bin/python"))
+    other = tmp_path / "other"  # a Python at another real path (its own copy of the interpreter)
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(other)], check=True, timeout=60)
+    proc = _make(root, "-n", "run", f"PYTHON={other}/bin/python")
+    assert proc.returncode == 0 and proc.stdout.splitlines() == [".venv/bin/mlbench run gpt3 --tiny"], proc.stderr
+    note = proc.stderr.splitlines()
+    assert len(note) == 1 and note[0].startswith(f"make: .venv uses Python {platform.python_version()} ("), note
+    assert note[0].endswith(f"keeping it: make clean run PYTHON={other}/bin/python makes it again with that one")
+    for quiet in (["run", f"PYTHON={sys.executable}"], ["clean", "run", f"PYTHON={other}/bin/python"],
+                  ["help", f"PYTHON={other}/bin/python"]):
+        proc = _make(root, "-n", *quiet)
+        assert proc.returncode == 0 and proc.stderr == "", (quiet, proc.stderr)
+
+
+@needs_make
+def test_a_venv_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    """A .venv that is a plain file: venv's 'File exists' traceback and make's error; now one line, exit 2, before
+    anything runs (make clean still removes it)."""
+    root = _checkout(tmp_path)
+    (root / ".venv").write_text("")
+    proc = _make(root, "run")
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stdout + proc.stderr
+    assert ".venv is not a folder (a file of that name?): remove it" in proc.stderr
+    assert _make(root, "-n", "clean", "run").returncode == 0
 
 
 @needs_make
