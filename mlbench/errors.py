@@ -23,9 +23,10 @@ class UserError(Exception):
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the program is, as Ctrl-C raises KeyboardInterrupt: whatever cleans up
-    after Ctrl-C (a scratch folder, a half-staged report, a running checker) cleans up after it too. The CLI exits
-    128 + the signal's number, as a shell reports a process the signal stopped."""
+    """A stop signal (SIGTERM, SIGHUP; for `run` every one its supervisor stops on), raised where the program is,
+    as Ctrl-C raises KeyboardInterrupt: whatever cleans up after Ctrl-C (a scratch folder, a half-staged report, a
+    running checker, a set's claim on its seeds) cleans up after it too. The CLI exits 128 + the signal's number,
+    as a shell reports a process the signal stopped."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -37,21 +38,21 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def stopped_by_signals() -> Iterator[None]:
-    """Within: SIGTERM and SIGHUP raise `Stopped` (by default they end the process at once, and a scratch folder
-    or a staged file stays behind). For the analysis commands, and `run` until its supervisor puts its own in place.
-    The handlers before are put back after; in a thread other than the main one (which alone gets signals in
-    Python) nothing changes."""
+def stopped_by_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Within: SIGNALS (SIGTERM and SIGHUP unless told) raise `Stopped` (by default they end the process at once,
+    and a scratch folder or a staged file stays behind). For the analysis commands, and `run` until its supervisor
+    puts its own in place (there every signal that supervisor stops a run on). The handlers before are put back
+    after; in a thread other than the main one (which alone gets signals in Python) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, _frame: object) -> None:
-        for s in STOP_SIGNALS:  # one is enough: a second one would cut short the cleaning up this one starts
+        for s in signals:  # one is enough: a second one would cut short the cleaning up this one starts
             signal.signal(s, signal.SIG_IGN)
         raise Stopped(signum)
 
-    before = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    before = {s: signal.signal(s, stop) for s in signals}
     try:
         yield
     finally:

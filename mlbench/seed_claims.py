@@ -94,6 +94,17 @@ def release(folder: Path) -> None:
 
 
 @contextlib.contextmanager
+def released(folder: Path) -> Iterator[None]:
+    """Within: a set claims its seeds in FOLDER and runs; on every way out (its end, an error, a stop signal raised
+    as `errors.Stopped` between its claim and its first run) this process's claims there are removed, rather than
+    left until the next command in the folder finds their owner gone."""
+    try:
+        yield
+    finally:
+        release(folder)
+
+
+@contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """FOLDER's lock, held while its seeds are read and a claim written (a moment); let go as the process ends,
     however it ends. A filesystem without locks (ENOLCK) goes unlocked, as before there were any."""

@@ -784,6 +784,34 @@ def test_a_set_in_progress_holds_all_its_seeds_and_lets_them_go_as_it_ends(tmp_p
     assert not seed_claims.held(folder) and not dead.exists()
 
 
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGQUIT", "SIGUSR1", "SIGINT"])
+def test_a_stop_before_the_first_run_releases_the_sets_claim(tmp_path: Path, cli, monkeypatch, stop: str) -> None:
+    """A stop signal between a set claiming its seeds and starting its first run (here as it reads its
+    environment) left its .seeds-* claim behind until the next command in the folder found its owner gone (SIGTERM,
+    Ctrl-C), or killed mlbench at once, the claim with its folders left behind (SIGQUIT, SIGUSR1: their default).
+    Every way out now removes it, and the folders the run made."""
+    import signal
+
+    from mlbench import environment, seed_claims
+
+    folder = tmp_path / "ci" / "gpt3"
+    seen: list[list[str]] = []
+
+    def stopped(root: Path) -> dict:
+        seen.append([p.name for p in folder.glob(f"{seed_claims.CLAIM}*")])
+        if signal.getsignal(signal.Signals[stop]) is signal.SIG_DFL:  # (sent, it would kill pytest)
+            raise AssertionError(f"{stop} would kill mlbench here, its claim left behind")
+        os.kill(os.getpid(), signal.Signals[stop])
+        time.sleep(5)  # (the handler raises at once)
+        return {}
+
+    monkeypatch.setattr(environment, "collect", stopped)
+    proc = cli("run", "gpt3", "--tiny", "--seed", "5", "--runs", "2", "--results", str(tmp_path), "--system", "ci")
+    assert len(seen) == 1 and len(seen[0]) == 1, seen  # it was stopped with its claim made
+    assert proc.returncode == 128 + signal.Signals[stop].value, proc.stdout + proc.stderr
+    assert not list(tmp_path.iterdir()), sorted(tmp_path.rglob("*"))
+
+
 @pytest.mark.parametrize("logged", [True, False], ids=["its-log-began", "killed-before-its-log"])
 def test_a_killed_runs_seed_counts_before_it_is_published(tmp_path: Path, cli, logged: bool) -> None:
     """`kill -9` of a run with --seed 5: its staging folder, not yet published (the next run publishes it), held

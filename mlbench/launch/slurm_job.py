@@ -10,11 +10,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlbench import runner, terminal
+from mlbench import runner, seed_claims, terminal
+from mlbench.errors import Stopped, stopped_by_signals
 from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for, why_stopped
 from mlbench.launch.slurm_script import srun_argv
-from mlbench.launch.supervise import Command
+from mlbench.launch.supervise import STOPS_BEFORE_SUPERVISING, Command
 from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, ranks_started
 from mlbench.layout import Layout
 from mlbench.results import result_folder
@@ -123,10 +124,15 @@ def main(spec_path: str) -> int:
 
     commands = run_commands(bench.name, layout, opts, slurm, job_dir)
     run_set = runner.RunSet(bench, layout, opts, terminal.console(), commands, announce=job_dir / CURRENT_RUN)
-    with result_folder(opts.results, opts.system, bench.name) as folder:
-        run_set.prepare(folder)
-        run_set.start()
-        run_set.supervise()
+    try:  # (a stop signal before the set's own handlers: its claim on its seeds removed, as `mlbench run`'s)
+        with stopped_by_signals(STOPS_BEFORE_SUPERVISING), \
+                result_folder(opts.results, opts.system, bench.name) as folder, seed_claims.released(folder):
+            run_set.prepare(folder)
+            run_set.start()
+            run_set.supervise()
+    except Stopped as e:
+        print(f"error: stopped ({e}) before the set's first run started", flush=True)
+        return e.exit_code
     summary = [{"result": str(r.path), "status": r.status, "ttt_s": r.ttt_s, "reason": r.reason}
                for r in run_set.results]
     try:

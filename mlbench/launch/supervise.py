@@ -58,6 +58,10 @@ TOLD_GRACE_S = 2.0
 # default also dumps core).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                 signal.SIGALRM)
+# Before a set's supervisor puts its handlers in place (its folder made, its seeds claimed): each raises
+# errors.Stopped (errors.stopped_by_signals), so that what the set made is removed on the way out; Ctrl-C raises
+# KeyboardInterrupt already.
+STOPS_BEFORE_SUPERVISING = tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)
 
 
 @dataclass
