@@ -184,7 +184,7 @@ def test_plan_json_holds_the_fields_the_docs_list_and_says_its_kind(cli) -> None
 
 
 def test_plan_json_gives_the_time_to_train_once(cli) -> None:
-    """plan --json gave time_to_train_min twice: at the top and inside time_to_train (schema_version 3 keeps the
+    """plan --json gave time_to_train_min twice: at the top and inside time_to_train (schema_version 2 keeps the
     top one, the name every document uses)."""
     doc = orjson.loads(cli("plan", "gpt3", "--device", "h100", "--nproc-per-node", "8", "--nodes", "64", "--tp",
                            "8", "--pp", "8", "--json").stdout)
