@@ -68,8 +68,11 @@ def _venv(root: Path, pip_names: str) -> None:
 
 
 def _make(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """make ARGS in ROOT as a user's top-level make: without the variables of the `make test` this suite may run
+    under (MAKELEVEL 1 made it a sub-make, which says nothing of a kept venv)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     return subprocess.run(["make", "--no-print-directory", *args], cwd=root, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})})
+                          timeout=60, env={**inherited, **(env or {})})
 
 
 @needs_make
