@@ -249,7 +249,8 @@ def _open_files(proc: Path) -> str:
 
 def test_the_drivers_node_lost_mid_run_is_the_runs_reason(cluster: SlurmCluster, tmp_path: Path) -> None:
     """Rank 0's node, where the job's driver runs, lost mid-run (its slurmd, slurmstepds and the job's processes
-    there killed at once): SLURM ends the job NODE_FAIL; the run the driver left was published with 'mlbench (pid
+    there killed at once, and the node marked down as slurmctld marks it once it misses its pings): SLURM ends the
+    job NODE_FAIL; the run the driver left was published with 'mlbench (pid
     N) died before the run ended (killed, or its session lost); published as aborted by a later mlbench command'.
     Its reason names the driver's node and the job's end now, and nothing of the job runs on."""
     import os
@@ -261,6 +262,8 @@ def test_the_drivers_node_lost_mid_run_is_the_runs_reason(cluster: SlurmCluster,
         for pid in _node_processes(cluster, "node1"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # what slurmctld does once node1 misses SlurmdTimeout (10 s, and up to 10 more to ping it), at once
+        cluster.run(["scontrol", "update", "nodename=node1", "state=down", "reason=mlbench-test"])
         out, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
