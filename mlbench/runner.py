@@ -433,12 +433,19 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     op = operator(bench.quality.direction)
     reached = r.status == "success"
     colour = "green" if reached else "red"
-    ttt = f"{r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)" if r.ttt_s is not None else "n/a"
+    # a time-to-train is a converged run's alone (MLPerf scores no other); a run that stopped short says how long
+    # it trained ("time-to-train 5.0 s" followed an out-of-memory error on a GPU)
+    if r.ttt_s is None:
+        ttt = "time-to-train n/a"
+    elif reached:
+        ttt = f"time-to-train {r.ttt_s:.1f} s ({r.ttt_s / 60:.3f} min)"
+    else:
+        ttt = f"no time-to-train (stopped {r.ttt_s:.1f} s after run_start)"
     last = f"{r.last_eval:.4f}" if r.last_eval is not None else "n/a (no evaluation)"
     checked = "ok" if r.compliant else "not checked" if r.compliant is None else "FAILED"
     console.print(Text.assemble(("target reached" if reached else "target NOT reached", colour),
                                 f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "
-                                f"time-to-train {ttt}; compliance ({checked}); {printable(r.path)}"))
+                                f"{ttt}; compliance ({checked}); {printable(r.path)}"))
     if not reached:
         console.print(f"  reason: {printable(r.reason)}", highlight=False, soft_wrap=True)  # (rich coloured numbers)
         if (logs := r.path.parent / "logs" / r.path.stem).is_dir():  # a reason's "see the rank logs" is here

@@ -507,6 +507,24 @@ def test_a_runs_summary_says_not_checked_where_the_checker_gave_no_verdict() -> 
         assert said in console.export_text(), console.export_text()
 
 
+def test_a_run_that_stopped_short_gives_no_time_to_train() -> None:
+    """The end line of a run aborted by CUDA's out-of-memory error 5 s after run_start (an H200, docs/gpu.md) said
+    'time-to-train 5.0 s': MLPerf scores a converged run's time alone. It says how long the run trained instead."""
+    from rich.console import Console
+
+    from mlbench import registry
+    from mlbench.runner import RunResult, _summary
+
+    bench = registry.load("gpt3", tiny=True)
+    for status, ttt, said in (("aborted", 5.0, "; no time-to-train (stopped 5.0 s after run_start);"),
+                              ("aborted", None, "; time-to-train n/a;"),
+                              ("success", 7.4, "; time-to-train 7.4 s (0.123 min);")):
+        console = Console(record=True, width=400)
+        _summary(console, bench, RunResult(Path("r/result_0.txt"), status, ttt, None, True, "OutOfMemoryError: x"))
+        text = console.export_text()
+        assert said in text and text.count("time-to-train") <= 1, text
+
+
 @pytest.mark.parametrize("argv", [["score", "--json", "/no/such/folder"], ["show", "--json", "no_such_benchmark"],
                                   ["list", "--json", "--no-such-option"]])
 def test_an_error_before_a_json_command_runs_goes_to_stderr(argv: list[str]) -> None:
