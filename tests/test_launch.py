@@ -147,6 +147,21 @@ def test_the_supervisor_returns_as_soon_as_the_command_exits(tmp_path: Path) -> 
     assert outcome.exit_code == 0 and outcome.status == "aborted"  # no run_stop: nothing ran
 
 
+def test_the_supervisor_wakes_once_a_poll_while_a_run_trains(tmp_path: Path, monkeypatch) -> None:
+    """The supervisor shares the rank's cores. Popen.wait(poll_s) checked waitpid between sleeps of up to 50 ms:
+    about 55 wakeups a second of a run, each a waitpid; now it sleeps until the command exits or poll_s passes,
+    and asks once a wakeup (here 0.2 s: about 5 a second)."""
+    calls: list[int] = []
+    waitpid = os.waitpid
+    monkeypatch.setattr(os, "waitpid", lambda *a: calls.append(1) or waitpid(*a))
+    cmd = Command([sys.executable, "-S", "-c", "import time; time.sleep(1.5)"], dict(os.environ),
+                  stdout=tmp_path / "out.log")
+    t0 = time.monotonic()
+    supervise(cmd, log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl", poll_s=0.2)
+    took = time.monotonic() - t0
+    assert len(calls) <= took / 0.2 + 6, f"{len(calls)} waitpid calls in {took:.1f} s"
+
+
 def test_orphans_of_a_dead_launcher_are_stopped_before_the_run_is_judged(tmp_path: Path) -> None:
     """A launcher that exits leaving a child (a rank) behind: the supervisor (a subreaper) kills and reaps it."""
     pidfile = tmp_path / "orphan.pid"
