@@ -21,7 +21,7 @@ class GpuMemory:
         return self.total_bytes - self.used_bytes
 
 
-def _smi(query: str) -> list[list[str]] | None:
+def smi(query: str) -> list[list[str]] | None:
     """nvidia-smi's CSV rows for QUERY (`--query-gpu=...`), each split on commas; None where it cannot say."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -40,7 +40,7 @@ def taken(nproc_per_node: int) -> list[GpuMemory] | None:
     """The GPUs a node's NPROC_PER_NODE ranks take (rank i: the i-th visible GPU, CUDA_VISIBLE_DEVICES given as
     indices or UUIDs), as nvidia-smi reports their memory now; None where that cannot be told (no nvidia-smi, a
     field it does not report, MIG instances, a visible list it does not name)."""
-    rows = _smi("--query-gpu=index,uuid,memory.total,memory.used")
+    rows = smi("--query-gpu=index,uuid,memory.total,memory.used")
     if not rows:
         return None
     try:
@@ -64,7 +64,7 @@ def taken(nproc_per_node: int) -> list[GpuMemory] | None:
 def holders(gpu: GpuMemory) -> list[tuple[str, float]]:
     """The processes that hold memory on GPU, (pid, bytes), largest first, as nvidia-smi lists them (a container
     may show none of another's)."""
-    rows = _smi("--query-compute-apps=pid,used_memory,gpu_uuid") or []
+    rows = smi("--query-compute-apps=pid,used_memory,gpu_uuid") or []
     found = []
     for r in rows:
         if len(r) == 3 and r[2] == gpu.uuid:

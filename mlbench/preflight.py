@@ -13,16 +13,14 @@ import dataclasses
 import errno
 import math
 import os
-import shutil
 import socket
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mlbench import rcp_schedule, registry, results, seed_claims, spec
+from mlbench import gpus_here, rcp_schedule, registry, results, seed_claims, spec
 from mlbench.cli_numbers import shown
 from mlbench.errors import IncompleteInstall, UserError, missing_package, printable, unprintable
 
@@ -193,7 +191,9 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     check_results_folder(req.results_root, system, bench.name)
     _check_target(bench)
     if req.seed is not None and req.node_rank == 0:  # (another node's folder holds its rank logs, no results)
-        real_run(lambda: check_seeds_free(Path(req.results_root) / system / bench.name, req.seed, req.runs))
+        # (seed_claims: its results' seeds, its runs' not yet published, and those a set in progress claimed; said
+        # before anything is written, and claimed as the set starts)
+        real_run(lambda: seed_claims.check_free(Path(req.results_root) / system / bench.name, req.seed, req.runs))
     slurm_opts = _slurm_options(req, bench, layout)
     # absolute from here on: the working folder may be removed while the run trains (its results elsewhere, `--results
     # ../r`), and the checker, run in a folder of its own, then could not find the log ('could not run: No such
@@ -479,12 +479,6 @@ def check_results_folder(root: Path, system: str, benchmark: str) -> None:
         raise UserError(f"results folder {folder}: {logs}{link} is on another filesystem, and a run moves its rank "
                         f"logs into it by a rename, which cannot cross filesystems; make it a folder on the results "
                         f"folder's filesystem, or pass --results DIR elsewhere")
-
-
-def check_seeds_free(folder: Path, first: int, runs: int) -> None:
-    """The set's seeds are none the folder holds (seed_claims: its results', its runs' not yet published, and those
-    a set in progress claimed), said before anything is written; the set claims them as it starts."""
-    seed_claims.check_free(folder, first, runs)
 
 
 # What a run makes below its staging folder, the longest of each kind: rank logs (the launcher's layout: torchrun's
@@ -920,25 +914,17 @@ def local_device() -> DeviceFacts:
     if visible is not None and visible.strip() in ("", "-1"):  # torch sees no GPU either
         return cpu
     driver = Path("/proc/driver/nvidia").exists()
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    rows = gpus_here.smi("--query-gpu=name,compute_cap")
+    if not rows:  # no nvidia-smi, or one without a working driver: a CPU machine, unless the driver is there
         return DeviceFacts(name="this machine's GPU", gpu=True, fp8=None) if driver else cpu
-    try:
-        proc = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        proc = None
-    first = (proc.stdout.strip().splitlines() or [""])[0] if proc and proc.returncode == 0 else ""
-    if not first:  # nvidia-smi without a working driver is a CPU machine
-        return DeviceFacts(name="this machine's GPU", gpu=True, fp8=None) if driver else cpu
-    name, _, cap = first.rpartition(",")
-    count = len(proc.stdout.strip().splitlines())
+    *name, cap = rows[0]
+    count = len(rows)
     if visible is not None:  # a list of indices or UUIDs: torch sees those of them that exist
         count = min(count, len([v for v in visible.split(",") if v.strip()]))
     try:
-        return DeviceFacts(name=name.strip(), gpu=True, fp8=float(cap) >= FP8_COMPUTE_CAPABILITY, count=count)
+        return DeviceFacts(name=", ".join(name), gpu=True, fp8=float(cap) >= FP8_COMPUTE_CAPABILITY, count=count)
     except ValueError:
-        return DeviceFacts(name=name.strip() or first, gpu=True, fp8=None, count=count)
+        return DeviceFacts(name=", ".join(name) or cap, gpu=True, fp8=None, count=count)
 
 
 def check_gpus_here(nproc_per_node: int, device: DeviceFacts) -> None:
@@ -1117,7 +1103,6 @@ def _check_fits(bench: Benchmark, plan: MemoryPlan, device: MemoryDevice) -> Non
 def check_gpus_free(bench: Benchmark, layout: Layout) -> None:
     """Each GPU this node's ranks take must have the run's memory plan free now: a GPU another job holds passed
     the datasheet's check, and the rank met CUDA's out-of-memory error after the run was started and logged."""
-    from mlbench import gpus_here
     from mlbench.planner.memory import estimate
 
     gpus = gpus_here.taken(layout.nproc_per_node)
