@@ -93,8 +93,6 @@ def show(name: str, tiny: bool, as_json: bool) -> None:
     m, o = b.model, b.optimizer
     params = flops.param_count(m)
     if as_json:
-        from mlbench import schema
-
         counts = {"params_total": params, "flops_per_sample": flops.flops_per_sample(m)}
         if m.num_experts:
             counts["params_active"] = flops.active_param_count(m)
