@@ -395,7 +395,7 @@ def _rcp_verdict(rs: ResultSet, same: list[tuple[RunLog, RunScore]], benchmark: 
         files = mlperf_tools.listing_order([r.path for r, _ in same if r.benchmark == benchmark])
         left = [r for r, _ in same if r.benchmark != benchmark]
         if left:
-            note, every_file = _left_out_of_rcp(left, [r.path for r, _ in same], ruleset)
+            note, column = _left_out_of_rcp(left, [r.path for r, _ in same], ruleset)
             notes.append(note)
         if batchless := [f.name for f in files if f.name in {r.name for r, _ in same if r.gbs is None}]:
             notes.append(f"{', '.join(batchless)}: no global_batch_size logged; the official RCP checker reads the "
@@ -404,7 +404,7 @@ def _rcp_verdict(rs: ResultSet, same: list[tuple[RunLog, RunScore]], benchmark: 
                          f"on that order")
         ok, msg, computed, official = rcp_check(files, benchmark, ruleset, notes)
         # (the summarizer's column is its checker's on every file of the folder, these left out or not)
-        rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json, every_file if left else official)
+        rcp = RcpResult(_rcp_status(ok, msg), msg, float(computed), scaling_json, column if left else official)
     else:
         ok, computed = False, 1.0
         why = f"for division {division!r}" if division else "(the logs state no submission_division)"
