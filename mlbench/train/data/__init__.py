@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlbench.errors import UserError
-from mlbench.models import family
 from mlbench.spec import Benchmark
 from mlbench.train.data.indexed import (
     absolute_blend,
@@ -79,11 +78,7 @@ def named(bench: Benchmark, key: str, given: Collection[str]) -> str:
 def check(bench: Benchmark, nodes: int, *, dry_run: bool, given: Collection[str] = ()) -> None:
     """Refuse, before launch, a run whose data cannot be served. `given`: the data keys the flags set ('path' for
     --data-path, 'eval_path' for --eval-data-path); the others are the benchmark file's."""
-    d = bench.data
-    takes = family(bench.model.family).data_sources
-    if d.source not in takes:
-        raise UserError(f"{bench.name}: the {bench.model.family} family's objective reads data.source "
-                        f"{' or '.join(takes)}, not {d.source}")
+    d = bench.data  # (its source one the model's family reads: registry._validate refused another at load)
     if d.source == "markov":
         if given:
             raise UserError(f"--data-path / --eval-data-path apply to the indexed source; {bench.name}"
