@@ -65,14 +65,13 @@ def _dir(directory: Path | None) -> Path:
 def names(directory: Path | None = None) -> list[str]:
     """The benchmarks defined in the folder; a folder that is not there is bad input, not an empty list."""
     folder = _dir(directory)
+    via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
     if not folder.is_dir():
-        via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
         raise UserError(f"benchmark folder {folder}{via} is not a folder; point MLBENCH_BENCHMARKS at a folder of "
                         f"benchmark files (<name>.yaml), or unset it for the built-in ones")
     try:  # (glob passes over a folder it cannot list: 'no benchmark files in it' for a folder full of them)
         listed = os.listdir(folder)
     except OSError as e:
-        via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
         raise UserError(f"benchmark folder {folder}{via} cannot be listed ({e.strerror or e}); it must be readable "
                         f"by the user running mlbench") from None
     return sorted(n[:-len(".yaml")] for n in listed if n.endswith(".yaml") and not n.startswith("."))
