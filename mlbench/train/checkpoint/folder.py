@@ -22,7 +22,7 @@ def check_readable(path: str | Path) -> None:
     """Fails early, on the launching side, for a path that cannot be a checkpoint to start from."""
     try:
         _check_folder(Path(path), path)
-        _check_files_readable(Path(path), path)
+        _check_files_readable(Path(path))
     except PermissionError as e:  # (a folder without search permission: '<path>/metadata.json: Permission denied'
         # alone; other OSErrors, a name too long, are the CLI's one line, which names the limit)
         where = Path(e.filename).name if e.filename else "it"
@@ -30,7 +30,7 @@ def check_readable(path: str | Path) -> None:
                               f"files must be readable by the user running mlbench") from None
 
 
-def _check_files_readable(p: Path, path: str | Path) -> None:
+def _check_files_readable(p: Path) -> None:
     """Each file of the checkpoint opens for reading, each folder (a zarr array's) lists: a data file without read
     permission passed every check and failed as the run loaded it, called 'a damaged checkpoint'."""
     for f in sorted(p.iterdir()):
