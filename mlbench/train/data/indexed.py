@@ -339,11 +339,11 @@ def _cache_fault(files: list[Path]) -> str | None:
         want, sources = saved["files"], saved["sources"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"its stamp {stamp.name} cannot be read ({type(e).__name__})"
-    have = {f.name: f for f in files if f is not stamp}
-    if sorted(have) != sorted(want):
-        return f"holds {sorted(have)}, built as {sorted(want)}"
-    for name, f in have.items():
-        if integrity.sums(f.parent, [name])[name] != want[name]:
+    have = sorted(f.name for f in files if f is not stamp)
+    if have != sorted(want):
+        return f"holds {have}, built as {sorted(want)}"
+    for name, got in integrity.sums(stamp.parent, have).items():  # (read in parallel)
+        if got != want[name]:
             return f"{name} is not what was built (cut short, zeroed or rewritten)"
     for src, st in sources.items():
         if _source_stamps([src]).get(src) != st:
