@@ -47,14 +47,15 @@ def files(spec: str, flag: str) -> list[str]:
     or glob patterns, sorted."""
     found: list[str] = []
     for part in spec.split():
+        pattern = any(c in part for c in "*?[")
         if Path(part).is_dir():
             here = [str(p) for p in Path(part).iterdir() if p.is_file()]
         else:
-            here = glob.glob(part) if any(c in part for c in "*?[") else [part] if Path(part).is_file() else []
-        pattern = any(c in part for c in "*?[")
+            here = glob.glob(part) if pattern else [part] if Path(part).is_file() else []
         # There, but no file (a FIFO, which the run would block on for ever; a folder a pattern matches): say what
-        no_file = [m for m in here if not Path(m).is_file()]
-        for there in no_file or ([part] if not here and not pattern and os.path.lexists(part) else []):
+        there = next((m for m in here if not Path(m).is_file()), None) or \
+            (part if not here and not pattern and os.path.lexists(part) else None)
+        if there is not None:
             from mlbench.logfile import why_not_a_file
 
             raise UserError(f"{flag} {there}: {why_not_a_file(there)} (MLPerf BERT's TFRecord shards are regular "
