@@ -152,7 +152,7 @@ def _check_shared_cache(folder: Path) -> None:
     """A run across nodes caches megatron's indices in FOLDER/mlbench_index_cache: rank 0 creates it (or adds
     to it) mid-run, where a file in its place or a folder it cannot write failed naming neither."""
     cache = folder / "mlbench_index_cache"
-    if os.path.lexists(cache) or os.path.isdir(cache):
+    if os.path.lexists(cache):
         if not cache.is_dir():
             raise UserError(f"a run across nodes caches megatron's indices in {cache}, but something other than "
                             f"a folder is there: remove it, or give the data from a folder where that name is free")
