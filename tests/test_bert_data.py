@@ -258,3 +258,13 @@ def test_a_data_path_that_is_no_file_says_what_it_is(tmp_path: Path) -> None:
     (tmp_path / "part-1").mkdir()
     with pytest.raises(UserError, match=r"^--data-path \S+/part-1: a folder"):
         bert_records.files(f"{tmp_path}/part-*", "--data-path")
+
+
+def test_every_part_of_a_tfrecord_path_is_made_absolute(monkeypatch) -> None:
+    """BERT's data.path lists files, folders or globs, space-separated: only the first was made absolute (and its ~
+    expanded); the rest stayed relative to the working folder, not the benchmark file's."""
+    from mlbench.train.data.paths import absolute
+
+    monkeypatch.setenv("HOME", "/home/u")
+    assert absolute("tfrecord", "shards/part-* ~/eval_10k  /abs/x", "data.path", "/base") == \
+        "/base/shards/part-* /home/u/eval_10k /abs/x"
