@@ -141,13 +141,18 @@ def said(logs: Path) -> str:
     """': <its words>' where a rank whose logs are LOGS said why it failed (an exception, a save that failed), as
     rank 0 says it in the log itself: a rank other than rank 0 that raised was only 'rank 1 exited with code 3'
     where rank 0 gave 'RuntimeError: ...'; "" where it said nothing (killed, or its logs are gone)."""
+    found = _LAST_WORDS.findall(last_words(logs))
+    return f": {clipped(found[-1].strip())}" if found else ""
+
+
+def last_words(logs: Path) -> str:
+    """The end (4 KiB) of the stderr.log in a rank's logs LOGS, where it says why it ended; "" if it cannot be read."""
     try:
         with open(logs / "stderr.log", "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            found = _LAST_WORDS.findall(f.read().decode("utf-8", "replace"))
+            return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return f": {clipped(found[-1].strip())}" if found else ""
 
 
 def stopped_from_outside(rank: int | str | None, how: str, logs: str) -> str:

@@ -174,12 +174,7 @@ _STOPPED = re.compile(r"^\[rank \d+\] run aborted: stopped by SIG\w+$", re.M)
 
 def _said_stopped(logs: list[Path]) -> bool:
     """Whether a rank's last words (its stderr.log under the last of LOGS) are a stop signal's with no reason."""
-    try:
-        with open(logs[-1] / "stderr.log", "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            return bool(_STOPPED.search(f.read().decode("utf-8", "replace")))
-    except (OSError, IndexError):
-        return False
+    return bool(logs) and bool(_STOPPED.search(local_ranks.last_words(logs[-1])))
 
 
 def failure_reason(failed: Failure, node_rank: int, logs: list[Path], ranks_dir: Path, nodes: int = 0) -> str:
