@@ -353,9 +353,13 @@ def job_runs(job_dir: Path, job_id: str) -> tuple[list[dict], str]:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             r = json.loads(record.read_text())
             if r["environment"]["slurm_job_id"] == job_id:
-                runs.append({"result": str(record.with_suffix(".txt")), "status": str(r["status"]),
-                             "reason": str(r.get("reason") or "")})
+                runs.append(_run_said(record.with_suffix(".txt"), r))
     return runs, ""
+
+
+def _run_said(result: Path, record: dict) -> dict:
+    """A published run as the job's summary lists it: its RESULT (the .txt), and its RECORD's status and reason."""
+    return {"result": str(result), "status": str(record["status"]), "reason": str(record.get("reason") or "")}
 
 
 def left_run(job_dir: Path, ended: str, console: Console, job_id: str = "") -> list[dict]:
@@ -382,8 +386,7 @@ def left_run(job_dir: Path, ended: str, console: Console, job_id: str = "") -> l
     runs = []
     for path in dead_runs.publish_ended(job_dir.parent.parent, staging, console, death):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            r = json.loads(path.with_suffix(".json").read_text())
-            runs.append({"result": str(path), "status": str(r["status"]), "reason": str(r.get("reason") or "")})
+            runs.append(_run_said(path, json.loads(path.with_suffix(".json").read_text())))
     return runs
 
 
