@@ -16,7 +16,7 @@ from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for, why_stopped
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import STOPS_BEFORE_SUPERVISING, Command
-from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, ranks_started
+from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, rank_logs, ranks_started
 from mlbench.layout import Layout
 from mlbench.results import result_folder
 from mlbench.run_plan import benchmark_from_dict
@@ -70,8 +70,7 @@ def rank_failure(output: str, ranks_dir: Path, nproc_per_node: int) -> str:
     if failed is None:
         return srun_failure(output, ranks_dir)
     node = failed.rank // nproc_per_node
-    logs = sorted((ranks_dir / f"node{node}").glob(f"*/attempt_*/{failed.local_rank}"))
-    return failure_reason(failed, node, logs, ranks_dir)
+    return failure_reason(failed, node, rank_logs(ranks_dir / f"node{node}", failed.local_rank), ranks_dir)
 
 
 _SRUN_ERROR = re.compile(r"^srun: (?:error|fatal): (.+)$", re.MULTILINE)

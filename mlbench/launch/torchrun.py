@@ -131,7 +131,7 @@ def first_failure(output: str) -> Failure | None:
     return min(own, key=lambda f: (f.time, not f.root), default=None)
 
 
-def _logs(ranks_dir: Path, local_rank: int) -> list[Path]:
+def rank_logs(ranks_dir: Path, local_rank: int) -> list[Path]:
     """torchrun's --log-dir: <run id>_<random>/attempt_<n>/<local rank>/, kept as the run's rank logs."""
     return sorted(ranks_dir.glob(f"*/attempt_*/{local_rank}"))
 
@@ -144,7 +144,7 @@ def rank_failure(output: str, ranks_dir: Path, node_rank: int, nodes: int = 0) -
     failed = first_failure(output)
     if failed is None:
         return _stopped_from_outside(output, ranks_dir) if nodes == 1 else ""
-    return failure_reason(failed, node_rank, _logs(ranks_dir, failed.local_rank), ranks_dir, nodes)
+    return failure_reason(failed, node_rank, rank_logs(ranks_dir, failed.local_rank), ranks_dir, nodes)
 
 
 def _stopped_from_outside(output: str, ranks_dir: Path) -> str:
@@ -158,13 +158,13 @@ def _stopped_from_outside(output: str, ranks_dir: Path) -> str:
     first = min(f.time for f in listed)
     earliest = [f for f in listed if f.time == first]
     if len(earliest) > 1:
-        earliest = [f for f in earliest if _said_stopped(_logs(ranks_dir, f.local_rank))] or earliest
+        earliest = [f for f in earliest if _said_stopped(rank_logs(ranks_dir, f.local_rank))] or earliest
     if len(earliest) > 1:
-        logs = _logs(ranks_dir, earliest[0].local_rank)
+        logs = rank_logs(ranks_dir, earliest[0].local_rank)
         return local_ranks.stopped_from_outside(None, "", str(logs[-1].parent.relative_to(ranks_dir)) if logs else
                                                 str(ranks_dir.name))
     [rank] = earliest
-    logs = _logs(ranks_dir, rank.local_rank)
+    logs = rank_logs(ranks_dir, rank.local_rank)
     return local_ranks.stopped_from_outside(rank.rank, local_ranks.describe(rank.code),
                                             str(logs[-1].relative_to(ranks_dir)) if logs else "")
 
@@ -205,7 +205,7 @@ def node_report(output: str, ranks_dir: Path, node_rank: int, stopped: str = "",
     failed = first_failure(output)
     if failed is None:
         return {"node": node_rank}
-    logs = _logs(ranks_dir, failed.local_rank)
+    logs = rank_logs(ranks_dir, failed.local_rank)
     return {"node": node_rank, "rank": failed.rank, "local_rank": failed.local_rank, "code": failed.code,
             "time": failed.time, "logs": str(logs[-1].relative_to(ranks_dir)) if logs else ""}
 
