@@ -282,6 +282,42 @@ def test_a_launch_srun_could_not_start_is_tried_again(tmp_path: Path, monkeypatc
     assert (tmp_path / "launcher.log").read_text().count("srun: error: Task launch") == min(fails, 3)
 
 
+@pytest.mark.parametrize("error", [
+    "srun: error: Unable to create step for job 3: More processors requested than permitted",
+    "srun: error: Unable to confirm allocation for job 3: Invalid job id specified",
+    "srun: error: invalid partition specified: nosuch",
+    "srun: error: Unable to create step for job 3: Requested node configuration is not available",
+])
+def test_a_launch_srun_refused_for_good_is_not_tried_again(tmp_path: Path, monkeypatch, error: str) -> None:
+    """srun refusing the step for a reason that recurs (too many tasks for the allocation, the job gone, an invalid
+    partition): it was launched again twice, ~10 s, before the same aborted run. Now it is aborted at once with
+    srun's words; a transient error (test_a_launch_srun_could_not_start_is_tried_again) is still tried again."""
+    import dataclasses
+
+    from mlbench import registry
+    from mlbench.launch import slurm_job, supervise
+    from mlbench.launch.slurm import SlurmOptions
+    from mlbench.layout import resolve
+    from mlbench.runner import RunOptions
+
+    monkeypatch.setattr(supervise, "RELAUNCH_S", 0.1)
+    bench = registry.load("gpt3", tiny=True)
+    layout = resolve(bench, 2, 1, None, None, None, None, None, None)
+    cmd = slurm_job.run_commands(bench.name, layout, RunOptions(results=tmp_path, system="s"), SlurmOptions(),
+                                 tmp_path)(tmp_path / "plan.json", tmp_path, 0, {})
+    srun = f"echo x >> {tmp_path}/tries; echo {shlex.quote(error)}; exit 1"
+    said: list[str] = []
+    outcome = supervise.supervise(dataclasses.replace(cmd, argv=["bash", "-c", srun], env=dict(os.environ)),
+                                  log_path=tmp_path / "mlperf.log", events_path=tmp_path / "events.jsonl",
+                                  say=said.append)
+    assert said == [] and (tmp_path / "tries").read_text() == "x\n"
+    assert outcome.reason == (f"srun could not start the run on the job's nodes: {error.split(': ', 2)[2]} (see the "
+                              f"run's launcher.log)")
+    assert slurm_job.srun_transient_failure(error, tmp_path) == ""
+    assert slurm_job.srun_transient_failure("srun: error: Unable to contact slurm controller (connect failure)",
+                                            tmp_path).startswith("srun could not start")
+
+
 def test_a_stop_between_two_launches_ends_the_run_without_another(tmp_path: Path, monkeypatch) -> None:
     """SIGTERM while the driver waits to launch a run again (after srun could not start it): the run is aborted with
     the signal, and not launched again."""

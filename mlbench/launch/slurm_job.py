@@ -74,6 +74,24 @@ def rank_failure(output: str, ranks_dir: Path, nproc_per_node: int) -> str:
 
 
 _SRUN_ERROR = re.compile(r"^srun: (?:error|fatal): (.+)$", re.MULTILINE)
+# srun's words (SLURM's error strings, slurm_strerror, and srun's own) for a failure to start a step that may not
+# recur: the controller or a node's slurmd not answering for a moment, a message lost, the controller restarting.
+# Only these are launched again (supervise.LAUNCH_TRIES). Any other srun error is the request's or the job's and
+# recurs on every try: an invalid option or partition, "Invalid job id specified" (the job is gone), "More
+# processors requested than permitted" / "Requested node configuration is not available" (more tasks than the
+# allocation holds), "Job/step already completing or completed", an authentication error: the run is aborted with
+# srun's words at once (it took another 10 s, two more tries, before the same end).
+SRUN_TRANSIENT = re.compile("|".join((
+    r"Socket timed out on send/recv operation",
+    r"Communication connection failure",
+    r"Unable to contact slurm controller",
+    r"Zero Bytes were transmitted or received",
+    r"Connection (?:refused|reset by peer|timed out)",
+    r"temporarily unavailable",
+    r"Slurm backup controller in standby mode",
+    r"Transport endpoint is not connected",
+    r"[Nn]ode (?:\S+ )?not responding",
+)))
 
 
 def srun_failure(output: str, ranks_dir: Path) -> str:
@@ -85,6 +103,13 @@ def srun_failure(output: str, ranks_dir: Path) -> str:
     if not errors or ranks_started(ranks_dir):
         return ""
     return f"srun could not start the run on the job's nodes: {errors[0].strip()[:240]} (see the run's launcher.log)"
+
+
+def srun_transient_failure(output: str, ranks_dir: Path) -> str:
+    """srun_failure where srun's first error is one that may not recur (SRUN_TRANSIENT: the launch is tried again),
+    "" otherwise: a permanent one ends the run at once, with the same words (rank_failure's)."""
+    errors = _SRUN_ERROR.findall(output)
+    return srun_failure(output, ranks_dir) if errors and SRUN_TRANSIENT.search(errors[0]) else ""
 
 
 def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: SlurmOptions,
@@ -99,8 +124,9 @@ def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: Slur
                        rendezvous=JobRendezvous(f"{os.environ.get('MASTER_ADDR', '')}:{port}", opts.rdzv_timeout,
                                                 staging / "ranks", layout.nodes),
                        rank_failure=lambda out: rank_failure(out, staging / "ranks", layout.nproc_per_node),
-                       # srun's step not launched (a node briefly not answering): no run, launched again
-                       not_launched=lambda out: srun_failure(out, staging / "ranks"),
+                       # srun's step not launched (a node briefly not answering): no run, launched again; a
+                       # permanent refusal (an invalid option, the job gone) is not: it would recur
+                       not_launched=lambda out: srun_transient_failure(out, staging / "ranks"),
                        # why SLURM stopped the run (its time limit, a node's failure), not "received SIGTERM"
                        outside=lambda signal_name: why_stopped(os.environ.get("SLURM_JOB_ID", ""), job_dir, slurm,
                                                                signal_name))
