@@ -165,7 +165,11 @@ def system_desc_problem(desc: dict) -> str | None:
 
 def summarizer_stops(org: Path, ruleset: str) -> str | None:
     """Why result_summarizer, run over the organisation folder ORG with RULESET, stops before it prints a row; None
-    where its walk of the folder goes through. It walks results/<system>/ as summarize_results does: a system
+    where its walk of the folder goes through. It is run over the tree mlbench scores: ORG without its hidden
+    folders (`R/sys/.old`, runs put aside; mlbench passes over them with a note), as on a view of ORG that links
+    all but those. Over ORG as it is, such a folder under results/<system>/ stopped it (no benchmark of RULESET),
+    and `score` showed no official figure for any set of the tree. It walks results/<system>/ as summarize_results
+    does: a system
     without systems/<system>.json is skipped (FileNotFoundError, caught: that set's own note); a systems json (or
     results/<system>/privateid.json) its JSON reader refuses, one that is no object or lacks a field or count,
     a result_*.txt that is no file to read, and a folder under results/<system>/ that is no benchmark of RULESET
@@ -194,8 +198,9 @@ _BENCHMARK_ALIASES = {"mask": "maskrcnn"}  # result_summarizer._benchmark_alias:
 
 
 def _sub_folders(folder: Path) -> list[Path]:
-    """result_summarizer._get_sub_folders: every folder in FOLDER (hidden ones and links to folders too), by name."""
-    return [folder / n for n in sorted(os.listdir(folder)) if (folder / n).is_dir()]
+    """result_summarizer._get_sub_folders on the tree mlbench scores: every folder in FOLDER (links to folders too),
+    by name, but hidden ones (summarizer_stops)."""
+    return [folder / n for n in sorted(os.listdir(folder)) if not n.startswith(".") and (folder / n).is_dir()]
 
 
 def _system_stops(org: Path, system: Path) -> str | None:

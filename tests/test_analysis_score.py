@@ -351,6 +351,41 @@ def test_the_tree_walk_passes_the_published_trees_and_the_summarizer_stops_where
     assert ours == pytest.approx(as_is, abs=1e-4), (ours, as_is)
 
 
+def _visible_view(org: Path, view: Path) -> Path:
+    """VIEW: ORG without its hidden folders, as links (its systems/, each system's visible folders)."""
+    (view / "results").mkdir(parents=True)
+    (view / "systems").symlink_to(org / "systems")
+    for system in (org / "results").iterdir():
+        if not system.name.startswith("."):
+            (view / "results" / system.name).mkdir()
+            for f in system.iterdir():
+                if not f.name.startswith("."):
+                    (view / "results" / system.name / f.name).symlink_to(f)
+    return view
+
+
+def test_a_hidden_folder_beside_the_benchmarks_leaves_the_official_figure(tmp_path) -> None:
+    """Runs put aside in results/<system>/.old (a hidden folder, which mlbench passes over with a note): the official
+    summarizer walked it as a benchmark folder and stopped (AssertionError), so `score` showed no official figure
+    for any set of the tree. The figure is now the summarizer's over the tree mlbench scores, without its hidden
+    folders: the real summarizer's over a view of links to all but those."""
+    from mlbench import mlperf_tools
+
+    org = _two_system_tree(tmp_path / "tree")
+    uf = next(p for p in (org / "results").iterdir() if p.name != AMD_SYSTEM)
+    (uf / ".old").mkdir()
+    shutil.copy(next((uf / "llama31_8b").glob("result_*.txt")), uf / ".old" / "result_0.txt")
+    assert mlperf_tools.summarizer_stops(org, "5.1.0") is None
+    view = _visible_view(org, tmp_path / "view" / "Multi")
+    official = official_summaries(org, view)
+    assert official[str(org)] == "AssertionError", official  # (over the tree as it is)
+    sets = score_path(org, jobs=1)
+    ours = sorted(s.official_score_min for s in sets)
+    assert None not in ours, [s.notes for s in sets]
+    assert ours == pytest.approx(sorted(r["llama31_8b:time_to_train"] for r in official[str(view)]), abs=1e-4)
+    assert any(".old: 1 result_*.txt in a hidden folder, not read" in n for s in sets for n in s.notes)
+
+
 def test_a_checker_crash_that_stops_the_summarizer_leaves_no_official_figure_in_the_tree(tmp_path) -> None:
     """A run logging submission_benchmark 'foo' (no rules for it in 5.1.0): the checker the summarizer runs in its
     own process raises FileNotFoundError, which stops it; `score` gave both sets' official figures all the same."""
