@@ -44,3 +44,12 @@ def gone(tag: str) -> bool:
     except ValueError:
         return False
     return where == _where() and _start_time(pid_n) != start
+
+
+def elsewhere(tag: str) -> bool:
+    """Whether the tag's owner is of another host or PID namespace (its pid cannot be checked from here)."""
+    try:
+        _pid, _start, where = tag.split("-", 2)
+    except ValueError:
+        return False
+    return where != _where()

@@ -193,7 +193,9 @@ def prepare(req: RunRequest, console: Console | None = None) -> PreparedRun:
     if req.seed is not None and req.node_rank == 0:  # (another node's folder holds its rank logs, no results)
         # (seed_claims: its results' seeds, its runs' not yet published, and those a set in progress claimed; said
         # before anything is written, and claimed as the set starts)
-        real_run(lambda: seed_claims.check_free(Path(req.results_root) / system / bench.name, req.seed, req.runs))
+        real_run(lambda: seed_claims.check_free(Path(req.results_root) / system / bench.name, req.seed, req.runs,
+                                                say=lambda note: console and console.print(
+                                                    printable(note), highlight=False, soft_wrap=True)))
     slurm_opts = _slurm_options(req, bench, layout)
     # absolute from here on: the working folder may be removed while the run trains (its results elsewhere, `--results
     # ../r`), and the checker, run in a folder of its own, then could not find the log ('could not run: No such

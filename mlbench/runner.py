@@ -236,9 +236,14 @@ class RunSet:
             checkpoint_folder.remove_dead_partials(Path(self.opts.save_checkpoint))
         # node 0's seeds are the run's (every rank takes rank 0's): claimed in the folder, checked against its own
         # under its lock, so that a set started at the same moment cannot take them too
-        self.seeds = seed_claims.claim(folder, self.opts.seed, self.opts.runs, seeds) if self.opts.node_rank == 0 \
-            else seeds(self.opts.seed, self.opts.runs)
+        self.seeds = self._claim(folder) if self.opts.node_rank == 0 else seeds(self.opts.seed, self.opts.runs)
         self.env_info = environment.collect(ROOT)
+
+    def _claim(self, folder: Path) -> list[int]:
+        """The set's seeds, claimed in FOLDER (seed_claims); a claim of another host's found dead is said."""
+        opts = self.opts
+        return seed_claims.claim(folder, opts.seed, opts.runs, seeds,
+                                 say=lambda note: self.console.print(printable(note), highlight=False, soft_wrap=True))
 
     def start(self) -> None:
         """Nothing ahead of time: see the class."""

@@ -6,6 +6,10 @@ progress, or one whose mlbench was killed, not yet published); and those a set i
 (`.seeds-<owner tag>-XXXX`, removed as its set ends, ignored and removed once its owner is gone). A set checks the
 folder and writes its claim under the folder's lock (flock), so two sets started at once into one folder never both
 take a seed: the second is refused, or draws other ones.
+
+An owner on this host is judged by its pid. One on another host (a folder shared by several) cannot be: the owner
+renews its claim's lease (the file's mtime) every RENEW_S while it runs, and a claim of another host's not renewed
+for LEASE_S is judged dead (its process crashed, or its host went down), removed with a note.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import fcntl
 import json
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
@@ -26,11 +32,15 @@ CLAIM = ".seeds-"
 # The most of a staged plan.json or a claim read for its seeds (a plan is a few KB; the folder may hold anything).
 _MAX_BYTES = 1 << 20
 _MAX_RUNS = 1000  # preflight.MAX_RUNS: no set claims more (a claim of 2**32 seeds, put there, is none)
+# A claim of another host's not renewed for this long is judged dead (its owner renews it every RENEW_S): long beside
+# RENEW_S, so that a busy host, a slow shared filesystem or clocks a little apart do not lose a live claim
+LEASE_S = 600.0
+RENEW_S = 60.0
 
 
-def held(folder: Path) -> dict[int, str]:
+def held(folder: Path, say: Callable[[str], None] = lambda note: None) -> dict[int, str]:
     """Each seed FOLDER holds, and what holds it (the first published log by name, a run not yet published, a set
-    in progress), for the refusal to name."""
+    in progress), for the refusal to name. SAY: the note for a claim of another host's judged dead (its lease)."""
     used = results.seeds_used(folder)
     with contextlib.suppress(OSError):
         for staging in sorted(folder.glob(f"{results.STAGING}*")):
@@ -39,17 +49,18 @@ def held(folder: Path) -> dict[int, str]:
                                       f"in the folder publishes it)" if owners.gone(results.owner_tag(staging))
                                 else f"a run in progress ({staging.name})")
         for claim in sorted(folder.glob(f"{CLAIM}*")):
-            first, runs = _claimed(claim)
+            first, runs = _claimed(claim, say)
             for seed in range(first, first + runs):
                 used.setdefault(seed, f"a set in progress (pid {_owner(claim).split('-')[0]}; its claim {claim.name}, "
                                       f"to remove if that set is no longer running)")
     return used
 
 
-def check_free(folder: Path, first: int, runs: int, used: dict[int, str] | None = None) -> None:
+def check_free(folder: Path, first: int, runs: int, used: dict[int, str] | None = None,
+               say: Callable[[str], None] = lambda note: None) -> None:
     """The set's seeds (FIRST, FIRST + 1, ...) are none FOLDER holds: a second `--seed 5` set into one folder
     repeated the first set's runs seed for seed, and the folder became a set the package checker rejects."""
-    used = held(folder) if used is None else used
+    used = held(folder, say) if used is None else used
     clash = sorted(s for s in used if first <= s < first + runs)
     if not clash:
         return
@@ -63,14 +74,15 @@ def check_free(folder: Path, first: int, runs: int, used: dict[int, str] | None 
 
 
 def claim(folder: Path, first: int | None, runs: int,
-          choose: Callable[[int | None, int, Collection[int]], list[int]]) -> list[int]:
+          choose: Callable[[int | None, int, Collection[int]], list[int]],
+          say: Callable[[str], None] = lambda note: None) -> list[int]:
     """The set's seeds, claimed in FOLDER: FIRST's (refused where the folder holds one of them) or, with FIRST None,
     those CHOOSE draws clear of the folder's. Checked and claimed under the folder's lock; the claim holds until
-    `release` (or this process's end)."""
+    `release` (or this process's end), its lease renewed meanwhile."""
     path = None
     try:
         with _locked(folder):
-            used = held(folder)
+            used = held(folder, say)
             if first is not None:
                 check_free(folder, first, runs, used)
             seeds = choose(first, runs, used)
@@ -83,14 +95,57 @@ def claim(folder: Path, first: int | None, runs: int,
                 os.unlink(path)
         raise UserError(f"results folder {folder}: cannot write a run's files ({e.strerror or e}); free space or pass "
                         f"--results DIR elsewhere") from None
+    _renewer.add(folder)
     return seeds
 
 
 def release(folder: Path) -> None:
     """This process's claims in FOLDER removed: its set has ended (its runs' seeds are in their logs now)."""
+    _renewer.discard(folder)
     with contextlib.suppress(OSError):
         for path in folder.glob(f"{CLAIM}{owners.tag()}-*"):
             path.unlink()
+
+
+def renew() -> None:
+    """This process's claims' leases renewed (their mtime now), in every folder it holds some in."""
+    for folder in _renewer.folders():
+        with contextlib.suppress(OSError):
+            for path in folder.glob(f"{CLAIM}{owners.tag()}-*"):
+                os.utime(path)
+
+
+class _Renewer:
+    """A daemon thread renewing this process's claims every RENEW_S, started with its first claim: a process that
+    crashed renews nothing, and its claim's lease runs out (judged from another host)."""
+
+    def __init__(self) -> None:
+        self._folders: set[Path] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, folder: Path) -> None:
+        with self._lock:
+            self._folders.add(folder)
+            if self._thread is None or not self._thread.is_alive():  # (none in a child forked from a claimer)
+                self._thread = threading.Thread(target=self._run, name="seed-claims-renew", daemon=True)
+                self._thread.start()
+
+    def discard(self, folder: Path) -> None:
+        with self._lock:
+            self._folders.discard(folder)
+
+    def folders(self) -> list[Path]:
+        with self._lock:
+            return list(self._folders)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(RENEW_S)
+            renew()
+
+
+_renewer = _Renewer()
 
 
 @contextlib.contextmanager
@@ -125,18 +180,43 @@ def _owner(claim_path: Path) -> str:
     return claim_path.name[len(CLAIM):].rpartition("-")[0]  # .seeds-<owner tag>-XXXX
 
 
-def _claimed(path: Path) -> tuple[int, int]:
-    """The seeds a claim holds (first, runs); (0, 0) for a dead owner's (removed), and for one that cannot be read
-    (one being written, or whatever was put there)."""
-    if owners.gone(_owner(path)):
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return 0, 0
+def _claimed(path: Path, say: Callable[[str], None]) -> tuple[int, int]:
+    """The seeds a claim holds (first, runs); (0, 0) for a dead owner's (removed: SAY says so of another host's), and
+    for one that cannot be read (one being written, or whatever was put there)."""
     data = _json(path)
     first, runs = (data.get("first"), data.get("runs")) if isinstance(data, dict) else (None, None)
+    if (dead := _dead(path, data)) is not None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        if dead:
+            say(dead)
+        return 0, 0
     if type(first) is not int or type(runs) is not int or not 0 <= first <= SEED_MAX or not 0 < runs <= _MAX_RUNS:
         return 0, 0
     return first, runs
+
+
+def _dead(path: Path, data: object) -> str | None:
+    """Why the claim at PATH (holding DATA) is dead: "" for an owner of this host that is gone (said by none), the
+    note for another host's whose lease ran out; None where it holds (a live owner)."""
+    owner = _owner(path)
+    if owners.gone(owner):
+        why = ""
+    elif owners.elsewhere(owner) and (age := _age(path)) is not None and age > LEASE_S:
+        why = (f"note: seed claim {path} removed: its owner (pid {owner.split('-')[0]} on "
+               f"{owner.split('-', 2)[2].rpartition('@')[0]}) has not renewed it for {age / 60:.0f} min (a claim's "
+               f"lease is {LEASE_S / 60:g} min): its set is judged to have died")
+    else:
+        return None
+    return why
+
+
+def _age(path: Path) -> float | None:
+    """Seconds since PATH's lease was last renewed (its mtime); None where it cannot be told."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _staged_seed(staging: Path) -> int | None:

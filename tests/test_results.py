@@ -784,6 +784,35 @@ def test_a_set_in_progress_holds_all_its_seeds_and_lets_them_go_as_it_ends(tmp_p
     assert not seed_claims.held(folder) and not dead.exists()
 
 
+def test_a_claim_from_another_host_lapses_when_its_lease_is_not_renewed(tmp_path: Path) -> None:
+    """A set that crashed on another host, its claim left in a shared results folder: its pid cannot be checked from
+    here, so the claim held its seeds for ever. A claim's owner renews its lease (the file's mtime) while it runs;
+    another host's not renewed for LEASE_S is judged dead, removed with a note. A same-host claim is judged by its
+    pid, as before."""
+    from mlbench import runner, seed_claims
+
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    other = folder / f"{seed_claims.CLAIM}4242-123456-otherhost@4026531836-abcd"
+    other.write_text(json.dumps({"first": 5, "runs": 3}))
+    notes: list[str] = []
+    assert sorted(seed_claims.held(folder, notes.append)) == [5, 6, 7] and not notes  # (renewed: held)
+    old = time.time() - seed_claims.LEASE_S - 60
+    os.utime(other, (old, old))
+    assert seed_claims.claim(folder, 5, 3, runner.seeds, say=notes.append) == [5, 6, 7]
+    assert not other.exists() and notes == [
+        f"note: seed claim {other} removed: its owner (pid 4242 on otherhost) has not renewed it for 11 min (a claim's "
+        f"lease is 10 min): its set is judged to have died"], notes
+    # this process's own claim: renewed while it runs (same host: judged by its pid, whatever its age)
+    [mine] = folder.glob(f"{seed_claims.CLAIM}*")
+    os.utime(mine, (old, old))
+    assert sorted(seed_claims.held(folder)) == [5, 6, 7]
+    seed_claims.renew()
+    assert time.time() - mine.stat().st_mtime < 60
+    seed_claims.release(folder)
+    assert not list(folder.iterdir())
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGQUIT", "SIGUSR1", "SIGINT"])
 def test_a_stop_before_the_first_run_releases_the_sets_claim(tmp_path: Path, cli, monkeypatch, stop: str) -> None:
     """A stop signal between a set claiming its seeds and starting its first run (here as it reads its
