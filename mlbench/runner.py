@@ -51,6 +51,9 @@ class RunOptions:
     init_checkpoint_stamps: dict = field(default_factory=dict)
     save_checkpoint: str = ""  # where the (single) run saves its final state
     device: str = ""  # the device the memory plan was checked against ("" for none)
+    # a SLURM job's driver: the claim on its seeds (seed, seed + 1, ...) its submitter made and handed to it
+    # (seed_claims.adopt); "" where the set claims its own
+    seed_claim: str = ""
 
 
 @dataclass
@@ -240,8 +243,13 @@ class RunSet:
         self.env_info = environment.collect(ROOT)
 
     def _claim(self, folder: Path) -> list[int]:
-        """The set's seeds, claimed in FOLDER (seed_claims); a claim of another host's found dead is said."""
+        """The set's seeds, claimed in FOLDER (seed_claims), or the claim its submitter handed to a SLURM job taken
+        over: made as the job was submitted, it holds while the job is pending (another set took them meanwhile,
+        and the job was refused as it started)."""
         opts = self.opts
+        if opts.seed_claim and opts.seed is not None and \
+                (adopted := seed_claims.adopt(folder, opts.seed_claim, opts.seed, opts.runs)) is not None:
+            return adopted
         return seed_claims.claim(folder, opts.seed, opts.runs, seeds,
                                  say=lambda note: self.console.print(printable(note), highlight=False, soft_wrap=True))
 

@@ -9,7 +9,9 @@ take a seed: the second is refused, or draws other ones.
 
 An owner on this host is judged by its pid. One on another host (a folder shared by several) cannot be: the owner
 renews its claim's lease (the file's mtime) every RENEW_S while it runs, and a claim of another host's not renewed
-for LEASE_S is judged dead (its process crashed, or its host went down), removed with a note.
+for LEASE_S is judged dead (its process crashed, or its host went down), removed with a note. A SLURM set's claim is
+made by the submitting `mlbench run` and names its job (`slurm_job`): the job's driver takes it over as it starts
+(`adopt`), and until then, its submitter gone, the claim holds while SLURM says the job is pending or running.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
 import tempfile
 import threading
 import time
@@ -36,6 +39,9 @@ _MAX_RUNS = 1000  # preflight.MAX_RUNS: no set claims more (a claim of 2**32 see
 # RENEW_S, so that a busy host, a slow shared filesystem or clocks a little apart do not lose a live claim
 LEASE_S = 600.0
 RENEW_S = 60.0
+# A SLURM job that has not ended: its claim, handed over from its submitter, holds (squeue's states)
+_JOB_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                         "SIGNALING", "STAGE_OUT", "STOPPED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 
 
 def held(folder: Path, say: Callable[[str], None] = lambda note: None) -> dict[int, str]:
@@ -97,6 +103,40 @@ def claim(folder: Path, first: int | None, runs: int,
                         f"--results DIR elsewhere") from None
     _renewer.add(folder)
     return seeds
+
+
+def mine(folder: Path) -> str:
+    """The name of this process's claim in FOLDER ("" where it has none): handed to a SLURM job (`adopt`)."""
+    return next((p.name for p in sorted(folder.glob(f"{CLAIM}{owners.tag()}-*"))), "")
+
+
+def hand_to_job(folder: Path, name: str, job_id: str) -> None:
+    """This process's claim NAME in FOLDER names the SLURM job JOB_ID it was made for: should this process end before
+    the job's driver takes it over (`adopt`), the claim holds while the job is pending or running. Best effort."""
+    path = folder / name
+    with contextlib.suppress(OSError), _locked(folder):
+        data = _json(path)
+        if isinstance(data, dict) and _owner(path) == owners.tag():  # (not yet taken over by the job's driver)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-claim-", dir=folder)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({**data, "slurm_job": job_id}) + "\n")
+            os.replace(tmp, path)
+
+
+def adopt(folder: Path, name: str, first: int, runs: int) -> list[int] | None:
+    """The seeds of the claim NAME in FOLDER, handed to this process (a SLURM job's driver, by its submitter), made
+    this process's own (renamed to its tag: judged by its pid and lease from now on, removed by `release`); None
+    where that claim is gone or is not of FIRST and RUNS (the set then claims its seeds as any set does)."""
+    path = folder / name
+    with contextlib.suppress(OSError), _locked(folder):
+        data = _json(path)
+        if not name.startswith(CLAIM) or "/" in name or not isinstance(data, dict) or \
+                (data.get("first"), data.get("runs")) != (first, runs):
+            return None
+        os.rename(path, folder / f"{CLAIM}{owners.tag()}-{name.rpartition('-')[2]}")
+        _renewer.add(folder)
+        return list(range(first, first + runs))
+    return None
 
 
 def release(folder: Path) -> None:
@@ -198,7 +238,8 @@ def _claimed(path: Path, say: Callable[[str], None]) -> tuple[int, int]:
 
 def _dead(path: Path, data: object) -> str | None:
     """Why the claim at PATH (holding DATA) is dead: "" for an owner of this host that is gone (said by none), the
-    note for another host's whose lease ran out; None where it holds (a live owner)."""
+    note for another host's whose lease ran out; None where it holds (a live owner, a SLURM job it names that has
+    not ended, one SLURM does not answer for)."""
     owner = _owner(path)
     if owners.gone(owner):
         why = ""
@@ -208,7 +249,8 @@ def _dead(path: Path, data: object) -> str | None:
                f"lease is {LEASE_S / 60:g} min): its set is judged to have died")
     else:
         return None
-    return why
+    job = data.get("slurm_job") if isinstance(data, dict) else None
+    return None if isinstance(job, str) and job.isdigit() and _job_active(job) is not False else why
 
 
 def _age(path: Path) -> float | None:
@@ -217,6 +259,20 @@ def _age(path: Path) -> float | None:
         return time.time() - path.stat().st_mtime
     except OSError:
         return None
+
+
+def _job_active(job_id: str) -> bool | None:
+    """Whether SLURM job JOB_ID has not ended (squeue lists it pending, running, ...); None where SLURM does not answer
+    (its claim is then kept); False on a host without squeue (the claim is judged as its owner is: its lease)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return False
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:  # "Invalid job id specified": ended and gone from slurmctld; else no answer
+        return False if "Invalid job id" in out.stderr else None
+    return out.stdout.strip() in _JOB_ACTIVE
 
 
 def _staged_seed(staging: Path) -> int | None:

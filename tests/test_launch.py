@@ -1392,14 +1392,26 @@ def _fake_cluster(tmp_path: Path, fakes: dict[str, str]) -> subprocess.Popen:
 def test_a_stop_signal_while_the_job_is_pending_cancels_it(tmp_path: Path, signum: int) -> None:
     """Ctrl-C or SIGTERM while the job pended was passed over without a word (`scancel --signal=TERM --batch` fails
     for a job with no batch step yet), the job left pending; a second one cancelled it, then 'see job.out', a file
-    never written, and exit 1. Now cancelled at the first, said, and the exit code is the signal's, as a local set's."""
+    never written, and exit 1. Now cancelled at the first, said, and the exit code is the signal's, as a local set's.
+    The set's seeds are claimed as the job is submitted, the claim handed to the job (its job.json names it, and it
+    names the job: held while the job is pending, its submitter gone); the job cancelled before it started, the claim
+    goes (the job's driver claimed them as it started: while it pended, another set could take them)."""
+    from mlbench import seed_claims
+
     proc = _fake_cluster(tmp_path, _PENDING_JOB)
+    folder = tmp_path / "r" / "ci" / "gpt3"
     try:
         deadline = time.monotonic() + 60
-        while not list((tmp_path / "r").glob("ci/gpt3/.slurm/*/job_id")):
+        while not list(folder.glob(".slurm/*/job_id")):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         time.sleep(1)
+        [claim] = folder.glob(f"{seed_claims.CLAIM}*")
+        held = json.loads(claim.read_text())
+        [spec] = folder.glob(".slurm/*/job.json")
+        run = json.loads(spec.read_text())["run"]
+        assert (run["seed_claim"], run["seed"], held["runs"], held["slurm_job"]) == (claim.name, held["first"], 1,
+                                                                                       "7"), (run, held)
         proc.send_signal(signum)
         out = "".join(proc.communicate(timeout=60))
     finally:
@@ -1409,6 +1421,7 @@ def test_a_stop_signal_while_the_job_is_pending_cancels_it(tmp_path: Path, signu
     assert f"SLURM job 7: {name}: cancelling the job\n" in out, out
     assert "SLURM job 7: CANCELLED, exit code 0:0" in out and "before it started: no run" in out, out
     assert (tmp_path / "cancelled").exists()
+    assert not list(folder.glob(f"{seed_claims.CLAIM}*"))
 
 
 @pytest.mark.parametrize(("write", "said"), [

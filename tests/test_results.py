@@ -813,6 +813,49 @@ def test_a_claim_from_another_host_lapses_when_its_lease_is_not_renewed(tmp_path
     assert not list(folder.iterdir())
 
 
+def test_a_slurm_jobs_claim_holds_while_the_job_is_pending(tmp_path: Path, monkeypatch) -> None:
+    """`mlbench run --launcher slurm --seed 5`: the job claimed its seeds as its driver started, so while it was
+    PENDING another set took them and the job was refused at its start (exit 2 in job.out). The submitting process
+    claims them now and hands the claim to the job (seed_claims.hand_to_job): its submitter gone, the claim holds
+    while SLURM says the job is pending, and goes once the job has ended without taking it; the job's driver takes it
+    over (seed_claims.adopt) as it starts."""
+    from mlbench import runner, seed_claims
+
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    submitter = folder / f"{seed_claims.CLAIM}{_dead_tag()}-abcd"  # the submitting mlbench, gone (kill -9)
+    submitter.write_text(json.dumps({"first": 5, "runs": 3}))
+    monkeypatch.setattr(seed_claims, "_job_active", lambda job: {"17": True, "18": False}.get(job))
+    for job, holds in [("17", True), ("99", True), ("18", False)]:  # pending; SLURM does not answer; ended
+        submitter.write_text(json.dumps({"first": 5, "runs": 3, "slurm_job": job}))
+        assert bool(seed_claims.held(folder)) == holds, job
+    assert not submitter.exists()
+    # a live submitter (this process) hands its claim to the job it submitted
+    assert seed_claims.claim(folder, None, 2, lambda first, runs, used: [40, 41]) == [40, 41]
+    name = seed_claims.mine(folder)
+    seed_claims.hand_to_job(folder, name, "17")
+    assert json.loads((folder / name).read_text()) == {"first": 40, "runs": 2, "slurm_job": "17"}
+    with pytest.raises(UserError, match="would repeat seed 40 of a set in progress"):
+        seed_claims.check_free(folder, 39, 2)
+    seed_claims.release(folder)
+    # the job's driver (this process) takes over the claim its submitter (on another host) handed it
+    handed = folder / f"{seed_claims.CLAIM}4242-123456-otherhost@4026531836-wxyz"
+    handed.write_text(json.dumps({"first": 40, "runs": 2, "slurm_job": "17"}))
+    assert seed_claims.adopt(folder, handed.name, 40, 3) is None  # (not its seeds: claimed as any set's)
+    from mlbench import environment, registry
+    from mlbench.layout import resolve
+
+    monkeypatch.setattr(environment, "collect", lambda root: {})
+    bench = registry.load("gpt3", tiny=True)
+    opts = runner.RunOptions(results=tmp_path, system="ci", runs=2, seed=40, seed_claim=handed.name)
+    run_set = runner.RunSet(bench, resolve(bench), opts, None, runner.local_commands(resolve(bench), opts))
+    run_set.prepare(folder)  # (as the job's driver does)
+    assert run_set.seeds == [40, 41]
+    assert not handed.exists() and seed_claims.mine(folder).endswith("-wxyz")  # its own now, renamed to its tag
+    seed_claims.release(folder)
+    assert not list(folder.iterdir())
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGQUIT", "SIGUSR1", "SIGINT"])
 def test_a_stop_before_the_first_run_releases_the_sets_claim(tmp_path: Path, cli, monkeypatch, stop: str) -> None:
     """A stop signal between a set claiming its seeds and starting its first run (here as it reads its

@@ -30,6 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from mlbench import seed_claims
 from mlbench.errors import SystemFailure, UserError, printable
 from mlbench.launch import lifeline
 from mlbench.launch.slurm_script import SlurmJob, render, srun_argv, time_limit_seconds
@@ -38,6 +39,7 @@ from mlbench.layout import Layout
 from mlbench.logfile import file_kind
 from mlbench.progress import Progress, is_progress_line
 from mlbench.runner import RunOptions
+from mlbench.runner import seeds as seeds_for
 from mlbench.spec import Benchmark
 
 # A job pending for one of these reasons will never start: fail instead of waiting forever.
@@ -234,9 +236,10 @@ class SlurmLauncher:
                             f"({', '.join(CLIENT_COMMANDS)}) on PATH")
         # The folders the job's folder is made in, from the results root down, that are not there yet
         self._made = [p for p in (*reversed(folder.parents[:2]), folder, folder / ".slurm") if not p.exists()]
-        self.job_dir = None
+        self.job_dir, self.folder = None, folder
         try:
-            self.job_dir = write_job(self.bench, self.layout, self.run_opts, self.opts, folder)
+            run_opts = self._claim_seeds(folder)
+            self.job_dir = write_job(self.bench, self.layout, run_opts, self.opts, folder)
             test = _slurm("sbatch", "--test-only", str(self.job_dir / "job.sbatch"))
         except BaseException:  # (a stop signal as sbatch checks it left the job's folder, job.sbatch in it)
             self._drop_job()
@@ -245,6 +248,18 @@ class SlurmLauncher:
             self._drop_job()
             msg = " ".join(test.stderr.split()) or "sbatch --test-only refused the job"
             raise UserError(f"SLURM cannot run this job: {msg} ({refusal_hint(msg, self.opts.gpus_per_node)})")
+
+    def _claim_seeds(self, folder: Path) -> RunOptions:
+        """The set's seeds claimed here, as the job is submitted, and the claim handed to the job (its run options):
+        claimed by its driver as it started, a job pending meanwhile was refused at its start where another set had
+        taken them. The claim goes with this process where no job takes it over (a refused or failed submission, a
+        job cancelled before it started: `seed_claims.released`, launch.start); it names the job once submitted
+        (`start`), and holds while the job is pending, this process gone."""
+        seeds = seed_claims.claim(folder, self.run_opts.seed, self.run_opts.runs, seeds_for,
+                                  say=lambda note: self.console.print(printable(note), highlight=False,
+                                                                      soft_wrap=True))
+        self.claim_name = seed_claims.mine(folder)
+        return dataclasses.replace(self.run_opts, seed=seeds[0], seed_claim=self.claim_name)
 
     def _drop_job(self) -> None:
         """The job's folder, when no job was submitted from it, and the folders made for it (when nothing else
@@ -302,6 +317,7 @@ class SlurmLauncher:
             # (the request passed sbatch --test-only: its refusal now is the controller's, exit 1, not the input's)
             raise SystemFailure(f"sbatch did not submit the job: {why}")
         self.console.print(f"submitted SLURM job {self.job_id}; output {self.job_dir / 'job.out'}", highlight=False)
+        seed_claims.hand_to_job(self.folder, self.claim_name, self.job_id)  # (held while it is pending)
         with contextlib.suppress(OSError):  # for scripts and tests; the job runs (and says so) without it
             (self.job_dir / "job_id").write_text(self.job_id + "\n")
 
