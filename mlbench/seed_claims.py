@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -155,34 +154,31 @@ def renew() -> None:
                 os.utime(path)
 
 
+def renew_due() -> None:
+    """`renew`, where RENEW_S has passed since the last: called from the loops that wait on a run (the supervisor's
+    poll, the SLURM follower's), so a process that hangs or dies renews nothing. Not a thread: the supervisor starts
+    ranks with preexec_fn, which may deadlock a child forked while another thread runs (lifeline.dying_with_parent)."""
+    now = time.monotonic()
+    if _renewer.folders() and now - _renewer.renewed >= RENEW_S:
+        _renewer.renewed = now
+        renew()
+
+
 class _Renewer:
-    """A daemon thread renewing this process's claims every RENEW_S, started with its first claim: a process that
-    crashed renews nothing, and its claim's lease runs out (judged from another host)."""
+    """The folders this process holds claims in, and when it last renewed them."""
 
     def __init__(self) -> None:
         self._folders: set[Path] = set()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.renewed = time.monotonic()
 
     def add(self, folder: Path) -> None:
-        with self._lock:
-            self._folders.add(folder)
-            if self._thread is None or not self._thread.is_alive():  # (none in a child forked from a claimer)
-                self._thread = threading.Thread(target=self._run, name="seed-claims-renew", daemon=True)
-                self._thread.start()
+        self._folders.add(folder)
 
     def discard(self, folder: Path) -> None:
-        with self._lock:
-            self._folders.discard(folder)
+        self._folders.discard(folder)
 
     def folders(self) -> list[Path]:
-        with self._lock:
-            return list(self._folders)
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(RENEW_S)
-            renew()
+        return list(self._folders)
 
 
 _renewer = _Renewer()

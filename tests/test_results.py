@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -791,6 +792,7 @@ def test_a_claim_from_another_host_lapses_when_its_lease_is_not_renewed(tmp_path
     pid, as before."""
     from mlbench import runner, seed_claims
 
+    threads = threading.active_count()
     folder = tmp_path / "ci" / "gpt3"
     folder.mkdir(parents=True)
     other = folder / f"{seed_claims.CLAIM}4242-123456-otherhost@4026531836-abcd"
@@ -808,6 +810,16 @@ def test_a_claim_from_another_host_lapses_when_its_lease_is_not_renewed(tmp_path
     os.utime(mine, (old, old))
     assert sorted(seed_claims.held(folder)) == [5, 6, 7]
     seed_claims.renew()
+    assert time.time() - mine.stat().st_mtime < 60
+    # renewed from the loops that wait on a run, at most every RENEW_S, and by no thread of its own: the supervisor
+    # starts ranks with preexec_fn, which may deadlock a child forked while another thread runs
+    assert threading.active_count() == threads
+    os.utime(mine, (old, old))
+    seed_claims._renewer.renewed = time.monotonic()
+    seed_claims.renew_due()
+    assert mine.stat().st_mtime == old
+    seed_claims._renewer.renewed -= seed_claims.RENEW_S
+    seed_claims.renew_due()
     assert time.time() - mine.stat().st_mtime < 60
     seed_claims.release(folder)
     assert not list(folder.iterdir())

@@ -506,6 +506,7 @@ def follow(proc: subprocess.Popen, job_id: str, out: Path, console: Console, run
             while said:
                 console.print(said.pop(0), highlight=False)
             output.show()
+            seed_claims.renew_due()
             if runs is not None:
                 runs.poll()
             try:  # '|': a pending reason may hold spaces ("Nodes required for job are DOWN, ...")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from mlbench import results
+from mlbench import results, seed_claims
 from mlbench.launch import lifeline, local_ranks
 from mlbench.launch.events import EventTail, Steps
 from mlbench.mlperf_log import finalize_aborted
@@ -435,6 +435,7 @@ def _supervise_once(cmd: Command, log_path: Path, events_path: Path, hang_timeou
     try:
         while proc.poll() is None:
             exited.wait(poll_s)  # returns as soon as the command exits: no polling delay at the end
+            seed_claims.renew_due()  # (the set's claim on its seeds: its lease, while its runs go on)
             new = tail.poll()
             if new and on_events:
                 on_events(new)
