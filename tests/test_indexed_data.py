@@ -323,6 +323,24 @@ def test_bad_data_input_is_refused_before_launch(definitions: Path, corpus: dict
     assert not results.exists()
 
 
+@pytest.mark.parametrize(("flag", "bad", "shown"), [("--data-path", "\n", "\\n"),
+                                                    ("--eval-data-path", "\x1b[31m", "\\x1b")])
+def test_a_data_path_flag_with_a_control_character_is_refused(definitions: Path, corpus: dict, tmp_path: Path, cli,
+                                                                flag: str, bad: str, shown: str) -> None:
+    """--data-path / --eval-data-path took a newline or an escape sequence that a benchmark file's data.path
+    refuses (its split the blend in two, its ESC reached the terminal through the run's lines): refused alike,
+    naming the flag, for the indexed source and BERT's records (train.data.paths.absolute)."""
+    results = tmp_path / "results"
+    env = {"MLBENCH_BENCHMARKS": str(definitions)}
+    given = {"--data-path": str(corpus["train"]), "--eval-data-path": str(corpus["eval"])}
+    given[flag] = f"{given[flag]}{bad}x"
+    _refused(cli("run", "gpt3", "--results", str(results), *(a for kv in given.items() for a in kv), env=env),
+             f"{flag} ", f"holds {shown}, a character that is not printable")
+    _refused(cli("run", "bert", "--dry-run", "--results", str(results), flag, f"/data{bad}x"),
+             f"{flag} ", f"holds {shown}, a character that is not printable")
+    assert not results.exists()
+
+
 def test_dry_run_needs_no_data(tmp_path: Path, cli) -> None:
     proc = cli("run", "gpt3", "--dry-run", "--nodes", "32", "--nproc-per-node", "8", "--launcher", "torchrun",
                    "--rdzv-endpoint", "localhost:29500", "--global-batch-size", "2048", "--results", str(tmp_path))
