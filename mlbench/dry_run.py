@@ -31,15 +31,18 @@ def layout_table(bench: Benchmark, layout: Layout) -> Table:
     return t
 
 
-def check_checkpoint(plan: RunPlan, console: Console) -> dict[str, list[int]]:
+def check_checkpoint(plan: RunPlan, console: Console, checksums: bool = True) -> dict[str, list[int]]:
     """The --init-checkpoint against the full-size model (built on the meta device in a subprocess: it needs a
-    process group); a checkpoint that does not fit is bad input, reported before anything is written. Returns its
-    files as checked (integrity.file_stamps), for the run plan."""
+    process group); a checkpoint that does not fit is bad input, reported before anything is written. CHECKSUMS:
+    every byte read against the checksums saved with it here; otherwise its listing alone (the files, their
+    sizes), each rank verifying its share of the bytes before it loads. Returns its files as checked
+    (integrity.file_stamps), for the run plan."""
     with tempfile.TemporaryDirectory(prefix="mlbench-ckpt-check-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan.save(plan_path)
         try:
-            r = helper_process.run_json("mlbench.train.checkpoint.check", str(plan_path))
+            r = helper_process.run_json("mlbench.train.checkpoint.check", str(plan_path),
+                                        *(() if checksums else ("--listing-only",)))
         except helper_process.HelperFailed as e:
             raise UserError(f"--init-checkpoint {plan.init_checkpoint}: could not be checked: {e}") from None
     names = f", {r['renamed']} through the benchmark's names (e.g. {r['example_name']})" if r["renamed"] else ""
@@ -54,12 +57,14 @@ def check_checkpoint(plan: RunPlan, console: Console) -> dict[str, list[int]]:
         moments = "Adam moments but no megatron-core optimizer metadata: the run starts with fresh moments"
     else:
         moments = "no Adam moments: the run starts with fresh moments"
-    summed = r.get("checksummed_bytes")
-    checksums = (f"; every file's bytes match the checksums it was saved with ({summed / 1e6:,.1f} MB)"
-                 if summed is not None else
-                 "; no checksums (not saved by mlbench): its bytes are not verified, only its structure")
+    summed, deferred = r.get("checksummed_bytes"), r.get("checksums_deferred_bytes")
+    said = (f"; every file's bytes match the checksums it was saved with ({summed / 1e6:,.1f} MB)"
+            if summed is not None else
+            f"; every file it was saved with is there, of its size ({deferred / 1e6:,.1f} MB): each rank verifies its "
+            f"share of the bytes against their checksums before it loads" if deferred is not None else
+            "; no checksums (not saved by mlbench): its bytes are not verified, only its structure")
     console.print(f"checkpoint {plan.init_checkpoint}: all {r['tensors']} model tensors present with the model's "
-                  f"shapes{names}{padding}; {moments}{checksums}", highlight=False, soft_wrap=True)
+                  f"shapes{names}{padding}; {moments}{said}", highlight=False, soft_wrap=True)
     return r.get("file_stamps") or {}
 
 

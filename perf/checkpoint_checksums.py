@@ -1,7 +1,10 @@
-"""What verifying a checkpoint's checksums costs: `python perf/checkpoint_checksums.py [GB] [FILES]` writes FILES
-files of GB in all (random bytes) in a scratch folder, writes their manifest as a save does, and times
-`integrity.verify` from the page cache (warm) and after dropping the folder's pages where this user may
-(posix_fadvise DONTNEED: cold, what the disk gives), against a plain read of the same bytes."""
+"""What verifying a checkpoint's checksums costs: `python perf/checkpoint_checksums.py [GB] [FILES] [RANKS]` writes
+FILES files of GB in all (random bytes) in a scratch folder (removed after), writes their manifest as a save does,
+and times `integrity.verify` (every byte: a dry run's check; a real run's launching node before the ranks shared
+the read) from the page cache (warm) and after dropping the folder's pages where this user may (posix_fadvise
+DONTNEED: cold, what the disk gives), against a plain read of the same bytes; then what a real run's launching node
+checks now (`integrity.check_listing`: the listing, no byte read) and the largest of RANKS ranks' shares
+(`integrity.verify_share`, cold), each rank on a node of its own."""
 
 from __future__ import annotations
 
@@ -32,10 +35,10 @@ def _timed(what: str, fn, nbytes: int) -> None:
     start = time.perf_counter()
     fn()
     s = time.perf_counter() - start
-    print(f"{what:<28} {s:7.2f} s  {nbytes / s / 1e6:8,.0f} MB/s")
+    print(f"{what:<32} {s:7.2f} s  {nbytes / s / 1e6:8,.0f} MB/s")
 
 
-def main(gb: float = 2.0, files: int = 8) -> None:
+def main(gb: float = 2.0, files: int = 8, ranks: int = 8) -> None:
     with tempfile.TemporaryDirectory(prefix="mlbench-crc-", dir=os.environ.get("TMPDIR")) as tmp:
         folder = Path(tmp)
         each = int(gb * 1e9 / files)
@@ -53,6 +56,13 @@ def main(gb: float = 2.0, files: int = 8) -> None:
             _timed("verify (cold)", lambda: integrity.verify(folder), nbytes)
             _drop_pages(folder)
             _timed("plain read (cold)", lambda: _plain_read(folder), nbytes)
+        _drop_pages(folder)
+        _timed("launcher now: listing (cold)", lambda: integrity.check_listing(folder), nbytes)
+        files = integrity._read(folder, folder)
+        rank, most = max(((r, sum(files[n]["bytes"] for n in integrity.share(files, r, ranks))) for r in range(ranks)),
+                         key=lambda x: x[1])
+        _drop_pages(folder)
+        _timed(f"rank {rank} of {ranks}: share (cold)", lambda: integrity.verify_share(folder, rank, ranks), most)
 
 
 if __name__ == "__main__":

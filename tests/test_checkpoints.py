@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -545,16 +546,26 @@ def _flip_finite(c: Path) -> str:
 
 def test_a_checkpoint_whose_bytes_changed_is_refused_before_launch(llama_checkpoint, tmp_path: Path, cli) -> None:
     """Bytes flipped inside a tensor (finite values, every structure intact) loaded silently and the run trained
-    from them, exit 0: the checksums saved with the checkpoint are verified before launch, one line, exit 2."""
+    from them, exit 0: the checksums saved with the checkpoint are verified, one line naming the file. A dry run
+    reads every byte (exit 2); a real run's check before launch reads the listing alone (the launching node read
+    a 405B checkpoint's ~5 TB, ~30 min, the ranks waiting) and each rank its share before it loads, which aborts
+    the run as any rank's CheckpointError does (test_a_checkpoint_that_fails_as_it_loads_aborts_the_run_...)."""
+    from mlbench.train import cpu_compat
     from mlbench.train.checkpoint import integrity
 
     ckpt, _ = llama_checkpoint
     flipped: list[str] = []
     bad = _damaged(ckpt, tmp_path / "flipped", lambda c: flipped.append(_flip_finite(c)))
-    proc = _run(tmp_path / "results", "llama31_405b", "--init-checkpoint", str(bad), via=cli)
-    _assert_refused(proc, f"--init-checkpoint {bad}: {flipped[0]}: its bytes differ from those saved (CRC32-C",
-                    "a damaged checkpoint, or a file replaced by another checkpoint's")
+    said = f"--init-checkpoint {bad}: {flipped[0]}: its bytes differ from those saved (CRC32-C"
+    proc = _run(tmp_path / "results", "llama31_405b", "--dry-run", "--init-checkpoint", str(bad), via=cli)
+    _assert_refused(proc, said, "a damaged checkpoint, or a file replaced by another checkpoint's")
     assert not (tmp_path / "results").exists()
+    assert integrity.check_listing(bad) == integrity.verify(ckpt)  # the launching node's check: no byte read
+    cpu_compat.enable()  # before megatron-core's import here
+    from mlbench.train.checkpoint import CheckpointError, store
+
+    with pytest.raises(CheckpointError, match=re.escape(said)):  # the rank's, before it reads anything
+        store.load(bad, [], None, 2, checked=integrity.file_stamps(bad))
     # its checksums cut short; a file added; none at all (a reference checkpoint's case: loads, said unverified)
     cut = _damaged(ckpt, tmp_path / "cut", lambda c: os.truncate(c / integrity.MANIFEST, 40))
     with pytest.raises(integrity.CheckpointError, match=rf"{integrity.MANIFEST} cannot be read \(JSONDecodeError"):
@@ -595,6 +606,29 @@ def test_checksums_name_the_file_whose_bytes_size_or_presence_differ(tmp_path: P
     (c / integrity.MANIFEST).write_text('{"algorithm": "crc32c", "files": {"../x": {"bytes": 1, "crc32c": "0"}}}')
     with pytest.raises(integrity.CheckpointError, match=r"is not the manifest mlbench writes"):
         integrity.verify(c)
+
+
+def test_the_ranks_share_the_checksum_read_balanced_by_bytes(tmp_path: Path) -> None:
+    """Each file's bytes are read by one rank, the ranks' shares balanced by bytes; a file whose bytes differ is
+    refused by the rank whose share holds it, and the listing (what the launching node checks) passes it."""
+    from mlbench.train.checkpoint import integrity
+
+    files = {f"__{i}_0.distcp": {"bytes": b, "crc32c": "0"} for i, b in enumerate([900, 500, 400, 300, 200, 100])}
+    shares = [integrity.share(files, r, 3) for r in range(3)]
+    assert sorted(n for s in shares for n in s) == sorted(files)  # every file once
+    assert [sum(files[n]["bytes"] for n in s) for s in shares] == [900, 800, 700]
+    assert integrity.share(files, 0, 1) == sorted(files) and integrity.share(files, 7, 8) == []
+    c = tmp_path / "c"
+    c.mkdir()
+    for name, data in (("metadata.json", b"{}"), ("__0_0.distcp", b"a" * 1000), ("__1_0.distcp", b"b" * 10)):
+        (c / name).write_bytes(data)
+    integrity.write(c)
+    (c / "__0_0.distcp").write_bytes(b"a" * 999 + b"c")  # same size, other bytes
+    assert integrity.check_listing(c) == 1012
+    owner = next(r for r in range(2) if "__0_0.distcp" in integrity.share(integrity._read(c, c), r, 2))
+    assert integrity.verify_share(c, 1 - owner, 2) is not None
+    with pytest.raises(integrity.CheckpointError, match=r"__0_0.distcp: its bytes differ from those saved"):
+        integrity.verify_share(c, owner, 2)
 
 
 def test_a_checkpoint_changed_between_the_check_and_the_load_is_refused_by_the_rank(tmp_path: Path,
@@ -643,7 +677,7 @@ def test_a_checkpoint_changed_between_the_check_and_the_load_is_refused_by_the_r
         store.load(c, [], None, 2, checked=stale)  # (before the rank reads anything)
 
     # carried: the check's stamps into the run's options (a SLURM job's spec takes them whole), then its plan
-    monkeypatch.setattr("mlbench.dry_run.check_checkpoint", lambda plan, console: checked)
+    monkeypatch.setattr("mlbench.dry_run.check_checkpoint", lambda plan, console, checksums=True: checked)
     bench = load("llama31_405b", tiny=True)
     layout = resolve(bench)
     opts = RunOptions(results=tmp_path, system="s", init_checkpoint=str(c))

@@ -1,9 +1,10 @@
-"""`python -m mlbench.train.checkpoint.check PLAN.json`: checks `--init-checkpoint` against the model a plan
-describes, at full size, without building it: megatron-core builds the model on the meta device (no memory;
+"""`python -m mlbench.train.checkpoint.check PLAN.json [--listing-only]`: checks `--init-checkpoint` against the
+model a plan describes, at full size, without building it: megatron-core builds the model on the meta device (no memory;
 GPT-3 175B in about a second) in a one-process group, and `checkpoint.match` compares names and global shapes.
 Prints one JSON line; exits 2 with the reason on stderr when the checkpoint does not fit (`mlbench run --dry-run`
 runs this before writing anything, as does a real run before launch). Last, every file's bytes against the
-checksums mlbench saved with it (integrity.py)."""
+checksums mlbench saved with it (integrity.py); with --listing-only (a real run's check before launch) only the
+files and their sizes, each rank then verifying its share of the bytes before it loads (integrity.verify_share)."""
 
 from __future__ import annotations
 
@@ -42,18 +43,21 @@ def meta_model(m):
         return model_lib.build(m, config, backend="local")
 
 
-def check(plan: RunPlan) -> dict:
+def check(plan: RunPlan, checksums: bool = True) -> dict:
     one_process_world.init()  # first: megatron-core imported after it skips compiling its fused kernels
     stamps = integrity.file_stamps(plan.init_checkpoint)  # what is checked: carried to the ranks in the run plan
     m = plan.benchmark.model
     model = meta_model(m)
     state = model.sharded_state_dict()
     found = checkpoint.match(plan.init_checkpoint, state, m.vocab_size, plan.benchmark.train.checkpoint_names)
-    verified = integrity.verify(plan.init_checkpoint)  # last: the checks above name a structural fault better
+    # last: the checks above name a structural fault better. A real run's launching node reads no byte of it (a
+    # 405B checkpoint with its Adam state is ~5 TB: ~30 min here, the ranks waiting); the ranks share that read
+    verified = (integrity.verify if checksums else integrity.check_listing)(plan.init_checkpoint)
     if (changed := integrity.changed_since_check(plan.init_checkpoint, stamps)) is not None:
         raise checkpoint.CheckpointError(f"--init-checkpoint {plan.init_checkpoint}: {changed} while it was checked: "
                                          f"a checkpoint being saved or copied into; start from it once it is complete")
-    return {"checksummed_bytes": verified, "file_stamps": stamps,
+    return {"checksummed_bytes": verified if checksums else None,
+            "checksums_deferred_bytes": None if checksums else verified, "file_stamps": stamps,
             "tensors": len(found.keys), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "vocab_padding_resized": found.resized,
             "optimizer_moments": checkpoint.moments_stored(found),
@@ -63,7 +67,7 @@ def check(plan: RunPlan) -> dict:
 
 def main(argv: list[str]) -> int:
     try:
-        print(json.dumps(check(RunPlan.load(argv[0]))))
+        print(json.dumps(check(RunPlan.load(argv[0]), checksums="--listing-only" not in argv[1:])))
     except checkpoint.CheckpointError as e:
         print(str(e), file=sys.stderr)
         return 2

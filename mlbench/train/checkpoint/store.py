@@ -333,6 +333,7 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     if checked and (changed := integrity.changed_since_check(path, checked)) is not None:
         raise CheckpointError(f"--init-checkpoint {path}: {changed} since the check before launch: a checkpoint "
                               f"being saved or copied into; start the run again once it is complete")
+    _verify_my_share(path)
     state = model_state(model)
     found = match(path, state, vocab_size, names)
     stored = found.stored
@@ -410,6 +411,14 @@ def load(path: str | Path, model: list, optimizer, vocab_size: int,
     return {"path": str(path), "renamed": len(found.renamed), "example_name": next(iter(found.renamed), None),
             "optimizer_state": with_optimizer, "optimizer_note": optimizer_note, "tensors": len(found.keys),
             "vocab_padding_resized": found.resized, "saved_by": common.get(MLBENCH_KEY)}
+
+
+def _verify_my_share(path: str | Path) -> None:
+    """This rank's share of the checkpoint's bytes against the checksums saved with it (the check before launch
+    read its listing alone): a file whose bytes differ aborts the run, named, before anything is read into the
+    model. Every rank computes the same split, so the ranks read the checkpoint once between them."""
+    on = dist.is_available() and dist.is_initialized()
+    integrity.verify_share(path, dist.get_rank() if on else 0, dist.get_world_size() if on else 1)
 
 
 def _check_finite(path: str | Path, model: list, members: list) -> None:
