@@ -40,6 +40,20 @@ def test_masked_lm_bound_is_the_accuracy_with_every_neighbour_seen() -> None:
     assert src.masked_lm_best_accuracy(32, 0.01, n=3000) == pytest.approx(bound, abs=0.01)
 
 
+def test_masked_lm_bound_at_the_masking_rate_is_the_floor() -> None:
+    """The bound a target is checked against counts the masked neighbours (tiny BERT masks 30 %): with every
+    neighbour seen it was 0.9205, and a target between it and the floor (0.8135) was accepted and unreachable.
+    Computed (nearest unmasked neighbours' law, Bayes accuracy per gap), it agrees with the sampled floor and
+    stays a bound as it computes fewer gaps."""
+    src = MarkovSource(31, branching=4, concentration=1.0, seed=1234)
+    bound = src.masked_lm_accuracy_bound(32, 0.3)
+    assert bound == pytest.approx(0.8135, abs=5e-4) and bound < src.masked_lm_accuracy_bound(32) - 0.1
+    assert src.masked_lm_best_accuracy(32, 0.3, n=1000) == pytest.approx(bound, abs=0.01)
+    shallow = MarkovSource(31, branching=4, concentration=1.0, seed=1234)
+    shallow.__dict__["_bound_depth"] = lambda length: 2  # (an instance's own: gaps past 2 counted as 2's)
+    assert bound < shallow.masked_lm_accuracy_bound(32, 0.3) < src.masked_lm_accuracy_bound(32)
+
+
 @pytest.mark.parametrize(("name", "margin"), [("gpt3", 0.15), ("llama31_405b", 0.15), ("bert", -0.2)])
 def test_tiny_targets_are_the_floor_and_the_stated_margin(name: str, margin: float) -> None:
     """Each tiny target is the source's best achievable value plus the margin its note states."""

@@ -110,7 +110,7 @@ def check_target(bench: Benchmark) -> None:
         return
     q, d = bench.quality, bench.data
     source = markov_source(bench)
-    best = best_value(source, q.metric, bench.model.seq_length)
+    best = best_value(source, q.metric, bench.model.seq_length, d.mask_prob)
     if bench.converged(best) and best != q.target:
         return
     chain = (f"vocabulary {source.vocab_size}, data.branching {d.branching}, data.concentration "
@@ -120,7 +120,7 @@ def check_target(bench: Benchmark) -> None:
                 f"perplexity any model has")
     else:
         said = (f"at or above {best:.4f}, a bound of any model's expected masked-token accuracy on the Markov source "
-                f"({chain}; sequences of {bench.model.seq_length}, with every masked token's neighbours seen)")
+                f"({chain}; sequences of {bench.model.seq_length}, data.mask_prob {d.mask_prob:g})")
     better = "above" if q.direction == "min" else "below"
     raise UserError(f"{bench.where}: quality.target {q.target:g} is {said}, so every run would train its whole budget "
                     f"and abort; give a target {better} it (quality.note says how the target was chosen)")
