@@ -184,6 +184,45 @@ def test_an_index_cache_damaged_in_place_is_built_again_with_a_note(definitions:
     assert "built again" not in capfd.readouterr().err
 
 
+def test_two_runs_building_one_index_cache_at_once_build_it_once(tmp_path: Path, capfd) -> None:
+    """Two runs sharing an index cache at once: the second found the first's files not yet stamped, dropped them
+    as a killed run's ('has no mlbench stamp') and built them again. Now rank 0 holds a lock on the cache from the
+    check to the stamp: the second waits, then finds the cache built and stamped, a hit. (megatron's builder
+    here: a cache whose files are there is a hit, as megatron takes it.)"""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Event
+
+    from mlbench.train.data import indexed
+
+    cache, src = tmp_path / "cache", tmp_path / "d.bin"
+    src.write_bytes(b"x")
+    built: list[str] = []
+    writing = Event()
+
+    def megatron(run: str) -> Callable[[], str]:
+        def build() -> str:
+            if (cache / "abc-train-shuffle_index.npy").exists():
+                return "hit"
+            built.append(run)
+            cache.mkdir(exist_ok=True)
+            (cache / "abc-train-shuffle_index.npy").write_bytes(b"1" * 100)
+            writing.set()
+            Event().wait(0.5)  # the other run starts meanwhile
+            (cache / "abc-train-sample_index.npy").write_bytes(b"2" * 100)
+            return "built"
+        return build
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(indexed.build_cached, cache, [str(src)], megatron("first"))
+        assert writing.wait(10)
+        second = pool.submit(indexed.build_cached, cache, [str(src)], megatron("second"))
+        assert (first.result(), second.result()) == ("built", "hit")
+    assert built == ["first"]
+    assert indexed._cache_fault(indexed._groups(cache)["abc"]) is None
+    err = capfd.readouterr().err
+    assert "built again" not in err and f"index cache {cache}: another run is building it; waiting" in err, err
+
+
 def test_a_shared_index_cache_that_is_no_folder_is_refused_before_launch(definitions: Path, corpus: dict,
                                                                          tmp_path: Path) -> None:
     """Rank 0 found it mid-run (FileExistsError from makedirs), naming nothing."""

@@ -14,9 +14,10 @@ import re
 import stat
 import struct
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from mlbench.errors import UserError
 from mlbench.logfile import file_kind
 from mlbench.spec import Benchmark
 from mlbench.train.data.source import ALL, PAD, TokenSource
+
+T = TypeVar("T")
 
 Blend = tuple[list[str], list[float] | None]
 
@@ -388,6 +391,51 @@ def _stamp_cache(cache: Path, sources: list[str]) -> None:
         os.replace(tmp, cache / f"{key}-{_STAMP}")
 
 
+_LOCK = ".mlbench.lock"  # no '-' in it: not a cache group of _groups'
+
+
+def build_cached(cache: Path, sources: list[str], build: Callable[[], T]) -> T:
+    """BUILD's result (megatron's dataset builds, which write their index caches in CACHE), the caches checked
+    before (`_drop_broken_cache`) and stamped after (`_stamp_cache`), under an exclusive lock on CACHE held by
+    rank 0 throughout: two runs sharing a cache (a node's mlbench_index_cache) at once dropped each other's
+    freshly built cache as 'a run killed while it built it' before it was stamped, and built it again (and a
+    stamp could be taken of files another run was still writing). The second run waits, then finds the cache
+    built and stamped: a hit."""
+    with _cache_lock(cache):
+        _drop_broken_cache(cache)
+        built = build()
+        _stamp_cache(cache, sources)
+    return built
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    """An exclusive flock on CACHE/.mlbench.lock for rank 0 (the other ranks read the cache after rank 0 built
+    it, behind megatron's barrier), said on stderr when another run holds it. A cache folder where no lock can be
+    made is built unlocked, as before: megatron says why it cannot write there."""
+    import fcntl
+
+    import torch.distributed as dist
+
+    fd = None
+    if not (dist.is_initialized() and dist.get_rank() != 0):
+        with contextlib.suppress(OSError):
+            cache.mkdir(parents=True, exist_ok=True)
+            fd = os.open(cache / _LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"index cache {cache}: another run is building it; waiting for it", file=sys.stderr,
+                      flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # (the lock goes with it)
+
+
 # ---- the indexed source ---------------------------------------------------------------------------------
 
 
@@ -438,13 +486,11 @@ def indexed_source(bench: Benchmark, *, seed: int, global_batch: int, steps: int
         sizes[which] = size
         return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[which]
 
-    _drop_broken_cache(cache)
-    train = build(seed, 0, n_train)
     # The data seed, not the run's: every run evaluates on the same set. Kept whole, the split is one epoch
     # (size None): a size would make megatron wrap into a second epoch to fill the partial sequence.
-    eval_ = build(d.seed, 1, None if keep_partial else n_eval)
-    _stamp_cache(cache, [f"{p}.{ext}" for blend in (train_blend, eval_blend) if blend for p in blend[0]
-                         for ext in ("bin", "idx")])
+    train, eval_ = build_cached(cache, [f"{p}.{ext}" for blend in (train_blend, eval_blend) if blend
+                                        for p in blend[0] for ext in ("bin", "idx")],
+                                lambda: (build(seed, 0, n_train), build(d.seed, 1, None if keep_partial else n_eval)))
     for ds, n, what in ((train, n_train, "training"), (eval_, n_eval, "eval")):
         if ds is None or len(ds) < n:
             raise ValueError(f"the {what} data provides {0 if ds is None else len(ds)} sequences of {seq}; "
