@@ -553,12 +553,14 @@ def test_a_prefix_holding_a_space_is_named(definitions: Path, corpus: dict, tmp_
     code, out, launched = _run_cli(["--results", str(results), "--data-path", str(prefix)], definitions,
                                    monkeypatch, capsys)
     _assert_refused(code, out, launched, results, f"{prefix} is a dataset prefix holding a space")
-    # a newline or tab: split too, and was refused as '.../nl.bin and .../nl.idx not found'
+    # a newline or tab: split too, and was refused as '.../nl.bin and .../nl.idx not found'; not printable, as in a
+    # benchmark file's data.path
     (tmp_path / "nl\tx").mkdir()
     prefix = _copy(corpus["train"], tmp_path / "nl\tx" / "train")
     code, out, launched = _run_cli(["--results", str(results), "--data-path", str(prefix)], definitions,
                                    monkeypatch, capsys)
-    _assert_refused(code, out, launched, results, f"{str(prefix)!r} is a dataset prefix holding white space")
+    _assert_refused(code, out, launched, results, f"--data-path {str(prefix)!r}: holds \\t, a character that is not "
+                    "printable; a data path is one line of printable text: link or move the data to a path without it")
 
 
 def test_a_relative_prefix_is_recorded_absolute(definitions: Path, corpus: dict, monkeypatch, capsys,

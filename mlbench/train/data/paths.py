@@ -29,4 +29,4 @@ def _check_printable(value: str, named: str) -> None:
     them): --data-path 'a<newline>b' or an ESC sequence was taken, and printed raw by the run's lines and record."""
     if (bad := unprintable(value)) is not None:
         raise UserError(f"{named} {value!r}: holds {repr(bad)[1:-1]}, a character that is not printable; a data "
-                        f"path is one line of printable text: give it without one")
+                        f"path is one line of printable text: link or move the data to a path without it")
