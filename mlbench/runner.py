@@ -147,7 +147,11 @@ def record(bench: Benchmark, layout: Layout, plan: RunPlan, outcome: Outcome, ve
         # the planner's step time and time-to-train for this layout on `device` (--device) or rank 0's device
         "prediction": prediction.for_run(bench, layout, device, start.get("device")),
         "compliance": {"ok": verdict.ok, "rules": verdict.rules, "messages": verdict.messages},
-        "steps": outcome.steps,  # each step's fields (launch.events.Steps), written a row at a time (publish)
+        # each step's fields (launch.events.Steps), written a row at a time (publish): past the first 10,000 steps
+        # one in steps_stride, and the last, so that a long run's record stays a few MiB
+        "steps_total": outcome.steps.total,
+        "steps_stride": outcome.steps.stride,
+        "steps": outcome.steps,
         "evals": [{k: e.get(k) for k in ("step", "samples", "value")} for e in evals],
     })
 

@@ -1073,7 +1073,30 @@ def test_the_supervisor_keeps_a_long_run_s_steps_as_numbers_and_reads_each_byte_
     event = _step_event(4000)  # the record's names: step_time_s for the event's step_time
     assert tail.steps[-1] == {("step_time_s" if k == "step_time" else k): v for k, v in event.items()
                               if k not in ("event", "time")}
-    assert tail.steps.median("mfu") is None and tail.steps.median("loss") == 1.0 / 2000
+    assert tail.steps.median("mfu") is None and (tail.steps.total, tail.steps.stride) == (4000, 1)
+
+
+@pytest.mark.parametrize("steps", [1, 18, 19, 20, 21, 22, 1000, 1001])
+def test_a_long_run_s_step_rows_are_thinned_past_a_bound_and_its_mfu_is_over_every_step(
+        steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record kept a row for every step, about 190 bytes each: 230 MB at llama31_8b's 1.2M-step budget, which
+    jq or pandas needed gigabytes to read. Past WHOLE_ROWS rows one in a stride (doubling) is kept, and the last:
+    the record's size is bounded; its median MFU is still over every step."""
+    from mlbench.launch import events as events_module
+
+    monkeypatch.setattr(events_module, "WHOLE_ROWS", 10)
+    monkeypatch.setattr(events_module, "THINNED_ROWS", 8)
+    kept = events_module.Steps()
+    for step in range(1, steps + 1):
+        kept.add(_step_event(step) | {"mfu": step / 1000})
+    rows = [r["step"] for r in kept]
+    stride = kept.stride
+    past = [s for s in range(11, steps + 1, stride)]
+    assert rows == list(range(1, min(steps, 10) + 1)) + past + ([steps] if steps > 10 and past[-1] != steps else [])
+    assert kept.total == steps and len(rows) <= 10 + 8 + 1 and stride == 1 << max(0, (steps - 11) // 8).bit_length()
+    assert kept[-1] == {("step_time_s" if k == "step_time" else k): v for k, v in _step_event(steps).items()
+                        if k not in ("event", "time")} | {"mfu": steps / 1000}
+    assert kept.median("mfu") == (steps // 2 + 1) / 1000  # the upper median of every step's, kept or not
 
 
 def test_a_poll_that_finds_a_long_run_s_events_reads_a_bounded_part_of_them(tmp_path: Path) -> None:
@@ -1087,7 +1110,7 @@ def test_a_poll_that_finds_a_long_run_s_events_reads_a_bounded_part_of_them(tmp_
     tail = events_module.EventTail(path)
     first = tail.poll()
     assert 0 < len(first) * len(line) <= events_module.POLL_BYTES + (1 << 20)
-    assert sum(len(new) for new in tail.drain()) + len(first) == len(tail.steps) == path.stat().st_size // len(line)
+    assert sum(len(new) for new in tail.drain()) + len(first) == tail.steps.total == path.stat().st_size // len(line)
 
 
 def test_a_long_run_s_log_is_closed_without_reading_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,13 @@
 A run of 100,000 steps writes 100,000 `step` events: held as dicts until the run was published (the record's
 steps), they took the supervisor to 387 MiB (a 1.2M-step budget, llama31_8b's, would have taken 4 GB). Every other
 event is kept whole (a few per evaluation); the steps as columns of numbers, 8 bytes a field, read back one row at
-a time as the record is written (results.publish)."""
+a time as the record is written (results.publish).
+
+Their rows are thinned past WHOLE_ROWS (the record grew about 190 bytes a step: 230 MB at 1.2M steps, which jq or
+pandas needed gigabytes to read): the first WHOLE_ROWS steps each, then one in `stride` (a power of two that doubles
+whenever more than THINNED_ROWS rows past them would be kept), and the last step always: at most about 20,000 rows
+(under 4 MiB) whatever the run's length. What the record sums up over the steps (the median MFU) is computed from
+every step, kept whole in a column of its own (WHOLE_FIELDS)."""
 
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ from pathlib import Path
 # with the step event's name for it where that differs (the record's names carry their unit: docs/output.md)
 STEP_FIELDS = ("step", "loss", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "lr", "grad_norm")
 _EVENT_NAMES = {"step_time_s": "step_time"}
+WHOLE_ROWS = 10_000  # the first steps, each a row of the record
+THINNED_ROWS = 10_000  # the most rows kept past them (then the stride doubles)
+WHOLE_FIELDS = ("mfu",)  # the fields the record sums up over every step (Steps.median), kept for every step
 _NONE = -(2**63)  # a step number that is not an integer: None in the record
 _CHUNK = 1 << 20  # read the events file this much at a time
 # The most one poll reads (about 18,000 steps' events; a rank writes a few a second): the events it returns, as
@@ -36,26 +45,57 @@ def _number(value: object) -> float:
 
 
 class Steps(Sequence):
-    """The step events' record fields, a column each; a row reads back as the record's dict for one step."""
+    """The step events' record fields, a column each, for the rows kept (the module's docstring: the first
+    WHOLE_ROWS steps, then one in `stride`, and the last); a row reads back as the record's dict for one step.
+    `total` counts every step, `median` is over every step."""
 
     def __init__(self) -> None:
         self._step = array("q")
         self._columns = {k: array("d") for k in STEP_FIELDS[1:]}
+        self._whole = {k: array("d") for k in WHOLE_FIELDS}
+        self.total = 0  # every step added, kept or not
+        self.stride = 1  # one row kept in `stride` past the first WHOLE_ROWS
+        self._last: tuple[int, list[float]] | None = None  # the last step, where its row was not kept
 
     def add(self, event: dict) -> None:
         step = event.get("step")
-        self._step.append(step if type(step) is int and -(2**63) < step < 2**63 else _NONE)
-        for k, column in self._columns.items():
-            column.append(_number(event.get(_EVENT_NAMES.get(k, k))))
+        step = step if type(step) is int and -(2**63) < step < 2**63 else _NONE
+        values = [_number(event.get(_EVENT_NAMES.get(k, k))) for k in self._columns]
+        for k, column in self._whole.items():
+            column.append(values[STEP_FIELDS.index(k) - 1])
+        past = self.total - WHOLE_ROWS  # this step's place past the rows kept whole
+        self.total += 1
+        if past >= 0 and past % self.stride:
+            self._last = (step, values)
+            return
+        self._last = None
+        self._step.append(step)
+        for column, v in zip(self._columns.values(), values, strict=True):
+            column.append(v)
+        if len(self._step) > WHOLE_ROWS + THINNED_ROWS:
+            self._thin()
+
+    def _thin(self) -> None:
+        """Every other row past the first WHOLE_ROWS dropped, the stride doubled (the rows kept are those a stride
+        twice as long keeps: the first past WHOLE_ROWS among them). The last row, dropped here, is kept apart."""
+        if (len(self._step) - 1 - WHOLE_ROWS) % 2:
+            self._last = (self._step[-1], [c[-1] for c in self._columns.values()])
+        for column in (self._step, *self._columns.values()):
+            kept = column[WHOLE_ROWS::2]
+            del column[WHOLE_ROWS:]
+            column.extend(kept)
+        self.stride *= 2
 
     def __len__(self) -> int:
-        return len(self._step)
+        return len(self._step) + (self._last is not None)
 
     def _row(self, i: int) -> dict:
-        step = self._step[i]
+        if i == len(self._step):  # the last step, kept apart
+            step, values = self._last
+        else:
+            step, values = self._step[i], [column[i] for column in self._columns.values()]
         row: dict = {"step": None if step == _NONE else step}
-        for k, column in self._columns.items():
-            v = column[i]
+        for k, v in zip(self._columns, values, strict=True):
             row[k] = None if math.isnan(v) else v
         return row
 
@@ -75,8 +115,9 @@ class Steps(Sequence):
         return isinstance(other, Sequence) and list(self) == list(other)
 
     def median(self, field: str) -> float | None:
-        """The median (the upper one of an even count) of FIELD over the steps that have it; None where none do."""
-        values = sorted(v for v in self._columns[field] if not math.isnan(v))
+        """The median (the upper one of an even count) of FIELD (one of WHOLE_FIELDS) over every step that has it,
+        kept as a row or not; None where none does."""
+        values = sorted(v for v in self._whole[field] if not math.isnan(v))
         return values[len(values) // 2] if values else None
 
 
