@@ -155,6 +155,28 @@ def test_compare_and_scaling_on_our_own_runs(tmp_path):
     assert f"{1.0 * 8 / (0.55 * 16):.3f}" in res.output
 
 
+def test_compare_reads_each_run_record_once(tmp_path, monkeypatch):
+    """compare parsed a run's record once for each thing it read of it (its variant, devices, quality target, MFU,
+    prediction, features): several times, 0.2 s each for an 18 MiB record. Each is read once; a record changed
+    after the command is read anew by the next."""
+    from mlbench import logfile
+
+    a = _our_set(tmp_path, "sysA", 8, 1.0, 16, n=2)
+    b = _our_set(tmp_path, "sysB", 16, 0.55, 16, n=1)
+    (b / "result_0.json").write_text(json.dumps({"devices": 16, "mfu": 0.4, "steps": [{"step": 1}] * 1000,
+                                                 "prediction": {"step_time_s": 0.5, "device": "h100"}}))
+    reads: list[str] = []
+    load = logfile._load_record
+    monkeypatch.setattr(logfile, "_load_record", lambda path: reads.append(Path(path).name) or load(path))
+    res = CliRunner().invoke(compare_cmd, [str(a), str(b), "--no-score", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["entries"][1]["mfu"] == 0.4, res.output
+    assert sorted(reads) == ["result_0.json", "result_0.json", "result_1.json"], reads
+    (b / "result_0.json").write_text(json.dumps({"devices": 16, "mfu": 0.25}))
+    res = CliRunner().invoke(compare_cmd, [str(a), str(b), "--no-score", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["entries"][1]["mfu"] == 0.25, res.output
+    assert logfile._read_once is None  # nothing kept past the command
+
+
 def test_scaling_rejects_mixed_benchmarks_and_unknown_devices(tmp_path):
     a = _our_set(tmp_path, "sysA", 8, 1.0, 16)
     d = tmp_path / "sysC" / "llama31_8b"

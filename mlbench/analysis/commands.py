@@ -75,12 +75,14 @@ def _fmt(v: object, nd: int = 4) -> str:
 def score(path: Path, ruleset: str | None, devices: int | None, as_json: bool) -> None:
     """Score a benchmark folder of result_*.txt, or every folder in a submission tree, like MLCommons."""
     from mlbench.analysis.score import score_path
+    from mlbench.logfile import records_read_once
 
     if as_json:  # stdout carries the document alone: an error goes to stderr
-        with document_on_stdout() as write:
+        with document_on_stdout() as write, records_read_once():
             write(strict_json([s.to_json() for s in score_path(path, ruleset, devices)]))
         return
-    sets = score_path(path, ruleset, devices)
+    with records_read_once():
+        sets = score_path(path, ruleset, devices)
     console = _console()
     for s in sets:
         _print_set(console, s)
@@ -143,13 +145,14 @@ def compare(paths: tuple[str, ...], html_out: Path | None, md_out: Path | None, 
         print_comparison,
     )
     from mlbench.analysis.report import check_outputs
+    from mlbench.logfile import records_read_once
 
     check_outputs(html_out, md_out)
     if "" in paths:  # Path("") would be the working directory
         raise UserError("a PATH is empty; give a path (a run, a set, or published:<id>)")
     if len(paths) < 2:
         raise UserError("compare needs two or more PATHs (runs, sets, or published:<id>)")
-    with _product(as_json) as write:
+    with _product(as_json) as write, records_read_once():  # each run's record read once, for all its figures
         cmp = build_comparison(list(paths), ruleset=ruleset, with_score=not no_score)
         if write is None:
             print_comparison(_console(), cmp)
@@ -179,6 +182,7 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
     from mlbench.analysis.published import PREFIX as PUBLISHED
     from mlbench.analysis.report import check_outputs
     from mlbench.analysis.scaling import build_scaling, print_scaling, scaling_json, scaling_report
+    from mlbench.logfile import records_read_once
 
     check_outputs(html_out, md_out)
     if row := next((p for p in paths if str(p).startswith(PUBLISHED) and not p.exists()), None):  # compare's form
@@ -187,7 +191,7 @@ def scaling(paths: tuple[Path, ...], html_out: Path | None, md_out: Path | None,
     if devices and len(devices) != len(paths):
         raise UserError(f"--devices given {len(devices)} time{'' if len(devices) == 1 else 's'} for {len(paths)} "
                         f"PATHs; give one per PATH or none")
-    with _product(as_json) as write:
+    with _product(as_json) as write, records_read_once():
         sc = build_scaling(list(paths), list(devices) or None)
         if write is None:
             print_scaling(_console(), sc)
