@@ -767,3 +767,81 @@ def test_the_key_reference_says_which_keys_a_tiny_section_may_give(monkeypatch: 
                 other = next(c for c in typing.get_args(hints[name]) if c != own) \
                     if typing.get_origin(hints[name]) is typing.Literal else f"{own}x"
                 assert not loads(given(section, name, other)), f"{where}: documented 'same', but {other!r} loads"
+
+
+_BOUND = re.compile(r"(at least (?P<least>[-0-9^, ]+?)|(?P<positive>positive)|in (?P<open>[\[(])(?P<lo>[-0-9.]+), "
+                    r"(?P<hi>[-0-9.]+)(?P<close>[\])])|(?P<a>[-0-9^, ]+?) to (?P<b>[0-9^, -]+?))(?: \(|;|,|$)")
+
+
+def _amount(text: str) -> int:
+    """A bound as the reference writes it (`2^20`, `2^63 - 1`, `1,000`) as a number."""
+    text = text.replace(",", "").replace(" ", "")
+    assert re.fullmatch(r"-?[0-9]+(\^[0-9]+)?(-[0-9]+)?", text), text
+    base, _, rest = text.partition("^")
+    power, _, less = rest.partition("-")
+    return int(base) ** int(power or 1) - int(less or 0)
+
+
+def _bound_cases(bounds: str, integer: bool) -> tuple[list[object], list[object]]:
+    """Values just past the bound a cell states first (a range, `at least N`, `positive`), and values at it (just
+    inside an open end):
+    ([], []) for a cell of another kind (a rule between keys, a length)."""
+    m = _BOUND.match(bounds)
+    if not m:
+        return [], []
+    step = 1 if integer else 0.5
+    if m["least"]:
+        least = _amount(m["least"])
+        return [least - step], [least]
+    if m["positive"]:
+        return [0], [1 if integer else 1e-6]
+    if m["open"]:
+        lo, hi = float(m["lo"]), float(m["hi"])
+        past = [lo - 1e-9 if m["open"] == "[" else lo, hi if m["close"] == ")" else hi + 1e-9]
+        return past, [lo if m["open"] == "[" else lo + 1e-9, hi if m["close"] == "]" else hi - 1e-9]
+    a, b = _amount(m["a"]), _amount(m["b"])
+    return [a - 1, b + 1], [a, b]
+
+
+def test_each_bound_the_key_reference_states_is_the_loader_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounds column was checked only to say something where the loader bounds a key: a bound changed in the
+    code (or in the reference) without the other went unseen. Each numeric bound a row states first (`at least N`,
+    `positive`, `in [a, b)`, `A to B`) is tried on gpt3's file: a value just past it is refused naming the key, the
+    value at it is not."""
+    import copy
+
+    doc, sections = _documented_keys(), _file_sections()
+    full = registry._read(registry.SHIPPED_DIR / "gpt3.yaml")
+
+    def refusal(section: str, name: str, value: object) -> str:
+        data = copy.deepcopy(full)
+        data.pop("tiny", None)
+        if section == "":
+            data[name] = value
+        elif section == "layouts":
+            data["layouts"] = [{"devices": 0, name: value}]
+        else:
+            data.setdefault(section, {})[name] = value
+        monkeypatch.setattr(registry, "_read", lambda path: copy.deepcopy(data))
+        try:
+            registry.load("gpt3")
+        except UserError as e:
+            return str(e)
+        return ""
+
+    tried = 0
+    for section, rows in doc.items():
+        hints = typing.get_type_hints(sections[section])
+        for name, row in rows.items():
+            if name not in hints or "expression" in row["type"]:  # an expression's bounds: spec's own test
+                continue
+            integer = int in typing.get_args(hints[name]) or hints[name] is int
+            past, at = _bound_cases(row["bounds"], integer)
+            said = f"{'layouts[0]' if section == 'layouts' else section}.{name} is ".lstrip(".")
+            for value in past:
+                assert said in refusal(section, name, value), f"{section}.{name} {value} loads: {row['bounds']!r}"
+            for value in at:
+                assert f"{said}{value};" not in refusal(section, name, value), \
+                    f"{section}.{name} {value} is refused: {row['bounds']!r}"
+            tried += len(past) + len(at)
+    assert tried > 100  # every numeric bound the reference states
