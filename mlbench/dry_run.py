@@ -129,6 +129,8 @@ class DryRun:
                 console.print(f"{what}: {text}", highlight=False, soft_wrap=True)
         console.print(f"MLPerf log up to run_start: {self.dest}", highlight=False, soft_wrap=True)
         console.print(memory_line(bench, layout, self.opts.device), highlight=False, soft_wrap=True)
+        if note := attention_note(bench, layout, self.opts.device):
+            console.print(note, highlight=False, soft_wrap=True)
         if bench.variant == "tiny":  # its hyperparameters are not the benchmark's: the smoke rules check its runs
             console.print("closed rules: not applied to a tiny variant", highlight=False)
             return 0
@@ -146,17 +148,44 @@ class DryRun:
         return 1
 
 
+def _planned_on_cpu(layout: Layout, device: str) -> bool:
+    """Whether memory_line plans the CPU's kernels: the CPU named, or none named and the precision fp32."""
+    from mlbench.planner.memory import THIS_CPU
+
+    return device == THIS_CPU if device else layout.precision == "fp32"
+
+
+def attention_note(bench: Benchmark, layout: Layout, device: str) -> str | None:
+    """Which attention kernels memory_line planned for a GPU, and what a GPU without Transformer Engine keeps: a dry
+    run plans the published stack's (Transformer Engine's), where a real run on a GPU without it builds other layer
+    specs (preflight.gpu_attention_here), which may keep the s x s probabilities. None for a CPU plan."""
+    from mlbench.models import core_attention
+    from mlbench.planner.memory import estimate
+
+    if _planned_on_cpu(layout, device):
+        return None
+    te = estimate(bench, layout, on_cpu=False, attention="te")
+    other = estimate(bench, layout, on_cpu=False, attention="sdpa")
+    kernel = {"sdpa": "PyTorch's fused attention (SDPA)", "local": "megatron's local attention"}[
+        core_attention(bench.model, "sdpa")]
+    more = other.total_bytes - te.total_bytes
+    keeps = f"keeps {_gib(more)} more per GPU ({_gib(other.total_bytes)})" if more > 0 else "plans the same memory"
+    return (f"attention planned: Transformer Engine's kernels; a GPU without Transformer Engine runs {kernel} and "
+            f"{keeps}")
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
+
+
 def memory_line(bench: Benchmark, layout: Layout, device: str) -> str:
     """The per-GPU memory plan in one line, with its verdict when a device was named (a plan that does not fit
     was refused before this point)."""
     from mlbench.planner.memory import THIS_CPU, estimate
 
-    def fmt_bytes(b: float) -> str:
-        return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
-
     # the device named says which kernels run and whether a GPU's allowance is held; none named, the precision does
     plan = estimate(bench, layout, on_cpu=(device == THIS_CPU) if device else None)
-    terms = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in plan.as_dict().items()
+    terms = ", ".join(f"{k.removesuffix('_bytes')} {_gib(v)}" for k, v in plan.as_dict().items()
                       if k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"))
     verdict = f"; fits {device}" if device else "; pass --device to check it against a GPU"
-    return f"memory per GPU (worst pipeline stage {plan.stage}): {terms} = {fmt_bytes(plan.total_bytes)}{verdict}"
+    return f"memory per GPU (worst pipeline stage {plan.stage}): {terms} = {_gib(plan.total_bytes)}{verdict}"

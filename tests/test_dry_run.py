@@ -177,3 +177,24 @@ def test_a_tiny_target_the_source_does_not_allow_is_refused_before_launch(benchm
                env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
     assert proc.returncode == 2 and said in " ".join(proc.stdout.split()), proc.stdout + proc.stderr
     assert not results.exists()
+
+
+def test_a_dry_run_says_which_attention_it_planned_and_what_a_gpu_without_te_keeps(tmp_path: Path, cli) -> None:
+    """A dry run (no GPU here) planned a GPU with Transformer Engine's kernels, while a real run on a GPU without
+    it builds other layer specs (preflight.gpu_attention_here): BERT's then keep megatron's local attention and
+    its s x s probabilities, 30 GiB more a GPU, which the dry run did not say. It says which kernels it planned and
+    what the other keeps; a CPU plan (a tiny fp32 run) says nothing of it."""
+    from mlbench import layout as layout_lib
+    from mlbench import registry
+    from mlbench.planner.memory import estimate
+
+    proc = cli("run", "bert", "--dry-run", "--results", str(tmp_path / "a"))
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("attention planned:")]
+    bench = registry.load("bert")
+    layout = layout_lib.resolve(bench)
+    te, other = (estimate(bench, layout, on_cpu=False, attention=a).total_bytes for a in ("te", "sdpa"))
+    assert proc.returncode == 0 and said == [
+        f"attention planned: Transformer Engine's kernels; a GPU without Transformer Engine runs megatron's local "
+        f"attention and keeps {(other - te) / 2**30:.2f} GiB more per GPU ({other / 2**30:.2f} GiB)"], proc.stdout
+    proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "b"))
+    assert proc.returncode == 0 and "memory per GPU" in proc.stdout and "attention planned" not in proc.stdout
