@@ -15,6 +15,15 @@ events.jsonl 22.6 MiB (read once over 20 polls), MLPerf log 36.2 MiB, 502 lines 
   was 261), CPU 1.9 s; publish 0.63 s; record 0.03 s (was 0.20).
 Both: time to train 0.03 s, the compliance check (the official checker) 6.9-7.0 s, `compare --no-score` of two such
 runs 3.4 s in 172 MiB, `scaling` 1.5 s in 169 MiB, `check` 0.4 s.
+
+2026-11-28, the record's step rows thinned past 10,000 (launch.events.Steps) and each record read once by compare
+(logfile.records_read_once); 2 shared cores, timings noisy (other work ran beside them), 500 evals:
+- 100,000 steps, before (f19b74f): record 18.8 MiB, supervisor peak 78 MiB, publish 1.45 s; compare --no-score 3.7 s
+  in 173 MiB, scaling 6.0 s in 171 MiB. After: record 2.9 MiB, supervisor peak 78 MiB, publish 0.55 s; compare
+  --no-score 3.0 s in 95 MiB, scaling 1.9 s in 95 MiB.
+- 1,200,000 steps (llama31_8b's budget; MLPerf log 434 MiB), before: record 231.5 MiB, supervisor peak 166 MiB,
+  publish 31.9 s; compare --no-score 14.9 s in 189 MiB (the record over MAX_JSON_BYTES, read without its rows).
+  After: record 3.7 MiB, supervisor peak 89 MiB, publish 0.24 s; compare --no-score 2.6 s in 192 MiB.
 """
 
 from __future__ import annotations
