@@ -10,7 +10,7 @@ import math
 
 from mlbench.errors import undecodable_escaped
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def versioned(doc: dict) -> dict:
