@@ -80,6 +80,9 @@ class CausalLM:
             "position_ids": torch.arange(seq).unsqueeze(0).expand(t.shape[0], seq).contiguous(),
         }
 
+    def skip(self, rng: np.random.Generator, rows: int, row_width: int) -> None:
+        """Draws nothing: make_batch draws nothing."""
+
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         logits = model(b["tokens"], b["position_ids"], None)
         return logits, partial(_loss, b["loss_mask"], b["labels"], False, self.output_vocab)
@@ -116,6 +119,12 @@ class MaskedLM:
             batch["tokentype_ids"] = torch.zeros_like(t)
         return batch
 
+    def skip(self, rng: np.random.Generator, rows: int, row_width: int) -> None:
+        """Draws from RNG what make_batch draws for ROWS rows of ROW_WIDTH tokens: the batch's rows before a
+        data-parallel rank's own, so each row gets the mask it gets on one rank (rank 1 of 2 masked its rows as
+        rank 0 masked its own, and the eval set's masks, so its metric, changed with the layout)."""
+        rng.random((rows, row_width - 1))
+
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         out = model(b["tokens"], b["attention_mask"], tokentype_ids=b.get("tokentype_ids"))
         logits = out[0] if isinstance(out, tuple) else out
@@ -151,6 +160,9 @@ class PreMaskedLM:
         return {"tokens": f["input_ids"], "labels": labels, "loss_mask": loss_mask,
                 "attention_mask": f["input_mask"].bool(), "tokentype_ids": f["segment_ids"],
                 "next_sentence_labels": f["next_sentence_labels"][:, 0]}
+
+    def skip(self, rng: np.random.Generator, rows: int, row_width: int) -> None:
+        """Draws nothing: the samples come masked."""
 
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         # The last pipeline stage returns (logits, next-sentence logits or None); earlier stages a hidden state.

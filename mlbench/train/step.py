@@ -56,11 +56,16 @@ class Stepper:
         """This data-parallel rank's micro-batches of a batch of n, its rows read by `fetch(rows)`. A batch that
         does not divide into ranks x micro-batches (an eval set; a training batch always does) is padded to
         whole micro-batches, as the pipeline schedule needs, with rows whose zero loss mask keeps them out of
-        every loss and metric."""
+        every loss and metric. A row's draws (masked LM's masks) are the ones it gets on one rank."""
         per_rank = -(-n // (self.dp * mbs)) * mbs
-        real = fetch(slice(min(self.dp_rank * per_rank, n), min((self.dp_rank + 1) * per_rank, n)))
-        rows = np.zeros((per_rank, self.parts.source.row_width), dtype=np.int64)
+        first = min(self.dp_rank * per_rank, n)
+        real = fetch(slice(first, min((self.dp_rank + 1) * per_rank, n)))
+        width = self.parts.source.row_width
+        rows = np.zeros((per_rank, width), dtype=np.int64)
         rows[:len(real)] = real
+        # What the objective draws (masked LM's masks) follows a row's place in the batch, not this rank's order:
+        # the same draws on every layout.
+        self.parts.objective.skip(rng, first, width)
         out = []
         for i in range(0, per_rank, mbs):
             b = self.parts.objective.make_batch(rows[i:i + mbs], rng)
