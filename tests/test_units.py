@@ -268,3 +268,22 @@ def test_masked_lm_masks_a_row_the_same_on_every_data_parallel_layout(n: int, mb
     one = batch(1)
     for dp in (2, 4):
         assert all(np.array_equal(v, one[k]) for k, v in batch(dp).items())
+
+
+def test_each_pipeline_stage_draws_its_initial_weights_from_its_own_seed(monkeypatch) -> None:
+    """Every stage seeded the run's seed: stages holding layers of one shape (llama31_8b's 32 layers at --pp 4,
+    stages 1 and 2) started from the same weights. Stage 0 keeps the seed; each other stage gets its own."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from mlbench.train.build import seed_model_init
+
+    monkeypatch.setattr("megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed", lambda seed: None)
+    draws = []
+    for stage in range(4):
+        monkeypatch.setattr(ps, "get_pipeline_model_parallel_rank", lambda stage=stage: stage)
+        seed_model_init(7)
+        draws.append(torch.randn(8))
+    torch.manual_seed(7)
+    assert torch.equal(draws[0], torch.randn(8))
+    assert all(not torch.equal(draws[i], draws[j]) for i in range(4) for j in range(i))

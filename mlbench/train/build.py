@@ -137,7 +137,6 @@ class Parts:
 def build(plan: RunPlan, device: Device) -> Parts:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from mlbench.train import checkpoint
     from mlbench.train.data import build_source
@@ -149,8 +148,7 @@ def build(plan: RunPlan, device: Device) -> Parts:
     tp, pp, vp, cp = layout["tp"], layout["pp"], layout["vp"], layout["cp"]
     ps.initialize_model_parallel(tp, pp, vp if vp > 1 else None, context_parallel_size=cp,
                                  expert_model_parallel_size=layout.get("ep", 1))
-    torch.manual_seed(plan.seed)
-    model_parallel_cuda_manual_seed(plan.seed)
+    seed_model_init(plan.seed)
 
     features = layout.get("features", {})
     bf16 = device.precision in ("bf16", "fp8")
@@ -186,6 +184,20 @@ def build(plan: RunPlan, device: Device) -> Parts:
     return Parts(model=model, optimizer=optimizer, scheduler=scheduler, config=config,
                  objective=family(bench.model.family).objective(bench), source=build_source(bench, plan),
                  loaded=loaded)
+
+
+def seed_model_init(seed: int) -> None:
+    """Seeds the generators this rank's model chunks draw their initial weights from (CPU, and the GPU's with
+    megatron's tensor- and expert-parallel trackers) at SEED + 100 x its pipeline rank, as Megatron-LM's training
+    does: with one seed on every stage, stages holding the same layers' shapes (all but the first and last, at
+    --pp 3 or more) started from the same weights, llama31_8b's 32 layers at --pp 4 from 2 copies of 8. A pipeline
+    layout therefore starts from other weights than one stage (docs/features.md); stage 0 keeps SEED's."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    stage_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    torch.manual_seed(stage_seed)
+    model_parallel_cuda_manual_seed(stage_seed)
 
 
 def sync_funcs(config: Any, model: list, features: dict) -> None:
