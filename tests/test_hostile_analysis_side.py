@@ -865,34 +865,32 @@ def test_scaling_takes_a_sets_runs_as_score_does_and_its_base_is_a_configuration
     assert code == 2 and "holds no MLPerf result log" in out + err, (code, out, err)
 
 
-def test_folder_names_with_undecodable_bytes_in_reports_plots_and_json(tmp_path) -> None:
+def test_folder_names_with_undecodable_bytes_in_reports_plots_and_json(tmp_path, mlbench) -> None:
     """A set folder named with a byte that is not UTF-8 (llama31_8b<0xFF>): compare --html and --md ended in a
     matplotlib traceback (its font refused the lone surrogate), and score --json wrote "\\udcff", which strict
-    parsers refuse. Such a byte is written \\xff in a report, a plot and a JSON document."""
+    parsers refuse. Such a byte is written \\xff in a report, a plot and a JSON document. In this process: its
+    arguments are the names as Python decodes a command line (the byte a lone surrogate), and a surrogate written
+    out (as a process's stdout would write the raw byte) fails the strict UTF-8 encoding below."""
     import orjson
-    from conftest import MLBENCH
 
     a = shutil.copytree(SET, tmp_path / os.fsdecode(b"llama31_8b\xff"))
     b = shutil.copytree(SET, tmp_path / os.fsdecode(b"x\xc3\x28"))
 
-    def run(*args: object) -> subprocess.CompletedProcess:
-        return subprocess.run([os.fsencode(str(x)) for x in (*MLBENCH, *args)], capture_output=True, timeout=120)
-
     # The terminal's text is UTF-8 too, each such byte written \xNN (0xFF and 0xC3 went out raw, as ls prints
     # them: text output that was not UTF-8, while --json escaped them)
     for args in (("score", a, "--devices", "8"), ("compare", "--no-score", a, b)):
-        proc = run(*args)
-        out = proc.stdout.decode("utf-8")
-        assert proc.returncode == 0 and "llama31_8b\\xff" in out, out
+        code, out, err = mlbench(*args)
+        out.encode("utf-8")  # (strict: no lone surrogate left)
+        assert code == 0 and "llama31_8b\\xff" in out, out + err
         assert "x\\xc3(" in out or args[0] == "score", out
 
     for option, name in (("--html", "r.html"), ("--md", "r.md")):
-        proc = run("compare", "--no-score", a, b, option, tmp_path / name)
-        assert proc.returncode == 0 and b"Traceback" not in proc.stdout + proc.stderr, (option, proc)
+        code, out, err = mlbench("compare", "--no-score", a, b, option, tmp_path / name)
+        assert code == 0, (option, out, err)
         text = (tmp_path / name).read_bytes().decode("utf-8")  # UTF-8 throughout (Markdown escapes the backslash)
         assert ("llama31_8b\\xff" if option == "--html" else "llama31\\_8b\\\\xff") in text, option
-    proc = run("score", a, "--json", "--devices", "8")
-    assert proc.returncode == 0 and orjson.loads(proc.stdout)[0]["folder"].endswith("llama31_8b\\xff"), proc
+    code, out, err = mlbench("score", a, "--json", "--devices", "8")
+    assert code == 0 and orjson.loads(out)[0]["folder"].endswith("llama31_8b\\xff"), out + err
 
 
 def test_a_run_stop_without_a_status_is_named_with_its_file_and_line(tmp_path) -> None:
