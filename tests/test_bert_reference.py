@@ -99,7 +99,7 @@ def _compare(tmp_path: Path, converted: Path) -> dict:
 
 @pytest.mark.slow  # two model builds and two tiny bert runs from the converted checkpoint
 def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(tmp_path: Path,
-                                                                               benchmarks_copy: Path) -> None:
+                                                                               benchmarks_copy: Path, cli) -> None:
     _write_reference(tmp_path / "ref.pt")
     path = benchmarks_copy / "bert.yaml"
     data = yaml.safe_load(path.read_text())
@@ -120,7 +120,7 @@ def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(
         assert d["mlm"] < 2e-5 and d["nsp"] < 2e-5, d
         assert d["padding_logit"] < -1000, d  # the padded vocabulary rows never win the softmax or the argmax
     # Never overwritten.
-    again = mlbench("convert-checkpoint", "bert", str(tmp_path / "ref.pt"), str(out), "--tiny", env=env)
+    again = cli("convert-checkpoint", "bert", tmp_path / "ref.pt", out, "--tiny", env=env)  # refused: in-process
     assert again.returncode == 2 and "never overwritten" in again.stdout
     # A run starts from it, at one process and at TP 2 (resharded; the padded vocabulary split over the ranks):
     # loaded in the untimed init, recorded, and the same numbers at both layouts.
@@ -137,16 +137,18 @@ def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a, b)  # measured 7e-8
 
 
-def test_convert_checkpoint_refuses_what_does_not_fit(tmp_path: Path) -> None:
+def test_convert_checkpoint_refuses_what_does_not_fit(tmp_path: Path, cli) -> None:
+    """The refusals through the entry point in this process (the converter's own in its helper process, as a
+    run's); the pipe's in a process of its own: should its check go, reading it would block the test for ever."""
     import torch
 
     bad = tmp_path / "bad.pt"
     torch.save({"model": {"bert.embeddings.word_embeddings.weight": torch.zeros(30522, 1024)}}, bad)
-    proc = mlbench("convert-checkpoint", "bert", str(bad), str(tmp_path / "out"))
+    proc = cli("convert-checkpoint", "bert", bad, tmp_path / "out")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not in the checkpoint" in proc.stdout and "position_embeddings" in proc.stdout
     assert not (tmp_path / "out").exists()
-    proc = mlbench("convert-checkpoint", "gpt3", str(bad), str(tmp_path / "out"))
+    proc = cli("convert-checkpoint", "gpt3", bad, tmp_path / "out")
     assert proc.returncode == 2 and "no conversion" in proc.stdout, proc.stdout
     os.mkfifo(tmp_path / "pipe")  # reading it would block the converter for ever
     proc = mlbench("convert-checkpoint", "bert", str(tmp_path / "pipe"), str(tmp_path / "out"), timeout=60)
