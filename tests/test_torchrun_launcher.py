@@ -297,10 +297,31 @@ def test_a_second_node_0_on_another_host_stops_and_the_run_goes_on(tmp_path: Pat
     assert not (tmp_path / "again0").exists(), list((tmp_path / "again0").rglob("*"))
 
 
+# Ranks of several worlds forked from one interpreter that imported torch first (as mlbench's agent forks its
+# ranks: local_ranks.preload, _fork_rank), each with its own environment and output files: one torch import for
+# them all, not one a rank (about 2.5 s of CPU each). argv: a JSON list of [name, environment, folder] per rank;
+# prints {name: exit code}.
+_FORKED_RANKS = """
+import json, sys
+from pathlib import Path
+from mlbench.launch import local_ranks
+local_ranks.preload()
+ranks = {}
+for name, env, folder in json.loads(sys.argv[1]):
+    pid = local_ranks._fork_rank(0, ["-m", "mlbench.train", str(Path(folder) / "plan.json")], env, Path(folder), None)
+    ranks[pid] = name
+codes = {}
+while len(codes) < len(ranks):
+    pid, status = local_ranks.os.wait()
+    codes[ranks[pid]] = local_ranks.os.waitstatus_to_exitcode(status)
+print(json.dumps(codes))
+"""
+
+
 def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Path) -> None:
     """Two node invocations that disagree (--nproc-per-node 1 and 2 with --gbs 32) trained a world of 3 ranks
     published as the layout of 2, compliant; the same world size with another --gbs hung or trained on. The ranks
-    are started here as torchrun starts them (its environment, a plan each), without it."""
+    are started here with torchrun's environment and a plan each, without it (forked, _FORKED_RANKS)."""
     import sys
 
     from mlbench import layout, registry
@@ -309,26 +330,30 @@ def test_nodes_started_with_other_layouts_are_refused_by_every_rank(tmp_path: Pa
     bench = registry.load("gpt3", tiny=True)
     port = str(free_port("127.0.0.1"))
 
-    def rank(name: str, ly, rank: int, world: int, port: str, bench=bench) -> subprocess.Popen:
+    def rank(name: str, ly, rank: int, world: int, port: str, bench=bench) -> list:
         folder = tmp_path / name
         folder.mkdir()
         RunPlan(benchmark=bench, layout=ly.as_dict(), seed=1, run_dir=str(folder), system="ci").save(
             folder / "plan.json")
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port)
-        return subprocess.Popen([sys.executable, "-m", "mlbench.train", str(folder / "plan.json")], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return [name, env, str(folder)]
 
     two = [layout.resolve(bench, 2, 1, global_batch_size=g) for g in (16, 32)]
     # The same layout, another learning rate on node 1 (--lr, or its own benchmark file): node 0 published a
     # success that logged its own lr.
     other_lr = dataclasses.replace(bench, optimizer=dataclasses.replace(bench.optimizer, lr=0.02))
     port_lr = str(free_port("127.0.0.1"))
-    procs = {"world": rank("world", layout.resolve(bench, 1, 1), 0, 3, port),
-             "rank0": rank("rank0", two[0], 0, 2, port), "rank1": rank("rank1", two[1], 1, 2, port),
-             "lr0": rank("lr0", two[0], 0, 2, port_lr), "lr1": rank("lr1", two[0], 1, 2, port_lr, other_lr)}
-    outs = {name: p.communicate(timeout=120)[0] for name, p in procs.items()}
-    assert all(p.returncode == 3 for p in procs.values()), outs  # each aborted, none trained
+    ranks = [rank("world", layout.resolve(bench, 1, 1), 0, 3, port),
+             rank("rank0", two[0], 0, 2, port), rank("rank1", two[1], 1, 2, port),
+             rank("lr0", two[0], 0, 2, port_lr), rank("lr1", two[0], 1, 2, port_lr, other_lr)]
+    proc = subprocess.run([sys.executable, "-c", _FORKED_RANKS, json.dumps(ranks)], capture_output=True, text=True,
+                          timeout=120)
+    outs = {name: (tmp_path / name / "stdout.log").read_text() + (tmp_path / name / "stderr.log").read_text()
+            for name, _, _ in ranks}
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    codes = json.loads(proc.stdout.splitlines()[-1])
+    assert codes == dict.fromkeys(outs, 3), (codes, outs)  # each aborted, none trained
     said = {name: json.loads((tmp_path / name / "mlperf.log").read_text().splitlines()[-1].split(" ", 1)[1])
             for name in ("world", "rank0", "lr0")}  # rank 0's logs
     assert said["lr0"]["metadata"]["reason"] == (
