@@ -169,56 +169,9 @@ SMALL = {
                                ffn_hidden_size=256, vocab_size=500, seq_length=64),
 }
 
-_BUILD = textwrap.dedent("""
-    from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
-    import json, os, sys
-    import torch, torch.distributed as dist, torch.nn.functional as F
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    from megatron.core import parallel_state
-    parallel_state.initialize_model_parallel(1, 1)
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.bert.bert_model import BertModel
-    from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
-    out = {}
-    for name, m in json.loads(sys.argv[1]).items():
-        c = TransformerConfig(
-            num_layers=m["num_layers"], hidden_size=m["hidden_size"],
-            num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
-            kv_channels=m["kv_channels"], ffn_hidden_size=m["ffn_hidden_size"],
-            normalization=m["normalization"], gated_linear_unit=m["activation"] == "swiglu",
-            activation_func=F.silu if m["activation"] == "swiglu" else F.gelu,
-            add_bias_linear=m["add_bias_linear"], use_cpu_initialization=True, perform_initialization=False)
-        if m["family"] == "bert":
-            model = BertModel(config=c, transformer_layer_spec=bert_layer_local_spec, vocab_size=m["padded"],
-                              max_sequence_length=m["seq_length"], num_tokentypes=m["num_tokentypes"],
-                              add_binary_head=m["add_binary_head"],
-                              share_embeddings_and_output_weights=not m["untie_embeddings"])
-        else:
-            model = GPTModel(config=c, transformer_layer_spec=get_gpt_layer_local_spec(
-                                 normalization=m["normalization"]),
-                             vocab_size=m["padded"], max_sequence_length=m["seq_length"],
-                             position_embedding_type=m["position_embedding"],
-                             share_embeddings_and_output_weights=not m["untie_embeddings"],
-                             rotary_base=int(m["rotary_base"]), rope_scaling=m["rope_scaling"])
-        out[name] = sum(p.numel() for p in model.parameters())
-    print(json.dumps(out))
-""")
-
-
-def test_param_count_equals_megatron_built_model() -> None:
-    specs = {k: {**m.__dict__, "padded": flops.padded_vocab(m)} for k, m in SMALL.items()}
-    proc = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(specs)], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    built = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert built == {k: flops.param_count(m) for k, m in SMALL.items()}
-
-
-_GPT3_NORMS = textwrap.dedent("""
+# Both checks build megatron-core models in a world of one process: one fresh interpreter for both (importing torch
+# and megatron-core: about 3 s of CPU each). The gpt3 norms' part first: it checks that nothing imported dynamo.
+_WORLD = textwrap.dedent("""
     from mlbench.train import cpu_compat; cpu_compat.import_megatron_without_jit_fuser()  # first: 2-3 s less
     import json
     import torch, torch.nn.functional as F
@@ -247,20 +200,62 @@ _GPT3_NORMS = textwrap.dedent("""
         opt = lamb.megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1), [ddp], "adam",
                                       decay)
         out[str(decay)] = sorted(g["wd_mult"] for m in opt.chained_optimizers for g in m.optimizer.param_groups)
-    print(json.dumps({"norms": sorted({type(m).__name__ for m in norms.values()}), "count": len(norms),
-                      "zero": all(float(m.weight.abs().max()) == 0 for n, m in norms.items() if m is not ln),
-                      "same": bool(torch.allclose(ln(x), plain)), "wd_mult": out, "meta_ok": meta_ok}))
+    gpt3 = {"norms": sorted({type(m).__name__ for m in norms.values()}), "count": len(norms),
+            "zero": all(float(m.weight.abs().max()) == 0 for n, m in norms.items() if m is not ln),
+            "same": bool(torch.allclose(ln(x), plain)), "wd_mult": out, "meta_ok": meta_ok}
+    # SMALL's models (argv[1]), built as megatron-core builds them, for their parameter counts
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.bert.bert_model import BertModel
+    from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+    built = {}
+    for name, m in json.loads(sys.argv[1]).items():
+        c = TransformerConfig(
+            num_layers=m["num_layers"], hidden_size=m["hidden_size"],
+            num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
+            kv_channels=m["kv_channels"], ffn_hidden_size=m["ffn_hidden_size"],
+            normalization=m["normalization"], gated_linear_unit=m["activation"] == "swiglu",
+            activation_func=F.silu if m["activation"] == "swiglu" else F.gelu,
+            add_bias_linear=m["add_bias_linear"], use_cpu_initialization=True, perform_initialization=False)
+        if m["family"] == "bert":
+            model = BertModel(config=c, transformer_layer_spec=bert_layer_local_spec, vocab_size=m["padded"],
+                              max_sequence_length=m["seq_length"], num_tokentypes=m["num_tokentypes"],
+                              add_binary_head=m["add_binary_head"],
+                              share_embeddings_and_output_weights=not m["untie_embeddings"])
+        else:
+            model = GPTModel(config=c, transformer_layer_spec=get_gpt_layer_local_spec(
+                                 normalization=m["normalization"]),
+                             vocab_size=m["padded"], max_sequence_length=m["seq_length"],
+                             position_embedding_type=m["position_embedding"],
+                             share_embeddings_and_output_weights=not m["untie_embeddings"],
+                             rotary_base=int(m["rotary_base"]), rope_scaling=m["rope_scaling"])
+        built[name] = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"gpt3": gpt3, "built": built}))
 """)
 
 
-def test_gpt3_layernorms_store_gamma_minus_one_and_every_parameter_decays() -> None:
+@pytest.fixture(scope="module")
+def megatron_world() -> dict:
+    """{"gpt3": what _WORLD found of the tiny gpt3's norms and decay groups, "built": {SMALL's name: parameters of
+    the megatron-core model built from it}}."""
+    specs = {k: {**m.__dict__, "padded": flops.padded_vocab(m)} for k, m in SMALL.items()}
+    proc = subprocess.run([sys.executable, "-c", _WORLD, json.dumps(specs)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_param_count_equals_megatron_built_model(megatron_world: dict) -> None:
+    assert megatron_world["built"] == {k: flops.param_count(m) for k, m in SMALL.items()}
+
+
+def test_gpt3_layernorms_store_gamma_minus_one_and_every_parameter_decays(megatron_world: dict) -> None:
     """The reference's MixedFusedLayerNorm1P (and its checkpoint's gamma - 1) and --do-layernorm-bias-weight-decay:
     every norm of the built model, the final one included, applies weight + 1 from a zero weight, and the
     optimizer puts every parameter in one decayed group (megatron's default would leave norms and biases out)."""
     assert registry.load("gpt3").model.zero_centered_gamma and registry.load("gpt3").optimizer.decay_norms_and_biases
-    proc = subprocess.run([sys.executable, "-c", _GPT3_NORMS], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = megatron_world["gpt3"]
     assert r["norms"] == ["LayerNorm1P"] and r["count"] == 2 * 2 + 1  # two a layer, and the final one
     assert r["zero"] and r["same"]
     assert r["meta_ok"]  # the checkpoint check's meta build: nothing allocated, and no dynamo (0.5 s of each check)
