@@ -103,6 +103,15 @@ def test_an_unresolvable_rendezvous_address_is_named() -> None:
     assert "'no-such-host.invalid' does not resolve" in problem and "--master-addr" in problem
 
 
+def test_a_rendezvous_address_that_is_not_the_first_nodes_is_named() -> None:
+    """A --master-addr that resolves but is no address of the job's first node (where the driver runs and node 0's
+    torchrun hosts the rendezvous): every node retried it until --rdzv-timeout (600 s), the user seeing only
+    'RUNNING'; the driver now says so at once."""
+    assert rendezvous_problem("localhost") == ""
+    problem = rendezvous_problem("192.0.2.1")  # TEST-NET-1: routed nowhere, held by no host
+    assert "'192.0.2.1' (192.0.2.1) is not an address of" in problem and "--master-addr" in problem, problem
+
+
 def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     found = ports.free_ports(8, "127.0.0.1")
     assert len(set(found)) == 8

@@ -23,14 +23,32 @@ from mlbench.run_plan import benchmark_from_dict
 
 
 def rendezvous_problem(addr: str) -> str:
-    """Why the nodes could not meet at `addr` (the rendezvous host, MASTER_ADDR), or "" if it resolves here."""
+    """Why the nodes could not meet at `addr` (the rendezvous host, MASTER_ADDR), or "" if they can. The driver runs
+    on the job's first node, node 0, whose torchrun hosts the static rendezvous: `addr` must resolve to an address
+    of this host, else every node (node 0 too) retries it until --rdzv-timeout, saying nothing."""
+    host = socket.gethostname()
     try:
-        socket.getaddrinfo(addr, None)
+        found = socket.getaddrinfo(addr, None)
     except (socket.gaierror, UnicodeError) as e:
-        return (f"the rendezvous address {addr!r} does not resolve on {socket.gethostname()} "
+        return (f"the rendezvous address {addr!r} does not resolve on {host} "
                 f"({getattr(e, 'strerror', None) or e}); pass --master-addr with a name or address every node "
                 f"resolves")
+    ips = sorted({str(info[4][0]) for info in found})
+    if not any(_is_local(family, str(sockaddr[0])) for family, _, _, _, sockaddr in found):
+        return (f"the rendezvous address {addr!r} ({', '.join(ips)}) is not an address of {host}, the job's first "
+                f"node, whose torchrun hosts the rendezvous; pass --master-addr with that node's name or address, "
+                f"or leave it out (the first node's name)")
     return ""
+
+
+def _is_local(family: int, ip: str) -> bool:
+    """Whether this host holds `ip` (it can bind it)."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((ip, 0))
+    except OSError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
