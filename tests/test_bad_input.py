@@ -396,3 +396,12 @@ def test_a_second_set_with_the_seeds_of_the_first_is_refused(tmp_path: Path, cli
     draws = iter([4, 7, 100])  # random first seeds: 4 and 5, 7 and 8 would repeat one; 100 and 101 are free
     monkeypatch.setattr(runner.secrets, "randbelow", lambda n: next(draws))
     assert runner.seeds(None, 2, {5, 6, 7}) == [100, 101]
+
+
+@pytest.mark.parametrize("devices", ["-4", "0"])
+def test_scaling_refuses_a_device_count_below_one(tmp_path: Path, cli, devices: str) -> None:
+    """`scaling --devices -4` was taken as a device count (issue 18, item 9); a count below 1 is refused in one
+    line naming the option and the range, before any set is read."""
+    _assert_clean_error(cli("scaling", str(tmp_path), str(tmp_path), "--devices", devices, "--devices", "8"),
+                        f"Invalid value for '--devices': {devices} is not a device count",
+                        "a whole number from 1 to 10,000,000")
