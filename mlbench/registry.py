@@ -67,8 +67,8 @@ def names(directory: Path | None = None) -> list[str]:
     folder = _dir(directory)
     via = " (MLBENCH_BENCHMARKS)" if directory is None and os.environ.get("MLBENCH_BENCHMARKS") else ""
     if not folder.is_dir():
-        raise UserError(f"benchmark folder {folder}{via} is not a folder; point MLBENCH_BENCHMARKS at a folder of "
-                        f"benchmark files (<name>.yaml), or unset it for the built-in ones")
+        raise UserError(f"benchmark folder {str(folder)!r}{via} is not a folder; point MLBENCH_BENCHMARKS at a folder "
+                        f"of benchmark files (<name>.yaml), or unset it for the built-in ones")
     try:  # (glob passes over a folder it cannot list: 'no benchmark files in it' for a folder full of them)
         listed = os.listdir(folder)
     except OSError as e:
@@ -116,7 +116,8 @@ def _read(path: Path) -> dict:
     except (ValueError, RecursionError) as e:  # a value YAML parses but Python cannot build: a 5000-digit integer
         raise UserError(f"{path}: a value the YAML loader cannot build ({str(e).partition(';')[0]})") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping of benchmark fields, got {type(data).__name__}")
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise UserError(f"{path}: expected a mapping of benchmark fields (name: ..., model: ..., ...), got {got}")
     return data
 
 

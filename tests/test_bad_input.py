@@ -257,7 +257,14 @@ def test_a_results_folder_with_a_newline_is_refused(tmp_path: Path, cli) -> None
 
 def test_missing_benchmark_folder(tmp_path: Path, cli) -> None:
     proc = cli("list", env={"MLBENCH_BENCHMARKS": str(tmp_path / "nope")})
-    _assert_clean_error(proc, f"benchmark folder {tmp_path / 'nope'} (MLBENCH_BENCHMARKS) is not a folder")
+    _assert_clean_error(proc, f"benchmark folder '{tmp_path / 'nope'}' (MLBENCH_BENCHMARKS) is not a folder")
+    # quoted: a blank name was not seen ('benchmark folder   (MLBENCH_BENCHMARKS)')
+    _assert_clean_error(cli("list", env={"MLBENCH_BENCHMARKS": " "}), "benchmark folder ' ' (MLBENCH_BENCHMARKS)")
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "x.yaml").write_text("")  # said 'got NoneType'
+    _assert_clean_error(cli("show", "x", env={"MLBENCH_BENCHMARKS": str(tmp_path / "blank")}),
+                        "x.yaml: expected a mapping of benchmark fields (name: ..., model: ..., ...), got an empty "
+                        "file")
     _assert_clean_error(cli("list", env={"MLBENCH_BENCHMARKS": str(tmp_path)}), "no benchmark files")
     # set but empty is unset (it read the working directory: here an empty folder, so no benchmarks)
     empty = cli("list", env={"MLBENCH_BENCHMARKS": ""}, cwd=tmp_path)
