@@ -55,3 +55,52 @@ def test_padded_vocabulary_is_left_out_of_loss_and_accuracy(tmp_path: Path) -> N
     assert masked["pad_grad"] == 0.0
     # Without the mask the padding dominates: the check above can tell the two apart.
     assert kept["loss"] > masked["loss"] + 10 and kept["correct"] == 0 and kept["pad_grad"] > 0
+
+
+def test_bert_loss_weighs_every_masked_token_and_every_sample_alike_on_any_micro_batch_split(monkeypatch) -> None:
+    """Tiny bert's loss was each micro-batch's masked-token mean, the means averaged: `--mbs 8` (same global
+    batch) trained otherwise than 16 and reached the target at 240 steps, not 220. megatron now divides the
+    step's summed loss by its masked tokens on every layout, and the next-sentence loss is the mean over the
+    step's samples, as the reference adds the two; on one micro-batch of 16, two of 8, or two ranks of 8."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state, tensor_parallel
+
+    from mlbench import registry
+    from mlbench.train import model as M
+    from mlbench.train.objectives import PreMaskedLM, _pre_masked_loss
+
+    bert = registry.load("bert", tiny=True).model
+    for cp in (1, 2):
+        assert M.transformer_config(dataclasses.replace(bert, num_layers=2), tp=1, pp=1, vp=1, cp=cp,
+                                    bf16=False).calculate_per_token_loss
+    monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy",
+                        lambda logits, labels: F.cross_entropy(logits.transpose(1, 2), labels, reduction="none"))
+    monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_rank", lambda: 0)
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(16, 6, 11, generator=g), torch.randint(0, 11, (16, 6), generator=g)
+    mask = (torch.rand(16, 6, generator=g) < torch.linspace(0.1, 0.9, 16)[:, None]).float()  # 0 to 6 per row
+    mask[:, 0] = 1.0
+    binary, nsp = torch.randn(16, 2, generator=g), torch.randint(0, 2, (16,), generator=g)
+    want = ((F.cross_entropy(logits.transpose(1, 2), labels, reduction="none") * mask).sum() / mask.sum()
+            + F.cross_entropy(binary, nsp)).item()
+
+    def step_loss(ranks: int, mbs: int) -> float:
+        """The loss megatron differentiates: every micro-batch's summed loss over the step's masked tokens."""
+        rows = [list(range(r * 16 // ranks, (r + 1) * 16 // ranks)) for r in range(ranks)]
+        per_rank = [[{"loss_mask": mask[i:i + mbs]} for i in r[::mbs]] for r in rows]
+        every = torch.cat([b["loss_mask"] for bs in per_rank for b in bs]).sum()
+        summed, tokens = 0.0, 0
+        for r, bs in zip(rows, per_rank, strict=True):
+            PreMaskedLM(6, 3).weigh(bs, 16, lambda mine: every.to(mine.dtype))
+            for b, i in zip(bs, r[::mbs], strict=True):
+                s = slice(i, i + mbs)
+                loss, n, _ = _pre_masked_loss(mask[s], labels[s], nsp[s], b["nsp_scale"], False, None,
+                                              (logits[s], binary[s]))
+                summed, tokens = summed + loss.item(), tokens + int(n)
+        return summed / tokens
+
+    for ranks, mbs in ((1, 16), (1, 8), (2, 8), (2, 4)):
+        assert abs(step_loss(ranks, mbs) - want) < 1e-5, (ranks, mbs)

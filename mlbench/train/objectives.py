@@ -6,6 +6,7 @@ so they are correct under tensor parallelism without gathering the vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -83,6 +84,9 @@ class CausalLM:
     def skip(self, rng: np.random.Generator, rows: int, row_width: int) -> None:
         """Draws nothing: make_batch draws nothing."""
 
+    def weigh(self, batches: list[Batch], samples: int, total: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Nothing to weigh: every scored token weighs the same (the per-token loss, model/config.py)."""
+
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         logits = model(b["tokens"], b["position_ids"], None)
         return logits, partial(_loss, b["loss_mask"], b["labels"], False, self.output_vocab)
@@ -125,6 +129,9 @@ class MaskedLM:
         rank 0 masked its own, and the eval set's masks, so its metric, changed with the layout)."""
         rng.random((rows, row_width - 1))
 
+    def weigh(self, batches: list[Batch], samples: int, total: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Nothing to weigh: every scored token weighs the same (the per-token loss, model/config.py)."""
+
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         out = model(b["tokens"], b["attention_mask"], tokentype_ids=b.get("tokentype_ids"))
         logits = out[0] if isinstance(out, tuple) else out
@@ -164,21 +171,34 @@ class PreMaskedLM:
     def skip(self, rng: np.random.Generator, rows: int, row_width: int) -> None:
         """Draws nothing: the samples come masked."""
 
+    def weigh(self, batches: list[Batch], samples: int, total: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Gives each of this rank's training micro-batches the step's masked tokens per sample ("nsp_scale"), so
+        the next-sentence loss is the mean over the step's SAMPLES samples, as the reference adds it, while megatron
+        divides the summed loss by the step's masked tokens (model/config.py); TOTAL sums over the data-parallel
+        ranks. A micro-batch's own count (megatron's per micro-batch mean) weighed its samples by how many tokens
+        it masked, so the loss changed with the micro-batch size."""
+        tokens = total(sum(b["loss_mask"].sum() for b in batches).to(torch.float64))
+        scale = (tokens / samples).float().cpu()
+        for b in batches:
+            b["nsp_scale"] = scale
+
     def forward(self, model: torch.nn.Module, b: Batch, eval_mode: bool):
         # The last pipeline stage returns (logits, next-sentence logits or None); earlier stages a hidden state.
         out = model(b["tokens"], b["attention_mask"], tokentype_ids=b["tokentype_ids"])
+        # An eval step trains nothing: its next-sentence loss is left out of what it reports either way.
         return out, partial(_pre_masked_loss, b["loss_mask"], b["labels"], b["next_sentence_labels"],
-                            eval_mode, self.output_vocab)
+                            b.get("nsp_scale", 1.0), eval_mode, self.output_vocab)
 
     def value(self, totals: dict[str, float]) -> float:
         return totals["correct"] / max(totals["tokens"], 1.0)
 
 
-def _pre_masked_loss(mask, labels, nsp_labels, want_correct: bool, output_vocab: int | None, outputs):
+def _pre_masked_loss(mask, labels, nsp_labels, nsp_scale, want_correct: bool, output_vocab: int | None, outputs):
     logits, binary = outputs
     loss_sum, n, stats = _loss(mask, labels, want_correct, output_vocab, logits)
     if binary is not None:
-        # The schedule divides the summed loss by n (masked tokens): adding mean NSP loss x n keeps the
-        # reference's sum of the two means.
-        loss_sum = loss_sum + torch.nn.functional.cross_entropy(binary.float(), nsp_labels) * n
+        # megatron divides the step's summed loss by its masked tokens N: the next-sentence losses summed and
+        # scaled by N / samples keep the reference's sum of the two means over the step (PreMaskedLM.weigh).
+        nsp = torch.nn.functional.cross_entropy(binary.float(), nsp_labels, reduction="sum")
+        loss_sum = loss_sum + nsp * nsp_scale
     return loss_sum, n, stats

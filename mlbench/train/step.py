@@ -95,6 +95,14 @@ class Stepper:
         batch = self._microbatches(self.gbs, self.mbs, partial(self.parts.source.train_batch, 0, rng), rng)[0]
         return self._as_forward_gets_it(batch)
 
+    def _sum_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
+        """VALUE summed over this rank's data-parallel group (the ranks that hold other rows of the step)."""
+        from megatron.core import parallel_state as ps
+
+        value = value.to(collectives_device(self.on_cpu))
+        dist.all_reduce(value, group=ps.get_data_parallel_group())
+        return value
+
     def _run(self, batches: list[dict], mbs: int, forward_only: bool) -> Callable[[], dict[str, float]]:
         """Forward (and backward) over the micro-batches; returns what reads the statistics' sums (see
         start_sum_over_ranks)."""
@@ -111,6 +119,7 @@ class Stepper:
         parts = self.parts
         rng = np.random.default_rng([self.plan.seed, step])
         batches = self._microbatches(self.gbs, self.mbs, partial(parts.source.train_batch, step, rng), rng)
+        parts.objective.weigh(batches, self.gbs, self._sum_over_data_parallel)
         for c in parts.model:
             c.zero_grad_buffer()
         parts.optimizer.zero_grad()

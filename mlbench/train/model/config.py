@@ -80,10 +80,12 @@ def transformer_config(m: ModelSpec, *, tp: int, pp: int, vp: int, cp: int, bf16
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
         context_parallel_size=cp,
-        # Under CP each rank scores part of every sequence: the loss is summed, and megatron divides the gradients
-        # by the tokens of the whole data-parallel x context-parallel group (finalize_model_grads), not by each
-        # rank's own count.
-        calculate_per_token_loss=cp > 1,
+        # The loss is summed and megatron divides the gradients by the scored tokens of the whole step, over every
+        # micro-batch and the data-parallel x context-parallel group (finalize_model_grads): each token weighs the
+        # same on every layout. A mean per micro-batch gave micro-batches of fewer scored tokens (masked LM) more
+        # weight per token, so bert's training changed with the micro-batch size; under CP a rank scores part of
+        # every sequence.
+        calculate_per_token_loss=True,
         account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
         sequence_parallel=f.get("sequence_parallel", False),
