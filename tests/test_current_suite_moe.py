@@ -223,3 +223,48 @@ def test_the_reference_expert_parallel_size_is_adapted_with_the_layout(tmp_path:
     assert proc.returncode == 0 and re.search(r"│ ep +│ 1 +│", proc.stdout), proc.stdout
     with pytest.raises(UserError, match="expert parallel --ep 8 must divide"):
         layout.resolve(full, 1, 2, ep=8)
+
+
+_EXPERTS = textwrap.dedent("""
+    import json
+    import torch, torch.distributed as dist
+    from mlbench.train import cpu_compat
+    cpu_compat.enable()
+    from mlbench.train.build import init_process_group, seed_model_init
+    init_process_group("gloo")
+    from megatron.core import parallel_state as ps
+    from mlbench import registry
+    from mlbench.train import model as M
+    m = registry.load("gpt_oss_20b", tiny=True).model
+    built = {}
+    for ep in (1, 2):  # DP 2 (every rank all four experts), then EP 2 (two each)
+        ps.initialize_model_parallel(1, 1, expert_model_parallel_size=ep)
+        seed_model_init(3)
+        model = M.build(m, M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False), backend="local")
+        built[ep] = dict(model.named_parameters())
+        ps.destroy_model_parallel()
+    mine, first = [], dist.get_rank() * 2
+    for name, p in built[2].items():
+        if ".local_experts." in name:
+            head, i, tail = name.partition(".local_experts.")[0], *name.partition(".local_experts.")[2].split(".", 1)
+            name = f"{head}.local_experts.{first + int(i)}.{tail}"
+        mine.append((name, torch.equal(p, built[1][name])))
+    experts = [p.flatten()[:8].tolist() for n, p in built[2].items() if "layers.0.mlp.experts" in n and "fc1" in n]
+    every = [None, None]
+    dist.all_gather_object(every, experts)
+    print(json.dumps({"differs": [n for n, same in mine if not same], "checked": len(mine),
+                      "fc1": every[0] + every[1]}))
+""")
+
+
+def test_expert_parallel_ranks_start_from_the_one_process_experts(tmp_path: Path) -> None:
+    """On CPU each expert-parallel rank drew its local experts from the same generator state: at --ep 2 experts 2
+    and 3 started as copies of 0 and 1 (step 1's loss off one process's by 5.5e-3). Every parameter at EP 2 now
+    equals one process's (an expert's by its global index), and no two experts are copies."""
+    from conftest import launch_ranks
+
+    script = tmp_path / "experts.py"
+    script.write_text(_EXPERTS)
+    got = json.loads(launch_ranks(script, 2).strip().splitlines()[-1])
+    assert got["checked"] > 10 and got["differs"] == []
+    assert len(got["fc1"]) == 4 and len({json.dumps(w) for w in got["fc1"]}) == 4

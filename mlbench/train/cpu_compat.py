@@ -178,6 +178,31 @@ def _moe_on_cpu() -> None:
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
+def _experts_drawn_as_one_process() -> None:
+    """On CPU megatron draws every weight from the one CPU generator, which each rank seeds alike (data-parallel
+    copies must match): each expert-parallel rank drew its local experts from the same state, so at --ep 2
+    experts 2 and 3 started as copies of 0 and 1 (at --ep 4 all four as copies of 0). Each rank now draws every
+    expert of the layer in order, as one process does, and keeps its own: the experts start from one process's
+    weights, and what is drawn after them (the next layers) stays the same on every rank. (A GPU draws them from
+    megatron's expert-parallel RNG tracker, seeded per expert-parallel rank.)"""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    real = SequentialMLP.__init__
+
+    @functools.wraps(real)
+    def __init__(self: Any, num_local_experts: int, config: Any, submodules: Any, pg_collection: Any = None) -> None:
+        ep = pg_collection.ep.size() if pg_collection is not None and pg_collection.ep is not None else 1
+        if ep == 1 or not config.use_cpu_initialization:
+            real(self, num_local_experts, config, submodules, pg_collection)
+            return
+        real(self, num_local_experts * ep, config, submodules, pg_collection)
+        first = pg_collection.ep.rank() * num_local_experts
+        self.local_experts = torch.nn.ModuleList(list(self.local_experts)[first:first + num_local_experts])
+        self.num_local_experts = num_local_experts
+
+    SequentialMLP.__init__ = __init__
+
+
 def _optimizers_without_dynamo() -> None:
     """torch's optimizers import dynamo (0.5 s of CPU a process) for what only matters to a torch.compile graph,
     and nothing here runs compiled:
@@ -231,6 +256,7 @@ def enable() -> bool:
         _patch_cuda_namespace()
         _recompute_under_rewrite()
         _moe_on_cpu()
+        _experts_drawn_as_one_process()
         _skip_all_reduce_over_one_process()
         _optimizers_without_dynamo()
         _CudaToCpu().__enter__()  # process-wide: every rank's training runs inside it
