@@ -33,13 +33,14 @@ def test_context_parallel_shares_are_megatrons_load_balanced_chunks() -> None:
 def test_recompute_and_context_parallel_reach_transformer_config() -> None:
     m = registry.load("gpt3", tiny=True).model
     none = M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False)
-    assert none.recompute_granularity is None and not none.calculate_per_token_loss
+    # every layout sums the loss and divides it by the step's scored tokens (under CP: of the whole data x
+    # context-parallel group)
+    assert none.recompute_granularity is None and none.calculate_per_token_loss
     sel = M.transformer_config(m, tp=1, pp=1, vp=1, cp=1, bf16=False, features={"recompute": "selective"})
     assert sel.recompute_granularity == "selective" and sel.recompute_method is None
     full = M.transformer_config(m, tp=1, pp=1, vp=1, cp=2, bf16=False,
                                 features={"recompute": "full", "recompute_method": "block", "recompute_layers": 2})
     assert (full.recompute_granularity, full.recompute_method, full.recompute_num_layers) == ("full", "block", 2)
-    # under CP the loss is summed and divided by the tokens of the whole data x context-parallel group
     assert full.calculate_per_token_loss
 
 
