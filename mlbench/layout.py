@@ -65,6 +65,15 @@ class Layout:
         return cls(**kept | {"features": FeaturesSpec(**d["features"])})
 
 
+def sizes_text(ly: dict) -> str:
+    """A layout's parallel sizes as a run's first and last lines name them: 'tp2 pp1 cp1 ep1 dp2 over 4
+    processes' (pp2 x vp2 when interleaved), from a layout dict (`Layout.as_dict`, a plan's or a record's)."""
+    pp = f"pp{ly['pp']}" + (f" x vp{ly['vp']}" if ly.get("vp", 1) > 1 else "")
+    n = ly["nodes"] * ly["nproc_per_node"]
+    return (f"tp{ly['tp']} {pp} cp{ly['cp']} ep{ly.get('ep', 1)} dp{ly['dp']} over {n} process"
+            + ("es" if n > 1 else "") + (f" on {ly['nodes']} nodes" if ly["nodes"] > 1 else ""))
+
+
 def _divisors(n: int) -> list[int]:
     """The divisors of n, ascending, by trial division up to its square root (n may come from a hostile file)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]

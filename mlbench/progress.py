@@ -49,8 +49,11 @@ class Progress:
                                   direction=e["direction"], mfu_note=e.get("mfu_note", ""))
                 if d := e.get("device"):
                     self.state["device"] = f"{d['type']} {d['name']} ({d['precision']}, {d['attention']} attention)"
+                    # the layout, so that a log of a multi-rank run says what ran
+                    self.state["layout"] = e.get("layout", "")
                     if not self._live:
-                        self.console.print(f"training on {self.state['device']}")
+                        on = f", {self.state['layout']}" if self.state["layout"] else ""
+                        self.console.print(f"training on {self.state['device']}{on}")
             elif kind == "step":
                 self.state.update(step=e["step"], loss=e["loss"], tokens_per_s=e["tokens_per_s"],
                                   tflops=e["tflops_per_device"], mfu=e.get("mfu"))
@@ -85,6 +88,8 @@ class Progress:
         s = self.state
         t = Table(title=self.title, show_header=False, box=None)
         t.add_row("device", s.get("device", "?"))
+        if s.get("layout"):
+            t.add_row("layout", s["layout"])
         t.add_row("step", f"{s.get('step', 0)} / {s.get('budget', '?')}")
         t.add_row("train loss", f"{s.get('loss', float('nan')):.4f}")
         t.add_row("tokens/s", f"{s.get('tokens_per_s', 0):,.0f}")

@@ -23,7 +23,7 @@ from mlbench import compliance, environment, results, seed_claims
 from mlbench.errors import UserError, printable
 from mlbench.launch import local_ranks, torchrun
 from mlbench.launch.supervise import STOP_SIGNALS, Command, Outcome, supervise
-from mlbench.layout import Layout
+from mlbench.layout import Layout, sizes_text
 from mlbench.logfile import log_time_to_train
 from mlbench.planner import prediction
 from mlbench.progress import Progress
@@ -359,7 +359,7 @@ class RunSet:
                            outcome.checkpoint_error, stopped_by=outcome.signal,
                            error_after_run_stop=outcome.error_after_run_stop,
                            stopped_after_run_stop=outcome.stopped_after_run_stop, started=_started(outcome))
-        _summary(console, bench, result)
+        _summary(console, bench, result, sizes_text(layout.as_dict()))
         return result
 
     def _held_signal(self, outcome: Outcome) -> Outcome:
@@ -446,7 +446,9 @@ def compliance_verdict(log: Path, bench: Benchmark) -> compliance.Verdict:
                                   messages=[f"the compliance checker could not run: {e.strerror or e}"])
 
 
-def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
+def _summary(console: Console, bench: Benchmark, r: RunResult, sizes: str = "") -> None:
+    """The run's last line (and why it failed): its outcome, time-to-train, layout SIZES (what ran, in a log of a
+    multi-rank run; left out where not known), compliance and record."""
     op = operator(bench.quality.direction)
     reached = r.status == "success"
     colour = "green" if reached else "red"
@@ -462,7 +464,8 @@ def _summary(console: Console, bench: Benchmark, r: RunResult) -> None:
     checked = "ok" if r.compliant else "not checked" if r.compliant is None else "FAILED"
     console.print(Text.assemble(("target reached" if reached else "target NOT reached", colour),
                                 f": {bench.quality.metric} {last} (target {op} {bench.quality.target}); "
-                                f"{ttt}; compliance ({checked}); {printable(r.path)}"))
+                                f"{ttt}; {sizes + '; ' if sizes else ''}compliance ({checked}); "
+                                f"{printable(r.path)}"))
     if not reached:
         console.print(f"  reason: {printable(r.reason)}", highlight=False, soft_wrap=True)  # (rich coloured numbers)
         if (logs := r.path.parent / "logs" / r.path.stem).is_dir():  # a reason's "see the rank logs" is here

@@ -1510,3 +1510,33 @@ def test_the_records_exit_code_is_the_same_for_the_same_end_whatever_launched_it
     status = "success" if ended == "target reached" else "aborted"
     said = {exit_code(Outcome(status=status, exit_code=c, signal=sig)) for c in codes}
     assert said == {{"target reached": 0, "stopped by SIGINT": 130, "stopped by SIGTERM": 143}.get(ended, 1)}, said
+
+
+def test_a_runs_first_and_last_lines_name_its_layout() -> None:
+    """A log of a multi-rank run did not say what ran: 'training on cpu x86_64 (fp32, local attention)' and
+    'target reached: ...; compliance (ok); <path>' for 1 process and for CP2 x DP2 alike. Both lines now name the
+    parallel sizes (the trainer's start event carries them; the runner's end line has its layout)."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench import runner
+    from mlbench.layout import Layout, sizes_text
+    from mlbench.progress import Progress
+
+    layout = Layout(nodes=1, nproc_per_node=4, tp=1, pp=1, vp=1, cp=2, dp=2, micro_batch_size=8,
+                    global_batch_size=16).as_dict()
+    sizes = sizes_text(layout)
+    assert sizes == "tp1 pp1 cp2 ep1 dp2 over 4 processes"
+    assert sizes_text(layout | {"nodes": 2, "pp": 2, "vp": 2, "ep": 2}) == \
+        "tp1 pp2 x vp2 cp2 ep2 dp2 over 8 processes on 2 nodes"
+    console = Console(file=io.StringIO(), width=1 << 20)
+    with Progress("gpt3 (tiny) run 1/1, seed 3", console) as p:
+        p.on_events([{"event": "start", "budget": 300, "target": 1.04, "metric": "log_perplexity",
+                      "direction": "min", "device": {"type": "cpu", "name": "x86_64", "precision": "fp32",
+                                                     "attention": "local"}, "layout": sizes}])
+    runner._summary(console, registry.load("gpt3", tiny=True),
+                    runner.RunResult(Path("r/result_0.txt"), "success", 6.3, 1.0368, True, ""), sizes)
+    first, last = console.file.getvalue().splitlines()
+    assert first == f"training on cpu x86_64 (fp32, local attention), {sizes}"
+    assert f"time-to-train 6.3 s (0.105 min); {sizes}; compliance (ok); r/result_0.txt" in last, last

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from mlbench.errors import clipped, disk_free
 from mlbench.launch.lifeline import STOPPED_EXIT, exit_if_orphaned
+from mlbench.layout import sizes_text
 from mlbench.run_plan import RunPlan, eval_schedule, first_eval_samples, max_steps, stop_reason_path
 from mlbench.train import interrupt
 from mlbench.train.checkpoint.folder import CheckpointError
@@ -171,6 +172,7 @@ def _train(plan: RunPlan, report: Reporter) -> tuple[str, Callable[[], None]]:
 
     report.run_start(budget=budget, interval=next_eval(0), target=bench.quality.target, metric=bench.quality.metric,
                      direction=bench.quality.direction, devices=devices, device=device.info,
+                     layout=sizes_text(layout),
                      mfu_note=hardware.mfu_note(device.info["type"], device.info["name"], device.precision))
     step, status = 0, "aborted"
     while step < budget and status != "success":
