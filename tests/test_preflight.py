@@ -430,7 +430,7 @@ def test_optional_commands_are_registered() -> None:
 
 
 def test_benchmark_folder_that_is_not_there(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=f"benchmark folder {tmp_path / 'nope'} is not a folder"):
+    with pytest.raises(UserError, match=f"benchmark folder '{tmp_path / 'nope'}' is not a folder"):
         registry.names(tmp_path / "nope")
 
 
