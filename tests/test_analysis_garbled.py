@@ -366,3 +366,18 @@ def test_an_eval_value_near_the_float_maximum_is_left_off_the_plot_with_a_note(t
     assert code == 0 and html.is_file(), out
     assert "1 eval point(s) with a value of magnitude 1e+150 or more left off the convergence plot" in \
         html.read_text()
+
+
+def test_a_few_seeded_fuzz_cases_find_no_fault():
+    """perf/fuzz_inputs.py (mutated logs, run records, systems json and benchmark files through every analysis
+    command and the registry) for a few seeded cases, without the checker's commands: the fuzzer still runs, and
+    what it runs holds. Rerun it with thousands of iterations after a change to what analysis reads."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "perf" / "fuzz_inputs.py"
+    spec = importlib.util.spec_from_file_location("fuzz_inputs", path)
+    fuzz = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fuzz_inputs", fuzz)  # its dataclass looks its module up there
+    spec.loader.exec_module(fuzz)
+    got = fuzz.run(2, seed=10, score_every=10**6, check_every=10**6, registry_every=2, quiet=True)  # ~1 s
+    assert got["faults"] == {} and got["commands"] >= 15, got
