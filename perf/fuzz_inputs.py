@@ -2,7 +2,7 @@
 benchmark files through the real CLI entry point, in this process.
 
     python perf/fuzz_inputs.py [--iterations N] [--seed S] [--score-every K] [--check-every K]
-                               [--registry-every K] [--keep DIR] [--only analysis|registry]
+                               [--registry-every K] [--keep DIR] [--only analysis|registry|respell]
 
 Each case copies a few real sets (the published logs under ../shared/data/mlperf-results and tests/data, and a
 tiny mlbench run's log and record, tests/data/fuzz) into a temporary tree, mutates one to three of its files
@@ -12,10 +12,12 @@ dict, null or bool, NaN, Infinity, -0, 1e400, a huge integer or a negative one; 
 changed, a time_ms going backwards), then runs `compare --no-score`, `scaling` (each with --json, --md and
 --html), and every K-th case `score`, `score --json`, `compare` and `check` (the checker is a process a file).
 Every K-th case also mutates a benchmark file (benchmarks/*.yaml) and runs `list`, `show [--tiny] [--json]` and
-`run --dry-run` on it. A fault is a traceback (any exception that is not the CLI's own clean exit), an exit code
-other than 0, 1 or 2, a --json output that is not strict JSON, a warning printed, or a command over 10 s. Each
-fault is printed with the case's seed, so `--seed S --iterations 1` replays it; --keep DIR keeps the trees of
-failing cases. Exit 1 when any fault was found.
+`run --dry-run` on it. One case in ten (every case with --only respell) is differential: one log's records
+respelled (compact JSON, keys reordered, a letter as a \\u escape), the same log to the official tools, and
+`compare --json` and `score --json` must not change. A fault is a traceback (any exception that is not the CLI's
+own clean exit), an exit code other than 0, 1 or 2, a --json output that is not strict JSON, a warning printed, or
+a command over 10 s. Each fault is printed with the case's seed, so `--seed S --iterations 1` replays it; --keep
+DIR keeps the trees of failing cases. Exit 1 when any fault was found.
 """
 
 from __future__ import annotations
@@ -165,9 +167,34 @@ def mutate_log_line(rng: random.Random, line: str) -> str:
     elif how < 0.4:
         rec["key"] = rng.choice(["run_start", "run_stop", "eval_accuracy", "submission_benchmark", "global_batch_size",
                                  "tracked_stats", "train_samples", "init_start", "Run_Start", ""])
+    elif how < 0.5:  # the same record written otherwise: what the official tools read alike
+        return head + sep + _respelled(rng, rec) + ("\n" if line.endswith("\n") else "")
     else:
         rec = mutate_json(rng, rec)
     return head + sep + _dumps(rec, rng) + ("\n" if line.endswith("\n") else "")
+
+
+def _respelled(rng: random.Random, rec: dict) -> str:
+    """REC as JSON of the same meaning, spelled as a log-reading shortcut may not expect: compact separators,
+    its keys in another order, a letter of a field's name as a \\u escape, spaces around colons."""
+    items = list(rec.items())
+    how = rng.randrange(4)
+    if how == 0:
+        return json.dumps(rec, separators=(",", ":"))
+    if how == 1:
+        rng.shuffle(items)
+        return json.dumps(dict(items))
+    if how == 2:
+        text = json.dumps(rec)
+        # a field's name only: the official RCP checker finds a record's key ("global_batch_size") as a substring
+        # of the line, so an escape in it is another log to that checker
+        word = rng.choice(['"key"', '"value"', '"metadata"', '"time_ms"', '"status"', '"samples_count"',
+                           '"epoch_num"', '"event_type"'])
+        if len(word) > 3 and word in text:
+            k = rng.randrange(1, len(word) - 1)
+            text = text.replace(word, word[:k] + f"\\u{ord(word[k]):04x}" + word[k + 1:], 1)
+        return text
+    return json.dumps(rec, separators=(" , ", " : "))
 
 
 def mutate_lines(rng: random.Random, data: bytes) -> bytes:
@@ -401,7 +428,40 @@ def _fault_class(line: str) -> str:
 
 # --- the cases ----------------------------------------------------------------------------------------------------
 
+def respell_log(rng: random.Random, path: Path) -> str:
+    """Every record of the log at PATH respelled (_respelled): the same log to the official tools."""
+    lines = path.read_bytes().decode("utf-8", "surrogateescape").splitlines(keepends=True)
+    out = []
+    for line in lines:
+        head, sep, body = line.rpartition(MLLOG)
+        try:
+            rec = json.loads(body) if sep else None
+        except ValueError:
+            rec = None
+        out.append(head + sep + _respelled(rng, rec) + "\n" if isinstance(rec, dict) else line)
+    path.write_bytes("".join(out).encode("utf-8", "surrogateescape"))
+    return f"{path.name} respelled"
+
+
+def respell_case(rng: random.Random, work: Path) -> tuple[list[str], list[Outcome]]:
+    """A differential case: compare --json and score --json of a tree, then of the same tree with one log's
+    records respelled; any difference is a fault (what a reading shortcut missed)."""
+    folders = build_tree(rng, work)
+    a, b = folders[0], folders[-1]
+    commands = [("compare", "--no-score", "--json", a, b), ("score", "--json", a)]
+    before = [call(*c) for c in commands]
+    logs = sorted(a.glob("result_*.txt"))
+    did = [respell_log(rng, rng.choice(logs))] if logs else []
+    after = [call(*c) for c in commands]
+    for x, y in zip(before, after, strict=True):
+        if x.out != y.out:
+            y.exception = f"respelled records read otherwise: mlbench {' '.join(y.args)} differs"
+    return did, before + after
+
+
 def analysis_case(rng: random.Random, work: Path, score: bool, check: bool) -> tuple[list[str], list[Outcome]]:
+    if rng.random() < 0.1:
+        return respell_case(rng, work)
     folders = build_tree(rng, work)
     with _long_ints():
         did = [mutate_file(rng, f) for f in _targets(rng, _mutable(work))]
@@ -490,14 +550,14 @@ def run(iterations: int, seed: int, score_every: int = 4, check_every: int = 8, 
     for i in range(iterations):
         case_seed = seed + i
         rng = random.Random(case_seed)
-        kinds = ([] if only == "registry" else ["analysis"]) + \
+        kinds = ["respell"] if only == "respell" else ([] if only == "registry" else ["analysis"]) + \
             (["registry"] if only != "analysis" and (only == "registry" or case_seed % registry_every == 0) else [])
         with tempfile.TemporaryDirectory(prefix="mlbench_fuzz_") as tmp:
             for kind in kinds:
                 work = Path(tmp) / kind
                 work.mkdir()
-                did, outcomes = analysis_case(rng, work, case_seed % score_every == 0,
-                                                   case_seed % check_every == 0) \
+                did, outcomes = respell_case(rng, work) if kind == "respell" else \
+                    analysis_case(rng, work, case_seed % score_every == 0, case_seed % check_every == 0) \
                     if kind == "analysis" else registry_case(rng, work)
                 commands += len(outcomes)
                 if _report(found, case_seed, kind, did, outcomes, quiet) and keep is not None:
@@ -514,7 +574,7 @@ def main() -> None:
     p.add_argument("--score-every", type=int, default=4)
     p.add_argument("--check-every", type=int, default=8)
     p.add_argument("--registry-every", type=int, default=3)
-    p.add_argument("--only", choices=["analysis", "registry"])
+    p.add_argument("--only", choices=["analysis", "registry", "respell"])
     p.add_argument("--keep", type=Path)
     a = p.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
