@@ -223,6 +223,29 @@ def test_two_runs_building_one_index_cache_at_once_build_it_once(tmp_path: Path,
     assert "built again" not in err and f"index cache {cache}: another run is building it; waiting" in err, err
 
 
+def test_an_index_cache_on_a_filesystem_without_locks_is_built_unlocked(tmp_path: Path, monkeypatch) -> None:
+    """flock refused with ENOLCK (NFS without its lock daemon) ended the run with an OSError before megatron built
+    anything, where the cache lock's docstring says such a cache is built unlocked, as before there was a lock."""
+    import errno
+    import fcntl
+
+    from mlbench.train.data import indexed
+
+    cache, src = tmp_path / "cache", tmp_path / "d.bin"
+    src.write_bytes(b"x")
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    def build() -> str:
+        (cache / "abc-train-shuffle_index.npy").write_bytes(b"1" * 100)
+        return "built"
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert indexed.build_cached(cache, [str(src)], build) == "built"
+    assert indexed._cache_fault(indexed._groups(cache)["abc"]) is None  # stamped
+
+
 def test_a_shared_index_cache_that_is_no_folder_is_refused_before_launch(definitions: Path, corpus: dict,
                                                                          tmp_path: Path) -> None:
     """Rank 0 found it mid-run (FileExistsError from makedirs), naming nothing."""

@@ -430,6 +430,8 @@ def _cache_lock(cache: Path) -> Iterator[None]:
                 print(f"index cache {cache}: another run is building it; waiting for it", file=sys.stderr,
                       flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a filesystem without locks (ENOLCK: NFS without its lock daemon): unlocked
+                pass
         yield
     finally:
         if fd is not None:
