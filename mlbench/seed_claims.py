@@ -117,9 +117,14 @@ def hand_to_job(folder: Path, name: str, job_id: str) -> None:
         data = _json(path)
         if isinstance(data, dict) and _owner(path) == owners.tag():  # (not yet taken over by the job's driver)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-claim-", dir=folder)
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps({**data, "slurm_job": job_id}) + "\n")
-            os.replace(tmp, path)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps({**data, "slurm_job": job_id}) + "\n")
+                os.replace(tmp, path)
+            except OSError:  # (a full disk): the claim stays as it was, no stray file beside it in the results
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
 
 
 def adopt(folder: Path, name: str, first: int, runs: int) -> list[int] | None:

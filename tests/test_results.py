@@ -847,6 +847,15 @@ def test_a_slurm_jobs_claim_holds_while_the_job_is_pending(tmp_path: Path, monke
     name = seed_claims.mine(folder)
     seed_claims.hand_to_job(folder, name, "17")
     assert json.loads((folder / name).read_text()) == {"first": 40, "runs": 2, "slurm_job": "17"}
+
+    def disk_full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:  # the disk full as it hands the claim over: no stray file in the results
+        m.setattr(seed_claims.os, "replace", disk_full)
+        seed_claims.hand_to_job(folder, name, "18")
+    assert sorted(p.name for p in folder.iterdir()) == [name]
+    assert json.loads((folder / name).read_text())["slurm_job"] == "17"
     with pytest.raises(UserError, match="would repeat seed 40 of a set in progress"):
         seed_claims.check_free(folder, 39, 2)
     seed_claims.release(folder)
