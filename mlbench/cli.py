@@ -17,7 +17,7 @@ from mlbench import registry, schema, terminal
 from mlbench.cli_numbers import FLOAT, INT
 from mlbench.cli_options import layout_options
 from mlbench.cli_paths import PathParam, path_limit
-from mlbench.errors import OutputFailed, Stopped, UserError, document_on_stdout, printable, stops_on_signals
+from mlbench.errors import Stopped, SystemFailure, UserError, document_on_stdout, printable, stops_on_signals
 from mlbench.preflight import LayoutRequest, check_new_folder, check_save_path_length
 from mlbench.quality import operator
 
@@ -70,7 +70,6 @@ def list_cmd() -> None:
     if loaded:
         console.print(t)
     if failures:
-        terminal.STDOUT.flush()  # the table first, where both streams go to one terminal
         for why in failures:
             _on_stderr(Text.assemble(("error:", "red"), " ", printable(why)))
         sys.exit(UserError.exit_code)
@@ -243,10 +242,8 @@ def convert_checkpoint(name: str, src: Path, dest: Path, tiny: bool) -> None:
             spec.write_text(json.dumps(dataclasses.asdict(bench), default=str))
             try:
                 r = helper_process.run_json(converter, str(spec), str(src), str(dest))  # (its errors name SRC or DEST)
-            except helper_process.HelperFailed as e:
-                console.print(Text.assemble(("error:", "red"), " conversion failed: "), end="")
-                console.print(str(e), markup=False, highlight=False, soft_wrap=True)
-                sys.exit(1)
+            except helper_process.HelperFailed as e:  # a crash, not bad input: exit 1
+                raise SystemFailure(f"conversion failed: {e}") from None
     finally:  # a converter stopped or killed mid-save (SIGTERM, the terminal closed) left its partial save beside DEST
         folder.remove_dead_partials(dest)
     console.print(f"converted {src} -> {dest}: {r['tensors']} tensors, {r['parameters']:,} values (vocabulary "
@@ -305,25 +302,24 @@ def _add_optional_commands() -> None:
 _add_optional_commands()
 
 
-def _error(message: str, on_stderr: bool = False) -> None:
-    """One line: 'error:' and the message, `printable` (a folder's name "e\\x1b]0;...\\nerror: forged" in it sent
-    a terminal escape and forged a line), no markup read into it. On stderr where stdout was to carry a --json
-    document (`mlbench score --json X | jq`), whatever failed: click's checks of the options too; on stderr too
-    where stdout cannot be written (a full disk): there it was lost."""
-    if on_stderr or "--json" in sys.argv[1:] or terminal.STDOUT.failure is not None:
-        sys.stdout = sys.stderr  # the console writes to sys.stdout as it is at each write (terminal.STDOUT)
-    line = Text.assemble(("error:", "red"), " ", printable(message))
-    failed_before = terminal.STDOUT.failure
-    console.print(line, highlight=False, soft_wrap=True)
-    if failed_before is None and terminal.STDOUT.failure is not None:  # this line is what could not be written
-        terminal.STDOUT.take_failure()  # said by this line, on stderr
-        _on_stderr(line)
+def _error(message: str) -> None:
+    """One line on stderr, always: 'error:' and the message, `printable` (a folder's name "e\\x1b]0;...\\nerror:
+    forged" in it sent a terminal escape and forged a line), no markup read into it. Stdout is the command's
+    product: `mlbench run nonesuch > out.txt` hid its error in the file, and a --json document's reader
+    (`mlbench score --json X | jq`) reads the document alone."""
+    _on_stderr(Text.assemble(("error:", "red"), " ", printable(message)))
 
 
 def _on_stderr(line: Text | str) -> None:
-    sys.stdout = sys.stderr
+    """LINE on stderr, after what stdout holds (where both streams go to one terminal, the output first). A failure
+    to write stdout is left for main to say; one to write stderr has nowhere left to be said."""
+    terminal.STDOUT.flush()
+    failed_before = terminal.STDOUT.failure
+    sys.stdout = sys.stderr  # the console writes to sys.stdout as it is at each write (terminal.STDOUT)
     with contextlib.suppress(OSError):
         console.print(line, highlight=False, soft_wrap=True)
+    if failed_before is None:
+        terminal.STDOUT.take_failure()
 
 
 def main() -> None:
@@ -348,7 +344,7 @@ def _main() -> None:
     try:
         cli.main(prog_name="mlbench", standalone_mode=False)
     except UserError as e:
-        _error(str(e), on_stderr=isinstance(e, OutputFailed))  # a file not written (a full disk): not stdout's
+        _error(str(e))
         sys.exit(e.exit_code)
     except click.exceptions.Abort as e:  # Ctrl-C (KeyboardInterrupt), or SIGTERM or SIGHUP in an analysis command
         stopped = e.__cause__ if isinstance(e.__cause__, Stopped) else None

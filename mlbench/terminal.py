@@ -72,6 +72,10 @@ class _Stdout:
         if out is not None and out is not _Stdout.lost:  # None: started without a stdout (`>&-`), nobody reads it
             try:
                 try:
+                    if not text.isascii() and getattr(out, "errors", None) == "backslashreplace":
+                        # stderr (an error line where stdout carries the output) takes any character, a name's
+                        # undecodable bytes as '\udcc3': never raised, never the bytes the name was
+                        return self._write_encoded(text)
                     return out.write(text)
                 except UnicodeEncodeError:  # a name the stream's encoding lacks (LC_ALL=C, PYTHONIOENCODING=ascii)
                     return self._write_encoded(text)

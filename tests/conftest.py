@@ -58,10 +58,10 @@ def without_permission_override() -> list[str]:
 
 def unprivileged(code: str) -> str:
     """Run the Python CODE (this checkout's mlbench importable) as without_permission_override() runs it: the last
-    line it wrote (a traceback's, or the CLI's `error:` line) where it fails, else ''."""
+    line it wrote on stderr (a traceback's, or the CLI's `error:` line) where it fails, else ''."""
     proc = subprocess.run([*without_permission_override(), sys.executable, "-c", code], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    return (proc.stdout + proc.stderr).strip().splitlines()[-1] if proc.returncode else ""
+    return (proc.stderr.strip().splitlines() or [""])[-1] if proc.returncode else ""
 
 
 def mlbench_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: object,

@@ -112,6 +112,6 @@ def test_compare_tells_apart_two_sets_of_one_label(tmp_path, monkeypatch):
 def test_scaling_says_a_published_row_is_for_compare(cli, tmp_path):
     """`scaling RUNS published:<id>` (compare's form) said only 'published:<id>: no such file or folder'."""
     out = cli("scaling", tmp_path, "published:nvidia-eos-gpt3-v3.1")
-    assert out.returncode == 2 and out.stdout == (
+    assert out.returncode == 2 and out.stdout == "" and out.stderr == (
         "error: published:nvidia-eos-gpt3-v3.1: a published row is one headline time, with no runs or steps to "
         "scale; scaling takes folders of result logs (compare takes published:<id>)\n"), out.stdout + out.stderr

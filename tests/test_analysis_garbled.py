@@ -22,7 +22,8 @@ RULESET = "5.1.0"  # the first with rules for llama31_8b
 
 
 def mlbench(capsys, monkeypatch, *args: str) -> tuple[int, str]:
-    """Run `mlbench ARGS` as the console script does (exit code, stdout + stderr); a traceback fails the test."""
+    """Run `mlbench ARGS` as the console script does (exit code, stdout + stderr); a traceback fails the test, and
+    so does a refusal (exit 2) that wrote to stdout: its error goes to stderr alone."""
     monkeypatch.setattr(sys, "argv", ["mlbench", *args])
     try:
         cli.main()
@@ -30,6 +31,7 @@ def mlbench(capsys, monkeypatch, *args: str) -> tuple[int, str]:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0
     out = capsys.readouterr()
+    assert code != 2 or out.out == "", (out.out, out.err)
     return code, out.out + out.err
 
 

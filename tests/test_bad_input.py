@@ -11,8 +11,9 @@ from conftest import mlbench
 
 
 def _assert_clean_error(proc, *needles: str) -> None:
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    """One line on stderr, nothing on stdout (`mlbench run X > out.txt` shows the error), exit 2."""
+    out = proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, out)
     assert "Traceback" not in out, out
     lines = [ln for ln in out.splitlines() if ln.strip()]
     assert len(lines) == 1, out
@@ -26,11 +27,35 @@ def test_unknown_benchmark_suggests_close_names(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_an_error_goes_to_stderr_when_stdout_is_a_file(tmp_path: Path) -> None:
+    """`mlbench run nonesuch > out.txt` showed nothing on the terminal and exited 2, its error in the file (errors
+    were on stdout): the error is on stderr now, the file left empty."""
+    import subprocess
+
+    from conftest import MLBENCH
+
+    with (tmp_path / "out.txt").open("w") as out:
+        proc = subprocess.run([*MLBENCH, "run", "nonesuch", "--results", str(tmp_path / "r")], stdout=out,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown benchmark 'nonesuch'; "), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and (tmp_path / "out.txt").read_text() == "", proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_usage_error_goes_to_stderr(cli) -> None:
+    """click's own refusals (an unknown option, a missing argument) were on stdout as mlbench's were: on stderr
+    now, one line with where to read more, nothing on stdout."""
+    for args, said in ((["run", "gpt3", "--bogus"], "No such option"), (["show"], "Missing argument 'NAME'")):
+        proc = cli(*args)
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.startswith(f"error: {said}"), proc.stderr
+        assert proc.stderr.endswith(f" (see 'mlbench {args[0]} -h')\n") and len(proc.stderr.splitlines()) == 1
+
+
 @pytest.mark.parametrize(("name", "offered"), [("GPT3", "gpt3"), ("Llama31_8B", "llama31_8b"), ("BERT", "bert")])
 def test_a_benchmark_named_in_another_case_is_offered_its_name(cli, name: str, offered: str) -> None:
     """`show GPT3` listed every benchmark ('known: bert, gpt3, ...') where 'gtp3' was offered gpt3."""
     proc = cli("show", name)
-    assert proc.returncode == 2 and f"unknown benchmark {name!r}; did you mean {offered}?" in proc.stdout, \
+    assert proc.returncode == 2 and f"unknown benchmark {name!r}; did you mean {offered}?" in proc.stderr, \
         proc.stdout + proc.stderr
 
 

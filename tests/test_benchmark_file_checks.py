@@ -103,9 +103,9 @@ def test_plan_names_the_file_at_a_batch_its_expressions_fail(benchmarks_copy: Pa
     f.write_text(f.read_text().replace("max_steps: 300,", "max_steps: floor(300 / (global_batch_size - 32)) + 400,", 1))
     proc = cli("plan", "gpt3", "--tiny", "--device", "cpu", "--gbs", "32",
                env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
-    assert proc.returncode == 2, proc.stdout
-    assert proc.stdout.startswith("error: gpt3.yaml (tiny): train.max_steps: cannot evaluate"), proc.stdout
-    assert "division by zero" in proc.stdout and "no layout" not in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("error: gpt3.yaml (tiny): train.max_steps: cannot evaluate"), proc.stderr
+    assert "division by zero" in proc.stderr and "no layout" not in proc.stderr, proc.stderr
 
 
 def test_min_lr_above_lr_at_the_batch_a_run_uses_is_refused(benchmarks_copy: Path) -> None:
@@ -511,7 +511,7 @@ def test_a_schedule_is_checked_at_the_batch_and_warm_up_a_run_gives(benchmarks_c
                         (["--gbs", "8", "--mbs", "8"], "gpt3 as this run trains it: eval.start_samples is 4799 at "
                                                        "global_batch_size = 8, not below the 300 steps' 2400 samples")):
         proc = cli("run", "gpt3", "--tiny", "--dry-run", *flags, "--results", str(benchmarks_copy / "r"), env=env)
-        assert proc.returncode == 2 and said in proc.stdout, proc.stdout + proc.stderr
+        assert proc.returncode == 2 and said in proc.stderr, proc.stdout + proc.stderr
     assert not (benchmarks_copy / "r").exists()
 
 

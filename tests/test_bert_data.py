@@ -204,23 +204,23 @@ def test_tfrecord_paths_are_checked_before_launch(tmp_path: Path, benchmarks_cop
     results = tmp_path / "results"
     proc = cli("run", "bert", "--results", str(results), env=env)
     # the paths are the benchmark file's (data.path, data.eval_path): named so, not as flags never passed
-    assert proc.returncode == 2 and "bert.yaml: data.path " in proc.stdout and "part-*" in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "bert.yaml: data.path " in proc.stderr and "part-*" in proc.stderr, proc.stderr
     write(data / "part-00000-of-00001", samples(4, seed=0))
     proc = cli("run", "bert", "--results", str(results), env=env)
-    assert proc.returncode == 2 and "bert.yaml: data.eval_path " in proc.stdout and "eval_10k" in proc.stdout, \
-        proc.stdout
+    assert proc.returncode == 2 and "bert.yaml: data.eval_path " in proc.stderr and "eval_10k" in proc.stderr, \
+        proc.stderr
     # An eval file short of eval.samples (found at the first eval), a shard that is no TFRecord file at all (found
     # when the training order reached it): said before launch, counted and framed without parsing a sample
     write(data / "eval_10k", samples(100, seed=1))
     proc = cli("run", "bert", "--results", str(results), env=env)
-    assert proc.returncode == 2 and proc.stdout.strip() == (
+    assert proc.returncode == 2 and proc.stderr.strip() == (
         f"error: bert.yaml: data.eval_path {data / 'eval_10k'}: 100 records; the run evaluates on 250 (eval.samples): "
-        f"give the whole eval set (MLPerf's eval_10k)"), proc.stdout
+        f"give the whole eval set (MLPerf's eval_10k)"), proc.stderr
     (data / "part-00001-of-00001").write_text("input_ids,masked_lm_ids\n" * 4)
     proc = cli("run", "bert", "--results", str(results), env=env)
-    assert proc.returncode == 2 and proc.stdout.strip() == (
+    assert proc.returncode == 2 and proc.stderr.strip() == (
         f"error: bert.yaml: data.path {data / 'part-00001-of-00001'}: record 0 (byte 0): the length field fails its "
-        f"CRC32-C (not a TFRecord file, or corrupt)"), proc.stdout
+        f"CRC32-C (not a TFRecord file, or corrupt)"), proc.stderr
     (data / "part-00001-of-00001").unlink()
     assert not results.exists()
     # A bad sample (a masked position past the sequence; before, an IndexError mid-run naming nothing): the run

@@ -121,7 +121,7 @@ def test_megatron_bert_matches_the_reference_model_and_its_converted_checkpoint(
         assert d["padding_logit"] < -1000, d  # the padded vocabulary rows never win the softmax or the argmax
     # Never overwritten.
     again = cli("convert-checkpoint", "bert", tmp_path / "ref.pt", out, "--tiny", env=env)  # refused: in-process
-    assert again.returncode == 2 and "never overwritten" in again.stdout
+    assert again.returncode == 2 and "never overwritten" in again.stderr
     # A run starts from it, at one process and at TP 2 (resharded; the padded vocabulary split over the ranks):
     # loaded in the untimed init, recorded, and the same numbers at both layouts.
     records = {}
@@ -146,13 +146,13 @@ def test_convert_checkpoint_refuses_what_does_not_fit(tmp_path: Path, cli) -> No
     torch.save({"model": {"bert.embeddings.word_embeddings.weight": torch.zeros(30522, 1024)}}, bad)
     proc = cli("convert-checkpoint", "bert", bad, tmp_path / "out")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "not in the checkpoint" in proc.stdout and "position_embeddings" in proc.stdout
+    assert "not in the checkpoint" in proc.stderr and "position_embeddings" in proc.stderr
     assert not (tmp_path / "out").exists()
     proc = cli("convert-checkpoint", "gpt3", bad, tmp_path / "out")
-    assert proc.returncode == 2 and "no conversion" in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "no conversion" in proc.stderr, proc.stderr
     os.mkfifo(tmp_path / "pipe")  # reading it would block the converter for ever
     proc = mlbench("convert-checkpoint", "bert", str(tmp_path / "pipe"), str(tmp_path / "out"), timeout=60)
-    assert proc.returncode == 2 and "not a regular file" in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
 
 
 def test_conversion_names_what_does_not_fit(tmp_path: Path) -> None:

@@ -128,7 +128,8 @@ def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_
     assert "no data path is given: pass --data-path PREFIX" in notes[1]
     assert "gpt3 starts from a checkpoint: pass --init-checkpoint DIR" in notes[2] and "--dry-run" not in notes[2]
     real = cli("run", "gpt3", "--nodes", "64", "--nproc-per-node", "8", "--results", str(tmp_path / "b"))
-    assert real.returncode == 2 and real.stdout.strip() == "error:" + notes[0].split(":", 2)[2], real.stdout
+    assert real.returncode == 2 and real.stderr.strip() == "error:" + notes[0].split(":", 2)[2], real.stderr
+    assert real.stdout == "", real.stdout  # the dry run's note is its output; the real run's refusal an error
     # a tiny local run trains on this machine: its device's refusal (no Transformer Engine here) said too
     proc = cli("run", "bert", "--tiny", "--nproc-per-node", "2", "--cp", "2", "--dry-run", "--results",
                    str(tmp_path / "c"))
@@ -147,7 +148,7 @@ def test_a_dry_run_says_what_a_real_run_of_the_command_would_be_refused_for(tmp_
     assert proc.returncode == 0 and "note: a real run of this command would be refused: --rdzv-endpoint " \
         "'no-such-host.invalid:29500': the host 'no-such-host.invalid' does not resolve" in proc.stdout, proc.stdout
     real = cli(*rdzv, "--results", str(tmp_path / "g"))
-    assert real.returncode == 2 and "does not resolve" in real.stdout and not (tmp_path / "g").exists(), real.stdout
+    assert real.returncode == 2 and "does not resolve" in real.stderr and not (tmp_path / "g").exists(), real.stderr
     # and a command a real run takes says nothing
     proc = cli("run", "gpt3", "--tiny", "--dry-run", "--results", str(tmp_path / "d"))
     assert proc.returncode == 0 and "a real run of this command" not in proc.stdout, proc.stdout
@@ -175,7 +176,7 @@ def test_a_tiny_target_the_source_does_not_allow_is_refused_before_launch(benchm
     results = tmp_path / "results"
     proc = cli("run", name, "--tiny", *(["--dry-run"] if dry else []), "--results", results,
                env={"MLBENCH_BENCHMARKS": str(benchmarks_copy)})
-    assert proc.returncode == 2 and said in " ".join(proc.stdout.split()), proc.stdout + proc.stderr
+    assert proc.returncode == 2 and said in " ".join(proc.stderr.split()), proc.stdout + proc.stderr
     assert not results.exists()
 
 

@@ -155,7 +155,7 @@ def test_text_from_a_log_is_printed_escaped_by_score_compare_and_scaling(tmp_pat
     c = _forged_set(tmp_path / "sys3" / "c", ANSI, "success")
     code, out, err = mlbench("scaling", a, c, "--devices", "8", "--devices", "16")  # two benchmarks: refused
     _no_control_characters(out + err)
-    assert code == 2 and "\\x1b]0;pwned\\x07gpt3" in out
+    assert code == 2 and "\\x1b]0;pwned\\x07gpt3" in err and out == "", (out, err)
 
 
 def test_text_from_a_log_is_escaped_in_the_markdown_and_html_reports(tmp_path, mlbench) -> None:
@@ -228,21 +228,21 @@ def test_a_file_that_is_no_mlperf_log_is_refused_not_scored(tmp_path, mlbench) -
     folder.mkdir()
     (folder / "result_0.txt").write_text("hello\n")
     code, out, err = mlbench("score", folder / "result_0.txt")
-    assert code == 2 and out + err == f"error: {folder / 'result_0.txt'} is not an MLPerf result log (no :::MLLOG " \
-                                      f"lines)\n", out + err
+    assert code == 2 and (out, err) == ("", f"error: {folder / 'result_0.txt'} is not an MLPerf result log (no "
+                                            f":::MLLOG lines)\n"), (out, err)
     (folder / "result_1.txt").write_text("")
     code, out, err = mlbench("score", folder)
-    assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in out, out
+    assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in err, err
     # `check` said 'cannot tell the ruleset ...; pass --ruleset', and with it gave FAIL (16 'Required' lines), exit 1
     for ruleset in ([], ["--ruleset", "4.1.0"]):
         code, out, err = mlbench("check", folder / "result_0.txt", *ruleset)
-        assert code == 2 and out == f"error: {folder / 'result_0.txt'} is not an MLPerf result log (no :::MLLOG " \
-                                    "lines)\n", out
+        assert code == 2 and out == "" and err == f"error: {folder / 'result_0.txt'} is not an MLPerf result log " \
+                                                  "(no :::MLLOG lines)\n", (out, err)
         code, out, err = mlbench("check", folder, *ruleset)
-        assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in out, out
+        assert code == 2 and f"none of the 2 result_*.txt in {folder} is an MLPerf result log" in err, err
     (folder / "result_1.txt").write_text(":::MLLOG {}\n")  # a log without a benchmark: still a log
     code, out, err = mlbench("check", folder / "result_1.txt")
-    assert code == 2 and "the log names no benchmark (no submission_benchmark record); pass --ruleset" in out, out
+    assert code == 2 and "the log names no benchmark (no submission_benchmark record); pass --ruleset" in err, err
     (folder / "result_1.txt").write_text("")
     shutil.copytree(SET, tmp_path / "llama31_8b")
     code, out, err = mlbench("score", tmp_path, "--json")
@@ -302,8 +302,9 @@ def test_a_report_replaces_only_an_earlier_report(tmp_path, mlbench, option) -> 
     for name, text in victims.items():
         (tmp_path / name).write_text(text)
         code, out, err = mlbench("compare", "--no-score", SET, other, option, tmp_path / name)
-        assert code == 2 and out + err == f"error: {option} {tmp_path / name}: is there, and is no report mlbench " \
-                                          "wrote; a report replaces only an earlier report, give another name\n"
+        assert code == 2 and out == "" and err == f"error: {option} {tmp_path / name}: is there, and is no " \
+                                                  "report mlbench wrote; a report replaces only an earlier report, " \
+                                                  "give another name\n", (out, err)
         assert (tmp_path / name).read_text() == text
     report = tmp_path / ("r.md" if option == "--md" else "r.html")
     for _ in range(2):
@@ -315,8 +316,8 @@ def test_a_report_replaces_only_an_earlier_report(tmp_path, mlbench, option) -> 
 def test_a_report_path_with_a_control_character_is_refused(tmp_path, mlbench, option) -> None:
     """--html 'a<newline>b.html' was written, and 'wrote ...' printed on two lines."""
     code, out, err = mlbench("compare", "--no-score", SET, SET.parent, option, tmp_path / "a\nb.x")
-    assert code == 2 and out + err == f"error: {option} '{tmp_path}/a\\nb.x': holds \\n, a character that is not " \
-                                      "printable; name the report without one\n", out + err
+    assert code == 2 and out == "" and err == f"error: {option} '{tmp_path}/a\\nb.x': holds \\n, a character " \
+                                              "that is not printable; name the report without one\n", (out, err)
     assert os.listdir(tmp_path) == []
 
 
@@ -338,14 +339,14 @@ def test_a_result_file_that_is_no_regular_file_is_named_with_what_it_is(tmp_path
         if name == "result_2.txt":  # (a folder given is searched, as any)
             continue
         code, out, err = mlbench(command, folder / name, "--ruleset", "6.0.0")
-        assert code == 2 and out + err == f"error: {folder / name}: {what} (a result log is a regular file; or give " \
-                                          f"a folder of them)\n", out + err
+        assert code == 2 and out == "" and err == f"error: {folder / name}: {what} (a result log is a regular " \
+                                                  f"file; or give a folder of them)\n", (out, err)
     code, out, err = mlbench(command, tmp_path / "loop", "--ruleset", "6.0.0")
     assert code == 2 and f"{tmp_path / 'loop'}: a loop of links" in out + err, out + err
     code, out, err = mlbench(command, folder, "--ruleset", "6.0.0", *(["--json"] if command == "score" else []))
     if command == "check":
-        assert code == 2 and out == f"error: {folder / 'result_1.txt'}: a named pipe, not a regular file (a result " \
-                                    f"log is a regular file)\n", out
+        assert code == 2 and out == "" and err == f"error: {folder / 'result_1.txt'}: a named pipe, not a regular " \
+                                                  f"file (a result log is a regular file)\n", (out, err)
     else:
         notes = json.loads(out)[0]["notes"]
         assert code == 0 and [f"{n}: left out: {w}" for n, w in said.items()] == notes[:3], notes
@@ -370,8 +371,8 @@ def test_compare_refuses_an_unknown_ruleset_as_score_and_check_do(tmp_path, mlbe
     for command in (("compare", SET, tmp_path / "s2"), ("compare", "--no-score", SET, tmp_path / "s2"),
                     ("score", SET), ("check", SET)):
         code, out, err = mlbench(*command, "--ruleset", "bogus")
-        assert code == 2 and out.startswith("error: unknown ruleset 'bogus'; the installed mlperf-logging knows ")
-        assert len(out.splitlines()) == 1, out
+        assert code == 2 and err.startswith("error: unknown ruleset 'bogus'; the installed mlperf-logging knows ")
+        assert len(err.splitlines()) == 1 and out == "", (out, err)
 
 
 # --- a benchmark file's size ------------------------------------------------------------------------------------
@@ -460,12 +461,13 @@ class _Full:
 
 
 def test_an_error_of_a_json_command_goes_to_stderr(mlbench) -> None:
-    """`score --json X | jq` got 'error: ...' on stdout."""
+    """`score --json X | jq` got 'error: ...' on stdout; without --json too (`score X > report.md` hid it in the
+    file)."""
     for command in (("score", "--json", "/no/such/folder"), ("plan", "nope", "--device", "h100", "--json")):
         code, out, err = mlbench(*command)
         assert code == 2 and out == "" and err.startswith("error: ") and len(err.splitlines()) == 1, (out, err)
-    code, out, err = mlbench("score", "/no/such/folder")  # without --json: on stdout, as before
-    assert code == 2 and out == "error: /no/such/folder: no such file or folder\n" and err == ""
+    code, out, err = mlbench("score", "/no/such/folder")
+    assert code == 2 and out == "" and err == "error: /no/such/folder: no such file or folder\n", (out, err)
 
 
 @pytest.mark.parametrize("command", [("score", "--json", LOG), ("score", LOG),
@@ -550,10 +552,10 @@ def test_a_folder_name_in_an_error_is_printed_escaped(tmp_path, monkeypatch, mlb
         code, out, err = mlbench(*args)
         _no_control_characters(out + err)
         assert code == 2 and len((out + err).splitlines()) == 1, (out, err)
-        assert "e\\x1b]0;pwned\\x07\\nerror: forged" in out, out
-    assert "Got unexpected extra argument (e\\x1b]0;pwned\\x07\\nerror: forged\\u202e)" in out, out
-    code, out, _ = mlbench("show", "\"ü\"")  # ordinary text as it is: quotes, letters of any script
-    assert code == 2 and "'\"ü\"'" in out, out
+        assert "e\\x1b]0;pwned\\x07\\nerror: forged" in err and out == "", (out, err)
+    assert "Got unexpected extra argument (e\\x1b]0;pwned\\x07\\nerror: forged\\u202e)" in err, err
+    code, _, err = mlbench("show", "\"ü\"")  # ordinary text as it is: quotes, letters of any script
+    assert code == 2 and "'\"ü\"'" in err, err
 
 
 def test_the_note_on_a_dead_run_prints_its_staging_folder_escaped(tmp_path, monkeypatch) -> None:
@@ -771,7 +773,7 @@ def test_compare_refuses_files_that_are_no_mlperf_logs_as_score_does(tmp_path, m
     for i in range(2):
         (tmp_path / f"result_{i}.txt").write_text(':::MLLOG {garbage\n:::MLLOG {"key": \n')
     code, out, err = mlbench("score", tmp_path)
-    assert code == 2 and "none of the 2 result_*.txt in" in out and "(no :::MLLOG line that can be read)" in out, out
+    assert code == 2 and "none of the 2 result_*.txt in" in err and "(no :::MLLOG line that can be read)" in err, err
     code, out, err = mlbench("compare", tmp_path / "result_0.txt", tmp_path / "result_1.txt")
     said = "result_0.txt is not an MLPerf result log (no :::MLLOG line that can be read)"
     assert code == 2 and said in out + err, (code, out, err)

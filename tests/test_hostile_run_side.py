@@ -487,6 +487,23 @@ def test_a_dead_runs_log_that_is_a_link_is_never_written_through(
     assert victim.read_text() == before and not list(folder.glob("result_*"))
 
 
+def test_a_conversion_that_crashes_is_one_error_line_on_stderr(tmp_path: Path, cli, monkeypatch) -> None:
+    """A converter that crashed printed 'error: conversion failed: ...' on stdout, its helper's last line raw (a
+    control character in it reached the terminal). It is the command's error line now: stderr, escaped, exit 1 (a
+    failure of the system, not bad input), nothing on stdout."""
+    from mlbench import helper_process
+
+    def crash(*args: str, **kw) -> dict:
+        raise helper_process.HelperFailed("RuntimeError: boom\x1b[2J")
+
+    monkeypatch.setattr(helper_process, "run_json", crash)
+    (tmp_path / "src.pt").write_bytes(b"x")
+    proc = cli("convert-checkpoint", "bert", tmp_path / "src.pt", tmp_path / "cv", "--tiny")
+    assert (proc.returncode, proc.stdout) == (1, ""), (proc.stdout, proc.stderr)
+    assert proc.stderr == "error: conversion failed: RuntimeError: boom\\x1b[2J\n", proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.pt"]
+
+
 def test_a_conversion_that_fails_to_save_removes_its_partial_folder_and_says_the_room_left(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """convert-checkpoint on a full disk: 'conversion failed: [rank0]: RuntimeError: Worker failure: [enforce fail
@@ -681,7 +698,7 @@ def test_a_new_checkpoint_folder_path_is_checked_before_any_work(tmp_path: Path,
             with pytest.raises(UserError, match=re_escape(said)):
                 check_new_folder("--save-checkpoint", Path(dest))
         code, out, err = mlbench_in_process(monkeypatch, capsys, "convert-checkpoint", "bert", src, dest, "--tiny")
-        assert code == 2 and said in out + err and "Traceback" not in out + err, (dest, code, out, err)
+        assert code == 2 and said in err and out == "" and "Traceback" not in err, (dest, code, out, err)
         assert "\x1b" not in out + err and not list(tmp_path.glob(".*partial*")), (dest, out)
 
 
@@ -793,8 +810,9 @@ def test_a_c1_control_byte_in_a_path_is_refused_or_printed_escaped(tmp_path: Pat
                  [b"compare", b"nx\x9b2J", b"r"], [b"check", b"nx\x9b2J/result_0.txt"]):
         proc = subprocess.run([os.fsencode(a) for a in MLBENCH] + args, capture_output=True, cwd=tmp_path, env=env,
                               timeout=120)
-        out = proc.stdout + proc.stderr
+        out = proc.stderr
         assert proc.returncode == 2 and b"\x9b" not in out and b"\\x9b2J" in out, (args, proc.returncode, out)
+        assert proc.stdout == b"", proc.stdout
     assert list(tmp_path.iterdir()) == []
 
 

@@ -360,8 +360,8 @@ def test_full_definition_on_indexed_data_reaches_target(definitions: Path, corpu
 
 
 def _refused(proc, *needles: str) -> None:
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    out = proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, out)
     assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
     for n in needles:
         assert n in out, out

@@ -493,8 +493,8 @@ def test_more_ranks_than_this_machines_gpus_are_refused_before_launch(tmp_path: 
     proc = subprocess.run([sys.executable, "-m", "mlbench.cli", "run", "gpt3", "--tiny", "--nproc-per-node", "2",
                            "--results", str(results)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": "0"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and len(out.strip().splitlines()) == 1, out
+    out = proc.stderr
+    assert proc.returncode == 2 and len(out.strip().splitlines()) == 1 and proc.stdout == "", (proc.stdout, out)
     assert "--nproc-per-node 2 starts 2 ranks on this machine" in out and not results.exists()
 
 

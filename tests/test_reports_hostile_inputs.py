@@ -33,9 +33,10 @@ def run(*args: str | bytes | Path, cwd: Path, env: dict | None = None) -> subpro
 
 
 def one_error(proc: subprocess.CompletedProcess, *words: str) -> str:
-    """The single line of a refusal (exit 2), holding each of WORDS."""
-    out = (proc.stdout + proc.stderr).decode(errors="replace").strip()
-    assert proc.returncode == 2 and len(out.splitlines()) == 1 and out.startswith("error:"), out
+    """The single line of a refusal (exit 2) on stderr, nothing on stdout, holding each of WORDS."""
+    out = proc.stderr.decode(errors="replace").strip()
+    assert proc.returncode == 2 and proc.stdout == b"", proc.stdout.decode(errors="replace")
+    assert len(out.splitlines()) == 1 and out.startswith("error:"), out
     assert all(w in out for w in words), (words, out)
     return out
 
@@ -171,7 +172,7 @@ def test_check_prints_a_name_its_output_encoding_lacks(work: Path) -> None:
     # an error naming such a path is its one line too
     env = {**POSIX, "PYTHONIOENCODING": "ascii"}
     proc = run("compare", "--no-score", SET, "s2", "--md", "nowhere/\u00fc.md", cwd=work, env=env)
-    assert proc.returncode == 2 and "nowhere/\u00fc.md".encode() in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "nowhere/\u00fc.md".encode() in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("devices", [str(10**400), str(10**30), "9" * 5000, "10000001"])
@@ -485,8 +486,8 @@ def test_a_name_in_characters_the_plots_font_lacks_is_written_out_without_warnin
 def test_an_unknown_published_id_is_cut_in_its_one_line(tmp_path: Path, cli) -> None:
     """An id of 3,000 characters was printed whole in the refusal, beside every known id."""
     proc = cli("compare", "published:" + "x" * 3000, "published:nvidia-eos-gpt3-v3.1")
-    assert proc.returncode == 2 and len(proc.stdout.splitlines()) == 1, proc.stdout
-    assert "no published row" in proc.stdout and len(proc.stdout) < 1000, len(proc.stdout)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and proc.stdout == "", proc.stderr
+    assert "no published row" in proc.stderr and len(proc.stderr) < 1000, len(proc.stderr)
 
 
 def test_an_html_report_over_a_markdown_one_drops_its_plots(work: Path, cli) -> None:

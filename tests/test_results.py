@@ -357,7 +357,7 @@ def test_a_full_disk_before_launch_refuses_the_run(small_disk: Path) -> None:
     _fill(small_disk, 0)
     proc = mlbench("run", "gpt3", "--tiny", "--results", str(small_disk), "--system", "ci")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "cannot write a run's files (No space left on device)" in proc.stdout, proc.stdout
+    assert "cannot write a run's files (No space left on device)" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert [p.name for p in small_disk.iterdir()] == ["filler"]
 
@@ -368,9 +368,9 @@ def test_a_full_disk_refuses_a_dry_run_in_one_line(small_disk: Path) -> None:
     _fill(small_disk, 0)
     proc = mlbench("run", "gpt3", "--tiny", "--dry-run", "--results", str(small_disk), "--system", "ci")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout.strip().splitlines() == [
+    assert proc.stderr.strip().splitlines() == [
         f"error: results folder {small_disk}/ci/gpt3: cannot write dry-run.txt (No space left on device)"]
-    assert not proc.stderr.strip(), proc.stderr
+    assert not proc.stdout.strip(), proc.stdout
     assert [p.name for p in small_disk.iterdir()] == ["filler"]
 
 
@@ -777,7 +777,7 @@ def test_a_set_in_progress_holds_all_its_seeds_and_lets_them_go_as_it_ends(tmp_p
     assert seed_claims.claim(folder, 5, 3, runner.seeds) == [5, 6, 7]  # (this process: a live owner)
     proc = cli("run", "gpt3", "--tiny", "--seed", "7", "--results", str(tmp_path), "--system", "ci")
     assert proc.returncode == 2 and f"would repeat seed 7 of a set in progress (pid {os.getpid()}; its claim " \
-        ".seeds-" in proc.stdout and "to remove if that set is no longer running) in " in proc.stdout, proc.stdout
+        ".seeds-" in proc.stderr and "to remove if that set is no longer running) in " in proc.stderr, proc.stderr
     seed_claims.release(folder)
     assert not seed_claims.held(folder) and not list(folder.iterdir())
     dead = folder / f"{seed_claims.CLAIM}{_dead_tag()}-abcd"  # its set killed with -9: no claim any more
@@ -922,7 +922,7 @@ def test_a_killed_runs_seed_counts_before_it_is_published(tmp_path: Path, cli, l
     proc = cli("run", "gpt3", "--tiny", "--seed", "4", "--runs", "2", "--results", str(tmp_path), "--system", "ci")
     assert proc.returncode == 2 and f"--seed 4: this set's seeds 4 to 5 would repeat seed 5 of a run whose mlbench " \
         f"died, not yet published ({staging.name}: the next run in the folder publishes it) in {folder}" in \
-        proc.stdout, proc.stdout
+        proc.stderr, proc.stderr
     assert sorted(folder.iterdir()) == [staging]
     # another node of a run, into a folder the nodes share: its plan holds that node's own draw, not the run's seed
     (staging / "mlperf.log").unlink(missing_ok=True)
