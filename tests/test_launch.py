@@ -959,6 +959,29 @@ def test_the_runs_a_slurm_job_published_are_said_without_its_summary(tmp_path: P
                                f"{job_dir} was removed while it ran, and its output with it\n")
 
 
+def test_a_slurm_job_whose_driver_failed_before_its_set_says_so_on_stderr(tmp_path: Path) -> None:
+    """A job whose driver refused to start its set (an unusable rendezvous address, in its summary) printed
+    'error: ...' on stdout, with the run's output (`mlbench run --launcher slurm ... > out.txt` hid it); it is the
+    command's one error line now (SystemFailure: stderr, exit 1), naming the job, and nothing is said on stdout."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench.errors import SystemFailure
+
+    job_dir = tmp_path / "ci" / "gpt3" / ".slurm" / "job"
+    job_dir.mkdir(parents=True)
+    (job_dir / "summary.json").write_text(json.dumps({"runs": [], "error": "MASTER_ADDR 'x' does not resolve"}))
+    said = io.StringIO()
+    launcher = slurm.SlurmLauncher.__new__(slurm.SlurmLauncher)
+    launcher.console, launcher.job_dir, launcher.job_id, launcher.code, launcher.ended = \
+        Console(file=said, width=300), job_dir, "7", 1, "FAILED, exit code 1:0"
+    launcher.stops = []
+    with pytest.raises(SystemFailure, match=r"^SLURM job 7: MASTER_ADDR 'x' does not resolve$") as e:
+        launcher.collect()
+    assert e.value.exit_code == 1 and said.getvalue() == "", said.getvalue()
+
+
 def test_a_huge_job_output_is_shown_in_bounded_memory(tmp_path: Path, monkeypatch) -> None:
     """A job's output file grown huge between two looks was read whole, decoded and split at once: 3.2 GB of memory
     (and 24 s) for 400 MB of output. It is read and shown a chunk at a time now (a bounded number of chunks a look,

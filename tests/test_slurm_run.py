@@ -153,10 +153,12 @@ def test_an_unresolvable_rendezvous_address_fails_fast_with_the_reason(cluster: 
                    "--master-addr", "no-such-host.invalid", "--time", "00:08:00", "--results", str(tmp_path),
                    "--system", "ci", env=cluster.env, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "'no-such-host.invalid' does not resolve" in proc.stdout, proc.stdout
     assert time.monotonic() - start < 90
     job_id = proc.stdout.split("submitted SLURM job ")[1].split(";")[0]
     assert f"SLURM job {job_id}: FAILED, exit code 1:0" in proc.stdout, proc.stdout  # the job's state at its end
+    # the reason is the command's error: on stderr, naming the job
+    assert proc.stderr.startswith(f"error: SLURM job {job_id}: ") and "'no-such-host.invalid' does not resolve" in \
+        proc.stderr, proc.stderr
     assert not list((tmp_path / "ci" / "gpt3").glob("result_*"))
 
 
@@ -165,7 +167,7 @@ def test_too_many_nodes_fails_fast(cluster: SlurmCluster, tmp_path: Path) -> Non
     proc = mlbench("run", "gpt3", "--tiny", "--nodes", "4", "--nproc-per-node", "1", "--micro-batch-size", "4",
                    "--launcher", "slurm", "--results", str(tmp_path), env=cluster.env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "SLURM cannot run this job" in proc.stdout and "--nodes" in proc.stdout
+    assert "SLURM cannot run this job" in proc.stderr and "--nodes" in proc.stderr
     assert time.monotonic() - start < 30
 
 
@@ -175,12 +177,12 @@ def test_bad_partition_fails_fast(cluster: SlurmCluster, tmp_path: Path, flags: 
     proc = mlbench("run", "gpt3", "--tiny", "--nodes", "2", "--nproc-per-node", "1", "--launcher", "slurm",
                    *flags, "--results", str(tmp_path), env=cluster.env, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "SLURM cannot run this job" in proc.stdout
+    assert "SLURM cannot run this job" in proc.stderr and proc.stdout == "", proc.stdout + proc.stderr
     assert not list(tmp_path.iterdir()), "a refused run leaves no folders"
     if "--gpus-per-node" in flags:  # sbatch's words name no flag ("Invalid generic resource (gres) specification"),
         # and the hint named every flag but this one (check --nodes, --partition, --account, --time)
-        assert proc.stdout.count("\n") == 1 and "(--gpus-per-node 100000: no node of the partition has that many " \
-            "GPUs, as SLURM counts them" in proc.stdout, proc.stdout
+        assert proc.stderr.count("\n") == 1 and "(--gpus-per-node 100000: no node of the partition has that many " \
+            "GPUs, as SLURM counts them" in proc.stderr, proc.stderr
 
 
 def _two_node_run_training(cluster: SlurmCluster, root: Path, seed: int) -> subprocess.Popen:

@@ -333,9 +333,8 @@ class SlurmLauncher:
         console, job_dir = self.console, self.job_dir
         runs, error = job_runs(job_dir, self.job_id)
         runs += left_run(job_dir, self.ended, console, self.job_id)
-        if error:
-            console.print(Text.assemble(("error:", "red"), f" {error}"), highlight=False, soft_wrap=True)
-            return 1
+        if error:  # the job's driver failed before its set started (an unusable rendezvous address): exit 1
+            raise SystemFailure(f"SLURM job {self.job_id}: {error}")
         for r in runs:
             mark = ("success", "green") if r["status"] == "success" else ("aborted", "red")
             console.print(Text.assemble(mark, f" {r['result']}" + (f" ({r['reason']})" if r["reason"] else "")),
