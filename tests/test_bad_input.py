@@ -334,7 +334,7 @@ def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path: Pa
     with pytest.raises(SystemExit) as e:  # in-process, as the console script runs it
         cli.main()
     out = capsys.readouterr()
-    assert e.value.code == 2 and "is empty; give a path" in out.out + out.err, out
+    assert e.value.code == 2 and "is empty; give a path" in out.err and out.out == "", out
     assert not any(tmp_path.iterdir())  # a dry run into "" wrote ./<system>/gpt3/dry-run.txt
 
 
