@@ -242,7 +242,7 @@ def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
     if how == 4:
         return data[:at] + rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xe2\x82", b"\x80\x80"]) + data[at:]
     if how == 5:
-        return data.replace(b"\n", rng.choice([b"\r\n", b"\r", b"\n\n", b"\x85", b"\u2028".decode().encode()]))
+        return data.replace(b"\n", rng.choice([b"\r\n", b"\r", b"\n\n", b"\x85", "\u2028".encode()]))
     if how == 6:  # a line of 10 MB, an MLLOG one or not
         big = (MLLOG.encode() + b'{"key": "x", "value": "' + b"a" * 10_000_000 + b'"}\n') if rng.random() < 0.5 \
             else b"z" * 10_000_000 + b"\n"
