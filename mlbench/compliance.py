@@ -7,6 +7,7 @@ in parallel processes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -193,7 +194,7 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
                 why = f": {lines.reason()}" if lines is not None and lines.checker_s() > limit / 2 else ""
                 stopped = f"the compliance checker did not finish within {limit:.0f} s and was stopped{why}"
                 return Verdict(path=Path(path), ok=False, rules=rules, messages=[stopped])
-        unfinished = _unfinished(proc)
+        unfinished = _unfinished(proc, scratch)
         if not unfinished:
             verdict = _verdict(Path(path), rules, proc)
             # kept only for the bytes the checker read: a log still being written (a live run's) has moved on
@@ -211,10 +212,11 @@ def check(path: Path, ruleset: str, smoke: bool, quiet: bool = False, time_limit
 RETRY_WITHIN_S = 30.0
 
 
-def _unfinished(proc: subprocess.CompletedProcess) -> str:
+def _unfinished(proc: subprocess.CompletedProcess, scratch: str) -> str:
     """Why the checker process gave no verdict ("" where it did): it ends with SUCCESS (exit 0), FAILED (exit 1)
     or a traceback of its own (a crash on its rules: a verdict too, not compliant), unless it was killed by a signal
-    (the OOM killer's SIGKILL, kill -9), died without writing any of those, or ran out of memory in Python."""
+    (the OOM killer's SIGKILL, kill -9), died without writing any of those, ran out of memory in Python, or failed
+    on its SCRATCH folder (removed under it, by a temp-folder cleaner: a fault of this machine, kept as no verdict)."""
     if proc.returncode < 0:
         try:
             name = signal.Signals(-proc.returncode).name
@@ -227,6 +229,8 @@ def _unfinished(proc: subprocess.CompletedProcess) -> str:
     _, crash, trace = proc.stderr.partition("Traceback (most recent call last)")
     if crash and _last_line(trace).startswith("MemoryError"):
         return "the compliance checker ran out of memory (MemoryError) before its verdict"
+    if crash and scratch in _last_line(trace):
+        return f"the compliance checker could not use its scratch folder ({_last_line(trace)[:200]})"
     if crash or any(ln.startswith("ERROR - FAILED") for ln in proc.stderr.splitlines()):
         return ""
     return f"the compliance checker exited with code {proc.returncode} without a verdict"
@@ -251,13 +255,21 @@ CRASHED = "the compliance checker crashed: "  # a verdict's message, before its 
 SCRATCH = "mlbench-check-"  # a checker's scratch folder in the temp folder: SCRATCH<owner tag>-XXXXXXXX
 
 
+# A scratch folder younger than this is in use whatever its owner looks like: a check takes seconds, and a live one
+# removed under its checker was judged not compliant (a test that played every owner dead removed other checks')
+SCRATCH_IN_USE_S = 600.0
+
+
 @functools.cache  # once a process
 def _remove_dead_scratch() -> None:
     """The scratch folders of checks whose mlbench was killed (kill -9: no clean-up ran) are removed, once their
-    owner is gone (owners.gone: this host and PID namespace, no live process of that pid and start time)."""
+    owner is gone (owners.gone: this host and PID namespace, no live process of that pid and start time) and they
+    are older than SCRATCH_IN_USE_S."""
     for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*"):
-        if owners.gone(p.name[len(SCRATCH):].rpartition("-")[0]) and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            if owners.gone(p.name[len(SCRATCH):].rpartition("-")[0]) and not p.is_symlink() and \
+                    time.time() - p.stat().st_mtime > SCRATCH_IN_USE_S:
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def _last_line(text: str) -> str:

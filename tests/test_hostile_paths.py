@@ -302,6 +302,24 @@ def test_check_stopped_by_a_signal_removes_its_scratch_folder_at_once(tmp_path, 
     assert os.listdir(scratch) == []
 
 
+def test_a_checker_whose_scratch_folder_went_gives_no_verdict_and_none_is_kept(tmp_path, monkeypatch):
+    """A scratch folder removed under its checker (a temp-folder cleaner; a test that played every owner dead): the
+    checker crashed opening its log there, which was taken as a verdict on the log (not compliant) and kept, so
+    every later check of those bytes, in any process, said the log failed. It is no verdict now, and none is kept."""
+    from mlbench import compliance, mlperf_tools, verdicts
+
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    command = mlperf_tools.checker_command
+    monkeypatch.setattr(mlperf_tools, "checker_command",
+                        lambda path, ruleset, rules, log, quiet: command(path, ruleset, rules, log.parent / "gone" /
+                                                                        log.name, quiet))
+    log = tmp_path / "result_0.txt"
+    log.write_text(tiny_log())
+    verdict = compliance.check(log, RULESET, smoke=False)
+    assert verdict.ok is None and "could not use its scratch folder" in verdict.messages[0], verdict.messages
+    assert not list(verdicts.folder().glob("*.json"))
+
+
 def test_the_scratch_folder_of_a_check_whose_mlbench_was_killed_is_removed_by_the_next(tmp_path, monkeypatch):
     """kill -9 of mlbench while its log was checked left /tmp/mlbench-check-XXXX for good (no clean-up runs): the
     next check removes those whose owner is gone; a live owner's, and one not named by an owner, are left."""
@@ -314,13 +332,20 @@ def test_the_scratch_folder_of_a_check_whose_mlbench_was_killed_is_removed_by_th
                           capture_output=True, text=True, check=True).stdout.strip()
     folders = {who: tmp_path / f"{compliance.SCRATCH}{tag}-abcd1234" for who, tag in
                (("dead", dead), ("live", owners.tag()))} | {"untagged": tmp_path / f"{compliance.SCRATCH}x1y2z3"}
+    old = time.time() - compliance.SCRATCH_IN_USE_S - 60
     for folder in folders.values():
         folder.mkdir()
         (folder / "checker.log").write_text("x")
+        os.utime(folder, (old, old))
+    # a dead owner's folder made just now is left: in use whatever its owner looks like (a test that played every
+    # owner dead removed other processes' live checks' folders, and they were judged not compliant)
+    young = tmp_path / f"{compliance.SCRATCH}{dead}-young123"
+    young.mkdir()
     log = tmp_path / "result_0.txt"
     log.write_text(tiny_log())
     compliance._remove_dead_scratch.cache_clear()
     assert compliance.check(log, RULESET, smoke=False).checked
-    assert [w for w, f in folders.items() if f.exists()] == ["live", "untagged"]
+    assert [w for w, f in folders.items() if f.exists()] == ["live", "untagged"] and young.is_dir()
+    young.rmdir()
     assert sorted(p.name for p in tmp_path.glob(f"{compliance.SCRATCH}*")) == sorted(
         f.name for w, f in folders.items() if w != "dead")  # its own removed once done

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,10 @@ def _dead_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_stop: str | N
     if plan_json is not None:
         (staging / "plan.json").write_text(plan_json)
     monkeypatch.setattr(owners, "gone", lambda tag: True)  # its owner is dead (as after kill -9)
+    # every owner is played dead here: the temp folder is the test's own, so other processes' checks in /tmp keep
+    # their scratch folders (compliance._remove_dead_scratch)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     return folder, staging
 
 
