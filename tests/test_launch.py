@@ -982,6 +982,34 @@ def test_a_slurm_job_whose_driver_failed_before_its_set_says_so_on_stderr(tmp_pa
     assert e.value.exit_code == 1 and said.getvalue() == "", said.getvalue()
 
 
+def test_a_slurm_drivers_error_before_its_set_is_said_once(tmp_path: Path, capsys) -> None:
+    """`mlbench run --launcher slurm --master-addr no-such-host.invalid`: the driver's 'error: <reason>' in job.out
+    was streamed to stdout, then said again as the command's own 'error: SLURM job N: <reason>' on stderr. The
+    driver's line (its reason in the summary) is not streamed now: said once, by the command. Where the summary
+    cannot be written, the line is the only word of it, and is shown."""
+    import io
+
+    from rich.console import Console
+
+    from mlbench.launch import slurm_job
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    slurm_job._driver_error(job_dir, "the rendezvous address 'no-such-host.invalid' does not resolve")
+    (job_dir / "job.out").write_text("starting\n" + capsys.readouterr().out + "ended\n")
+    shown = io.StringIO()
+    slurm.JobOutput(job_dir / "job.out", Console(file=shown, width=300), drop_progress=False).show(last=True)
+    assert shown.getvalue() == "starting\nended\n", shown.getvalue()
+    assert slurm.job_runs(job_dir, "7") == ([], "the rendezvous address 'no-such-host.invalid' does not resolve")
+    (job_dir / "summary.json").unlink()
+    (job_dir / "summary.json").mkdir()  # (cannot be written)
+    slurm_job._driver_error(job_dir, "the address does not resolve")
+    (job_dir / "job.out").write_text(capsys.readouterr().out)
+    shown = io.StringIO()
+    slurm.JobOutput(job_dir / "job.out", Console(file=shown, width=300), drop_progress=False).show(last=True)
+    assert shown.getvalue().startswith("error: the address does not resolve (and cannot write "), shown.getvalue()
+
+
 def test_a_huge_job_output_is_shown_in_bounded_memory(tmp_path: Path, monkeypatch) -> None:
     """A job's output file grown huge between two looks was read whole, decoded and split at once: 3.2 GB of memory
     (and 24 s) for 400 MB of output. It is read and shown a chunk at a time now (a bounded number of chunks a look,

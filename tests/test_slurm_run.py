@@ -159,6 +159,7 @@ def test_an_unresolvable_rendezvous_address_fails_fast_with_the_reason(cluster: 
     # the reason is the command's error: on stderr, naming the job
     assert proc.stderr.startswith(f"error: SLURM job {job_id}: ") and "'no-such-host.invalid' does not resolve" in \
         proc.stderr, proc.stderr
+    assert "does not resolve" not in proc.stdout, proc.stdout  # (said once: the driver's line is not streamed)
     assert not list((tmp_path / "ci" / "gpt3").glob("result_*"))
 
 

@@ -51,6 +51,10 @@ CURRENT_RUN = "current_run"  # in the job folder: the staging folder of the run 
 # In the job folder: mlbench's user stopped the job (the follower's scancel, on Ctrl-C or SIGTERM), written before
 # it signals the batch step: the driver's SIGTERM is then the user's, not SLURM's warning before the time limit
 STOP_REQUESTED = "stop_requested"
+# The start of the driver's line in job.out for an error it also wrote in the job's summary (a rendezvous address
+# that does not resolve): the follower says that error itself, on stderr (SlurmLauncher.collect), so JobOutput does
+# not show this line; streamed too, it was said twice, once on stdout among the job's output
+SUMMARY_ERROR = "error (the job's summary): "
 WARN_LEAD_S = 120  # SLURM's warning (SIGTERM to the batch step) this many seconds before the time limit
 
 
@@ -624,10 +628,11 @@ class JobOutput:
         else:
             chunk, self.partial = chunk[:whole], chunk[whole:]
         hide_cancel = self.user_stopped()
-        if self.drop_progress or hide_cancel:
+        if self.drop_progress or hide_cancel or SUMMARY_ERROR in chunk:
             chunk = "".join(ln for ln in chunk.splitlines(keepends=True)
                             if not (self.drop_progress and is_progress_line(ln)
-                                    or hide_cancel and _STEPD_CANCELLED.match(ln)))
+                                    or hide_cancel and _STEPD_CANCELLED.match(ln)
+                                    or ln.startswith(SUMMARY_ERROR)))
         if chunk:
             self.console.out(chunk, end="", highlight=False)
 

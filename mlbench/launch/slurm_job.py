@@ -13,7 +13,7 @@ from pathlib import Path
 from mlbench import runner, seed_claims, terminal
 from mlbench.errors import Stopped, stopped_by_signals
 from mlbench.launch.ports import free_port
-from mlbench.launch.slurm import CURRENT_RUN, SlurmOptions, job_for, why_stopped
+from mlbench.launch.slurm import CURRENT_RUN, SUMMARY_ERROR, SlurmOptions, job_for, why_stopped
 from mlbench.launch.slurm_script import srun_argv
 from mlbench.launch.supervise import STOPS_BEFORE_SUPERVISING, Command
 from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, rank_logs, ranks_started
@@ -151,6 +151,18 @@ def run_commands(name: str, layout: Layout, opts: runner.RunOptions, slurm: Slur
     return command_for
 
 
+def _driver_error(job_dir: Path, problem: str) -> None:
+    """The driver's error before its set started: in the job's summary, whence `mlbench run` says it (once, on its
+    stderr), and in job.out marked so that it is not streamed there too; where the summary cannot be written, said in
+    job.out as an error line the follower shows (it then says the job recorded no run, pointing at job.out)."""
+    try:
+        (job_dir / "summary.json").write_text(json.dumps({"runs": [], "error": problem}, indent=1))
+    except OSError as e:  # (was a traceback in job.out)
+        print(f"error: {problem} (and cannot write {job_dir / 'summary.json'}: {e.strerror or e})", flush=True)
+        return
+    print(f"{SUMMARY_ERROR}{problem}", flush=True)
+
+
 def main(spec_path: str) -> int:
     job_dir = Path(spec_path).parent
     spec = json.loads(Path(spec_path).read_text())
@@ -161,8 +173,7 @@ def main(spec_path: str) -> int:
 
     problem = rendezvous_problem(os.environ.get("MASTER_ADDR", ""))
     if problem:  # fail at once: torch would retry the address until its 30-minute init timeout
-        print(f"error: {problem}", flush=True)
-        (job_dir / "summary.json").write_text(json.dumps({"runs": [], "error": problem}, indent=1))
+        _driver_error(job_dir, problem)
         return 1
 
     commands = run_commands(bench.name, layout, opts, slurm, job_dir)
