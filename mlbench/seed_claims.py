@@ -144,11 +144,16 @@ def adopt(folder: Path, name: str, first: int, runs: int) -> list[int] | None:
 
 
 def release(folder: Path) -> None:
-    """This process's claims in FOLDER removed: its set has ended (its runs' seeds are in their logs now)."""
+    """This process's claims in FOLDER removed: its set has ended (its runs' seeds are in their logs now). A claim it
+    handed to a SLURM job that has not ended is left (`hand_to_job`): judged by the job's state from now on, as a
+    killed submitter's is. A submitter that raised while its job was pending removed it, and the job lost its seeds."""
     _renewer.discard(folder)
     with contextlib.suppress(OSError):
         for path in folder.glob(f"{CLAIM}{owners.tag()}-*"):
-            path.unlink()
+            data = _json(path)
+            # (the job's driver, having taken the claim over, is that job: its set has ended)
+            if not _job_holds(data) or data["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
+                path.unlink()
 
 
 def renew() -> None:
@@ -250,8 +255,13 @@ def _dead(path: Path, data: object) -> str | None:
                f"lease is {LEASE_S / 60:g} min): its set is judged to have died")
     else:
         return None
+    return None if _job_holds(data) else why
+
+
+def _job_holds(data: object) -> bool:
+    """Whether a claim holding DATA was handed to a SLURM job that has not ended (or SLURM does not answer for)."""
     job = data.get("slurm_job") if isinstance(data, dict) else None
-    return None if isinstance(job, str) and job.isdigit() and _job_active(job) is not False else why
+    return isinstance(job, str) and job.isdigit() and _job_active(job) is not False
 
 
 def _age(path: Path) -> float | None:

@@ -825,6 +825,43 @@ def test_a_claim_from_another_host_lapses_when_its_lease_is_not_renewed(tmp_path
     assert not list(folder.iterdir())
 
 
+def test_a_pending_jobs_claim_outlives_its_submitters_error(tmp_path: Path, monkeypatch) -> None:
+    """A SLURM submitter that raised (not killed) while its job was PENDING removed the claim it had handed to the
+    job (seed_claims.released), so another set could take the pending job's seeds. The claim is left now while SLURM
+    says the job has not ended (squeue, faked), and removed as any once the job has ended."""
+    from mlbench import seed_claims
+
+    folder = tmp_path / "ci" / "gpt3"
+    folder.mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text("#!/bin/sh\necho PENDING\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(RuntimeError), seed_claims.released(folder):
+        assert seed_claims.claim(folder, None, 2, lambda first, runs, used: [40, 41]) == [40, 41]
+        seed_claims.hand_to_job(folder, seed_claims.mine(folder), "17")
+        raise RuntimeError("the follower failed")
+    assert sorted(seed_claims.held(folder)) == [40, 41]
+    with pytest.raises(UserError, match="would repeat seed 40 of a set in progress"):
+        seed_claims.check_free(folder, 40, 1)
+    # a claim not handed to a job goes with its set, as before
+    other = tmp_path / "ci" / "bert"
+    other.mkdir()
+    with seed_claims.released(other):
+        seed_claims.claim(other, None, 1, lambda first, runs, used: [7])
+    assert not list(other.iterdir())
+    with monkeypatch.context() as m:  # the job's driver (in job 17), having taken the claim over, ends its set
+        m.setenv("SLURM_JOB_ID", "17")
+        shutil.copy(next(folder.iterdir()), other / next(folder.iterdir()).name)
+        seed_claims.release(other)
+    assert not list(other.iterdir())
+    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    seed_claims.release(folder)  # the job has ended: its claim goes
+    assert not list(folder.iterdir())
+
+
 def test_a_slurm_jobs_claim_holds_while_the_job_is_pending(tmp_path: Path, monkeypatch) -> None:
     """`mlbench run --launcher slurm --seed 5`: the job claimed its seeds as its driver started, so while it was
     PENDING another set took them and the job was refused at its start (exit 2 in job.out). The submitting process
@@ -858,7 +895,10 @@ def test_a_slurm_jobs_claim_holds_while_the_job_is_pending(tmp_path: Path, monke
     assert json.loads((folder / name).read_text())["slurm_job"] == "17"
     with pytest.raises(UserError, match="would repeat seed 40 of a set in progress"):
         seed_claims.check_free(folder, 39, 2)
+    seed_claims.release(folder)  # (job 17 pending: its claim holds; test_a_pending_jobs_claim_outlives_...)
+    monkeypatch.setattr(seed_claims, "_job_active", lambda job: False)
     seed_claims.release(folder)
+    assert not list(folder.iterdir())
     # the job's driver (this process) takes over the claim its submitter (on another host) handed it
     handed = folder / f"{seed_claims.CLAIM}4242-123456-otherhost@4026531836-wxyz"
     handed.write_text(json.dumps({"first": 40, "runs": 2, "slurm_job": "17"}))
