@@ -66,9 +66,9 @@ def test_features_a_run_cannot_take_are_refused_before_launch(tmp_path, cli) -> 
     }
     for (name, *flags), fix in cases.items():
         proc = cli("run", name, "--tiny", "--nproc-per-node", "2", *flags, "--results", str(tmp_path / "r"))
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-        assert len(lines) == 1 and fix in lines[0], lines
+        assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)  # (a refusal: stderr only)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and fix in lines[0], lines
     assert not (tmp_path / "r").exists()  # nothing written
     # (the distributed optimizer's checkpoints save and load: tests/test_features.py)
 

@@ -506,9 +506,10 @@ DAMAGED = {
 }
 
 
-def _run_cli(args: list[str], definitions: Path, monkeypatch, capsys) -> tuple[int, str, dict]:
+def _run_cli(args: list[str], definitions: Path, monkeypatch, capsys) -> tuple[int, tuple[str, str], dict]:
     """`mlbench run gpt3 ARGS` in-process, as the console script runs it, with launching replaced by a probe:
-    a refusal exits 2 before it, and an accepted run hands the probe its benchmark (exit 0)."""
+    a refusal exits 2 before it, and an accepted run hands the probe its benchmark (exit 0). Its output: (stdout,
+    stderr)."""
     import sys
 
     from mlbench import cli
@@ -521,12 +522,15 @@ def _run_cli(args: list[str], definitions: Path, monkeypatch, capsys) -> tuple[i
     with pytest.raises(SystemExit) as e:
         cli.main()
     out = capsys.readouterr()
-    return e.value.code, out.out + out.err, launched
+    return e.value.code, (out.out, out.err), launched
 
 
-def _assert_refused(code: int, out: str, launched: dict, results: Path, *needles: str) -> None:
-    assert code == 2 and not launched, out
+def _assert_refused(code: int, said: tuple[str, str], launched: dict, results: Path, *needles: str) -> None:
+    """A refusal: exit 2, nothing launched or written, nothing on stdout and its one error line on stderr."""
+    stdout, out = said
+    assert code == 2 and not launched and stdout == "", said
     assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    assert out.startswith("error: "), out
     for n in needles:
         assert n in " ".join(out.split()), out  # (rich may wrap a long line on a narrow terminal)
     assert not results.exists()

@@ -440,11 +440,14 @@ def test_a_slurm_client_that_hangs_or_answers_junk_is_one_line_and_leaves_nothin
     left the job's folder (.slurm/<job>/job.sbatch) behind; without squeue a job was submitted, then unfollowed."""
     proc = _with_fake_slurm(tmp_path, fake, timeout_s=2)
     try:
-        out = "".join(proc.communicate(timeout=120))
+        out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     # a controller that does not answer, or answers junk, is the system's failure (exit 1); no client, the setup's
-    assert proc.returncode == (2 if fake == "no-squeue" else 1) and said in out and "Traceback" not in out, out
+    # (a refusal: nothing on stdout). The error is the one line on stderr.
+    assert proc.returncode == (2 if fake == "no-squeue" else 1) and err.startswith(said) and err.count("\n") == 1, \
+        (out, err)
+    assert "error" not in out and "Traceback" not in out + err and (fake != "no-squeue" or out == ""), (out, err)
     assert not (tmp_path / "r").exists(), list((tmp_path / "r").rglob("*"))
 
 
