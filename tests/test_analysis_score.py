@@ -413,6 +413,24 @@ def _official_rcp(folder: Path) -> str:
     return "Pass" if ok else "Fail"
 
 
+def test_an_rcp_checker_that_stops_on_an_escaped_key_says_why(tmp_path) -> None:
+    """A record spelling its key with a \\u escape ("submission\\u005fbenchmark", JSON's submission_benchmark) reads
+    here, but the official RCP checker finds keys as substrings of the line and stops: score reported its bare
+    'RCP checker failed: KeyError: ...'. The checker's verdict is kept, and what it means is said."""
+    from mlbench.analysis import score
+
+    folder = tmp_path / "llama31_8b"
+    shutil.copytree(DATA / "University-of-Florida" / "results" / "hpg.dgxb200x8.n32" / "llama31_8b", folder)
+    files = sorted(folder.glob("result_*.txt"))
+    files[3].chmod(0o644)
+    files[3].write_text(files[3].read_text().replace('"key": "submission_benchmark"',
+                                                     '"key": "submission\\u005fbenchmark"'))
+    rcp = score.rcp_check(files, "llama31_8b", "5.1.0", [])
+    assert not rcp.ok and rcp.message.startswith(f"RCP checker failed on {files[3].name}: KeyError: "), rcp
+    assert rcp.message.endswith(f"; it reads key names as written, and {files[3].name} spells submission_benchmark "
+                               f"otherwise"), rcp
+
+
 @pytest.mark.parametrize("first", [True, False])
 @pytest.mark.parametrize("key", ["global_batch_size", "submission_benchmark"])
 def test_the_rcp_verdict_follows_the_folders_order_as_the_official_checkers_does(tmp_path, key, first) -> None:

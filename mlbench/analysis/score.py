@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import tempfile
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import NamedTuple
 from mlbench import compliance, mlperf_tools
 from mlbench.analysis.logs import ResultSet, RunLog, find_sets, holds_no_log, passed_over
 from mlbench.errors import UserError, printable
-from mlbench.logfile import check_json_file
+from mlbench.logfile import TOKEN, check_json_file
 from mlbench.schema import versioned
 
 
@@ -131,8 +132,8 @@ def rcp_check(files: list[Path], benchmark: str, ruleset: str, notes: list[str])
         except mlperf_tools.ToolsChanged:
             raise
         except Exception as e:  # the RCP checker on input it does not expect (it validates nothing)
-            return RcpCheck(False, f"RCP checker failed{_stopped_on(files, ruleset)}: {type(e).__name__}: {e}", 1.0,
-                            None)  # (the summarizer catches it and gives no RCP column)
+            return RcpCheck(False, f"RCP checker failed{_stopped_on(files, ruleset)}: {type(e).__name__}: {e}"
+                            f"{_key_spelled_otherwise(files)}", 1.0, None)  # (the summarizer gives no RCP column)
     # Trap: a non-converged run is marked 1e9; gpt3 counts tokens (~1.2e9), so the marker sorts as the fastest
     # run. Redo the comparison with the marker as +inf (the slowest), same references.
     official = official_rcp(ok, msg)
@@ -186,6 +187,23 @@ def _stopped_on(files: list[Path], ruleset: str) -> str:
             mlperf_tools.read_convergence(f, ruleset)
         except Exception:  # (as above: whatever the reader raises)
             return f" on {f.name}"
+    return ""
+
+
+def _key_spelled_otherwise(files: list[Path]) -> str:
+    """What the RCP checker's failure means where a record of FILES spells its key otherwise than as written (a \\u
+    escape: "submission\\u005fbenchmark" is JSON's submission_benchmark, read so here): the checker finds keys as
+    substrings of the line, misses it, and stops (KeyError: None, a benchmark it never read). '' where none does."""
+    for f in files:
+        with contextlib.suppress(OSError), f.open(encoding="latin-1") as lines:  # (the checker's reading)
+            for line in lines:
+                text = line.rpartition(TOKEN)[2]  # (the checker's: after the line's last token)
+                try:
+                    key = json.loads(text)["key"] if TOKEN in line else None
+                except (ValueError, TypeError, KeyError, RecursionError):
+                    continue
+                if isinstance(key, str) and key not in text:
+                    return f"; it reads key names as written, and {f.name} spells {printable(key)} otherwise"
     return ""
 
 
