@@ -89,13 +89,19 @@ def test_scancel_leaves_cancelled(cluster: SlurmCluster, tmp_path: Path) -> None
                                      "from mlbench.launch.slurm import SlurmOptions, why_stopped\n"
                                      "print(why_stopped(os.environ['SLURM_JOB_ID'], Path(sys.argv[1]), "
                                      "SlurmOptions(), 'SIGTERM'))\n")
-    trap = f"trap '{sys.executable} {tmp_path}/why.py {tmp_path} > {tmp_path}/reason; exit 143' TERM"
+    # detached from the step (reparented: proctrack/linuxproc follows children only), so that SLURM's SIGKILL
+    # KillWait (2 s here) after the SIGTERM does not take it while a loaded machine still imports mlbench
+    trap = (f"trap '( setsid {sys.executable} {tmp_path}/why.py {tmp_path} > {tmp_path}/reason.part && "
+            f"mv {tmp_path}/reason.part {tmp_path}/reason & ); exit 143' TERM")
     r = cluster.run(["sbatch", "--parsable", "--nodes=2", "--time=00:01:00", f"--output={tmp_path}/%j.out",
                      "--wrap", f"{trap}; srun sleep 60 & wait"])  # fmt: skip
     job_id = r.stdout.strip()
     _wait_state(cluster, job_id, {"RUNNING"})
     cluster.run(["scancel", job_id])
     assert _wait_state(cluster, job_id, {"CANCELLED"}) == "CANCELLED"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (tmp_path / "reason").exists():
+        time.sleep(0.2)
     assert (tmp_path / "reason").read_text() == \
         "the SLURM job was cancelled from outside mlbench run (scancel): SLURM stopped it\n"
     # The jobcomp text file (no slurmdbd) records it too; sacct --completion reads that.
