@@ -151,8 +151,9 @@ def release(folder: Path) -> None:
     with contextlib.suppress(OSError):
         for path in folder.glob(f"{CLAIM}{owners.tag()}-*"):
             data = _json(path)
-            # (the job's driver, having taken the claim over, is that job: its set has ended)
-            if not _job_holds(data) or data["slurm_job"] == os.environ.get("SLURM_JOB_ID"):
+            job = data.get("slurm_job") if isinstance(data, dict) else None
+            # (the job's driver, having taken the claim over, is that job: its set has ended, no squeue to ask)
+            if job == os.environ.get("SLURM_JOB_ID") or not _job_holds(data):
                 path.unlink()
 
 
