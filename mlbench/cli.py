@@ -71,7 +71,7 @@ def list_cmd() -> None:
         console.print(t)
     if failures:
         for why in failures:
-            _on_stderr(Text.assemble(("error:", "red"), " ", printable(why)))
+            _error(why)
         sys.exit(UserError.exit_code)
 
 
@@ -306,13 +306,10 @@ def _error(message: str) -> None:
     """One line on stderr, always: 'error:' and the message, `printable` (a folder's name "e\\x1b]0;...\\nerror:
     forged" in it sent a terminal escape and forged a line), no markup read into it. Stdout is the command's
     product: `mlbench run nonesuch > out.txt` hid its error in the file, and a --json document's reader
-    (`mlbench score --json X | jq`) reads the document alone."""
-    _on_stderr(Text.assemble(("error:", "red"), " ", printable(message)))
-
-
-def _on_stderr(line: Text | str) -> None:
-    """LINE on stderr, after what stdout holds (where both streams go to one terminal, the output first). A failure
-    to write stdout is left for main to say; one to write stderr has nowhere left to be said."""
+    (`mlbench score --json X | jq`) reads the document alone. Said after what stdout holds (where both streams go
+    to one terminal, the output first); a failure to write stdout is left for main to say, one to write stderr has
+    nowhere left to be said."""
+    line = Text.assemble(("error:", "red"), " ", printable(message))
     terminal.STDOUT.flush()
     failed_before = terminal.STDOUT.failure
     sys.stdout = sys.stderr  # the console writes to sys.stdout as it is at each write (terminal.STDOUT)
@@ -334,7 +331,7 @@ def main() -> None:
         exited = e
     terminal.STDOUT.flush()
     if (why := terminal.STDOUT.take_failure()) is not None:
-        _on_stderr(Text.assemble(("error:", "red"), f" could not write to standard output: {why}"))
+        _error(f"could not write to standard output: {why}")
         sys.exit((exited and exited.code) or 1)
     if exited is not None:  # as the command ended it (a run's sys.exit(0) too: callers in-process see it)
         raise exited
