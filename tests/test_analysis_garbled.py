@@ -25,11 +25,14 @@ def mlbench(capsys, monkeypatch, *args: str) -> tuple[int, str]:
     """Run `mlbench ARGS` as the console script does (exit code, stdout + stderr); a traceback fails the test, and
     so does a refusal (exit 2) that wrote to stdout: its error goes to stderr alone."""
     monkeypatch.setattr(sys, "argv", ["mlbench", *args])
+    saved = sys.stdout  # put back after: an error points it at stderr, and a later call's stdout went there
     try:
         cli.main()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0
+    finally:
+        sys.stdout = saved
     out = capsys.readouterr()
     assert code != 2 or out.out == "", (out.out, out.err)
     return code, out.out + out.err

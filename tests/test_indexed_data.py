@@ -519,8 +519,12 @@ def _run_cli(args: list[str], definitions: Path, monkeypatch, capsys) -> tuple[i
     monkeypatch.setattr(registry, "BENCHMARKS_DIR", definitions)
     monkeypatch.setattr(launcher, "start", lambda bench, *a, **k: launched.update(bench=bench) or 0)
     monkeypatch.setattr(sys, "argv", ["mlbench", "run", "gpt3", "--system", "ci", "--ignore-closed-rules", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
+    saved = sys.stdout  # put back after: an error points it at stderr, and a later call's stdout went there
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+    finally:
+        sys.stdout = saved
     out = capsys.readouterr()
     return e.value.code, (out.out, out.err), launched
 
