@@ -146,7 +146,7 @@ def load(name: str, tiny: bool = False, directory: Path | None = None) -> Benchm
         close = [k for k in known if k.lower() == name.lower()] or \
             difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known) or 'none'}"
-        raise UserError(f"unknown benchmark {name!r}; {hint}")
+        raise UserError(f"unknown benchmark '{name}'; {hint}")  # (not !r: an undecodable byte is printable's \xNN)
     if not results.FOLDER_NAME.fullmatch(name):  # it names a results folder and a row of `list` ("x\ny": two)
         raise UserError(printable(f"{path}: a benchmark's name (the file's, less .yaml) is ASCII letters and digits, "
                                   f"'-', '_' and '.' ('-' and '.' not first), at most 100 characters; rename the file"))

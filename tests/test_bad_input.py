@@ -27,6 +27,12 @@ def test_unknown_benchmark_suggests_close_names(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_an_unknown_benchmark_with_an_undecodable_byte_is_named_as_its_bytes(cli) -> None:
+    """'nonesuch\\udcff': the name's repr() gave Python's surrogate escape, not the \\xNN every other message gives."""
+    proc = cli("run", "nonesuch\udcff")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown benchmark 'nonesuch\\xff'; "), proc.stderr
+
+
 def test_an_error_goes_to_stderr_when_stdout_is_a_file(tmp_path: Path) -> None:
     """`mlbench run nonesuch > out.txt` showed nothing on the terminal and exited 2, its error in the file (errors
     were on stdout): the error is on stderr now, the file left empty."""
