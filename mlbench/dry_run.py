@@ -181,10 +181,10 @@ def _gib(b: float) -> str:
 def memory_line(bench: Benchmark, layout: Layout, device: str) -> str:
     """The per-GPU memory plan in one line, with its verdict when a device was named (a plan that does not fit
     was refused before this point)."""
-    from mlbench.planner.memory import THIS_CPU, estimate
+    from mlbench.planner.memory import estimate
 
     # the device named says which kernels run and whether a GPU's allowance is held; none named, the precision does
-    plan = estimate(bench, layout, on_cpu=(device == THIS_CPU) if device else None)
+    plan = estimate(bench, layout, on_cpu=_planned_on_cpu(layout, device))
     terms = ", ".join(f"{k.removesuffix('_bytes')} {_gib(v)}" for k, v in plan.as_dict().items()
                       if k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"))
     verdict = f"; fits {device}" if device else "; pass --device to check it against a GPU"
