@@ -371,13 +371,10 @@ def seeds_used(folder: Path) -> dict[int, str]:
     return used
 
 
-def _write_synced(path: Path, text: str | Iterable[str]) -> None:
+def _write_synced(path: Path, pieces: Iterable[str]) -> None:
+    """PIECES (record_text's, written as they come) into the new file PATH, on disk before it returns."""
     with open(path, "x") as f:
-        if isinstance(text, str):
-            f.write(text)
-        else:
-            for piece in text:
-                f.write(piece)
+        f.writelines(pieces)
         f.flush()
         os.fsync(f.fileno())
 
