@@ -270,13 +270,10 @@ def check(path: Path, ruleset: str | None, rules: str, as_json: bool) -> None:
         with document_on_stdout() as write:
             checked, notes = compliance.judge_paths(path, ruleset, rules)
             write(schema.dumps(compliance.checked_json(checked, notes), indent=2))
+        ok = compliance.overall(checked)
     else:
-        sys.exit(_checked_exit(compliance.check_paths(path, ruleset, rules, console)))
-    sys.exit(_checked_exit(compliance.overall(checked)))
-
-
-def _checked_exit(ok: bool | None) -> int:
-    return 0 if ok else 1 if ok is False else 3
+        ok = compliance.check_paths(path, ruleset, rules, console)
+    sys.exit(0 if ok else 1 if ok is False else 3)
 
 
 # Commands of packages that may be absent from an installation (or not written yet): registered where present.
