@@ -40,16 +40,13 @@ def choose(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: Slurm
 def start(bench: Benchmark, layout: Layout, opts: RunOptions, slurm_opts: SlurmOptions | None, console: Console,
           dry_run: bool) -> int:
     """Runs (or, with `dry_run`, describes) the set of runs; returns the exit code."""
-    from mlbench import dead_runs, results, seed_claims
-    from mlbench.errors import stopped_by_signals
-    from mlbench.launch.supervise import STOPS_BEFORE_SUPERVISING
+    from mlbench import dead_runs
+    from mlbench.launch.supervise import set_folder
 
     launcher = choose(bench, layout, opts, slurm_opts, console, dry_run)
     # A stop signal before the runs' own handlers are in place (supervise's) ends the command as an exception, so the
-    # folders made for it and the seeds the set claimed (prepare) are removed: SIGTERM's default had killed it with its
-    # empty results folder left behind, and SIGQUIT's or SIGUSR1's with its claim (Ctrl-C raises KeyboardInterrupt).
-    with stopped_by_signals(STOPS_BEFORE_SUPERVISING), \
-            results.result_folder(opts.results, opts.system, bench.name) as folder, seed_claims.released(folder):
+    # folders made for it and the seeds the set claimed (prepare) are removed (Ctrl-C raises KeyboardInterrupt).
+    with set_folder(opts.results, opts.system, bench.name) as folder:
         dead_runs.publish(folder, console)  # what a killed mlbench left, before this run takes an index
         launcher.prepare(folder)
         launcher.start()

@@ -10,15 +10,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlbench import runner, seed_claims, terminal
-from mlbench.errors import Stopped, stopped_by_signals
+from mlbench import runner, terminal
+from mlbench.errors import Stopped
 from mlbench.launch.ports import free_port
 from mlbench.launch.slurm import CURRENT_RUN, SUMMARY_ERROR, SlurmOptions, job_for, why_stopped
 from mlbench.launch.slurm_script import srun_argv
-from mlbench.launch.supervise import STOPS_BEFORE_SUPERVISING, Command
+from mlbench.launch.supervise import Command, set_folder
 from mlbench.launch.torchrun import failure_reason, first_failure, formed_deadline_s, rank_logs, ranks_started
 from mlbench.layout import Layout
-from mlbench.results import result_folder
 from mlbench.run_plan import benchmark_from_dict
 
 
@@ -179,8 +178,7 @@ def main(spec_path: str) -> int:
     commands = run_commands(bench.name, layout, opts, slurm, job_dir)
     run_set = runner.RunSet(bench, layout, opts, terminal.console(), commands, announce=job_dir / CURRENT_RUN)
     try:  # (a stop signal before the set's own handlers: its claim on its seeds removed, as `mlbench run`'s)
-        with stopped_by_signals(STOPS_BEFORE_SUPERVISING), \
-                result_folder(opts.results, opts.system, bench.name) as folder, seed_claims.released(folder):
+        with set_folder(opts.results, opts.system, bench.name) as folder:
             run_set.prepare(folder)
             run_set.start()
             run_set.supervise()

@@ -34,12 +34,13 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from mlbench import results, seed_claims
+from mlbench.errors import stopped_by_signals
 from mlbench.launch import lifeline, local_ranks
 from mlbench.launch.events import EventTail, Steps
 from mlbench.mlperf_log import finalize_aborted
@@ -63,6 +64,17 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, si
 # errors.Stopped (errors.stopped_by_signals), so that what the set made is removed on the way out; Ctrl-C raises
 # KeyboardInterrupt already.
 STOPS_BEFORE_SUPERVISING = tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)
+
+
+@contextlib.contextmanager
+def set_folder(root: str | Path, system: str, benchmark: str) -> Iterator[Path]:
+    """Within: the results folder a set runs in (results.result_folder), its claim on its seeds released on every
+    way out (seed_claims.released), and a stop signal before its supervisor's handlers raising errors.Stopped
+    (STOPS_BEFORE_SUPERVISING), so that what was made for it is removed: SIGTERM's default had killed `mlbench
+    run` with its empty results folder left behind, and SIGQUIT's or SIGUSR1's with its claim."""
+    with stopped_by_signals(STOPS_BEFORE_SUPERVISING), results.result_folder(root, system, benchmark) as folder, \
+            seed_claims.released(folder):
+        yield folder
 
 
 @dataclass
