@@ -116,6 +116,7 @@ def test_ctrl_c_at_the_terminal_does_not_reach_the_checker(tmp_path: Path) -> No
     group): the good run was recorded non-compliant ("the compliance checker crashed: KeyboardInterrupt"). A
     driver in a session of its own sends SIGINT to its whole group once the checker has started; it holds the
     signal itself, as `mlbench run` does between runs."""
+    import os
     import subprocess
     import sys
 
@@ -135,6 +136,7 @@ threading.Thread(target=interrupt, daemon=True).start()
 v = compliance.check(Path({str(log)!r}), "4.1.0", smoke=True)
 print(v.ok, len(held), v.messages)
 """
+    # a cache of its own: a verdict kept from an earlier run of the suite meant no checker ran, and no Ctrl-C came
     out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120,
-                         start_new_session=True)
+                         start_new_session=True, env={**os.environ, "MLBENCH_CACHE": str(tmp_path / "cache")})
     assert out.stdout.split()[:2] == ["True", "1"], out.stdout + out.stderr[-2000:]
